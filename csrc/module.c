@@ -1,0 +1,223 @@
+/*
+ * module.c -- samoyeds._C: module definition (multi-phase init, module state),
+ * error mapping, and build/device information.
+ *
+ * The ops themselves (argument checks, DLPack intake, dispatch to the C
+ * reference or the CUDA launchers) are in ops.c.
+ */
+#include "sam_module.h"
+#include "sam_ref.h"
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#ifndef SAM_WITH_CUDA
+#define SAM_WITH_CUDA 0
+#endif
+#ifndef SAM_VERSION
+#define SAM_VERSION "0.0.0"
+#endif
+
+static sam_module_state *the_state = NULL;
+
+sam_module_state *sam_state(void) { return the_state; }
+
+PyObject *sam_raise_status(int status, const char *op, const char *message)
+{
+    const char *msg = message && message[0] ? message : "unknown error";
+    switch (status) {
+    case SAM_STATUS_INVALID_ARGUMENT:
+    case SAM_STATUS_BAD_DATA:
+        PyErr_Format(PyExc_ValueError, "%s: %s", op, msg);
+        break;
+    case SAM_STATUS_UNSUPPORTED:
+        PyErr_Format(PyExc_NotImplementedError, "%s: %s", op, msg);
+        break;
+    default:
+        PyErr_Format(the_state && the_state->cuda_error ? the_state->cuda_error : PyExc_RuntimeError,
+                     "%s: %s", op, msg);
+        break;
+    }
+    return NULL;
+}
+
+static PyObject *py_cuda_device_count(PyObject *self, PyObject *unused)
+{
+    (void)self; (void)unused;
+#if SAM_WITH_CUDA
+    return PyLong_FromLong(sam_cuda_device_count());
+#else
+    return PyLong_FromLong(0);
+#endif
+}
+
+static PyObject *py_cuda_device_capability(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long dev = PyLong_AsLong(arg);
+    if (dev == -1 && PyErr_Occurred()) return NULL;
+#if SAM_WITH_CUDA
+    int cc = sam_cuda_device_cc((int)dev);
+    if (cc < 0) return sam_raise_status(SAM_STATUS_CUDA_ERROR, "device_capability", sam_cuda_last_error());
+    return Py_BuildValue("(ii)", cc / 10, cc % 10);
+#else
+    PyErr_SetString(PyExc_RuntimeError, "samoyeds was built without CUDA");
+    return NULL;
+#endif
+}
+
+static PyObject *py_build_info(PyObject *self, PyObject *unused)
+{
+    (void)self; (void)unused;
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    PyObject *archs = NULL;
+#if SAM_WITH_CUDA
+    archs = PyUnicode_FromString(sam_cuda_archs());
+    PyObject *rt = PyLong_FromLong(sam_cuda_runtime_version());
+#else
+    archs = PyUnicode_FromString("");
+    PyObject *rt = Py_NewRef(Py_None);
+#endif
+    PyObject *vals[] = {
+        PyUnicode_FromString(SAM_VERSION), PyBool_FromLong(SAM_WITH_CUDA), archs, rt,
+        PyLong_FromLong(SAM_LAYOUT_VERSION), PyUnicode_FromFormat("%d.%d", SAM_DLPACK_MAJOR, SAM_DLPACK_MINOR),
+        PyLong_FromUnsignedLong((unsigned long)NPY_API_VERSION),
+    };
+    const char *keys[] = {"version", "cuda_compiled", "cuda_archs", "cuda_runtime_version",
+                          "layout_version", "dlpack_max_version", "numpy_c_api_version"};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
+        if (vals[i] == NULL || PyDict_SetItemString(d, keys[i], vals[i]) < 0) ok = 0;
+        Py_XDECREF(vals[i]);
+    }
+    if (!ok) { Py_DECREF(d); return NULL; }
+    return d;
+}
+
+static PyObject *py_set_fast_dlpack(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    int old = the_state->fast_dlpack;
+    the_state->fast_dlpack = on;
+    return PyBool_FromLong(old);
+}
+
+/* A NumPy array holding the 2:4 positions of a metadata array: out[..., j]
+ * for the j-th nibble (little end first).  For docs and debugging; CPU only. */
+static PyObject *py_decode_meta(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(arg, NPY_UINT32, 0, 0, NPY_ARRAY_C_CONTIGUOUS);
+    if (a == NULL) return NULL;
+    int nd = PyArray_NDIM(a);
+    npy_intp dims[NPY_MAXDIMS];
+    for (int i = 0; i < nd; i++) dims[i] = PyArray_DIM(a, i);
+    dims[nd] = 8;
+    dims[nd + 1] = 2;
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(nd + 2, dims, NPY_UINT8);
+    if (out == NULL) { Py_DECREF(a); return NULL; }
+    const uint32_t *src = (const uint32_t *)PyArray_DATA(a);
+    uint8_t *dst = (uint8_t *)PyArray_DATA(out);
+    npy_intp n = PyArray_SIZE(a);
+    for (npy_intp i = 0; i < n; i++)
+        for (int j = 0; j < 8; j++) {
+            dst[i * 16 + 2 * j] = (uint8_t)((src[i] >> (4 * j)) & 3u);
+            dst[i * 16 + 2 * j + 1] = (uint8_t)((src[i] >> (4 * j + 2)) & 3u);
+        }
+    Py_DECREF(a);
+    return (PyObject *)out;
+}
+
+static PyMethodDef sam_methods[] = {
+    {"format_mask", (PyCFunction)(void (*)(void))sam_py_format_mask, METH_VARARGS | METH_KEYWORDS,
+     "format_mask(mask, w, scores, n, m, v, stream=None): best mask of the format into mask."},
+    {"format_pack", (PyCFunction)(void (*)(void))sam_py_format_pack, METH_VARARGS | METH_KEYWORDS,
+     "format_pack(values, meta, idx, w, mask, n, m, v, glu, stream=None)."},
+    {"format_unpack", (PyCFunction)(void (*)(void))sam_py_format_unpack, METH_VARARGS | METH_KEYWORDS,
+     "format_unpack(out, values, meta, idx, n, m, v, glu, stream=None)."},
+    {"ssmm", (PyCFunction)(void (*)(void))sam_py_ssmm, METH_VARARGS | METH_KEYWORDS,
+     "ssmm(out, x, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, act=0, "
+     "bias=None, scale=None, alpha=1.702, limit=7.0, impl=0, stream=None)."},
+    {"moe_route", (PyCFunction)(void (*)(void))sam_py_moe_route, METH_VARARGS | METH_KEYWORDS,
+     "moe_route(offsets, token_ids, perm, pos, top_k_index, stream=None)."},
+    {"moe_gather_weights", (PyCFunction)(void (*)(void))sam_py_moe_gather_weights,
+     METH_VARARGS | METH_KEYWORDS, "moe_gather_weights(out, w, perm, offsets, stream=None)."},
+    {"moe_combine", (PyCFunction)(void (*)(void))sam_py_moe_combine, METH_VARARGS | METH_KEYWORDS,
+     "moe_combine(out, y, pos, stream=None)."},
+    {"tensor_info", (PyCFunction)(void (*)(void))sam_py_tensor_info, METH_VARARGS | METH_KEYWORDS,
+     "tensor_info(t, stream=None) -> dict: what the DLPack consumer sees of t."},
+    {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict."},
+    {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without)."},
+    {"cuda_device_capability", py_cuda_device_capability, METH_O, "(major, minor) of a device."},
+    {"set_fast_dlpack", py_set_fast_dlpack, METH_O,
+     "Enable/disable the DLPack C exchange-API fast path; returns the old setting."},
+    {"decode_meta", py_decode_meta, METH_O, "decode_meta(meta) -> uint8 ndarray [..., 8, 2] of positions."},
+    {NULL, NULL, 0, NULL}};
+
+static int sam_exec(PyObject *m)
+{
+    if (_import_array() < 0) return -1;
+    sam_module_state *st = (sam_module_state *)PyModule_GetState(m);
+    st->cuda_error = PyErr_NewExceptionWithDoc(
+        "samoyeds.CudaError", "A CUDA runtime error raised by a samoyeds kernel launch.",
+        PyExc_RuntimeError, NULL);
+    if (st->cuda_error == NULL) return -1;
+    if (PyModule_AddObjectRef(m, "CudaError", st->cuda_error) < 0) return -1;
+    st->fast_dlpack = 1;
+    if (PyModule_AddIntConstant(m, "LAYOUT_VERSION", SAM_LAYOUT_VERSION) < 0) return -1;
+    if (PyModule_AddIntConstant(m, "ROW_ALIGN", SAM_ROW_ALIGN) < 0) return -1;
+    if (PyModule_AddIntConstant(m, "COL_ALIGN", SAM_COL_ALIGN) < 0) return -1;
+    if (PyModule_AddIntConstant(m, "GLU_CHUNK", SAM_GLU_CHUNK) < 0) return -1;
+    if (PyModule_AddIntConstant(m, "MAX_M", SAM_MAX_M) < 0) return -1;
+    if (PyModule_AddIntConstant(m, "WITH_CUDA", SAM_WITH_CUDA) < 0) return -1;
+    if (PyModule_AddStringConstant(m, "__version__", SAM_VERSION) < 0) return -1;
+    the_state = st;
+    return 0;
+}
+
+static int sam_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    sam_module_state *st = (sam_module_state *)PyModule_GetState(m);
+    Py_VISIT(st->cuda_error);
+    for (int i = 0; i < SAM_API_CACHE; i++) Py_VISIT(st->api_types[i]);
+    return 0;
+}
+
+static int sam_clear(PyObject *m)
+{
+    sam_module_state *st = (sam_module_state *)PyModule_GetState(m);
+    Py_CLEAR(st->cuda_error);
+    for (int i = 0; i < SAM_API_CACHE; i++) {
+        Py_CLEAR(st->api_types[i]);
+        st->api_tables[i] = NULL;
+    }
+    if (the_state == st) the_state = NULL;
+    return 0;
+}
+
+static void sam_free(void *m) { sam_clear((PyObject *)m); }
+
+static PyModuleDef_Slot sam_slots[] = {
+    {Py_mod_exec, (void *)sam_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    /* one CUDA context and one type cache per process */
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+    {0, NULL}};
+
+static struct PyModuleDef sam_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "samoyeds._C",
+    .m_doc = "samoyeds C extension: DLPack intake, the Samoyeds format and ops (C reference and CUDA).",
+    .m_size = sizeof(sam_module_state),
+    .m_methods = sam_methods,
+    .m_slots = sam_slots,
+    .m_traverse = sam_traverse,
+    .m_clear = sam_clear,
+    .m_free = sam_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&sam_module); }

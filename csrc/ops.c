@@ -1,0 +1,728 @@
+/*
+ * ops.c -- the ops of samoyeds._C: parse arguments, take every tensor through
+ * DLPack, check everything a kernel relies on, then run the C reference (all
+ * tensors on the CPU) or the CUDA launcher (all on one CUDA device).
+ *
+ * Convention (BLAS-like): outputs come first and are allocated by the caller.
+ * Packed arrays and weights are 3-d ([E, ...]); callers with one matrix pass a
+ * view with E = 1.  Every failure raises an exception naming the argument.
+ *
+ * Stream rule: `stream=None` launches on the producer's current stream when
+ * the producer says which (DLPack exchange API: torch), else on the legacy
+ * default stream; an int is taken as a cudaStream_t.  Producers are asked to
+ * order their pending work before that stream.  No op synchronises the host,
+ * except pack and unpack on CUDA, which check the data and report errors.
+ */
+#include "sam_module.h"
+#include "sam_ref.h"
+
+#ifndef SAM_WITH_CUDA
+#define SAM_WITH_CUDA 0
+#endif
+
+typedef struct op_ctx {
+    const char *op;
+    sam_call call;
+    int cuda;   /* 1: all tensors on one CUDA device */
+    int device;
+} op_ctx;
+
+static void ctx_init(op_ctx *c, const char *op, int64_t stream)
+{
+    memset(c, 0, sizeof(*c));
+    c->op = op;
+    c->call.stream = stream;
+}
+
+static int parse_stream(PyObject *o, int64_t *out)
+{
+    if (o == NULL || o == Py_None) { *out = SAM_STREAM_AUTO; return 0; }
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "stream: expected None or an int (cudaStream_t), got %.100s",
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* All present tensors on one device; fixes ctx->cuda and ctx->device. */
+static int ctx_device(op_ctx *c)
+{
+    const sam_tensor *first = NULL;
+    for (int i = 0; i < c->call.n; i++) {
+        const sam_tensor *t = c->call.tensors[i];
+        if (!t->present) continue;
+        if (first == NULL) { first = t; continue; }
+        if (sam_check_same_device(t, first) < 0) return -1;
+    }
+    if (first == NULL) return 0;
+    c->cuda = first->device_type == kDLCUDA;
+    c->device = first->device_id;
+#if !SAM_WITH_CUDA
+    if (c->cuda) {
+        PyErr_Format(PyExc_RuntimeError, "%s: %s is a CUDA tensor but samoyeds was built without "
+                     "CUDA (reinstall with nvcc available, see README)", c->op, first->name);
+        return -1;
+    }
+#endif
+    return 0;
+}
+
+static int parse_format(const char *op, int n, int m, int v, int glu, sam_format *f)
+{
+    if (m < 1 || m > SAM_MAX_M || n < 1 || n > m) {
+        PyErr_Format(PyExc_ValueError, "%s: format n:m = %d:%d is invalid; expected 1 <= n <= m <= %d",
+                     op, n, m, SAM_MAX_M);
+        return -1;
+    }
+    f->glu = glu ? 1 : 0;
+    if (n == m) { f->n = f->m = 1; f->v = 0; return 0; }
+    if (v < 32 || v % 32 != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: format slice length v = %d is invalid; expected a positive "
+                     "multiple of 32", op, v);
+        return -1;
+    }
+    f->n = n; f->m = m; f->v = v;
+    return 0;
+}
+
+static int make_dims(const char *op, const char *name, sam_format f, int64_t E, int64_t R, int64_t C,
+                     sam_dims *d)
+{
+    if (E < 0 || R < 0 || C < 0 || R > INT32_MAX || C > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: %s has shape (%lld, %lld, %lld); expected non-negative "
+                     "sizes below 2**31", op, name, (long long)E, (long long)R, (long long)C);
+        return -1;
+    }
+    int code = sam_dims_make(f, E, R, C, d);
+    if (code == 1)
+        PyErr_Format(PyExc_ValueError, "%s: %s has %lld rows%s; the format needs a multiple of m = %d",
+                     op, name, (long long)(f.glu ? R / 2 : R), f.glu ? " per gate/up half" : "", f.m);
+    else if (code == 2)
+        PyErr_Format(PyExc_ValueError, "%s: %s has %lld columns; 2:4 sparsity needs a multiple of 4",
+                     op, name, (long long)C);
+    else if (code == 3)
+        PyErr_Format(PyExc_ValueError, "%s: %s has %lld rows; a gate/up (glu) matrix needs an even count",
+                     op, name, (long long)R);
+    return code ? -1 : 0;
+}
+
+static PyObject *finish(op_ctx *c, int status, const char *message)
+{
+    PyObject *res = NULL;
+    if (status == SAM_STATUS_OK) res = Py_NewRef(Py_None);
+    else sam_raise_status(status, c->op, message);
+    sam_call_release(&c->call);
+    return res;
+}
+
+static PyObject *fail(op_ctx *c)
+{
+    sam_call_release(&c->call);
+    return NULL;
+}
+
+#if SAM_WITH_CUDA
+#define CUDA_RUN(ctx, status, expr)                                             \
+    do {                                                                        \
+        int prev_dev_ = 0;                                                      \
+        Py_BEGIN_ALLOW_THREADS                                                  \
+        status = sam_cuda_device_enter((ctx)->device, &prev_dev_);              \
+        if (status == SAM_STATUS_OK) {                                          \
+            status = (expr);                                                    \
+            sam_cuda_device_exit(prev_dev_);                                    \
+        }                                                                       \
+        Py_END_ALLOW_THREADS                                                    \
+    } while (0)
+#endif
+
+#define REF_RUN(status, expr) \
+    do { Py_BEGIN_ALLOW_THREADS status = (expr); Py_END_ALLOW_THREADS } while (0)
+
+static const char *last_error(int cuda)
+{
+#if SAM_WITH_CUDA
+    if (cuda) return sam_cuda_last_error();
+#endif
+    (void)cuda;
+    return sam_ref_last_error();
+}
+
+static int check_cuda_alignment(op_ctx *c, const sam_tensor *t, int align)
+{
+    if (!c->cuda || !t->present) return 0;
+    if (((uintptr_t)t->data) % (uintptr_t)align != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: %s must start at a %d-byte aligned address on the GPU",
+                     c->op, t->name, align);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- format_mask ------------------------------------------------------------------ */
+
+PyObject *sam_py_format_mask(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"mask", "w", "scores", "n", "m", "v", "stream", NULL};
+    PyObject *o_mask, *o_w, *o_scores, *o_stream = Py_None;
+    int n, m, v;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOiii|O:format_mask", kwlist, &o_mask, &o_w, &o_scores,
+                                     &n, &m, &v, &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "format_mask", stream);
+    sam_tensor mask, w, scores;
+    sam_format f;
+    sam_dims d;
+    if (parse_format(c.op, n, m, v, 0, &f) < 0) return NULL;
+    if (sam_tensor_take(&c.call, &mask, o_mask, "mask", 0) < 0 ||
+        sam_tensor_take(&c.call, &w, o_w, "w", 0) < 0 ||
+        sam_tensor_take(&c.call, &scores, o_scores, "scores", 1) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    if (sam_check_dtype(&w, SAM_DT_FLOAT | SAM_DT(SAM_F64)) < 0 || sam_check_ndim(&w, 3) < 0 ||
+        sam_check_contiguous(&w) < 0 ||
+        sam_check_dtype(&mask, SAM_DT(SAM_U8) | SAM_DT(SAM_BOOL)) < 0 ||
+        sam_check_shape(&mask, 3, w.shape) < 0 || sam_check_contiguous(&mask) < 0 ||
+        sam_check_writable(&mask) < 0 || sam_check_no_overlap(&mask, &w) < 0)
+        return fail(&c);
+    if (scores.present &&
+        (sam_check_dtype(&scores, SAM_DT_FLOAT | SAM_DT(SAM_F64)) < 0 ||
+         sam_check_shape(&scores, 3, w.shape) < 0 || sam_check_contiguous(&scores) < 0 ||
+         sam_check_no_overlap(&mask, &scores) < 0))
+        return fail(&c);
+    if (make_dims(c.op, "w", f, w.shape[0], w.shape[1], w.shape[2], &d) < 0) return fail(&c);
+    int status;
+    const void *sp = scores.present ? scores.data : NULL;
+    sam_dtype sd = scores.present ? scores.dtype : SAM_F32;
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, sam_format_mask_cuda((uint8_t *)mask.data, w.data, w.dtype, sp, sd, f, &d,
+                                                  c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, sam_format_mask_ref((uint8_t *)mask.data, w.data, w.dtype, sp, sd, f, &d));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
+/* ---- packed-array checks shared by pack, unpack and ssmm ---------------------------- */
+
+static int check_packed(op_ctx *c, sam_tensor *values, sam_tensor *meta, sam_tensor *idx,
+                        sam_format f, const sam_dims *d, int writable)
+{
+    int64_t vs[3] = {d->E, d->rp, d->cp / 2};
+    int64_t ms[4] = {d->E, d->rp / 16, d->cp / 32, 16};
+    int64_t is[3] = {d->E, d->slices, d->rp};
+    if (sam_check_dtype(values, SAM_DT_FLOAT) < 0 || sam_check_shape(values, 3, vs) < 0 ||
+        sam_check_contiguous(values) < 0 || sam_check_dtype(meta, SAM_DT(SAM_U32)) < 0 ||
+        sam_check_shape(meta, 4, ms) < 0 || sam_check_contiguous(meta) < 0)
+        return -1;
+    if (writable && (sam_check_writable(values) < 0 || sam_check_writable(meta) < 0)) return -1;
+    if (sam_format_has_selection(f)) {
+        if (!idx->present) {
+            PyErr_Format(PyExc_TypeError, "%s: idx is required for a format with row selection (n < m)", c->op);
+            return -1;
+        }
+        if (sam_check_dtype(idx, SAM_DT(SAM_U8)) < 0 || sam_check_shape(idx, 3, is) < 0 ||
+            sam_check_contiguous(idx) < 0 || (writable && sam_check_writable(idx) < 0))
+            return -1;
+    } else if (idx->present && sam_tensor_numel(idx) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: idx must be None (or empty) for plain 2:4", c->op);
+        return -1;
+    }
+    if (check_cuda_alignment(c, values, 16) < 0 || check_cuda_alignment(c, meta, 16) < 0 ||
+        check_cuda_alignment(c, idx, 16) < 0)
+        return -1;
+    return 0;
+}
+
+/* ---- format_pack ------------------------------------------------------------------ */
+
+PyObject *sam_py_format_pack(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"values", "meta", "idx", "w", "mask", "n", "m", "v", "glu", "stream", NULL};
+    PyObject *o_values, *o_meta, *o_idx, *o_w, *o_mask, *o_stream = Py_None;
+    int n, m, v, glu;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOiiip|O:format_pack", kwlist, &o_values, &o_meta,
+                                     &o_idx, &o_w, &o_mask, &n, &m, &v, &glu, &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "format_pack", stream);
+    sam_tensor values, meta, idx, w, mask;
+    sam_format f;
+    sam_dims d;
+    if (parse_format(c.op, n, m, v, glu, &f) < 0) return NULL;
+    if (sam_tensor_take(&c.call, &values, o_values, "values", 0) < 0 ||
+        sam_tensor_take(&c.call, &meta, o_meta, "meta", 0) < 0 ||
+        sam_tensor_take(&c.call, &idx, o_idx, "idx", 1) < 0 ||
+        sam_tensor_take(&c.call, &w, o_w, "w", 0) < 0 ||
+        sam_tensor_take(&c.call, &mask, o_mask, "mask", 0) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    if (sam_check_dtype(&w, SAM_DT_FLOAT) < 0 || sam_check_ndim(&w, 3) < 0 || sam_check_contiguous(&w) < 0 ||
+        sam_check_dtype(&mask, SAM_DT(SAM_U8) | SAM_DT(SAM_BOOL)) < 0 ||
+        sam_check_shape(&mask, 3, w.shape) < 0 || sam_check_contiguous(&mask) < 0)
+        return fail(&c);
+    if (make_dims(c.op, "w", f, w.shape[0], w.shape[1], w.shape[2], &d) < 0) return fail(&c);
+    if (check_packed(&c, &values, &meta, &idx, f, &d, 1) < 0) return fail(&c);
+    if (values.dtype != w.dtype) {
+        PyErr_Format(PyExc_TypeError, "%s: values: expected dtype %s (that of w), got %s", c.op,
+                     sam_dtype_name(w.dtype), sam_dtype_name(values.dtype));
+        return fail(&c);
+    }
+    sam_tensor *outs[] = {&values, &meta, &idx}, *ins[] = {&w, &mask};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++)
+            if (sam_check_no_overlap(outs[i], ins[j]) < 0) return fail(&c);
+    int status;
+    uint8_t *ip = idx.present && sam_format_has_selection(f) ? (uint8_t *)idx.data : NULL;
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, sam_format_pack_cuda(values.data, (uint32_t *)meta.data, ip, w.data,
+                                                  (const uint8_t *)mask.data, w.dtype, f, &d,
+                                                  c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, sam_format_pack_ref(values.data, (uint32_t *)meta.data, ip, w.data,
+                                            (const uint8_t *)mask.data, w.dtype, f, &d));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
+/* ---- format_unpack ---------------------------------------------------------------- */
+
+PyObject *sam_py_format_unpack(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"out", "values", "meta", "idx", "n", "m", "v", "glu", "stream", NULL};
+    PyObject *o_out, *o_values, *o_meta, *o_idx, *o_stream = Py_None;
+    int n, m, v, glu;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOiiip|O:format_unpack", kwlist, &o_out, &o_values,
+                                     &o_meta, &o_idx, &n, &m, &v, &glu, &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "format_unpack", stream);
+    sam_tensor out, values, meta, idx;
+    sam_format f;
+    sam_dims d;
+    if (parse_format(c.op, n, m, v, glu, &f) < 0) return NULL;
+    if (sam_tensor_take(&c.call, &out, o_out, "out", 0) < 0 ||
+        sam_tensor_take(&c.call, &values, o_values, "values", 0) < 0 ||
+        sam_tensor_take(&c.call, &meta, o_meta, "meta", 0) < 0 ||
+        sam_tensor_take(&c.call, &idx, o_idx, "idx", 1) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    if (sam_check_ndim(&out, 3) < 0 || sam_check_contiguous(&out) < 0 || sam_check_writable(&out) < 0)
+        return fail(&c);
+    if (make_dims(c.op, "out", f, out.shape[0], out.shape[1], out.shape[2], &d) < 0) return fail(&c);
+    if (check_packed(&c, &values, &meta, &idx, f, &d, 0) < 0) return fail(&c);
+    if (out.dtype != values.dtype) {
+        PyErr_Format(PyExc_TypeError, "%s: out: expected dtype %s (that of values), got %s", c.op,
+                     sam_dtype_name(values.dtype), sam_dtype_name(out.dtype));
+        return fail(&c);
+    }
+    if (sam_check_no_overlap(&out, &values) < 0 || sam_check_no_overlap(&out, &meta) < 0 ||
+        sam_check_no_overlap(&out, &idx) < 0)
+        return fail(&c);
+    int status;
+    const uint8_t *ip = idx.present && sam_format_has_selection(f) ? (const uint8_t *)idx.data : NULL;
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, sam_format_unpack_cuda(out.data, values.data, (const uint32_t *)meta.data, ip,
+                                                    values.dtype, f, &d, c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, sam_format_unpack_ref(out.data, values.data, (const uint32_t *)meta.data, ip,
+                                              values.dtype, f, &d));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
+/* ---- ssmm ------------------------------------------------------------------------- */
+
+PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"out", "x", "values", "meta", "idx", "offsets", "token_ids", "rows", "cols",
+                             "n", "m", "v", "glu", "act", "bias", "scale", "alpha", "limit", "impl",
+                             "stream", NULL};
+    PyObject *o_out, *o_x, *o_values, *o_meta, *o_idx, *o_offsets, *o_tok, *o_bias = Py_None,
+             *o_scale = Py_None, *o_stream = Py_None;
+    long long rows, cols;
+    int n, m, v, glu, act = 0, impl = 0;
+    float alpha = 1.702f, limit = 7.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|iOOffiO:ssmm", kwlist, &o_out, &o_x, &o_values,
+                                     &o_meta, &o_idx, &o_offsets, &o_tok, &rows, &cols, &n, &m, &v, &glu,
+                                     &act, &o_bias, &o_scale, &alpha, &limit, &impl, &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "ssmm", stream);
+    if (act < SAM_ACT_NONE || act > SAM_ACT_GPTOSS) {
+        PyErr_Format(PyExc_ValueError, "ssmm: act = %d; expected 0 (none), 1 (swiglu) or 2 (gptoss)", act);
+        return NULL;
+    }
+    if (act != SAM_ACT_NONE && !glu) {
+        PyErr_SetString(PyExc_ValueError, "ssmm: a gated activation needs weights packed with glu=True "
+                        "(gate rows first, then up rows)");
+        return NULL;
+    }
+    if (impl < 0 || impl > 1) {
+        PyErr_Format(PyExc_ValueError, "ssmm: impl = %d; expected 0 (auto) or 1 (mma.sp)", impl);
+        return NULL;
+    }
+    sam_tensor out, x, values, meta, idx, offsets, tok, bias, scale;
+    sam_format f;
+    sam_ssmm_params p;
+    memset(&p, 0, sizeof p);
+    if (parse_format(c.op, n, m, v, glu, &f) < 0) return NULL;
+    if (sam_tensor_take(&c.call, &out, o_out, "out", 0) < 0 ||
+        sam_tensor_take(&c.call, &x, o_x, "x", 0) < 0 ||
+        sam_tensor_take(&c.call, &values, o_values, "values", 0) < 0 ||
+        sam_tensor_take(&c.call, &meta, o_meta, "meta", 0) < 0 ||
+        sam_tensor_take(&c.call, &idx, o_idx, "idx", 1) < 0 ||
+        sam_tensor_take(&c.call, &offsets, o_offsets, "offsets", 0) < 0 ||
+        sam_tensor_take(&c.call, &tok, o_tok, "token_ids", 1) < 0 ||
+        sam_tensor_take(&c.call, &bias, o_bias, "bias", 1) < 0 ||
+        sam_tensor_take(&c.call, &scale, o_scale, "scale", 1) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    if (sam_check_ndim(&values, 3) < 0) return fail(&c);
+    if (make_dims(c.op, "the weight", f, values.shape[0], rows, cols, &p.d) < 0) return fail(&c);
+    if (check_packed(&c, &values, &meta, &idx, f, &p.d, 0) < 0) return fail(&c);
+    const int64_t E = p.d.E, R = p.d.R, C = p.d.C;
+    /* x: [T, >= C], unit stride along columns */
+    if (sam_check_dtype(&x, c.cuda ? SAM_DT_HALF : SAM_DT_FLOAT) < 0 || sam_check_ndim(&x, 2) < 0)
+        return fail(&c);
+    if (x.dtype != values.dtype) {
+        PyErr_Format(PyExc_TypeError, "ssmm: x: expected dtype %s (that of the packed weight), got %s",
+                     sam_dtype_name(values.dtype), sam_dtype_name(x.dtype));
+        return fail(&c);
+    }
+    if (x.shape[1] != C) {
+        PyErr_Format(PyExc_ValueError, "ssmm: x: expected %lld columns (the weight's), got %lld",
+                     (long long)C, (long long)x.shape[1]);
+        return fail(&c);
+    }
+    if ((x.shape[1] > 1 && x.strides[1] != 1) || (x.shape[0] > 1 && x.strides[0] < C)) {
+        PyErr_Format(PyExc_ValueError, "ssmm: x: rows must be contiguous and not overlap (strides (%lld, %lld))",
+                     (long long)x.strides[0], (long long)x.strides[1]);
+        return fail(&c);
+    }
+    const int64_t ldx = x.shape[0] > 1 ? x.strides[0] : C;
+    if (c.cuda && (ldx % 8 != 0 || check_cuda_alignment(&c, &x, 16) < 0)) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "ssmm: x: the row stride (%lld elements) must be a multiple of 8 "
+                         "on the GPU (16-byte rows)", (long long)ldx);
+        return fail(&c);
+    }
+    /* routing */
+    int64_t os[1] = {E + 1};
+    if (sam_check_dtype(&offsets, SAM_DT(SAM_I32)) < 0 || sam_check_shape(&offsets, 1, os) < 0 ||
+        sam_check_contiguous(&offsets) < 0)
+        return fail(&c);
+    /* out: [S, R or R/2] */
+    const int64_t out_cols = act == SAM_ACT_NONE ? R : R / 2;
+    if (sam_check_ndim(&out, 2) < 0 || sam_check_writable(&out) < 0) return fail(&c);
+    if (out.dtype != x.dtype) {
+        PyErr_Format(PyExc_TypeError, "ssmm: out: expected dtype %s (that of x), got %s",
+                     sam_dtype_name(x.dtype), sam_dtype_name(out.dtype));
+        return fail(&c);
+    }
+    if (out.shape[1] != out_cols || (out.shape[1] > 1 && out.strides[1] != 1) ||
+        (out.shape[0] > 1 && out.strides[0] < out_cols)) {
+        PyErr_Format(PyExc_ValueError, "ssmm: out: expected %lld contiguous columns%s, got shape (%lld, %lld) "
+                     "with strides (%lld, %lld)", (long long)out_cols,
+                     act == SAM_ACT_NONE ? "" : " (half the weight's rows, after the activation)",
+                     (long long)out.shape[0], (long long)out.shape[1], (long long)out.strides[0],
+                     (long long)out.strides[1]);
+        return fail(&c);
+    }
+    const int64_t S = out.shape[0];
+    const int64_t ldo = S > 1 ? out.strides[0] : out_cols;
+    if (c.cuda && (ldo % 2 != 0 || check_cuda_alignment(&c, &out, 4) < 0)) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "ssmm: out: the row stride (%lld) must be even on the GPU",
+                         (long long)ldo);
+        return fail(&c);
+    }
+    if (tok.present) {
+        int64_t ts[1] = {S};
+        if (sam_check_dtype(&tok, SAM_DT(SAM_I32)) < 0 || sam_check_shape(&tok, 1, ts) < 0 ||
+            sam_check_contiguous(&tok) < 0)
+            return fail(&c);
+    }
+    if (bias.present) {
+        int64_t bs[2] = {E, R};
+        if (sam_check_dtype(&bias, SAM_DT_FLOAT) < 0 || sam_check_shape(&bias, 2, bs) < 0 ||
+            sam_check_contiguous(&bias) < 0)
+            return fail(&c);
+    }
+    if (scale.present) {
+        int64_t ss[1] = {S};
+        if (sam_check_dtype(&scale, SAM_DT(SAM_F32)) < 0 || sam_check_shape(&scale, 1, ss) < 0 ||
+            sam_check_contiguous(&scale) < 0)
+            return fail(&c);
+    }
+    sam_tensor *ins[] = {&x, &values, &meta, &idx, &offsets, &tok, &bias, &scale};
+    for (size_t i = 0; i < sizeof(ins) / sizeof(ins[0]); i++)
+        if (sam_check_no_overlap(&out, ins[i]) < 0) return fail(&c);
+
+    p.x = x.data;
+    p.T = x.shape[0];
+    p.ldx = ldx;
+    p.dtype = x.dtype;
+    p.values = values.data;
+    p.meta = (const uint32_t *)meta.data;
+    p.idx = sam_format_has_selection(f) ? (const uint8_t *)idx.data : NULL;
+    p.f = f;
+    p.offsets = (const int32_t *)offsets.data;
+    p.token_ids = tok.present ? (const int32_t *)tok.data : NULL;
+    p.S = S;
+    p.act = (sam_act)act;
+    p.bias = bias.present ? bias.data : NULL;
+    p.bias_dtype = bias.present ? bias.dtype : SAM_F32;
+    p.scale = scale.present ? (const float *)scale.data : NULL;
+    p.alpha = alpha;
+    p.limit = limit;
+    p.out = out.data;
+    p.ldo = ldo;
+    p.impl = impl;
+    int status;
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, sam_ssmm_cuda(&p, c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, sam_ssmm_ref(&p));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
+/* ---- MoE routing ------------------------------------------------------------------ */
+
+PyObject *sam_py_moe_route(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"offsets", "token_ids", "perm", "pos", "top_k_index", "stream", NULL};
+    PyObject *o_off, *o_tok, *o_perm, *o_pos, *o_idx, *o_stream = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|O:moe_route", kwlist, &o_off, &o_tok, &o_perm, &o_pos,
+                                     &o_idx, &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "moe_route", stream);
+    sam_tensor off, tok, perm, pos, idx;
+    if (sam_tensor_take(&c.call, &off, o_off, "offsets", 0) < 0 ||
+        sam_tensor_take(&c.call, &tok, o_tok, "token_ids", 0) < 0 ||
+        sam_tensor_take(&c.call, &perm, o_perm, "perm", 0) < 0 ||
+        sam_tensor_take(&c.call, &pos, o_pos, "pos", 0) < 0 ||
+        sam_tensor_take(&c.call, &idx, o_idx, "top_k_index", 0) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    if (sam_check_dtype(&idx, SAM_DT_INDEX) < 0 || sam_check_ndim(&idx, 2) < 0 ||
+        sam_check_contiguous(&idx) < 0)
+        return fail(&c);
+    const int64_t T = idx.shape[0], K = idx.shape[1];
+    if (sam_check_dtype(&off, SAM_DT(SAM_I32)) < 0 || sam_check_ndim(&off, 1) < 0 ||
+        sam_check_contiguous(&off) < 0 || sam_check_writable(&off) < 0)
+        return fail(&c);
+    const int64_t E = off.shape[0] - 1;
+    if (E < 1 || T * K > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "moe_route: offsets needs E + 1 >= 2 entries and T*K < 2**31 "
+                     "(got %lld entries, T*K = %lld)", (long long)(E + 1), (long long)(T * K));
+        return fail(&c);
+    }
+    int64_t flat[1] = {T * K}, tk[2] = {T, K};
+    if (sam_check_dtype(&tok, SAM_DT(SAM_I32)) < 0 || sam_check_shape(&tok, 1, flat) < 0 ||
+        sam_check_contiguous(&tok) < 0 || sam_check_writable(&tok) < 0 ||
+        sam_check_dtype(&perm, SAM_DT(SAM_I32)) < 0 || sam_check_shape(&perm, 1, flat) < 0 ||
+        sam_check_contiguous(&perm) < 0 || sam_check_writable(&perm) < 0 ||
+        sam_check_dtype(&pos, SAM_DT(SAM_I32)) < 0 || sam_check_shape(&pos, 2, tk) < 0 ||
+        sam_check_contiguous(&pos) < 0 || sam_check_writable(&pos) < 0)
+        return fail(&c);
+    sam_tensor *outs[] = {&off, &tok, &perm, &pos};
+    for (int i = 0; i < 4; i++) {
+        if (sam_check_no_overlap(outs[i], &idx) < 0) return fail(&c);
+        for (int j = i + 1; j < 4; j++)
+            if (sam_check_no_overlap(outs[i], outs[j]) < 0) return fail(&c);
+    }
+    int status;
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, sam_moe_route_cuda(idx.data, idx.dtype, T, K, E, (int32_t *)off.data,
+                                                (int32_t *)tok.data, (int32_t *)perm.data, (int32_t *)pos.data,
+                                                c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, sam_moe_route_ref(idx.data, idx.dtype, T, K, E, (int32_t *)off.data, (int32_t *)tok.data,
+                                          (int32_t *)perm.data, (int32_t *)pos.data));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
+PyObject *sam_py_moe_gather_weights(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"out", "w", "perm", "offsets", "stream", NULL};
+    PyObject *o_out, *o_w, *o_perm, *o_off, *o_stream = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|O:moe_gather_weights", kwlist, &o_out, &o_w, &o_perm,
+                                     &o_off, &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "moe_gather_weights", stream);
+    sam_tensor out, w, perm, off;
+    if (sam_tensor_take(&c.call, &out, o_out, "out", 0) < 0 ||
+        sam_tensor_take(&c.call, &w, o_w, "w", 0) < 0 ||
+        sam_tensor_take(&c.call, &perm, o_perm, "perm", 0) < 0 ||
+        sam_tensor_take(&c.call, &off, o_off, "offsets", 0) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    if (sam_check_dtype(&w, SAM_DT_FLOAT) < 0 || sam_check_contiguous(&w) < 0 ||
+        sam_check_dtype(&off, SAM_DT(SAM_I32)) < 0 || sam_check_ndim(&off, 1) < 0 ||
+        sam_check_contiguous(&off) < 0)
+        return fail(&c);
+    const int64_t n = sam_tensor_numel(&w), E = off.shape[0] - 1;
+    int64_t flat[1] = {n};
+    if (E < 1) {
+        PyErr_SetString(PyExc_ValueError, "moe_gather_weights: offsets needs at least 2 entries");
+        return fail(&c);
+    }
+    if (sam_check_dtype(&out, SAM_DT(SAM_F32)) < 0 || sam_check_shape(&out, 1, flat) < 0 ||
+        sam_check_contiguous(&out) < 0 || sam_check_writable(&out) < 0 ||
+        sam_check_dtype(&perm, SAM_DT(SAM_I32)) < 0 || sam_check_shape(&perm, 1, flat) < 0 ||
+        sam_check_contiguous(&perm) < 0 || sam_check_no_overlap(&out, &w) < 0 ||
+        sam_check_no_overlap(&out, &perm) < 0 || sam_check_no_overlap(&out, &off) < 0)
+        return fail(&c);
+    int status;
+    if (!c.cuda) { /* perm comes from the caller: check it before reading through it */
+        const int32_t *pp = (const int32_t *)perm.data;
+        for (int64_t s = 0; s < n; s++)
+            if (pp[s] >= n) {
+                PyErr_Format(PyExc_ValueError, "moe_gather_weights: perm[%lld] = %d is outside w's %lld "
+                             "entries", (long long)s, pp[s], (long long)n);
+                return fail(&c);
+            }
+    }
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, sam_moe_gather_weights_cuda((float *)out.data, w.data, w.dtype,
+                                                         (const int32_t *)perm.data, (const int32_t *)off.data,
+                                                         E, n, c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, sam_moe_gather_weights_ref((float *)out.data, w.data, w.dtype, (const int32_t *)perm.data,
+                                                   (const int32_t *)off.data, E, n));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
+PyObject *sam_py_moe_combine(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"out", "y", "pos", "stream", NULL};
+    PyObject *o_out, *o_y, *o_pos, *o_stream = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:moe_combine", kwlist, &o_out, &o_y, &o_pos, &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "moe_combine", stream);
+    sam_tensor out, y, pos;
+    if (sam_tensor_take(&c.call, &out, o_out, "out", 0) < 0 ||
+        sam_tensor_take(&c.call, &y, o_y, "y", 0) < 0 ||
+        sam_tensor_take(&c.call, &pos, o_pos, "pos", 0) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    if (sam_check_dtype(&out, SAM_DT_FLOAT) < 0 || sam_check_ndim(&out, 2) < 0 ||
+        sam_check_contiguous(&out) < 0 || sam_check_writable(&out) < 0 ||
+        sam_check_dtype(&y, SAM_DT_FLOAT) < 0 || sam_check_ndim(&y, 2) < 0 ||
+        sam_check_dtype(&pos, SAM_DT(SAM_I32)) < 0 || sam_check_ndim(&pos, 2) < 0 ||
+        sam_check_contiguous(&pos) < 0)
+        return fail(&c);
+    const int64_t T = out.shape[0], H = out.shape[1], K = pos.shape[1], S = y.shape[0];
+    if (pos.shape[0] != T) {
+        PyErr_Format(PyExc_ValueError, "moe_combine: pos: expected %lld rows (out's), got %lld",
+                     (long long)T, (long long)pos.shape[0]);
+        return fail(&c);
+    }
+    if (y.shape[1] != H || (H > 1 && y.strides[1] != 1) || (S > 1 && y.strides[0] < H)) {
+        PyErr_Format(PyExc_ValueError, "moe_combine: y: expected %lld contiguous columns (out's), got shape "
+                     "(%lld, %lld)", (long long)H, (long long)S, (long long)y.shape[1]);
+        return fail(&c);
+    }
+    const int64_t ldy = S > 1 ? y.strides[0] : H;
+    if (c.cuda && y.dtype != SAM_F32 && (ldy % 2 != 0 || H % 2 != 0)) {
+        PyErr_SetString(PyExc_ValueError, "moe_combine: y: rows and the row stride must have an even length "
+                        "on the GPU");
+        return fail(&c);
+    }
+    if (sam_check_no_overlap(&out, &y) < 0 || sam_check_no_overlap(&out, &pos) < 0) return fail(&c);
+    int status;
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, sam_moe_combine_cuda(out.data, out.dtype, y.data, y.dtype, (const int32_t *)pos.data,
+                                                  T, K, H, ldy, S, c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, sam_moe_combine_ref(out.data, out.dtype, y.data, y.dtype, (const int32_t *)pos.data,
+                                            T, K, H, ldy, S));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
+/* ---- introspection ------------------------------------------------------------------ */
+
+PyObject *sam_py_tensor_info(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"t", "stream", NULL};
+    PyObject *o_t, *o_stream = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:tensor_info", kwlist, &o_t, &o_stream)) return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "tensor_info", stream);
+    sam_tensor t;
+    if (sam_tensor_take(&c.call, &t, o_t, "t", 0) < 0) return fail(&c);
+    PyObject *shape = PyTuple_New(t.ndim), *strides = PyTuple_New(t.ndim);
+    if (shape == NULL || strides == NULL) {
+        Py_XDECREF(shape); Py_XDECREF(strides);
+        return fail(&c);
+    }
+    for (int i = 0; i < t.ndim; i++) {
+        PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(t.shape[i]));
+        PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(t.strides[i]));
+    }
+    const char *path = t.versioned ? "versioned" : (t.legacy ? "legacy" : "exchange_api");
+    PyObject *res = Py_BuildValue(
+        "{s:s,s:N,s:N,s:s,s:i,s:i,s:K,s:s,s:K}", "dtype", sam_dtype_name(t.dtype), "shape", shape,
+        "strides", strides, "device", t.device_type == kDLCUDA ? "cuda" : "cpu", "device_id", t.device_id,
+        "readonly", t.readonly, "data_ptr", (unsigned long long)(uintptr_t)t.data, "path", path, "stream",
+        (unsigned long long)(uintptr_t)c.call.launch_stream);
+    sam_call_release(&c.call);
+    return res;
+}

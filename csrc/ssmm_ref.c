@@ -1,0 +1,137 @@
+/*
+ * ssmm_ref.c -- the sparse-sparse matmul on the CPU: the definition the CUDA
+ * kernels (cuda/ssmm.cu) must agree with.
+ *
+ * For every expert e and every sorted row s in [offsets[e], offsets[e+1]):
+ *     acc[r] = sum_c x[t][c] * W_e[r][c]        t = token_ids[s] (or s)
+ * in fp32, W_e the masked dense weight held by the packed arrays.  Then
+ *     acc[r] += bias[e][r]                       (if bias)
+ *     y = act(acc)                               (none: R values; GLU: R/2)
+ *     y *= scale[s]                              (if scale)
+ *     out[s][:] = y, rounded once to out's dtype.
+ * Sorted rows past offsets[E] are not written.
+ *
+ * Work per expert: the packed rows are decoded once into (column, value)
+ * lists, then every token is a sparse dot product per stored row and slice.
+ */
+#include "sam_ref.h"
+
+#include <stdlib.h>
+
+static float silu(float g) { return g / (1.0f + expf(-g)); }
+
+static float act_glu(sam_act act, float g, float u, float alpha, float limit)
+{
+    if (act == SAM_ACT_SWIGLU) return silu(g) * u;
+    g = g < limit ? g : limit;
+    u = u < limit ? u : limit;
+    u = u > -limit ? u : -limit;
+    return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+}
+
+sam_status sam_ssmm_ref(const sam_ssmm_params *p)
+{
+    const sam_format f = p->f;
+    const sam_dims *d = &p->d;
+    const int64_t R = d->R, C = d->C, cp = d->cp, rp = d->rp, E = d->E;
+    const int sel = sam_format_has_selection(f);
+    const int64_t V = sel ? f.v : (C > 0 ? C : 1);
+    const int64_t nslices = sel ? d->slices : 1;
+    const int64_t half = cp / 2;
+
+    /* offsets and token ids first: nothing is written unless all are valid */
+    if (p->offsets[0] < 0) {
+        sam_ref_set_error("offsets: offsets[0] is %d; expected >= 0", p->offsets[0]);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    for (int64_t e = 0; e < E; e++)
+        if (p->offsets[e + 1] < p->offsets[e]) {
+            sam_ref_set_error("offsets: offsets[%lld] = %d is below offsets[%lld] = %d; expected "
+                              "non-decreasing", (long long)(e + 1), p->offsets[e + 1], (long long)e,
+                              p->offsets[e]);
+            return SAM_STATUS_INVALID_ARGUMENT;
+        }
+    if (p->offsets[E] > p->S) {
+        sam_ref_set_error("offsets: offsets[E] = %d exceeds the %lld rows of out", p->offsets[E],
+                          (long long)p->S);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    for (int64_t s = p->offsets[0]; s < p->offsets[E]; s++) {
+        int64_t t = p->token_ids ? p->token_ids[s] : s;
+        if (t < 0 || t >= p->T) {
+            sam_ref_set_error("token_ids: token_ids[%lld] = %lld is outside x's %lld rows",
+                              (long long)s, (long long)t, (long long)p->T);
+            return SAM_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    if (p->offsets[E] == p->offsets[0]) return SAM_STATUS_OK;
+
+    float *vals = (float *)malloc(sizeof(float) * (size_t)(rp * half + 1));
+    int32_t *cols = (int32_t *)malloc(sizeof(int32_t) * (size_t)(rp * half + 1));
+    int64_t *rowof = (int64_t *)malloc(sizeof(int64_t) * (size_t)(rp * nslices + 1));
+    float *xf = (float *)malloc(sizeof(float) * (size_t)(C + 1));
+    float *acc = (float *)malloc(sizeof(float) * (size_t)(R + 1));
+    if (!vals || !cols || !rowof || !xf || !acc) {
+        free(vals); free(cols); free(rowof); free(xf); free(acc);
+        sam_ref_set_error("out of memory decoding an expert of %lld x %lld", (long long)R, (long long)C);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    const size_t es = p->dtype == SAM_F32 ? 4 : 2;
+    const int64_t nv = sam_values_per_expert(d), nm = sam_meta_per_expert(d), ni = sam_idx_per_expert(d);
+    const int64_t out_cols = p->act == SAM_ACT_NONE ? R : R / 2;
+    sam_status status = SAM_STATUS_OK;
+
+    for (int64_t e = 0; e < E && status == SAM_STATUS_OK; e++) {
+        const int64_t s0 = p->offsets[e], s1 = p->offsets[e + 1];
+        if (s0 == s1) continue;
+        const char *ve = (const char *)p->values + e * nv * (int64_t)es;
+        const uint32_t *me = p->meta + e * nm;
+        const uint8_t *ie = sel ? p->idx + e * ni : NULL;
+        /* decode the expert */
+        for (int64_t q = 0; q < rp; q++) {
+            int h;
+            int64_t qq;
+            int live = sam_storage_row(d, f.glu, q, &h, &qq);
+            for (int64_t j = 0; j < nslices; j++) {
+                int s = sel ? ie[j * rp + q] : 0;
+                rowof[q * nslices + j] = live ? sam_original_row(f, d, h, qq, s < f.m ? s : 0) : -1;
+            }
+            for (int64_t c = 0; c < cp; c += 4) {
+                uint32_t nib = (me[sam_meta_word(d, q, c)] >> sam_meta_shift(q, c)) & 0xfu;
+                int64_t k = q * half + c / 2;
+                cols[k] = (int32_t)(c + (nib & 3u));
+                cols[k + 1] = (int32_t)(c + (nib >> 2));
+                vals[k] = sam_load_f32(ve, p->dtype, k);
+                vals[k + 1] = sam_load_f32(ve, p->dtype, k + 1);
+            }
+        }
+        for (int64_t s = s0; s < s1; s++) {
+            const int64_t t = p->token_ids ? p->token_ids[s] : s;
+            for (int64_t c = 0; c < C; c++) xf[c] = sam_load_f32(p->x, p->dtype, t * p->ldx + c);
+            for (int64_t r = 0; r < R; r++) acc[r] = 0.0f;
+            for (int64_t q = 0; q < rp; q++) {
+                for (int64_t j = 0; j < nslices; j++) {
+                    const int64_t r = rowof[q * nslices + j];
+                    if (r < 0) continue;
+                    const int64_t c0 = j * V, c1 = c0 + V < C ? c0 + V : C;
+                    const float *vq = vals + q * half;
+                    const int32_t *cq = cols + q * half;
+                    float sum = acc[r];
+                    for (int64_t k = c0 / 2; k < c1 / 2; k++) sum += vq[k] * xf[cq[k]];
+                    acc[r] = sum;
+                }
+            }
+            if (p->bias)
+                for (int64_t r = 0; r < R; r++) acc[r] += sam_load_f32(p->bias, p->bias_dtype, e * R + r);
+            const float sc = p->scale ? p->scale[s] : 1.0f;
+            for (int64_t i = 0; i < out_cols; i++) {
+                float y = p->act == SAM_ACT_NONE
+                              ? acc[i]
+                              : act_glu(p->act, acc[i], acc[R / 2 + i], p->alpha, p->limit);
+                sam_store_f32(p->out, p->dtype, s * p->ldo + i, y * sc);
+            }
+        }
+    }
+    free(vals); free(cols); free(rowof); free(xf); free(acc);
+    return status;
+}

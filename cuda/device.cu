@@ -1,0 +1,65 @@
+// device.cu -- device queries and the launchers' error reporting.
+#include "common.cuh"
+
+#ifndef SAM_ARCHS
+#define SAM_ARCHS "unknown"
+#endif
+
+namespace sam {
+
+static thread_local char g_error[512];
+
+void set_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_error, sizeof g_error, fmt, ap);
+    va_end(ap);
+}
+
+sam_status cuda_status(cudaError_t err, const char *op) {
+    if (err == cudaSuccess) return SAM_STATUS_OK;
+    set_error("%s: CUDA error %d (%s): %s", op, (int)err, cudaGetErrorName(err), cudaGetErrorString(err));
+    return SAM_STATUS_CUDA_ERROR;
+}
+
+}  // namespace sam
+
+extern "C" {
+
+const char *sam_cuda_last_error(void) { return sam::g_error; }
+
+int sam_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();  // no driver / no device: not an error for the caller
+        return 0;
+    }
+    return n;
+}
+
+int sam_cuda_device_cc(int device) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        sam::cuda_status(cudaGetLastError(), "device_capability");
+        return -1;
+    }
+    return major * 10 + minor;
+}
+
+int sam_cuda_runtime_version(void) { return CUDART_VERSION; }
+
+const char *sam_cuda_archs(void) { return SAM_ARCHS; }
+
+sam_status sam_cuda_device_enter(int device, int *prev) {
+    SAM_CUDA_TRY(cudaGetDevice(prev), "cudaGetDevice");
+    if (*prev != device) SAM_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice");
+    return SAM_STATUS_OK;
+}
+
+void sam_cuda_device_exit(int prev) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev) cudaSetDevice(prev);
+}
+
+}  // extern "C"

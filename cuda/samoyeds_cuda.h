@@ -1,0 +1,149 @@
+/*
+ * samoyeds_cuda.h -- the C interface of the samoyeds CUDA kernels.
+ *
+ * Plain C types only: this header is included by the CPython extension
+ * (csrc/, compiled by a C compiler) and by the .cu files.  Every launcher
+ * checks what it can without touching device memory, enqueues its kernels on
+ * the given stream, never synchronises unless its comment says so, and returns
+ * a status; sam_cuda_last_error() holds a message for the last failure of the
+ * calling thread.  Nothing here exits or aborts.
+ *
+ * Pointers are device pointers.  All arrays are dense and row-major; the
+ * extension checks shapes, dtypes, strides and devices before calling.
+ */
+#ifndef SAMOYEDS_CUDA_H
+#define SAMOYEDS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "samoyeds_layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sam_status {
+    SAM_STATUS_OK = 0,
+    SAM_STATUS_INVALID_ARGUMENT = 1, /* a value the kernel cannot take (message says which) */
+    SAM_STATUS_UNSUPPORTED = 2,      /* valid, but this build or device has no kernel for it */
+    SAM_STATUS_CUDA_ERROR = 3,       /* the CUDA runtime reported an error */
+    SAM_STATUS_BAD_DATA = 4          /* device data broke a rule (found by a checking kernel) */
+} sam_status;
+
+typedef enum sam_dtype {
+    SAM_F32 = 0,
+    SAM_F16 = 1,
+    SAM_BF16 = 2,
+    SAM_U8 = 3,
+    SAM_I32 = 4,
+    SAM_I64 = 5,
+    SAM_U32 = 6,
+    SAM_U16 = 7,
+    SAM_F64 = 8,
+    SAM_BOOL = 9,
+    SAM_DTYPE_COUNT = 10
+} sam_dtype;
+
+typedef enum sam_act {
+    SAM_ACT_NONE = 0,   /* y = acc (+ bias) */
+    SAM_ACT_SWIGLU = 1, /* y_i = silu(g_i) * u_i, g = rows [0, I), u = rows [I, 2I) */
+    SAM_ACT_GPTOSS = 2  /* g = min(g, limit), u = clamp(u, -limit, limit), y = (u + 1) g sigmoid(alpha g) */
+} sam_act;
+
+/* ---- device information -------------------------------------------------- */
+
+const char *sam_cuda_last_error(void);
+/* Number of usable devices; 0 (not an error) when there is no driver or GPU. */
+int sam_cuda_device_count(void);
+/* Compute capability (major*10 + minor) of a device, or -1. */
+int sam_cuda_device_cc(int device);
+/* Runtime version the extension was built against (e.g. 13000). */
+int sam_cuda_runtime_version(void);
+/* Space-separated list of the sm architectures compiled in. */
+const char *sam_cuda_archs(void);
+/* Makes `device` current for the calling thread, saving the previous one in
+ * *prev; sam_cuda_device_exit(prev) restores it. */
+sam_status sam_cuda_device_enter(int device, int *prev);
+void sam_cuda_device_exit(int prev);
+
+/* ---- format: mask, pack, unpack (cuda/format.cu) ------------------------- */
+
+/* mask[E][R][C] (uint8 0/1) = the best mask of format f for saliency
+ * scores[E][R][C] (dtype st; NULL = |w| with w of dtype wt). */
+sam_status sam_format_mask_cuda(uint8_t *mask, const void *w, sam_dtype wt,
+                                const void *scores, sam_dtype st,
+                                sam_format f, const sam_dims *d, void *stream);
+
+/* Packs w (dtype t) under mask into values (dtype t), meta, idx (NULL when
+ * n == m).  Synchronises the stream to report a mask that breaks the format
+ * (SAM_STATUS_BAD_DATA; the message names the first offending place). */
+sam_status sam_format_pack_cuda(void *values, uint32_t *meta, uint8_t *idx,
+                                const void *w, const uint8_t *mask, sam_dtype t,
+                                sam_format f, const sam_dims *d, void *stream);
+
+/* out[E][R][C] = the masked dense weight.  Synchronises the stream to report
+ * invalid metadata or indices (SAM_STATUS_BAD_DATA). */
+sam_status sam_format_unpack_cuda(void *out, const void *values, const uint32_t *meta,
+                                  const uint8_t *idx, sam_dtype t,
+                                  sam_format f, const sam_dims *d, void *stream);
+
+/* ---- the sparse-sparse matmul (cuda/ssmm.cu) ----------------------------- */
+
+typedef struct sam_ssmm_params {
+    /* activations: x[T][ldx], row token_ids[s] (or s when token_ids is NULL) */
+    const void *x;
+    int64_t T;               /* rows of x */
+    int64_t ldx;             /* elements between rows of x (>= C, multiple of 8) */
+    sam_dtype dtype;         /* SAM_BF16 or SAM_F16, for x, values, out, bias */
+    /* packed weights */
+    const void *values;
+    const uint32_t *meta;
+    const uint8_t *idx;      /* NULL when f.n == f.m */
+    sam_format f;
+    sam_dims d;
+    /* routing: expert e owns sorted rows [offsets[e], offsets[e+1]) */
+    const int32_t *offsets;  /* [E+1], non-decreasing, offsets[E] <= S */
+    const int32_t *token_ids;/* [S] or NULL (identity) */
+    int64_t S;               /* capacity of the sorted rows (out's rows) */
+    /* epilogue */
+    sam_act act;
+    const void *bias;        /* [E][R] of bias_dtype, or NULL */
+    sam_dtype bias_dtype;
+    const float *scale;      /* [S] per sorted row, or NULL */
+    float alpha, limit;      /* SAM_ACT_GPTOSS constants */
+    /* output: out[S][ldo], R columns (R/2 with an activation) */
+    void *out;
+    int64_t ldo;
+    int impl;                /* 0: best for the device; 1: mma.sp path */
+} sam_ssmm_params;
+
+sam_status sam_ssmm_cuda(const sam_ssmm_params *p, void *stream);
+
+/* ---- MoE routing and combine (cuda/moe.cu) -------------------------------- */
+
+/* From top_k_index[T][K] (int32 or int64; ids >= E or < 0 are skipped):
+ * offsets[E+1], token_ids[T*K] (token of each sorted row), perm[T*K]
+ * (flat (t, k) of each sorted row), pos[T*K] (sorted row of each (t, k) or -1).
+ * Stable: inside an expert, rows are in (t, k) order.  No host sync. */
+sam_status sam_moe_route_cuda(const void *top_k_index, sam_dtype index_dtype,
+                              int64_t T, int64_t K, int64_t E,
+                              int32_t *offsets, int32_t *token_ids, int32_t *perm,
+                              int32_t *pos, void *stream);
+
+/* out[s] = w[perm[s]] as float for s < offsets[E], 0 after; w of dtype wt. */
+sam_status sam_moe_gather_weights_cuda(float *out, const void *w, sam_dtype wt,
+                                       const int32_t *perm, const int32_t *offsets,
+                                       int64_t E, int64_t S, void *stream);
+
+/* out[t][h] = sum_k y[pos[t*K+k]][h] in fp32, fixed order; pos outside
+ * [0, S) skipped (y has S rows). */
+sam_status sam_moe_combine_cuda(void *out, sam_dtype out_dtype, const void *y,
+                                sam_dtype y_dtype, const int32_t *pos,
+                                int64_t T, int64_t K, int64_t H, int64_t ldy, int64_t S,
+                                void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SAMOYEDS_CUDA_H */

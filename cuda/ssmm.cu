@@ -1,0 +1,494 @@
+// ssmm.cu -- grouped sparse-sparse matmul on Sparse Tensor Cores (mma.sp).
+//
+// Computes, for every expert e and sorted row s of e (see csrc/ssmm_ref.c):
+//     out[s] = act(x[token_ids[s]] @ W_e^T + bias_e) * scale[s]
+// with W_e in the Samoyeds format (samoyeds_layout.h), fp32 accumulation.
+//
+// One launch covers all experts.  A CTA owns BM = 128 storage rows of one
+// expert and BN tokens of that expert; the grid is an upper bound
+// (row tiles x (ceil(S/BN) + E)) and each CTA finds its (expert, token tile)
+// from offsets[] on the device, so there is no host sync and experts without
+// tokens cost nothing.  CTAs are rasterised in groups of GM row tiles so that
+// a wave reuses the same weight rows across many token tiles (L2).
+//
+// Per k-tile (64 dense columns) a 4-stage cp.async pipeline brings in:
+//   A: 128 rows x 32 packed values (XOR-swizzled 16-byte chunks),
+//   B: BN token rows gathered by index straight from x (XOR-swizzled),
+//   the 2:4 metadata of the tile (already in mma.sp lane order),
+//   the row-selection indices of the current column slice (N < M).
+// 8 warps as 2 (rows) x 4 (tokens); a warp runs 4 x NT mma.sp m16n8k32 per
+// k-step on ldmatrix fragments.
+//
+// Row selection (format 1:M:V) costs no memory traffic: each condensed row
+// keeps M accumulator sets in registers, one per original row of its group;
+// the mma always accumulates into set 0, and at every V boundary a thread
+// swaps set 0 with the set of the newly selected row (register selects, no
+// dynamic indexing).  At the end every set is a finished output row.
+//
+// Epilogue: accumulators -> shared memory tile (gate values first for a
+// gated activation, which pairs gate row i with up row i of the same CTA, see
+// the GLU layout) -> activation, routing scale -> coalesced 16-byte stores of
+// whole output rows.  Tails in every dimension are predicated (zero-filled
+// loads, masked stores); invalid token ids read nothing and write nothing.
+#include "common.cuh"
+
+namespace sam {
+namespace {
+
+constexpr int BM = 128;         // storage rows per CTA
+constexpr int BK = 64;          // dense columns per k-tile (two mma k-steps)
+constexpr int STAGES = 4;
+constexpr int THREADS = 256;
+constexpr int WARPS_N = 4;
+constexpr int MT = 4;           // m16 tiles per warp (64 rows)
+constexpr int GM = 16;          // row tiles per rasterisation group
+
+template <int M> struct Cfg {
+    static constexpr int NT = M <= 2 ? 4 : 2;          // n8 tiles per warp
+    static constexpr int BN = WARPS_N * 8 * NT;        // tokens per CTA
+    static constexpr int A_BYTES = BM * (BK / 2) * 2;  // 8 KB
+    static constexpr int B_BYTES = BN * BK * 2;
+    static constexpr int META_BYTES = (BM / 16) * 2 * 64;
+    static constexpr int IDX_BYTES = M > 1 ? BM : 0;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + META_BYTES + IDX_BYTES;
+    static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
+    // epilogue, plain: output tile [BN][BM*M + 8] in T; gated: fp32 gate tile
+    // [BN][GS] then output tile [BN][64*M + 8]
+    static constexpr int GS = 64 * M + 8;
+    static constexpr int EPI_NONE = BN * (BM * M + 8) * 2;
+    static constexpr int EPI_GATED = BN * GS * 4 + BN * (64 * M + 8) * 2;
+    static constexpr int EPI_BYTES = EPI_NONE > EPI_GATED ? EPI_NONE : EPI_GATED;
+    static constexpr int SMEM = (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + BN * 4;
+};
+
+struct KParams {
+    const void *x;
+    int64_t T, ldx, C, cp, rp, slices, half_rows, half_rp, R;
+    const void *values;
+    const uint32_t *meta;
+    const uint8_t *idx;
+    int V;
+    int glu;
+    const int32_t *offsets;
+    const int32_t *token_ids;
+    int64_t S;
+    int E;
+    int act;
+    const void *bias;
+    sam_dtype bias_dtype;
+    const float *scale;
+    float alpha, limit;
+    void *out;
+    int64_t ldo, out_cols;
+    int nrt;                    // row tiles
+};
+
+__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + __expf(-g)); }
+
+template <typename T, int M>
+__global__ void __launch_bounds__(THREADS, 1) ssmm_kernel(const KParams p) {
+    using C = Cfg<M>;
+    constexpr int NT = C::NT, BN = C::BN;
+    extern __shared__ __align__(128) unsigned char smem[];
+    int32_t *tok_s = reinterpret_cast<int32_t *>(smem + (C::SMEM - BN * 4));
+    __shared__ int sh_e, sh_rt, sh_tt;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane >> 2, q = lane & 3;
+
+    // ---- find this CTA's (expert, token tile, row tile) ----------------------------
+    if (warp == 0) {
+        int total = 0;
+        for (int e0 = 0; e0 < p.E; e0 += 32) {
+            int e = e0 + lane, nt = 0;
+            if (e < p.E) {
+                int c = max(0, p.offsets[e + 1] - p.offsets[e]);
+                nt = (c + BN - 1) / BN;
+            }
+#pragma unroll
+            for (int d = 16; d > 0; d >>= 1) nt += __shfl_xor_sync(0xffffffffu, nt, d);
+            total += nt;
+        }
+        int L = blockIdx.x, found_e = -1, found_tt = 0, gt = -1;
+        if ((int64_t)L < (int64_t)total * p.nrt) {
+            int group = L / (GM * total), within = L % (GM * total);
+            int gm_eff = min(GM, p.nrt - group * GM);
+            gt = within / gm_eff;
+            if (lane == 0) sh_rt = group * GM + within % gm_eff;
+        }
+        if (gt >= 0) {
+            int run = 0;
+            for (int e0 = 0; e0 < p.E && found_e < 0; e0 += 32) {
+                int e = e0 + lane, nt = 0;
+                if (e < p.E) {
+                    int c = max(0, p.offsets[e + 1] - p.offsets[e]);
+                    nt = (c + BN - 1) / BN;
+                }
+                int incl = nt;
+#pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    int v = __shfl_up_sync(0xffffffffu, incl, d);
+                    if (lane >= d) incl += v;
+                }
+                int lo = run + incl - nt, hi = run + incl;
+                unsigned hit = __ballot_sync(0xffffffffu, nt > 0 && gt >= lo && gt < hi);
+                if (hit) {
+                    int src = __ffs(hit) - 1;
+                    found_e = e0 + src;
+                    found_tt = gt - __shfl_sync(0xffffffffu, lo, src);
+                }
+                run += __shfl_sync(0xffffffffu, incl, 31);
+            }
+        }
+        if (lane == 0) {
+            sh_e = found_e;
+            sh_tt = found_tt;
+        }
+    }
+    __syncthreads();
+    const int e = sh_e;
+    if (e < 0) return;
+    const int rt = sh_rt, tt = sh_tt;
+    const int64_t s_begin = max(0, p.offsets[e]);
+    const int64_t s0 = s_begin + (int64_t)tt * BN;
+    const int64_t s_end = min((int64_t)p.offsets[e + 1], p.S);
+    const int64_t row0 = (int64_t)rt * BM;
+
+    // token rows of this tile (-1: nothing to read or write)
+    for (int i = tid; i < BN; i += THREADS) {
+        const int64_t s = s0 + i;
+        int32_t t = -1;
+        if (s < s_end) {
+            int64_t v = p.token_ids ? (int64_t)p.token_ids[s] : s;
+            if (v >= 0 && v < p.T) t = (int32_t)v;
+        }
+        tok_s[i] = t;
+    }
+    __syncthreads();
+
+    const T *vals = static_cast<const T *>(p.values) + (int64_t)e * p.rp * (p.cp / 2);
+    const uint32_t *meta = p.meta + (int64_t)e * (p.rp / 16) * (p.cp / 32) * 16;
+    const uint8_t *idxg = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp : nullptr;
+    const T *x = static_cast<const T *>(p.x);
+    const int KT = (int)(p.cp / BK);
+
+    auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
+
+    auto load_stage = [&](int st, int kt) {
+        unsigned char *base = stage_ptr(st);
+        const uint32_t sa = smem_u32(base), sb = sa + C::A_BYTES, smt = sb + C::B_BYTES,
+                       si = smt + C::META_BYTES;
+        // A: 128 rows x 4 chunks
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int id = tid + i * THREADS, row = id >> 2, ch = id & 3;
+            const bool ok = row0 + row < p.rp;
+            const T *src = vals + (ok ? (row0 + row) * (p.cp / 2) + kt * (BK / 2) + ch * 8 : 0);
+            cp_async16(sa + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4), src, ok);
+        }
+        // B: BN token rows x 8 chunks, gathered by index
+#pragma unroll
+        for (int i = 0; i < BN * 8 / THREADS; i++) {
+            const int id = tid + i * THREADS, r = id >> 3, ch = id & 7;
+            const int t = tok_s[r];
+            const int64_t col = (int64_t)kt * BK + ch * 8;
+            const bool ok = t >= 0 && col < p.C;
+            const T *src = x + (ok ? (int64_t)t * p.ldx + col : 0);
+            cp_async16(sb + r * 128 + ((ch ^ (r & 7)) << 4), src, ok);
+        }
+        // metadata: 8 row tiles x 128 bytes (two k-steps)
+        if (tid < 64) {
+            const int r16 = tid >> 3, ch = tid & 7;
+            const int64_t gr16 = row0 / 16 + r16;
+            const bool ok = gr16 < p.rp / 16;
+            const uint32_t *src = meta + (ok ? (gr16 * (p.cp / 32) + kt * 2) * 16 + ch * 4 : 0);
+            cp_async16(smt + tid * 16, src, ok);
+        } else if (M > 1 && tid < 72) {
+            const int ch = tid - 64;
+            const int64_t j = (int64_t)kt * BK / p.V;
+            const bool ok = row0 + ch * 16 < p.rp;
+            const uint8_t *src = idxg + (ok ? j * p.rp + row0 + ch * 16 : 0);
+            cp_async16(si + ch * 16, src, ok);
+        }
+    };
+
+    // accumulators: set 0 is written by mma; sets 1..M-1 hold the other rows
+    float acc[M][MT][NT][4];
+#pragma unroll
+    for (int a = 0; a < M; a++)
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[a][i][j][k] = 0.0f;
+    // perm[mt][hh]: 4 bits per set a: which row of its group set a holds
+    // (set 0 is the one mma writes: the row selected in the current slice)
+    uint32_t perm[MT][2];
+    {
+        uint32_t init = 0;
+#pragma unroll
+        for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
+#pragma unroll
+        for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = init;
+    }
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < KT) load_stage(st, st);
+        cp_async_commit();
+    }
+
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        {
+            const int nk = kt + STAGES - 1;
+            if (nk < KT) load_stage(nk % STAGES, nk);
+            cp_async_commit();
+        }
+        const int st = kt % STAGES;
+        unsigned char *base = stage_ptr(st);
+        const uint32_t sa = smem_u32(base), sb = sa + C::A_BYTES;
+        const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(base + C::A_BYTES + C::B_BYTES);
+        const uint8_t *idx_s = base + C::A_BYTES + C::B_BYTES + C::META_BYTES;
+
+        if (M > 1 && ((int64_t)kt * BK) % p.V == 0) {
+            // a new column slice: bring each row's selected set into slot 0
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const uint32_t want = idx_s[wm * 64 + i * 16 + g + 8 * hh];
+#pragma unroll
+                    for (int a = 1; a < M; a++) {
+                        const uint32_t pm = perm[i][hh], f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
+                        const bool sw = fa == want;
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+#pragma unroll
+                            for (int k = 2 * hh; k < 2 * hh + 2; k++) {
+                                const float w0 = acc[0][i][j][k], wa = acc[a][i][j][k];
+                                acc[0][i][j][k] = sw ? wa : w0;
+                                acc[a][i][j][k] = sw ? w0 : wa;
+                            }
+                        const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
+                        perm[i][hh] = sw ? swapped : pm;
+                    }
+                }
+        }
+
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            uint32_t af[MT][4], bf[NT][4], ef[MT];
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                const int row = wm * 64 + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int ch = 2 * ks + (lane >> 4);
+                ldmatrix_x4(sa + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4), af[i][0], af[i][1], af[i][2], af[i][3]);
+                ef[i] = mt_s[((wm * 4 + i) * 2 + ks) * 16 + 2 * g + (q & 1)];
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const int r = wn * 8 * NT + j * 8 + (lane & 7);
+                const int ch = 4 * ks + (lane >> 3);
+                ldmatrix_x4(sb + r * 128 + ((ch ^ (r & 7)) << 4), bf[j][0], bf[j][1], bf[j][2], bf[j][3]);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int j = 0; j < NT; j++) MmaSp<T>::run(acc[0][i][j], af[i], bf[j], ef[i]);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // ---- epilogue ----------------------------------------------------------------------
+    // Output columns of this CTA: plain layout -> original rows [row0*M, row0*M + BM*M)
+    // (act none); GLU layout -> i in [chunk*64*M, chunk*64*M + 64*M) (gated act).
+    const bool gated = p.act != SAM_ACT_NONE;
+    const int OC = gated ? 64 * M : BM * M;
+    const int OS = OC + 8;  // padded row stride of the output tile (elements)
+    constexpr int GS = C::GS;
+    float *gate_s = reinterpret_cast<float *>(smem);
+    T *ot = reinterpret_cast<T *>(gated ? smem + BN * GS * 4 : smem);
+    const int64_t col0 = gated ? (row0 / 128) * 64 * M : row0 * M;
+
+    auto bias_at = [&](int64_t orow) -> float {
+        return p.bias ? load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + orow) : 0.0f;
+    };
+    // visits every accumulator with (set a, tile i, hh, token j/k): local token,
+    // original row (or -1 for a padding row), local output column
+    auto for_each = [&](auto &&fn) {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int lrow = wm * 64 + i * 16 + g + 8 * hh;  // local storage row
+                const int64_t sp = row0 + lrow;
+                int half = 0;
+                int64_t qq = 0;
+                bool live = sp < p.rp;
+                if (live) {
+                    if (p.glu) {
+                        const int64_t chunk = sp / SAM_GLU_CHUNK;
+                        half = (int)(chunk & 1);
+                        qq = (chunk >> 1) * SAM_GLU_CHUNK + sp % SAM_GLU_CHUNK;
+                    } else {
+                        qq = sp;
+                    }
+                    live = qq < p.half_rows / M;
+                }
+#pragma unroll
+                for (int a = 0; a < M; a++) {
+                    const int sel = (int)((perm[i][hh] >> (4 * a)) & 15u);
+                    const int64_t orow = live ? (int64_t)half * p.half_rows + qq * M + sel : -1;
+                    const int lcol = gated ? (lrow % 64) * M + sel : lrow * M + sel;
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int k = 0; k < 2; k++) {
+                            const int ltok = wn * 8 * NT + j * 8 + 2 * q + k;
+                            fn(acc[a][i][j][2 * hh + k], half, orow, lcol, ltok);
+                        }
+                }
+            }
+    };
+
+    if (gated) {
+        if (wm == 0)  // gate rows
+            for_each([&](float v, int, int64_t orow, int lcol, int ltok) {
+                gate_s[ltok * GS + lcol] = orow >= 0 ? v + bias_at(orow) : 0.0f;
+            });
+        __syncthreads();
+        if (wm == 1)  // up rows: pair with the gate value of the same (token, i)
+            for_each([&](float v, int, int64_t orow, int lcol, int ltok) {
+                const float gv = gate_s[ltok * GS + lcol];
+                const float u = orow >= 0 ? v + bias_at(orow) : 0.0f;
+                float y;
+                if (p.act == SAM_ACT_SWIGLU) {
+                    y = silu_f(gv) * u;
+                } else {
+                    const float gc = fminf(gv, p.limit);
+                    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
+                    y = (uc + 1.0f) * (gc / (1.0f + __expf(-p.alpha * gc)));
+                }
+                const int64_t s = s0 + ltok;
+                if (p.scale && s < p.S) y *= p.scale[s];
+                ot[ltok * OS + lcol] = Elem<T>::from_f(y);
+            });
+    } else {
+        for_each([&](float v, int, int64_t orow, int lcol, int ltok) {
+            float y = orow >= 0 ? v + bias_at(orow) : 0.0f;
+            const int64_t s = s0 + ltok;
+            if (p.scale && s < p.S) y *= p.scale[s];
+            ot[ltok * OS + lcol] = Elem<T>::from_f(y);
+        });
+    }
+    __syncthreads();
+
+    // coalesced stores of whole token rows: OC columns from col0
+    T *out = static_cast<T *>(p.out);
+    const int chunks = OC / 8;
+    const bool vec_ok = (p.ldo % 8 == 0) && ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0);
+    for (int id = tid; id < BN * chunks; id += THREADS) {
+        const int ltok = id / chunks, ch = id % chunks;
+        if (tok_s[ltok] < 0) continue;
+        const int64_t s = s0 + ltok;
+        const int64_t c = col0 + ch * 8;
+        T *dst = out + s * p.ldo + c;
+        const T *src = ot + ltok * OS + ch * 8;
+        if (vec_ok && c + 8 <= p.out_cols) {
+            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+        } else {
+            for (int k = 0; k < 8 && c + k < p.out_cols; k++) dst[k] = src[k];
+        }
+    }
+}
+
+template <typename T, int M>
+sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
+    using C = Cfg<M>;
+    KParams k;
+    k.x = ps->x;
+    k.T = ps->T;
+    k.ldx = ps->ldx;
+    k.C = ps->d.C;
+    k.cp = ps->d.cp;
+    k.rp = ps->d.rp;
+    k.slices = ps->d.slices;
+    k.half_rows = ps->d.half_rows;
+    k.half_rp = ps->d.half_rp;
+    k.R = ps->d.R;
+    k.values = ps->values;
+    k.meta = ps->meta;
+    k.idx = ps->idx;
+    k.V = M > 1 ? ps->f.v : BK;
+    k.glu = ps->f.glu;
+    k.offsets = ps->offsets;
+    k.token_ids = ps->token_ids;
+    k.S = ps->S;
+    k.E = (int)ps->d.E;
+    k.act = ps->act;
+    k.bias = ps->bias;
+    k.bias_dtype = ps->bias_dtype;
+    k.scale = ps->scale;
+    k.alpha = ps->alpha;
+    k.limit = ps->limit;
+    k.out = ps->out;
+    k.ldo = ps->ldo;
+    k.out_cols = ps->act == SAM_ACT_NONE ? ps->d.R : ps->d.R / 2;
+    k.nrt = (int)ceil_div(ps->d.rp, BM);
+    const int64_t grid = (int64_t)k.nrt * (ceil_div(ps->S, C::BN) + ps->d.E);
+    if (grid == 0 || k.nrt == 0) return SAM_STATUS_OK;
+    if (grid > INT32_MAX) {
+        set_error("ssmm: problem too large for one launch (%lld CTAs)", (long long)grid);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_kernel<T, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
+                 "ssmm");
+    ssmm_kernel<T, M><<<(unsigned)grid, THREADS, C::SMEM, stream>>>(k);
+    return launch_status("ssmm");
+}
+
+template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t stream) {
+    const int m = ps->f.m;
+    if (m == 1) return launch<T, 1>(ps, stream);
+    if (m == 2) return launch<T, 2>(ps, stream);
+    if (m == 4) return launch<T, 4>(ps, stream);
+    set_error("ssmm: the GPU kernel supports formats 2:4, 1:2:V and 1:4:V; got %d:%d:%d", ps->f.n, ps->f.m,
+              ps->f.v);
+    return SAM_STATUS_UNSUPPORTED;
+}
+
+}  // namespace
+}  // namespace sam
+
+extern "C" sam_status sam_ssmm_cuda(const sam_ssmm_params *ps, void *stream) {
+    const sam_format f = ps->f;
+    if (f.n != 1) {
+        sam::set_error("ssmm: the GPU kernel needs n = 1 (formats 2:4, 1:2:V, 1:4:V); got %d:%d:%d", f.n, f.m, f.v);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (f.m > 1 && f.v % sam::BK != 0) {
+        sam::set_error("ssmm: the GPU kernel needs a slice length v that is a multiple of %d; got %d", sam::BK, f.v);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (f.glu == (ps->act == SAM_ACT_NONE)) {
+        sam::set_error("ssmm: the GPU kernel pairs a gated activation with a glu-packed weight and no "
+                       "activation with a plain one (glu=%d, act=%d)", f.glu, (int)ps->act);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (ps->d.C % 8 != 0) {
+        sam::set_error("ssmm: the GPU kernel needs the column count to be a multiple of 8 (16-byte rows); got %lld",
+                       (long long)ps->d.C);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (ps->dtype) {
+    case SAM_BF16: return sam::launch_m<__nv_bfloat16>(ps, s);
+    case SAM_F16: return sam::launch_m<__half>(ps, s);
+    default: sam::set_error("ssmm: the GPU kernel takes bfloat16 or float16"); return SAM_STATUS_UNSUPPORTED;
+    }
+}

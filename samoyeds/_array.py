@@ -1,0 +1,89 @@
+"""Framework-neutral helpers: the ops allocate outputs in the framework (and on
+the device) of their inputs.  torch, numpy and cupy are recognised; torch is
+never imported unless the caller already uses it."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+_NP_NAMES = {
+    "bfloat16": None, "float16": "float16", "float32": "float32", "float64": "float64",
+    "uint8": "uint8", "uint32": "uint32", "int32": "int32", "int64": "int64", "bool": "bool",
+}
+
+
+def framework(t: Any) -> str:
+    mod = type(t).__module__.split(".")[0]
+    if mod == "torch":
+        return "torch"
+    if mod == "numpy":
+        return "numpy"
+    if mod == "cupy":
+        return "cupy"
+    raise TypeError(f"expected a torch, numpy or cupy array, got {type(t).__name__}")
+
+
+def dtype_name(t: Any) -> str:
+    """'bfloat16', 'float16', 'float32', 'int32', ... for any supported array."""
+    return str(t.dtype).replace("torch.", "")
+
+
+def is_cuda(t: Any) -> bool:
+    fw = framework(t)
+    if fw == "torch":
+        return t.is_cuda
+    return fw == "cupy"
+
+
+def empty(like: Any, shape: Sequence[int], dtype: str) -> Any:
+    """An uninitialised array in like's framework and on like's device."""
+    fw = framework(like)
+    shape = tuple(int(s) for s in shape)
+    if fw == "torch":
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+    if fw == "cupy":
+        import cupy
+        with like.device:
+            return cupy.empty(shape, dtype=_np_dtype(dtype))
+    import numpy as np
+    return np.empty(shape, dtype=_np_dtype(dtype))
+
+
+def zeros(like: Any, shape: Sequence[int], dtype: str) -> Any:
+    out = empty(like, shape, dtype)
+    out[...] = 0
+    return out
+
+
+def _np_dtype(name: str) -> str:
+    np_name = _NP_NAMES.get(name)
+    if np_name is None:
+        raise TypeError(f"numpy has no {name}; use torch tensors for {name}")
+    return np_name
+
+
+def for_c(t: Any) -> Any:
+    """What the C extension should receive: torch tensors detached (a Parameter
+    refuses DLPack export otherwise); everything else as is."""
+    if t is not None and type(t).__module__.startswith("torch") and getattr(t, "requires_grad", False):
+        return t.detach()
+    return t
+
+
+def expand3(t: Any) -> Any:
+    """A 3-d view [1, R, C] of a 2-d array (3-d arrays unchanged)."""
+    return t[None] if t.ndim == 2 else t
+
+
+def current_stream(t: Any) -> int | None:
+    """The stream the op should launch on for t: None lets the extension ask
+    the producer (torch); cupy's current stream otherwise."""
+    if framework(t) == "cupy":
+        import cupy
+        return cupy.cuda.get_current_stream().ptr or None
+    return None
+
+
+def torch_loaded() -> bool:
+    return "torch" in sys.modules

@@ -1,0 +1,116 @@
+"""The sparse-sparse matmul and the MoE routing/combine ops (out-parameter
+style, like BLAS: outputs are allocated here in the inputs' framework)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import _C
+from ._array import current_stream, dtype_name, empty, for_c, framework
+from .packed import PackedWeight
+
+ACTS = {"none": 0, "swiglu": 1, "silu": 1, "gptoss": 2}
+IMPLS = {"auto": 0, "mma_sp": 1}
+
+
+def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
+         out: Optional[Any] = None, *, act: str = "none", bias: Optional[Any] = None,
+         scale: Optional[Any] = None, alpha: float = 1.702, limit: float = 7.0,
+         impl: str = "auto", stream: Optional[int] = None) -> Any:
+    """Grouped sparse-sparse matmul over experts.
+
+    For every expert ``e`` and sorted row ``s`` in
+    ``[expert_offsets[e], expert_offsets[e+1])``::
+
+        y = x[token_ids[s]] @ W_e.T (+ bias[e])      fp32 accumulation
+        out[s] = act(y) * scale[s]
+
+    Args:
+        x: ``[T, C]`` activations (bf16/fp16 on the GPU; also fp32 on the CPU).
+           Rows are read by index, never gathered into a copy.
+        w: packed weights ``[E, R, C]`` (or ``[R, C]``, one expert).
+        expert_offsets: ``[E+1]`` int32, non-decreasing.
+        token_ids: ``[S]`` int32 rows of x, or None for ``s`` itself.
+        out: ``[S, R]`` (``[S, R/2]`` with a gated ``act``); allocated if None
+           with ``S = len(token_ids)`` (or ``T``).  Rows past
+           ``expert_offsets[E]`` are not written.
+        act: ``"none"``, ``"swiglu"`` (``silu(gate) * up``; needs ``w.glu``) or
+           ``"gptoss"`` (GPT-OSS's clamped gate with ``alpha``, ``limit``).
+        bias: ``[E, R]`` added before the activation.
+        scale: ``[S]`` float32 multiplied after it (e.g. routing weights).
+        impl: ``"auto"`` or ``"mma_sp"`` (GPU kernel choice).
+        stream: CUDA stream; None uses the producer's current stream.
+    """
+    if act not in ACTS:
+        raise ValueError(f"act: expected one of {sorted(ACTS)}, got {act!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {sorted(IMPLS)}, got {impl!r}")
+    x, bias, scale = for_c(x), for_c(bias), for_c(scale)
+    E, R, C = w.shape3
+    if out is None:
+        S = token_ids.shape[0] if token_ids is not None else x.shape[0]
+        out = empty(x, (S, R if ACTS[act] == 0 else R // 2), dtype_name(x))
+    if stream is None:
+        stream = current_stream(x)
+    _C.ssmm(out, x, w.values, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(),
+            act=ACTS[act], bias=bias, scale=scale, alpha=alpha, limit=limit, impl=IMPLS[impl],
+            stream=stream)
+    return out
+
+
+@dataclass
+class Routing:
+    """Routing metadata of one MoE call (all on the device of the router output).
+
+    offsets   ``[E+1]`` int32: expert e owns sorted rows [offsets[e], offsets[e+1]).
+    token_ids ``[T*K]`` int32: token of each sorted row.
+    perm      ``[T*K]`` int32: flat (t, k) of each sorted row (-1 past offsets[E]).
+    pos       ``[T, K]`` int32: sorted row of (t, k), -1 for skipped expert ids.
+    """
+
+    offsets: Any
+    token_ids: Any
+    perm: Any
+    pos: Any
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+
+def route(top_k_index: Any, num_experts: int, stream: Optional[int] = None) -> Routing:
+    """Stable counting sort of ``top_k_index [T, K]`` (int32/int64) by expert,
+    without a host sync.  Ids outside ``[0, num_experts)`` are skipped (expert
+    parallelism placeholders)."""
+    top_k_index = for_c(top_k_index)
+    if top_k_index.ndim != 2:
+        raise ValueError(f"top_k_index: expected a 2-d [T, K] tensor, got shape {tuple(top_k_index.shape)}")
+    if num_experts < 1:
+        raise ValueError(f"num_experts: expected >= 1, got {num_experts}")
+    T, K = top_k_index.shape
+    offsets = empty(top_k_index, (num_experts + 1,), "int32")
+    token_ids = empty(top_k_index, (T * K,), "int32")
+    perm = empty(top_k_index, (T * K,), "int32")
+    pos = empty(top_k_index, (T, K), "int32")
+    _C.moe_route(offsets, token_ids, perm, pos, top_k_index,
+                 stream=stream if stream is not None else current_stream(top_k_index))
+    return Routing(offsets, token_ids, perm, pos)
+
+
+def gather_weights(top_k_weights: Any, routing: Routing, stream: Optional[int] = None) -> Any:
+    """``[T*K]`` float32 routing weight of every sorted row (0 past offsets[E])."""
+    w = for_c(top_k_weights)
+    out = empty(w, (routing.perm.shape[0],), "float32")
+    _C.moe_gather_weights(out, w, routing.perm, routing.offsets,
+                          stream=stream if stream is not None else current_stream(w))
+    return out
+
+
+def combine(y: Any, pos: Any, out: Optional[Any] = None, *, dtype: Optional[str] = None,
+            stream: Optional[int] = None) -> Any:
+    """``out[t] = sum_k y[pos[t, k]]`` (fp32 accumulation, fixed order, no atomics)."""
+    y = for_c(y)
+    if out is None:
+        out = empty(y, (pos.shape[0], y.shape[1]), dtype or dtype_name(y))
+    _C.moe_combine(out, y, pos, stream=stream if stream is not None else current_stream(y))
+    return out

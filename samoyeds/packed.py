@@ -1,0 +1,203 @@
+"""Packing weights into the Samoyeds format (layout: docs/FORMAT.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple, Union
+
+from . import _C
+from ._array import dtype_name, empty, expand3, for_c, framework, current_stream
+from .format import SparseFormat
+
+FormatLike = Union[str, SparseFormat, tuple]
+
+
+def _round_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class PackedDims:
+    """Storage shapes of a packed [E, R, C] weight (mirrors cuda/samoyeds_layout.h)."""
+
+    E: int
+    R: int
+    C: int
+    rp: int        # storage rows
+    cp: int        # padded columns
+    slices: int    # column slices (0 without row selection)
+
+    @classmethod
+    def of(cls, fmt: SparseFormat, E: int, R: int, C: int, glu: bool) -> "PackedDims":
+        if C % 4:
+            raise ValueError(f"the weight has {C} columns; 2:4 sparsity needs a multiple of 4")
+        half = R // 2 if glu else R
+        if glu and R % 2:
+            raise ValueError(f"the weight has {R} rows; a gate/up (glu) matrix needs an even count")
+        if half % fmt.m:
+            where = " per gate/up half" if glu else ""
+            raise ValueError(f"the weight has {half} rows{where}; format {fmt.name} needs a multiple "
+                             f"of m = {fmt.m}")
+        rc = half // fmt.m * fmt.n
+        half_rp = _round_up(rc, _C.GLU_CHUNK if glu else _C.ROW_ALIGN)
+        rp = 2 * half_rp if glu else half_rp
+        cp = _round_up(C, _C.COL_ALIGN)
+        slices = -(-C // fmt.v) if fmt.selects_rows else 0
+        return cls(E, R, C, rp, cp, slices)
+
+
+class PackedWeight:
+    """A weight (or a stack of expert weights) in the Samoyeds format.
+
+    Attributes:
+        values: ``[E, rp, cp/2]`` kept values, dtype of the dense weight.
+        meta:   ``[E, rp/16, cp/32, 16]`` uint32 2:4 metadata in mma.sp operand order.
+        idx:    ``[E, slices, rp]`` uint8 row choices, or None for plain 2:4.
+        fmt:    the :class:`SparseFormat`.
+        shape:  logical dense shape, ``(R, C)`` or ``(E, R, C)``.
+        glu:    True when gate rows [0, R/2) and up rows [R/2, R) are interleaved
+                for a fused gated activation.
+    """
+
+    layout_version = _C.LAYOUT_VERSION
+
+    def __init__(self, values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat,
+                 shape: Tuple[int, ...], glu: bool = False) -> None:
+        self.values = values
+        self.meta = meta
+        self.idx = idx
+        self.fmt = fmt
+        self.shape = tuple(int(s) for s in shape)
+        self.glu = bool(glu)
+        E, R, C = self.shape3
+        self.dims = PackedDims.of(fmt, E, R, C, self.glu)
+        d = self.dims
+        want = {"values": (E, d.rp, d.cp // 2), "meta": (E, d.rp // 16, d.cp // 32, 16)}
+        if fmt.selects_rows:
+            want["idx"] = (E, d.slices, d.rp)
+        elif idx is not None:
+            raise ValueError("idx must be None for plain 2:4")
+        for name, shp in want.items():
+            got = tuple(getattr(self, name).shape)
+            if got != shp:
+                raise ValueError(f"{name}: expected shape {shp} for a {fmt.name} weight of shape "
+                                 f"{self.shape}, got {got}")
+
+    @property
+    def shape3(self) -> Tuple[int, int, int]:
+        return (1,) + self.shape if len(self.shape) == 2 else self.shape  # type: ignore[return-value]
+
+    @property
+    def num_experts(self) -> int:
+        return self.shape3[0]
+
+    @property
+    def rows(self) -> int:
+        return self.shape3[1]
+
+    @property
+    def cols(self) -> int:
+        return self.shape3[2]
+
+    @property
+    def dtype(self) -> str:
+        return dtype_name(self.values)
+
+    @property
+    def device(self) -> Any:
+        return getattr(self.values, "device", "cpu")
+
+    def tensors(self) -> dict:
+        out = {"values": self.values, "meta": self.meta}
+        if self.idx is not None:
+            out["idx"] = self.idx
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(t.nbytes) if hasattr(t, "nbytes") else t.numel() * t.element_size()
+                   for t in self.tensors().values())
+
+    @property
+    def dense_nbytes(self) -> int:
+        E, R, C = self.shape3
+        es = 4 if self.dtype == "float32" else 2
+        return E * R * C * es
+
+    def c_args(self) -> tuple:
+        n, m, v = self.fmt.c_args()
+        return (n, m, v, self.glu)
+
+    def unpack(self) -> Any:
+        return unpack(self)
+
+    def to(self, device: Any) -> "PackedWeight":
+        """torch only: the same packed weight on another device."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return PackedWeight(move(self.values), move(self.meta), move(self.idx), self.fmt, self.shape,
+                            self.glu)
+
+    def expert(self, e: int) -> "PackedWeight":
+        """Expert e as a single [R, C] packed weight (views, no copy)."""
+        idx = self.idx[e:e + 1] if self.idx is not None else None
+        return PackedWeight(self.values[e:e + 1], self.meta[e:e + 1], idx, self.fmt,
+                            (1,) + self.shape3[1:], self.glu)
+
+    def __repr__(self) -> str:
+        return (f"PackedWeight(shape={self.shape}, fmt={self.fmt.name!r}, dtype={self.dtype}, "
+                f"glu={self.glu}, device={self.device}, {self.nbytes / max(1, self.dense_nbytes):.1%} "
+                "of dense bytes)")
+
+
+def mask(w: Any, fmt: FormatLike, scores: Optional[Any] = None) -> Any:
+    """The best mask of ``fmt`` for the saliency ``scores`` (default ``|w|``).
+
+    ``w``: ``[R, C]`` or ``[E, R, C]`` float (torch, numpy or cupy; CPU or CUDA).
+    For every ``v``-slice of every group of ``m`` rows, the ``n`` rows with the
+    largest 2:4-pruned saliency are kept, and in each kept row the 2 largest of
+    every 4.  Ties go to the lower index.  Returns a bool array shaped like w.
+    """
+    fmt = SparseFormat.parse(fmt)
+    w = for_c(w)
+    scores = for_c(scores)
+    out = empty(w, w.shape, "bool")
+    n, m, v = fmt.c_args()
+    _C.format_mask(expand3(out), expand3(w), None if scores is None else expand3(scores), n, m, v,
+                   stream=current_stream(w))
+    return out
+
+
+def pack(w: Any, fmt: FormatLike = "samoyeds-1:2:128", mask: Optional[Any] = None,
+         glu: bool = False) -> PackedWeight:
+    """Packs ``w`` (``[R, C]`` or ``[E, R, C]``, bf16/fp16/fp32) into the format.
+
+    ``mask`` (bool/uint8, same shape) says which weights to keep; it must fit the
+    format (at most n of every m rows per slice, at most 2 of every 4 columns);
+    None computes the magnitude mask.  ``glu=True`` packs a fused gate_up matrix
+    (gate rows first, then up rows) for the gated-activation epilogue.
+    ``unpack(pack(w, fmt, mask))`` equals ``where(mask, w, 0)`` exactly.
+    """
+    fmt = SparseFormat.parse(fmt)
+    w = for_c(w)
+    if mask is None:
+        mask = globals()["mask"](w, fmt)
+    mask = for_c(mask)
+    if tuple(mask.shape) != tuple(w.shape):
+        raise ValueError(f"mask: expected shape {tuple(w.shape)} (w's), got {tuple(mask.shape)}")
+    E, R, C = expand3(w).shape
+    d = PackedDims.of(fmt, E, R, C, glu)
+    dt = dtype_name(w)
+    values = empty(w, (E, d.rp, d.cp // 2), dt)
+    meta = empty(w, (E, d.rp // 16, d.cp // 32, 16), "uint32")
+    idx = empty(w, (E, d.slices, d.rp), "uint8") if fmt.selects_rows else None
+    n, m, v = fmt.c_args()
+    _C.format_pack(values, meta, idx, expand3(w), expand3(mask), n, m, v, glu, stream=current_stream(w))
+    return PackedWeight(values, meta, idx, fmt, tuple(w.shape), glu)
+
+
+def unpack(packed: PackedWeight) -> Any:
+    """The masked dense weight held by ``packed`` (its logical shape and dtype)."""
+    E, R, C = packed.shape3
+    out = empty(packed.values, (E, R, C), packed.dtype)
+    _C.format_unpack(out, packed.values, packed.meta, packed.idx, *packed.c_args(),
+                     stream=current_stream(packed.values))
+    return out[0] if len(packed.shape) == 2 else out
