@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build for that GPU, run the GPU tests, optionally
+# compute-sanitizer and the benchmarks; a short table last.  Full logs and the
+# results JSON go to $OUT (or ./gpu_out).
+#   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] ...
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+steps=${*:-test bench}
+export PYTHONUNBUFFERED=1 SAMOYEDS_CUDA_ARCHS=${SAMOYEDS_CUDA_ARCHS:-90a} SAMOYEDS_BUILD_JOBS=${SAMOYEDS_BUILD_JOBS:-16}
+PY=${PY:-python3}
+
+if ! $PY -c "import pytest, hypothesis" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+t0=$(date +%s)
+$PY -m pip install -q --no-build-isolation -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+$PY -c "import samoyeds, json; print(json.dumps(samoyeds.build_info()))"
+
+summary=()
+for step in $steps; do
+  case $step in
+    test)
+      $PY -m pytest tests -x -q -m gpu -p no:cacheprovider 2>&1 | tee "$OUT/test_gpu.log" | tail -25
+      summary+=("gpu tests: $(tail -1 "$OUT/test_gpu.log")") ;;
+    test-all)
+      $PY -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$OUT/test_all.log" | tail -25
+      summary+=("all tests: $(tail -1 "$OUT/test_all.log")") ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 $PY benchmarks/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+        summary+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)")
+      done ;;
+    bench)
+      $PY benchmarks/bench_kernel.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernel.log" | tail -60
+      summary+=("bench_kernel: see table above") ;;
+    bench-quick)
+      $PY benchmarks/bench_kernel.py --quick --out "$OUT" 2>&1 | tee "$OUT/bench_kernel.log" | tail -60 ;;
+    bench-moe)
+      $PY benchmarks/bench_moe.py --out "$OUT" 2>&1 | tee "$OUT/bench_moe.log" | tail -60 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "==== summary ($(date +%s) - $t0 s) ===="
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,65 @@
+"""Shared test helpers: random routing patterns, the float64 oracle, error norms."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import samoyeds as sm
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def random_topk(T: int, K: int, E: int, pattern: str, gen: torch.Generator) -> torch.Tensor:
+    """[T, K] int64 expert ids: 'uniform', 'one' (all to expert 0 as far as K allows),
+    'skewed' (some experts empty), 'placeholder' (some ids >= E)."""
+    if T == 0:
+        return torch.empty(0, K, dtype=torch.int64)
+    if pattern == "one":
+        base = torch.arange(K).repeat(T, 1)
+        return base % E
+    scores = torch.rand(T, E, generator=gen)
+    if pattern == "skewed":
+        scores[:, E // 2:] *= 0.01  # the upper half rarely chosen; often empty
+    idx = scores.topk(K, dim=1).indices
+    if pattern == "placeholder":
+        drop = torch.rand(T, K, generator=gen) < 0.3
+        idx = torch.where(drop, idx + E, idx)
+    return idx
+
+
+def oracle_ssmm(x, dense, offsets, token_ids, act="none", bias=None, scale=None, alpha=1.702, limit=7.0):
+    """float64 result for rows [offsets[0], offsets[E]) (same shapes as ssmm's out)."""
+    off = offsets.cpu().tolist()
+    E, R, C = dense.shape
+    S = token_ids.shape[0] if token_ids is not None else x.shape[0]
+    cols = R if act == "none" else R // 2
+    out = torch.zeros(S, cols, dtype=torch.float64)
+    xd, wd = x.cpu().double(), dense.cpu().double()
+    for e in range(E):
+        s0, s1 = off[e], off[e + 1]
+        if s1 == s0:
+            continue
+        rows = token_ids[s0:s1].cpu().long() if token_ids is not None else torch.arange(s0, s1)
+        y = xd[rows] @ wd[e].T
+        if bias is not None:
+            y = y + bias[e].cpu().double()
+        if act == "swiglu":
+            y = F.silu(y[:, : R // 2]) * y[:, R // 2:]
+        elif act == "gptoss":
+            g = y[:, : R // 2].clamp(max=limit)
+            u = y[:, R // 2:].clamp(-limit, limit)
+            y = (u + 1) * g * torch.sigmoid(alpha * g)
+        if scale is not None:
+            y = y * scale[s0:s1].cpu().double()[:, None]
+        out[s0:s1] = y
+    return out
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.double().cpu(), ref.double().cpu()
+    denom = ref.norm().item()
+    return (a - ref).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def to_cpu_packed(p: sm.PackedWeight) -> sm.PackedWeight:
+    return p.to("cpu")

@@ -1,0 +1,136 @@
+"""ssmm: the C reference against a float64 oracle (CPU), and the CUDA kernel
+against both (GPU).  Fresh random data per case; outputs poisoned first."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import samoyeds as sm
+from helpers import oracle_ssmm, random_topk, rel_err
+
+FORMATS = ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "samoyeds-1:2:256"]
+REF_ONLY_FORMATS = ["1:4:64", "2:4:64", "3:8:32"]
+
+
+def _case(T, K, E, R, C, fmt, dtype, pattern, act, glu, gen, device="cpu", bias=False, scale=False):
+    x = torch.randn(T, C, generator=gen).to(dtype)
+    w = (torch.randn(E, R, C, generator=gen) * C ** -0.5).to(dtype)
+    p = sm.pack(w, fmt, glu=glu)
+    topk = random_topk(T, K, E, pattern, gen)
+    r = sm.route(topk, E)
+    b = torch.randn(E, R, generator=gen).to(dtype) if bias else None
+    sc = torch.rand(T * K, generator=gen) if scale else None
+    return x, p, r, b, sc
+
+
+def _poisoned(S, cols, dtype, device):
+    return torch.full((S, cols), float("nan"), dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("fmt", FORMATS + REF_ONLY_FORMATS)
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ref_matches_oracle(fmt, act, glu, dtype):
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    T, K, E, R, C = 23, 2, 5, 144, 200
+    x, p, r, b, sc = _case(T, K, E, R, C, fmt, dtype, "skewed", act, glu, gen, bias=True, scale=True)
+    dense = sm.unpack(p)
+    out = _poisoned(T * K, R if act == "none" else R // 2, dtype, "cpu")
+    sm.ssmm(x, p, r.offsets, r.token_ids, out=out, act=act, bias=b, scale=sc)
+    n = int(r.offsets[-1])
+    ref = oracle_ssmm(x, dense, r.offsets, r.token_ids, act, b, sc)
+    assert torch.isfinite(out[:n]).all()
+    assert torch.isnan(out[n:]).all(), "rows past offsets[E] must not be written"
+    tol = 1e-5 if dtype == torch.float32 else 8e-3
+    assert rel_err(out[:n], ref[:n]) < tol
+
+
+def test_ref_empty_and_zero_tokens():
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(3, 64, 128, generator=gen)
+    p = sm.pack(w, "samoyeds-1:2:64")
+    x = torch.randn(0, 128)
+    offsets = torch.zeros(4, dtype=torch.int32)
+    out = sm.ssmm(x, p, offsets, torch.zeros(0, dtype=torch.int32))
+    assert out.shape == (0, 64)
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+SHAPES = [  # T, K, E, R, C, pattern
+    (37, 2, 4, 136, 256, "uniform"),      # rows not a multiple of the tile
+    (1, 1, 3, 64, 128, "uniform"),        # one token
+    (5, 2, 8, 256, 192, "skewed"),        # 1..3 tokens per expert, empty experts
+    (300, 2, 4, 320, 384, "one"),         # all tokens to one expert (and K-1 others)
+    (0, 2, 4, 128, 128, "uniform"),       # T = 0
+    (129, 4, 6, 192, 640, "placeholder"), # ids >= E skipped; token-tile tails
+    (260, 1, 2, 1408, 200, "uniform"),    # C not a multiple of 64; R = 1408 like DeepSeek/Qwen
+]
+
+
+def _gpu_case(shape, fmt, dtype, act, glu, bias, scale, seed):
+    T, K, E, R, C, pattern = shape
+    gen = torch.Generator().manual_seed(seed)
+    x, p, r, b, sc = _case(T, K, E, R, C, fmt, dtype, pattern, act, glu, gen, bias=bias, scale=scale)
+    return x, p, r, b, sc
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
+def test_cuda_matches_ref_and_oracle(shape, fmt, dtype, act, glu):
+    seed = torch.seed() % 2**31
+    x, p, r, b, sc = _gpu_case(shape, fmt, dtype, act, glu, bias=False, scale=act == "none", seed=seed)
+    _check_cuda(x, p, r, b, sc, act, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
+def test_cuda_epilogues_bias_scale(act, fmt):
+    seed = torch.seed() % 2**31
+    x, p, r, b, sc = _gpu_case((97, 2, 5, 384, 256, "skewed"), fmt, torch.bfloat16, act, True,
+                               bias=True, scale=True, seed=seed)
+    _check_cuda(x, p, r, b, sc, act, torch.bfloat16)
+
+
+def _check_cuda(x, p, r, b, sc, act, dtype):
+    T = x.shape[0]
+    E, R, C = p.shape3
+    S = r.token_ids.shape[0]
+    cols = R if act == "none" else R // 2
+    dense = sm.unpack(p)
+    # C reference (CPU) on the same packed bytes
+    ref_out = _poisoned(S, cols, dtype, "cpu")
+    sm.ssmm(x, p, r.offsets, r.token_ids, out=ref_out, act=act, bias=b, scale=sc)
+    # CUDA
+    dev = "cuda"
+    pg = p.to(dev)
+    out = _poisoned(S, cols, dtype, dev)
+    sm.ssmm(x.to(dev), pg, r.offsets.to(dev), r.token_ids.to(dev), out=out, act=act,
+            bias=None if b is None else b.to(dev), scale=None if sc is None else sc.to(dev))
+    torch.cuda.synchronize()
+    out = out.cpu()
+    n = int(r.offsets[-1])
+    oracle = oracle_ssmm(x, dense, r.offsets, r.token_ids, act, b, sc)[:n]
+    assert torch.isfinite(out[:n]).all(), "unwritten or non-finite output rows"
+    assert torch.isnan(out[n:]).all(), "rows past offsets[E] were written"
+    e_ref, e_cuda = rel_err(ref_out[:n], oracle), rel_err(out[:n], oracle)
+    assert e_cuda <= 2 * e_ref + 1e-6, (e_cuda, e_ref)
+
+
+@pytest.mark.gpu
+def test_cuda_deterministic_and_noncontiguous_rows():
+    gen = torch.Generator().manual_seed(7)
+    T, K, E, R, C = 200, 2, 4, 256, 512
+    xw = torch.randn(T, C + 64, generator=gen).to(torch.bfloat16).cuda()
+    x = xw[:, :C]  # row stride C + 64
+    w = torch.randn(E, R, C, generator=gen).to(torch.bfloat16)
+    p = sm.pack(w, "samoyeds-1:2:128").to("cuda")
+    r = sm.route(torch.randint(0, E, (T, K), generator=gen).cuda(), E)
+    a = sm.ssmm(x, p, r.offsets, r.token_ids)
+    bb = sm.ssmm(x.contiguous(), p, r.offsets, r.token_ids)
+    torch.cuda.synchronize()
+    assert torch.equal(a, bb)
