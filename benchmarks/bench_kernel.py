@@ -1,0 +1,208 @@
+"""Kernel benchmark: one MoE projection (all experts) per case.
+
+Every method gets the same activations, the same routed token sets and the
+same (masked) weights:
+  samoyeds-75   ssmm, format samoyeds-1:2:128, tokens gathered by index in-kernel,
+                fused epilogue (SwiGLU for gate_up, routing weight for down)
+  samoyeds-50   ssmm, plain 2:4
+  cublas        torch.mm per expert on pre-gathered tokens (matmul only)
+  grouped_mm    torch._grouped_mm over all experts on pre-gathered, sorted tokens
+  cusparselt    torch._cslt_sparse_mm per expert (2:4, searched algorithm) on
+                pre-gathered tokens
+The peers' gathers and activations are not timed.  Each method is captured in
+a CUDA graph and timed by replay with CUDA events (median).  Ceilings (dense
+bf16 matmul rate, copy bandwidth) are measured in the same run.
+
+  python benchmarks/bench_kernel.py [--quick] [--models a,b] [--tokens 256,4096] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import samoyeds as sm  # noqa: E402
+from common import SHAPES, environment, gpu_dir, measure_ceilings, time_graph, write_json  # noqa: E402
+
+FORMATS = {"samoyeds-75": "samoyeds-1:2:128", "samoyeds-50": "2:4"}
+
+
+def routing(T: int, E: int, K: int, gen: torch.Generator):
+    logits = torch.randn(T, E, generator=gen, device="cuda")
+    w, idx = torch.softmax(logits, -1).topk(K, dim=-1)
+    return idx, w / w.sum(-1, keepdim=True)
+
+
+def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict) -> dict:
+    H, I, E, K = shape.hidden, shape.inter, shape.experts, shape.top_k
+    R, C = (2 * I, H) if proj == "gate_up" else (H, I)
+    act = "swiglu" if proj == "gate_up" else "none"
+    idx, rw = routing(T, E, K, gen)
+    r = sm.route(idx, E)
+    offs = r.offsets.cpu()
+    counts = (offs[1:] - offs[:-1]).tolist()
+    S = T * K
+    scale = sm.gather_weights(rw, r)
+    if proj == "gate_up":
+        x = torch.randn(T, C, generator=gen, device="cuda", dtype=torch.bfloat16)
+        tok = r.token_ids
+        x_sorted = x[tok.long()]
+    else:
+        x = torch.randn(S, C, generator=gen, device="cuda", dtype=torch.bfloat16)
+        tok = None
+        x_sorted = x
+    w = (torch.randn(E, R, C, generator=gen, device="cuda", dtype=torch.bfloat16) * C ** -0.5)
+    res = {"model": shape.name, "T": T, "proj": proj, "E": E, "K": K, "R": R, "C": C, "S": S,
+           "tokens_per_expert_max": max(counts), "tokens_per_expert_mean": S / E,
+           "dense_flop": 2.0 * S * R * C, "methods": {}}
+    packed = {}
+    for name, fmt in FORMATS.items():
+        packed[name] = sm.pack(w, fmt, glu=proj == "gate_up")
+    masked75 = sm.unpack(packed["samoyeds-75"])  # peers: the same weights, [gate; up] order
+    del w
+    out_cols = R // 2 if act == "swiglu" else R
+    starts = offs[:-1].tolist()
+
+    def ours(name):
+        p = packed[name]
+        out = torch.empty(S, out_cols, device="cuda", dtype=torch.bfloat16)
+        sc = scale if proj == "down" else None
+        return lambda: sm.ssmm(x, p, r.offsets, tok, out=out, act=act, scale=sc)
+
+    def cublas():
+        outs = [torch.empty(c, R, device="cuda", dtype=torch.bfloat16) for c in counts]
+        xs = [x_sorted[s:s + c] for s, c in zip(starts, counts)]
+
+        def fn():
+            for e in range(E):
+                if counts[e]:
+                    torch.mm(xs[e], masked75[e].T, out=outs[e])
+        return fn
+
+    def grouped():
+        wt = masked75.transpose(1, 2)
+        off32 = r.offsets[1:].to(torch.int32)
+        return lambda: torch._grouped_mm(x_sorted, wt, offs=off32)
+
+    def cslt():
+        comp = [torch._cslt_compress(masked75[e].contiguous()) for e in range(E)]
+        xs = [x_sorted[s:s + c] for s, c in zip(starts, counts)]
+        algs = {}
+        for e in range(E):
+            if counts[e]:
+                try:
+                    algs[e] = torch._cslt_sparse_mm_search(comp[e], xs[e].T)
+                except (RuntimeError, AttributeError):
+                    algs[e] = 0
+
+        def fn():
+            for e in range(E):
+                if counts[e]:
+                    torch._cslt_sparse_mm(comp[e], xs[e].T, alg_id=algs[e], transpose_result=True)
+        return fn
+
+    makers = {"samoyeds-75": lambda: ours("samoyeds-75"), "samoyeds-50": lambda: ours("samoyeds-50"),
+              "cublas": cublas, "grouped_mm": grouped, "cusparselt": cslt}
+    for m in methods:
+        try:
+            fn = makers[m]()
+            t = time_graph(fn)
+            res["methods"][m] = t
+        except Exception as exc:  # a peer that cannot run this shape is reported, not fatal
+            res["methods"][m] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        torch.cuda.empty_cache()
+
+    # derived numbers
+    dense_rate = ceil["dense_bf16_tflops"] * 1e12
+    bw = ceil["copy_tb_s"] * 1e12
+    for m, t in res["methods"].items():
+        if "ms" not in t:
+            continue
+        t["dense_equiv_tflops"] = res["dense_flop"] / (t["ms"] * 1e-3) / 1e12
+        if m.startswith("samoyeds"):
+            p = packed[m]
+            density = p.fmt.density
+            # executed sparse-core work (dense-equivalent) at 2x the dense rate
+            exec_flop = res["dense_flop"] * density * 2
+            used = sum(1 for c in counts if c)
+            w_bytes = p.nbytes * used / E
+            io_bytes = (T if proj == "gate_up" else S) * C * 2 + S * out_cols * 2
+            t_floor = max(exec_flop / (2 * dense_rate), (w_bytes + io_bytes) / bw)
+            t["frac_sparse_ceiling"] = exec_flop / (t["ms"] * 1e-3) / (2 * dense_rate)
+            t["time_floor_ms"] = t_floor * 1e3
+            t["frac_floor"] = t_floor / (t["ms"] * 1e-3)
+    base = res["methods"]
+    for ours_name in FORMATS:
+        if "ms" not in base.get(ours_name, {}):
+            continue
+        for peer in ("cublas", "grouped_mm", "cusparselt"):
+            if "ms" in base.get(peer, {}):
+                base[ours_name][f"speedup_vs_{peer}"] = base[peer]["ms"] / base[ours_name]["ms"]
+    del packed, masked75
+    torch.cuda.empty_cache()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(SHAPES))
+    ap.add_argument("--tokens", default="256,4096,16384")
+    ap.add_argument("--proj", default="gate_up,down")
+    ap.add_argument("--methods", default="samoyeds-75,samoyeds-50,cublas,grouped_mm,cusparselt")
+    ap.add_argument("--quick", action="store_true", help="two models, T=4096 only")
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/<gpu>)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.quick:
+        args.models, args.tokens = "mixtral-8x7b,qwen3-30b-a3b", "4096"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    ceil = measure_ceilings()
+    print(f"ceilings: dense bf16 {ceil['dense_bf16_tflops']:.0f} TFLOP/s, copy {ceil['copy_tb_s']:.2f} TB/s")
+    methods = args.methods.split(",")
+    cases = []
+    for name in args.models.split(","):
+        for T in [int(t) for t in args.tokens.split(",")]:
+            for proj in args.proj.split(","):
+                res = run_case(SHAPES[name], T, proj, gen, methods, ceil)
+                cases.append(res)
+                _print_row(res)
+    out_dir = gpu_dir(args.out)
+    fname = "kernel_quick.json" if args.quick else "kernel.json"
+    write_json(os.path.join(out_dir, fname), {"env": environment(), "ceilings": ceil, "cases": cases})
+    _print_table(cases)
+
+
+def _ms(res, m):
+    t = res["methods"].get(m, {})
+    return f"{t['ms']:8.3f}" if "ms" in t else "     err"
+
+
+def _print_row(res):
+    ms = " ".join(f"{m}={_ms(res, m).strip()}" for m in res["methods"])
+    print(f"{res['model']:>16} T={res['T']:>5} {res['proj']:>7}: {ms}", flush=True)
+
+
+def _print_table(cases):
+    print("\nmodel              T      proj     s75 ms  s50 ms  cublas  grp_mm  cslt   | s75/cub s75/grp s75/cslt s50/cub | s75 TF/s  frac-ceil frac-floor")
+    for c in cases:
+        m = c["methods"]
+        s75 = m.get("samoyeds-75", {})
+        s50 = m.get("samoyeds-50", {})
+
+        def sp(d, k):
+            v = d.get(k)
+            return f"{v:7.2f}" if v else "    -  "
+        print(f"{c['model']:<16} {c['T']:>6} {c['proj']:>8} {_ms(c, 'samoyeds-75')}{_ms(c, 'samoyeds-50')}"
+              f"{_ms(c, 'cublas')}{_ms(c, 'grouped_mm')}{_ms(c, 'cusparselt')} |"
+              f"{sp(s75, 'speedup_vs_cublas')} {sp(s75, 'speedup_vs_grouped_mm')} {sp(s75, 'speedup_vs_cusparselt')}"
+              f" {sp(s50, 'speedup_vs_cublas')} | {s75.get('dense_equiv_tflops', math.nan):7.0f}"
+              f"   {s75.get('frac_sparse_ceiling', math.nan):6.2f}    {s75.get('frac_floor', math.nan):6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Shared benchmark machinery: model shapes, timing by CUDA-graph replay with
+CUDA events, hardware ceilings measured in the same run, and the results file
+format (command, commit, date, device, versions)."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    name: str
+    hidden: int      # H
+    inter: int       # I (per expert)
+    experts: int     # E
+    top_k: int       # K
+
+
+# The paper's models, then today's fine-grained ones.
+SHAPES: Dict[str, MoEShape] = {s.name: s for s in [
+    MoEShape("mixtral-8x7b", 4096, 14336, 8, 2),
+    MoEShape("mixtral-8x22b", 6144, 16384, 8, 2),
+    MoEShape("minicpm-moe", 2304, 5760, 8, 2),
+    MoEShape("openmoe-34b", 3072, 12288, 32, 2),
+    MoEShape("deepseek-moe-16b", 2048, 1408, 64, 6),
+    MoEShape("qwen1.5-moe", 2048, 1408, 60, 4),
+    MoEShape("qwen3-30b-a3b", 2048, 768, 128, 8),
+    MoEShape("olmoe", 2048, 1024, 64, 8),
+    MoEShape("gpt-oss-20b", 2880, 2880, 32, 4),
+]}
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("SAMOYEDS_COMMIT", "unknown")
+
+
+def environment() -> dict:
+    import samoyeds
+    env = {
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "samoyeds": samoyeds.build_info(),
+    }
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(device=p.name, sm_count=p.multi_processor_count, memory_gb=round(p.total_memory / 2**30, 1),
+                   capability=f"{p.major}.{p.minor}")
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm", "--format=csv,noheader"],
+                                 capture_output=True, text=True).stdout.strip()
+            env["nvidia_smi"] = smi
+        except OSError:
+            pass
+    try:
+        import transformers
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def gpu_dir(out: Optional[str]) -> str:
+    """benchmarks/results/<gpu>/ (or --out when given)."""
+    if out:
+        os.makedirs(out, exist_ok=True)
+        return out
+    name = torch.cuda.get_device_name(0).lower() if torch.cuda.is_available() else "cpu"
+    key = "h200" if "h200" in name else "h100" if "h100" in name else name.replace(" ", "_")
+    d = os.path.join(HERE, "results", key)
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def write_json(path: str, payload: dict) -> None:
+    with open(path, "w") as fh:
+        json.dump(payload, fh, indent=1, sort_keys=False)
+    print(f"wrote {path}")
+
+
+def time_graph(fn: Callable[[], None], *, inner: int = 1, min_reps: int = 10, budget_s: float = 0.25,
+               warmup: int = 2) -> dict:
+    """Median time (ms) of one call of fn, from CUDA-graph replays timed with
+    CUDA events.  fn may run `inner` rotated copies; the result is per copy."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up outside capture: lazy initialisation, algorithm search
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(warmup):
+        g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    g.replay()
+    end.record()
+    end.synchronize()
+    first = start.elapsed_time(end)
+    reps = max(min_reps, min(200, int(budget_s * 1e3 / max(first, 1e-3))))
+    times: List[float] = []
+    for _ in range(reps):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / inner)
+    times.sort()
+    del g
+    return {"ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1], "reps": reps}
+
+
+def measure_ceilings() -> dict:
+    """Dense bf16 matmul rate (8192^3, random data) and device copy bandwidth."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    t_mm = time_graph(lambda: torch.mm(a, b, out=c), budget_s=0.5)["ms"]
+    del a, b, c
+    src = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    src.random_(0, 255)
+    t_cp = time_graph(lambda: dst.copy_(src), budget_s=0.5)["ms"]
+    del src, dst
+    torch.cuda.empty_cache()
+    return {
+        "dense_bf16_tflops": 2 * n ** 3 / (t_mm * 1e-3) / 1e12,
+        "copy_tb_s": 2 * 2 * 2**30 / (t_cp * 1e-3) / 1e12,
+    }

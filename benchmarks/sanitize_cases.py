@@ -1,0 +1,31 @@
+"""A representative subset of every CUDA kernel, small enough to run under
+compute-sanitizer (memcheck, racecheck): odd shapes, tails, empty experts,
+every epilogue, both dtypes, every kernel variant (M = 1, 2, 4)."""
+import torch
+
+import samoyeds as sm
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for fmt, act, dtype in [("samoyeds-1:2:128", "swiglu", torch.bfloat16), ("2:4", "none", torch.float16),
+                            ("1:4:64", "gptoss", torch.bfloat16), ("samoyeds-1:2:64", "none", torch.bfloat16)]:
+        T, K, E, H, I = 77, 2, 5, 200, 136
+        x = torch.randn(T, H, generator=gen).to(dtype).cuda()
+        glu = act != "none"
+        R = 2 * I if glu else I
+        w = torch.randn(E, R, H, generator=gen).to(dtype).cuda()
+        p = sm.pack(w, fmt, glu=glu)
+        sm.unpack(p)
+        idx = torch.randint(0, E + 1, (T, K), generator=gen).cuda()  # E: placeholder id
+        r = sm.route(idx, E)
+        sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
+        bias = torch.randn(E, R, generator=gen).to(dtype).cuda()
+        y = sm.ssmm(x, p, r.offsets, r.token_ids, act=act, bias=bias, scale=sc)
+        sm.combine(y, r.pos) if not glu else None
+    torch.cuda.synchronize()
+    print("sanitize cases done")
+
+
+if __name__ == "__main__":
+    main()
