@@ -17,7 +17,9 @@
 //   the 2:4 metadata of the tile (already in mma.sp lane order),
 //   the row-selection indices of the current column slice (N < M).
 // 8 warps as 2 (rows) x 4 (tokens); a warp runs 4 x NT mma.sp m16n8k32 per
-// k-step on ldmatrix fragments.
+// k-step on ldmatrix fragments, loaded one k-step ahead (double-buffered
+// registers).  Every thread's copy sources are computed once per CTA and
+// advance by one k-tile per stage.
 //
 // Row selection (format 1:M:V) costs no memory traffic: each condensed row
 // keeps M accumulator sets in registers, one per original row of its group;
@@ -30,28 +32,33 @@
 // the GLU layout) -> activation, routing scale -> coalesced 16-byte stores of
 // whole output rows.  Tails in every dimension are predicated (zero-filled
 // loads, masked stores); invalid token ids read nothing and write nothing.
+#include <stdlib.h>
+
 #include "common.cuh"
 
 namespace sam {
 namespace {
 
-constexpr int BM = 128;         // storage rows per CTA
-constexpr int BK = 64;          // dense columns per k-tile (two mma k-steps)
-constexpr int STAGES = 4;
-constexpr int THREADS = 256;
-constexpr int WARPS_N = 4;
+constexpr int BM = 128;         // storage rows per CTA (two warps of 64 rows)
 constexpr int MT = 4;           // m16 tiles per warp (64 rows)
 constexpr int GM = 16;          // row tiles per rasterisation group
 
-template <int M> struct Cfg {
+// Tile configuration: M (accumulator sets per row), BK (dense columns per
+// pipeline stage), WN (warps along tokens; 2 x WN warps per CTA), ST (stages).
+template <int M_, int BK_, int WN_, int ST_> struct Cfg {
+    static constexpr int M = M_, BK = BK_, WN = WN_, ST = ST_;
+    static constexpr int KS = BK / 32;                 // mma k-steps per stage
+    static constexpr int THREADS = 64 * WN;
     static constexpr int NT = M <= 2 ? 4 : 2;          // n8 tiles per warp
-    static constexpr int BN = WARPS_N * 8 * NT;        // tokens per CTA
-    static constexpr int A_BYTES = BM * (BK / 2) * 2;  // 8 KB
-    static constexpr int B_BYTES = BN * BK * 2;
-    static constexpr int META_BYTES = (BM / 16) * 2 * 64;
+    static constexpr int BN = WN * 8 * NT;             // tokens per CTA
+    static constexpr int A_ROW = BK;                   // bytes of one packed row per stage
+    static constexpr int B_ROW = BK * 2;               // bytes of one token row per stage
+    static constexpr int A_BYTES = BM * A_ROW;
+    static constexpr int B_BYTES = BN * B_ROW;
+    static constexpr int META_BYTES = (BM / 16) * KS * 64;
     static constexpr int IDX_BYTES = M > 1 ? BM : 0;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + META_BYTES + IDX_BYTES;
-    static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
+    static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     // epilogue, plain: output tile [BN][BM*M + 8] in T; gated: fp32 gate tile
     // [BN][GS] then output tile [BN][64*M + 8]
     static constexpr int GS = 64 * M + 8;
@@ -59,6 +66,13 @@ template <int M> struct Cfg {
     static constexpr int EPI_GATED = BN * GS * 4 + BN * (64 * M + 8) * 2;
     static constexpr int EPI_BYTES = EPI_NONE > EPI_GATED ? EPI_NONE : EPI_GATED;
     static constexpr int SMEM = (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + BN * 4;
+    static constexpr int MIN_BLOCKS = WN == 2 ? 2 : 1;
+    // A rows are BK bytes: XOR the 16-byte chunk with the row bits that keep
+    // an 8-row ldmatrix phase on distinct banks; B rows are >= 128 bytes.
+    static __device__ __forceinline__ uint32_t a_off(int row, int ch) {
+        return BK == 64 ? row * 64 + ((ch ^ ((row >> 1) & 3)) << 4) : row * A_ROW + ((ch ^ (row & 7)) << 4);
+    }
+    static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * B_ROW + ((ch ^ (row & 7)) << 4); }
 };
 
 struct KParams {
@@ -85,10 +99,10 @@ struct KParams {
 
 __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + __expf(-g)); }
 
-template <typename T, int M>
-__global__ void __launch_bounds__(THREADS, 1) ssmm_kernel(const KParams p) {
-    using C = Cfg<M>;
-    constexpr int NT = C::NT, BN = C::BN;
+template <typename T, typename C>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const KParams p) {
+    constexpr int M = C::M, NT = C::NT, BN = C::BN, BK = C::BK, KS = C::KS, THREADS = C::THREADS,
+                  STAGES = C::ST, WARPS_N = C::WN;
     extern __shared__ __align__(128) unsigned char smem[];
     int32_t *tok_s = reinterpret_cast<int32_t *>(smem + (C::SMEM - BN * 4));
     __shared__ int sh_e, sh_rt, sh_tt;
@@ -175,42 +189,67 @@ __global__ void __launch_bounds__(THREADS, 1) ssmm_kernel(const KParams p) {
 
     auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
 
+    // ---- per-thread load plan, fixed for the CTA: sources advance by one
+    // k-tile per stage, shared-memory destinations never change.
+    constexpr int A_CPR = BK / 16, B_CPR = BK / 8;  // 16-byte chunks per row of A and B
+    constexpr int A_CH = BM * A_CPR / THREADS;      // chunks per thread
+    constexpr int B_CH = BN * B_CPR / THREADS;
+    constexpr int A_STEP = THREADS / A_CPR, B_STEP = THREADS / B_CPR;  // rows between a thread's chunks
+    static_assert(A_STEP % 8 == 0 && B_STEP % 8 == 0, "a thread's chunks share one swizzle phase");
+    // A: rows tid/A_CPR + i*A_STEP, chunk tid%A_CPR; one source pointer, fixed strides
+    const int a_row = tid / A_CPR, a_ch = tid % A_CPR;
+    const T *a_src = vals + (int64_t)(row0 + a_row) * (p.cp / 2) + a_ch * 8;
+    const uint32_t a_dst = C::a_off(a_row, a_ch);
+    unsigned a_ok = 0;
+#pragma unroll
+    for (int i = 0; i < A_CH; i++) a_ok |= (unsigned)(row0 + a_row + i * A_STEP < p.rp) << i;
+    // B: token rows tid/B_CPR + i*B_STEP, chunk tid%B_CPR; 32-bit element offsets into x
+    const int b_row = tid / B_CPR, b_ch = tid % B_CPR;
+    const uint32_t b_dst = C::A_BYTES + C::b_off(b_row, b_ch);
+    uint32_t b_off[B_CH];
+    unsigned b_ok = 0;
+#pragma unroll
+    for (int i = 0; i < B_CH; i++) {
+        const int t = tok_s[b_row + i * B_STEP];
+        b_ok |= (unsigned)(t >= 0) << i;
+        b_off[i] = t >= 0 ? (uint32_t)((int64_t)t * p.ldx) + b_ch * 8 : 0u;
+    }
+    // metadata (8 row tiles x KS k-steps x 4 chunks) and indices (8 chunks) are
+    // spread over all warps so that no warp arrives late at the barrier
+    constexpr int M_CH = 8 * KS * 4, M_STRIDE = THREADS / M_CH;
+    static_assert(M_CH <= THREADS && B_CH * THREADS == BN * B_CPR && A_CH * THREADS == BM * A_CPR, "load plan");
+    const bool m_load = tid % M_STRIDE == 0 && tid / M_STRIDE < M_CH;
+    const int m_chunk = tid / M_STRIDE;
+    const int64_t m_r16 = row0 / 16 + m_chunk / (KS * 4);
+    const bool m_ok = m_r16 < p.rp / 16;
+    const uint32_t *m_src = meta + (m_ok ? m_r16 * (p.cp / 32) * 16 + (m_chunk % (KS * 4)) * 4 : 0);
+    const uint32_t m_dst = C::A_BYTES + C::B_BYTES + m_chunk * 16;
+    constexpr int I_STRIDE = THREADS / 8;
+    const bool i_load = M > 1 && tid % I_STRIDE == 1;
+    const int i_chunk = tid / I_STRIDE;
+    const bool i_ok = row0 + i_chunk * 16 < p.rp;
+    const uint8_t *i_src = M > 1 ? idxg + (i_ok ? row0 + i_chunk * 16 : 0) : nullptr;
+    const uint32_t i_dst = C::A_BYTES + C::B_BYTES + C::META_BYTES + i_chunk * 16;
+    const int kt_per_slice = M > 1 ? p.V / BK : 1;
+
     auto load_stage = [&](int st, int kt) {
-        unsigned char *base = stage_ptr(st);
-        const uint32_t sa = smem_u32(base), sb = sa + C::A_BYTES, smt = sb + C::B_BYTES,
-                       si = smt + C::META_BYTES;
-        // A: 128 rows x 4 chunks
+        const uint32_t base = smem_u32(stage_ptr(st));
+        const T *as = a_src + (int64_t)kt * (BK / 2);
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int id = tid + i * THREADS, row = id >> 2, ch = id & 3;
-            const bool ok = row0 + row < p.rp;
-            const T *src = vals + (ok ? (row0 + row) * (p.cp / 2) + kt * (BK / 2) + ch * 8 : 0);
-            cp_async16(sa + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4), src, ok);
+        for (int i = 0; i < A_CH; i++) {
+            const bool ok = (a_ok >> i) & 1;
+            cp_async16(base + a_dst + i * A_STEP * C::A_ROW, ok ? as + (int64_t)i * A_STEP * (p.cp / 2) : vals, ok);
         }
-        // B: BN token rows x 8 chunks, gathered by index
+        const int col = kt * BK + b_ch * 8;
+        const bool col_ok = col < p.C;
+        const T *xs = x + kt * BK;
 #pragma unroll
-        for (int i = 0; i < BN * 8 / THREADS; i++) {
-            const int id = tid + i * THREADS, r = id >> 3, ch = id & 7;
-            const int t = tok_s[r];
-            const int64_t col = (int64_t)kt * BK + ch * 8;
-            const bool ok = t >= 0 && col < p.C;
-            const T *src = x + (ok ? (int64_t)t * p.ldx + col : 0);
-            cp_async16(sb + r * 128 + ((ch ^ (r & 7)) << 4), src, ok);
+        for (int i = 0; i < B_CH; i++) {
+            const bool ok = col_ok && ((b_ok >> i) & 1);
+            cp_async16(base + b_dst + i * B_STEP * C::B_ROW, ok ? xs + b_off[i] : x, ok);
         }
-        // metadata: 8 row tiles x 128 bytes (two k-steps)
-        if (tid < 64) {
-            const int r16 = tid >> 3, ch = tid & 7;
-            const int64_t gr16 = row0 / 16 + r16;
-            const bool ok = gr16 < p.rp / 16;
-            const uint32_t *src = meta + (ok ? (gr16 * (p.cp / 32) + kt * 2) * 16 + ch * 4 : 0);
-            cp_async16(smt + tid * 16, src, ok);
-        } else if (M > 1 && tid < 72) {
-            const int ch = tid - 64;
-            const int64_t j = (int64_t)kt * BK / p.V;
-            const bool ok = row0 + ch * 16 < p.rp;
-            const uint8_t *src = idxg + (ok ? j * p.rp + row0 + ch * 16 : 0);
-            cp_async16(si + ch * 16, src, ok);
-        }
+        if (m_load) cp_async16(base + m_dst, m_src + (int64_t)kt * KS * 16, m_ok);
+        if (i_load) cp_async16(base + i_dst, i_src + (int64_t)(kt / kt_per_slice) * p.rp, i_ok);
     };
 
     // accumulators: set 0 is written by mma; sets 1..M-1 hold the other rows
@@ -234,71 +273,92 @@ __global__ void __launch_bounds__(THREADS, 1) ssmm_kernel(const KParams p) {
         for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = init;
     }
 
+    // fragments, double-buffered across k-steps
+    uint32_t af[M == 1 ? 2 : 1][MT][4], bf[M == 1 ? 2 : 1][NT][4], ef[M == 1 ? 2 : 1][MT];
+    auto load_frags = [&](int buf, int st, int ks) {
+        unsigned char *base = stage_ptr(st);
+        const uint32_t sa = smem_u32(base), sb = sa + C::A_BYTES;
+        const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(base + C::A_BYTES + C::B_BYTES);
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const int row = wm * 64 + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            const int ch = 2 * ks + (lane >> 4);
+            ldmatrix_x4(sa + C::a_off(row, ch), af[buf][i][0], af[buf][i][1], af[buf][i][2], af[buf][i][3]);
+            ef[buf][i] = mt_s[((wm * 4 + i) * KS + ks) * 16 + 2 * g + (q & 1)];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int r = wn * 8 * NT + j * 8 + (lane & 7);
+            const int ch = 4 * ks + (lane >> 3);
+            ldmatrix_x4(sb + C::b_off(r, ch), bf[buf][j][0], bf[buf][j][1], bf[buf][j][2], bf[buf][j][3]);
+        }
+    };
+    auto mma_all = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) MmaSp<T>::run(acc[0][i][j], af[buf][i], bf[buf][j], ef[buf][i]);
+    };
+    // a new column slice: bring each row's selected set into slot 0
+    auto select_rows = [&](int st) {
+        const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const uint32_t want = idx_s[wm * 64 + i * 16 + g + 8 * hh];
+#pragma unroll
+                for (int a = 1; a < M; a++) {
+                    const uint32_t pm = perm[i][hh], f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
+                    const bool sw = fa == want;
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int k = 2 * hh; k < 2 * hh + 2; k++) {
+                            const float w0 = acc[0][i][j][k], wa = acc[a][i][j][k];
+                            acc[0][i][j][k] = sw ? wa : w0;
+                            acc[a][i][j][k] = sw ? w0 : wa;
+                        }
+                    const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
+                    perm[i][hh] = sw ? swapped : pm;
+                }
+            }
+    };
+
+    // ---- main loop: STAGES-deep cp.async pipeline, fragments one k-step ahead
 #pragma unroll
     for (int st = 0; st < STAGES - 1; st++) {
         if (st < KT) load_stage(st, st);
         cp_async_commit();
     }
-
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    // Fragments are double-buffered across k-steps where registers allow (M = 1);
+    // with several accumulator sets they are loaded right before use.
+    constexpr bool DB = M == 1;
+    int rd = 0, wr = STAGES - 1;
+    if (DB && KT > 0) load_frags(0, 0, 0);
     for (int kt = 0; kt < KT; kt++) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        {
-            const int nk = kt + STAGES - 1;
-            if (nk < KT) load_stage(nk % STAGES, nk);
-            cp_async_commit();
-        }
-        const int st = kt % STAGES;
-        unsigned char *base = stage_ptr(st);
-        const uint32_t sa = smem_u32(base), sb = sa + C::A_BYTES;
-        const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(base + C::A_BYTES + C::B_BYTES);
-        const uint8_t *idx_s = base + C::A_BYTES + C::B_BYTES + C::META_BYTES;
-
-        if (M > 1 && ((int64_t)kt * BK) % p.V == 0) {
-            // a new column slice: bring each row's selected set into slot 0
+        if (M > 1 && kt % kt_per_slice == 0) select_rows(rd);
 #pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const uint32_t want = idx_s[wm * 64 + i * 16 + g + 8 * hh];
-#pragma unroll
-                    for (int a = 1; a < M; a++) {
-                        const uint32_t pm = perm[i][hh], f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
-                        const bool sw = fa == want;
-#pragma unroll
-                        for (int j = 0; j < NT; j++)
-#pragma unroll
-                            for (int k = 2 * hh; k < 2 * hh + 2; k++) {
-                                const float w0 = acc[0][i][j][k], wa = acc[a][i][j][k];
-                                acc[0][i][j][k] = sw ? wa : w0;
-                                acc[a][i][j][k] = sw ? w0 : wa;
-                            }
-                        const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
-                        perm[i][hh] = sw ? swapped : pm;
-                    }
-                }
-        }
-
-#pragma unroll
-        for (int ks = 0; ks < 2; ks++) {
-            uint32_t af[MT][4], bf[NT][4], ef[MT];
-#pragma unroll
-            for (int i = 0; i < MT; i++) {
-                const int row = wm * 64 + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                const int ch = 2 * ks + (lane >> 4);
-                ldmatrix_x4(sa + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4), af[i][0], af[i][1], af[i][2], af[i][3]);
-                ef[i] = mt_s[((wm * 4 + i) * 2 + ks) * 16 + 2 * g + (q & 1)];
+        for (int ks = 0; ks < KS; ks++) {
+            if (!DB) {
+                load_frags(0, rd, ks);
+                mma_all(0);
             }
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const int r = wn * 8 * NT + j * 8 + (lane & 7);
-                const int ch = 4 * ks + (lane >> 3);
-                ldmatrix_x4(sb + r * 128 + ((ch ^ (r & 7)) << 4), bf[j][0], bf[j][1], bf[j][2], bf[j][3]);
+            if (ks + 1 < KS) {
+                if (DB) load_frags((ks + 1) & 1, rd, ks + 1);
+            } else {
+                // k-tile kt+1 must be resident, and every warp done with the slot refilled next
+                cp_async_wait<STAGES - 3>();
+                __syncthreads();
+                if (kt + STAGES - 1 < KT) load_stage(wr, kt + STAGES - 1);
+                cp_async_commit();
+                rd = rd + 1 == STAGES ? 0 : rd + 1;
+                wr = wr + 1 == STAGES ? 0 : wr + 1;
+                if (DB && kt + 1 < KT) load_frags((ks + 1) & 1, rd, 0);
             }
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int j = 0; j < NT; j++) MmaSp<T>::run(acc[0][i][j], af[i], bf[j], ef[i]);
+            if (DB) mma_all(ks & 1);
         }
     }
     cp_async_wait<0>();
@@ -407,9 +467,9 @@ __global__ void __launch_bounds__(THREADS, 1) ssmm_kernel(const KParams p) {
     }
 }
 
-template <typename T, int M>
+template <typename T, typename C>
 sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
-    using C = Cfg<M>;
+    constexpr int M = C::M;
     KParams k;
     k.x = ps->x;
     k.T = ps->T;
@@ -424,7 +484,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     k.values = ps->values;
     k.meta = ps->meta;
     k.idx = ps->idx;
-    k.V = M > 1 ? ps->f.v : BK;
+    k.V = M > 1 ? ps->f.v : C::BK;
     k.glu = ps->f.glu;
     k.offsets = ps->offsets;
     k.token_ids = ps->token_ids;
@@ -446,17 +506,35 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
         set_error("ssmm: problem too large for one launch (%lld CTAs)", (long long)grid);
         return SAM_STATUS_UNSUPPORTED;
     }
-    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_kernel<T, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
+    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
                  "ssmm");
-    ssmm_kernel<T, M><<<(unsigned)grid, THREADS, C::SMEM, stream>>>(k);
+    ssmm_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k);
     return launch_status("ssmm");
 }
 
+// Tile choice per row-group size M.  Variant (SAMOYEDS_SSMM_VARIANT, for
+// benchmarking): 0 = 64-column stages, 4 stages, 8 warps; 1 = 128-column
+// stages, 4 stages, 8 warps; 2 = 64-column stages, 4 stages, 4 warps, 2 CTAs/SM.
+template <typename T, int M> sam_status launch_cfg(const sam_ssmm_params *ps, cudaStream_t stream, int variant) {
+    if (variant == 1 && (M == 1 || ps->f.v % 128 == 0)) return launch<T, Cfg<M, 128, 4, 4>>(ps, stream);
+    if (variant == 2) return launch<T, Cfg<M, 64, 2, 4>>(ps, stream);
+    return launch<T, Cfg<M, 64, 4, 4>>(ps, stream);
+}
+
+int ssmm_variant() {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("SAMOYEDS_SSMM_VARIANT");
+        v = e ? atoi(e) : 0;
+    }
+    return v;
+}
+
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t stream) {
-    const int m = ps->f.m;
-    if (m == 1) return launch<T, 1>(ps, stream);
-    if (m == 2) return launch<T, 2>(ps, stream);
-    if (m == 4) return launch<T, 4>(ps, stream);
+    const int m = ps->f.m, variant = ssmm_variant();
+    if (m == 1) return launch_cfg<T, 1>(ps, stream, variant);
+    if (m == 2) return launch_cfg<T, 2>(ps, stream, variant);
+    if (m == 4) return launch_cfg<T, 4>(ps, stream, variant);
     set_error("ssmm: the GPU kernel supports formats 2:4, 1:2:V and 1:4:V; got %d:%d:%d", ps->f.n, ps->f.m,
               ps->f.v);
     return SAM_STATUS_UNSUPPORTED;
@@ -471,8 +549,8 @@ extern "C" sam_status sam_ssmm_cuda(const sam_ssmm_params *ps, void *stream) {
         sam::set_error("ssmm: the GPU kernel needs n = 1 (formats 2:4, 1:2:V, 1:4:V); got %d:%d:%d", f.n, f.m, f.v);
         return SAM_STATUS_UNSUPPORTED;
     }
-    if (f.m > 1 && f.v % sam::BK != 0) {
-        sam::set_error("ssmm: the GPU kernel needs a slice length v that is a multiple of %d; got %d", sam::BK, f.v);
+    if (f.m > 1 && f.v % 64 != 0) {
+        sam::set_error("ssmm: the GPU kernel needs a slice length v that is a multiple of 64; got %d", f.v);
         return SAM_STATUS_UNSUPPORTED;
     }
     if (f.glu == (ps->act == SAM_ACT_NONE)) {
