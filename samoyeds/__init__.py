@@ -16,8 +16,24 @@ __version__ = _C.__version__
 
 __all__ = [
     "CudaError", "PRESETS", "PackedWeight", "Routing", "SparseFormat", "__version__", "build_info",
-    "combine", "cuda_available", "gather_weights", "mask", "pack", "route", "ssmm", "unpack",
+    "combine", "cuda_available", "gather_weights", "mask", "pack", "patch_model", "route", "ssmm",
+    "to_dense", "unpack", "unpatch_model",
 ]
+
+# Loaded on first use, so that ``import samoyeds`` imports neither torch nor transformers.
+_LAZY = {
+    "patch_model": "hf", "unpatch_model": "hf", "to_dense": "hf",
+    "hf": None, "hf_families": None, "moe": None, "torch_ops": None,
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        mod = importlib.import_module(f"{__name__}.{_LAZY[name] or name}")
+        return mod if _LAZY[name] is None else getattr(mod, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cuda_available() -> bool:

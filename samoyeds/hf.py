@@ -1,0 +1,555 @@
+"""Hugging Face ``transformers`` integration: a model's MoE experts in the Samoyeds
+format, patched in place.
+
+``patch_model(model)`` packs the ``gate_up_proj``/``down_proj`` weights of every
+experts module into the Samoyeds format, replaces the dense Parameters by buffers
+holding the packed arrays (the dense tensors are released), and selects the
+``"samoyeds"`` experts implementation, registered in transformers'
+``ExpertsInterface``.  Each experts call then runs ``torch.ops.samoyeds.moe_forward``
+(one opaque node for ``torch.compile``) on the module's buffers.
+
+Buffers of a patched experts module (``E`` experts, hidden ``H``, expert width ``I``):
+
+* ``samoyeds_gate_up_values/_meta/_idx``: the ``[E, 2I, H]`` gate_up weight packed
+  with ``glu=True`` (gate rows, then up rows; ``_idx`` is None for plain 2:4);
+* ``samoyeds_down_values/_meta/_idx``: the ``[E, H, I]`` down weight;
+* ``samoyeds_gate_up_bias``: ``[E, 2I]`` (gate, then up) for models with expert biases,
+  else None; ``down_proj_bias`` stays the model's Parameter.
+
+Layouts.  Most families store ``gate_up_proj [E, 2I, H]`` with the gate rows first.
+GPT-OSS stores it transposed, ``[E, H, 2I]``, with gate and up columns interleaved
+(gate 0, up 0, gate 1, ...), and ``down_proj`` as ``[E, I, H]``: its weights and
+biases are transposed and de-interleaved at pack time, and its clamped SwiGLU
+runs with the module's ``alpha``/``limit``.  Llama 4 stores transposed weights
+without interleaving.
+
+Llama 4's experts are not dispatched through ``ExpertsInterface``: its
+``Llama4TextMoe`` scales the expert *inputs* by the sigmoid router score and runs
+every expert on every token.  Its patched block gathers the scaled rows
+``x[t] * score[t, k]`` of the top-k experts (``[T*K, H]``), runs them as ``T*K``
+tokens with one expert each and routing weight 1, and sums the ``K`` rows of each
+token: the same result without the dense all-experts matmul.
+
+The op is inference only: a backward through a patched model raises.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
+
+import torch
+from torch import nn
+
+from . import torch_ops
+from .format import SparseFormat
+from .packed import PackedDims, PackedWeight, mask as _magnitude_mask, pack, unpack
+
+__all__ = [
+    "IMPLEMENTATION", "UnsupportedModelError", "experts_forward", "experts_weight_nbytes", "is_patched",
+    "patch_model", "register", "to_dense", "unpatch_model",
+]
+
+#: The name registered in transformers' ExpertsInterface.
+IMPLEMENTATION = "samoyeds"
+
+#: A mask function for :func:`patch_model`: ``(experts module name, "gate_up_proj" or
+#: "down_proj", weight [E, R, C] in packing layout, format) -> bool mask [E, R, C]``.
+MaskFn = Callable[[str, str, torch.Tensor, SparseFormat], torch.Tensor]
+
+_PROJS = ("gate_up", "down")
+_ARRAYS = ("values", "meta", "idx")
+_PREVIOUS_ATTR = "_samoyeds_previous_experts_implementation"
+_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class UnsupportedModelError(ValueError):
+    """The model (or one of its experts modules) has a layout samoyeds cannot run."""
+
+
+@dataclass(frozen=True)
+class ExpertsPatch:
+    """What :func:`patch_model` did to one experts module (kept as ``module._samoyeds``).
+
+    ``transposed``: the model stores ``[E, in, out]`` (``x @ W``) rather than
+    ``[E, out, in]``; ``interleaved``: gate and up outputs alternate in gate_up.
+    """
+
+    fmt: SparseFormat
+    num_experts: int
+    hidden: int
+    intermediate: int
+    act: str
+    alpha: float
+    limit: float
+    transposed: bool
+    interleaved: bool
+    bias: bool
+    requires_grad: bool
+    previous_implementation: Optional[str] = None
+
+    @property
+    def act_id(self) -> int:
+        return torch_ops.act_id(self.act)
+
+    @property
+    def n(self) -> int:
+        return self.fmt.c_args()[0]
+
+    @property
+    def m(self) -> int:
+        return self.fmt.c_args()[1]
+
+    @property
+    def v(self) -> int:
+        return self.fmt.c_args()[2]
+
+
+@dataclass
+class _Target:
+    name: str                       # experts module name in model.named_modules()
+    experts: nn.Module
+    block: Optional[nn.Module]      # Llama4TextMoe owning the experts, else None
+    layout: Optional[ExpertsPatch] = None
+
+
+# --- registration -------------------------------------------------------------------------------
+
+def register() -> None:
+    """Registers ``"samoyeds"`` in ``transformers.integrations.moe.ExpertsInterface``.
+
+    Call it before ``from_pretrained(..., experts_implementation="samoyeds")``
+    (transformers validates the name when a model is built).  Idempotent;
+    :func:`patch_model` calls it.
+    """
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(IMPLEMENTATION, experts_forward)
+
+
+def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The ``"samoyeds"`` experts implementation (transformers' ExpertsInterface contract).
+
+    Args:
+        self: a patched experts module.
+        hidden_states: ``[T, H]`` (fp32/bf16/fp16 on the CPU; bf16/fp16 on CUDA).
+        top_k_index: ``[T, K]`` int64 expert ids; ids ``>= E`` (expert-parallel
+            placeholders) contribute nothing.
+        top_k_weights: ``[T, K]`` routing weights (fp32 or the model's dtype).
+    Returns:
+        ``[T, H]`` in hidden_states' dtype.
+    """
+    if getattr(self, "_samoyeds", None) is None:
+        raise RuntimeError(
+            f"{type(self).__name__} runs experts_implementation={IMPLEMENTATION!r} but holds dense weights; "
+            "call samoyeds.patch_model(model) to pack them first")
+    return _run_experts(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor) -> torch.Tensor:
+    p = mod._samoyeds
+    H, I = p.hidden, p.intermediate
+    down_bias = mod.down_proj_bias if p.bias else None
+    return torch.ops.samoyeds.moe_forward(
+        x, top_k_index, top_k_weights,
+        mod.samoyeds_gate_up_values, mod.samoyeds_gate_up_meta, mod.samoyeds_gate_up_idx, 2 * I, H,
+        mod.samoyeds_down_values, mod.samoyeds_down_meta, mod.samoyeds_down_idx, H, I,
+        p.n, p.m, p.v, p.act_id, mod.samoyeds_gate_up_bias, down_bias, p.alpha, p.limit)
+
+
+# --- Llama 4 --------------------------------------------------------------------------------------
+
+_LLAMA4_CLASSES: Dict[type, type] = {}
+
+
+def _llama4_moe_class() -> Optional[type]:
+    try:
+        from transformers.models.llama4.modeling_llama4 import Llama4TextMoe
+    except ImportError:
+        return None
+    return Llama4TextMoe
+
+
+def _llama4_forward(self: nn.Module, hidden_states: torch.Tensor):
+    """Llama4TextMoe.forward with the routed experts in the Samoyeds format.
+
+    The router's dense ``[T, E]`` scores are sigmoid(top-k logit) on the chosen
+    experts and 0 elsewhere; every expert input is scaled by its score.  Here
+    the ``T*K`` scaled rows of the chosen experts run as single-expert tokens
+    with weight 1 and each token's ``K`` outputs are summed.
+    """
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    router_scores, router_logits = self.router(hidden_states)
+    top_k_index = torch.topk(router_logits, self.router.top_k, dim=1).indices   # the router's own choice
+    scores = router_scores.gather(1, top_k_index)                                 # [T, K]
+    T, K = top_k_index.shape
+    routed_in = (hidden_states[:, None, :] * scores[:, :, None]).reshape(T * K, self.hidden_dim)
+    ones = torch.ones(T * K, 1, dtype=torch.float32, device=hidden_states.device)
+    routed_out = _run_experts(self.experts, routed_in, top_k_index.reshape(T * K, 1), ones)
+    out = self.shared_expert(hidden_states)
+    out.add_(routed_out.view(T, K, -1).sum(dim=1))
+    return out, router_logits
+
+
+def _patched_llama4_class(base: type) -> type:
+    cls = _LLAMA4_CLASSES.get(base)
+    if cls is None:
+        cls = type(f"Samoyeds{base.__name__}", (base,), {
+            "forward": _llama4_forward, "__module__": __name__, "_samoyeds_base": base,
+            "__doc__": f"{base.__name__} whose routed experts run in the Samoyeds format."})
+        _LLAMA4_CLASSES[base] = cls
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    # Pickled patched Llama 4 blocks refer to their class by this module's attribute.
+    if name == "SamoyedsLlama4TextMoe":
+        base = _llama4_moe_class()
+        if base is not None:
+            return _patched_llama4_class(base)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- finding and checking experts modules ---------------------------------------------------------
+
+def _is_decorated(mod: nn.Module) -> bool:
+    """True for an experts module built by transformers' @use_experts_implementation."""
+    return (hasattr(type(mod).forward, "__wrapped__")
+            and all(hasattr(mod, a) for a in ("has_gate", "has_bias", "is_transposed", "is_concatenated")))
+
+
+def _find_experts(model: nn.Module) -> List[_Target]:
+    llama4 = _llama4_moe_class()
+    targets: List[_Target] = []
+    claimed = set()
+    for name, mod in model.named_modules():
+        if llama4 is not None and isinstance(mod, llama4):
+            targets.append(_Target(f"{name}.experts" if name else "experts", mod.experts, mod))
+            claimed.add(id(mod.experts))
+        elif _is_decorated(mod):
+            targets.append(_Target(name, mod, None))
+            claimed.add(id(mod))
+    for name, mod in model.named_modules():
+        if id(mod) in claimed:
+            continue
+        w = mod._parameters.get("gate_up_proj")
+        if w is not None and w.dim() == 3:
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: experts module {name!r} ({type(mod).__name__}) is not supported: "
+                "it is not dispatched through transformers' ExpertsInterface (@use_experts_implementation) "
+                "and samoyeds has no patch for its MoE block")
+    return targets
+
+
+def _is_silu(fn: Any) -> bool:
+    if isinstance(fn, nn.SiLU):
+        return True
+    try:
+        from transformers.activations import SiLUActivation
+    except ImportError:
+        return False
+    return isinstance(fn, SiLUActivation)
+
+
+def _layout(t: _Target, model: nn.Module, fmt: SparseFormat) -> ExpertsPatch:
+    mod = t.experts
+
+    def fail(reason: str) -> None:
+        raise UnsupportedModelError(f"{type(model).__name__}: experts module {t.name!r} ({type(mod).__name__}) "
+                                    f"is not supported: {reason}")
+
+    alpha, limit = 1.702, 7.0
+    if t.block is not None:
+        transposed, interleaved, bias, act = True, False, False, "swiglu"
+        if not _is_silu(getattr(mod, "act_fn", None)):
+            fail(f"its activation {type(getattr(mod, 'act_fn', None)).__name__} is not SiLU; the fused gate is SwiGLU")
+    else:
+        if not mod.has_gate:
+            fail("it has no gate (up_proj only); samoyeds fuses a gated activation (SwiGLU or GPT-OSS's) "
+                 "into the gate_up matmul")
+        if getattr(mod, "has_post_expert_norm", False):
+            fail("it applies a norm after each expert (has_post_expert_norm), which samoyeds does not fuse")
+        from transformers.integrations.moe import _default_apply_gate
+
+        gate_fn = getattr(type(mod), "_apply_gate", None)
+        if gate_fn is _default_apply_gate:
+            act = "swiglu"
+            if not _is_silu(getattr(mod, "act_fn", None)):
+                fail(f"its activation {type(getattr(mod, 'act_fn', None)).__name__} is not SiLU; samoyeds fuses "
+                     "SwiGLU (silu(gate) * up)")
+        elif getattr(gate_fn, "__qualname__", "") == "GptOssExperts._apply_gate":
+            act, alpha, limit = "gptoss", float(mod.alpha), float(mod.limit)
+        else:
+            fail(f"its gate function {getattr(gate_fn, '__qualname__', gate_fn)!r} is neither SwiGLU nor "
+                 "GPT-OSS's clamped SwiGLU")
+        transposed, interleaved, bias = bool(mod.is_transposed), not mod.is_concatenated, bool(mod.has_bias)
+
+    gu, dn = mod._parameters.get("gate_up_proj"), mod._parameters.get("down_proj")
+    if gu is None or dn is None:
+        fail("expected Parameters gate_up_proj and down_proj")
+    if gu.dim() != 3 or dn.dim() != 3:
+        fail(f"expected 3-d gate_up_proj and down_proj, got shapes {tuple(gu.shape)} and {tuple(dn.shape)}")
+    for w in (gu, dn):
+        if w.dtype not in _SUPPORTED_DTYPES:
+            fail(f"its expert weights are {w.dtype}; samoyeds packs float32, bfloat16 and float16")
+        if w.device.type == "meta":
+            fail("its expert weights are on the meta device (not loaded)")
+    E = gu.shape[0]
+    H, I2 = (gu.shape[1], gu.shape[2]) if transposed else (gu.shape[2], gu.shape[1])
+    I = I2 // 2
+    want_down = (E, I, H) if transposed else (E, H, I)
+    if I2 % 2 or tuple(dn.shape) != want_down:
+        fail(f"gate_up_proj {tuple(gu.shape)} and down_proj {tuple(dn.shape)} do not form a gated MLP "
+             f"(expected down_proj {want_down})")
+    try:
+        PackedDims.of(fmt, E, 2 * I, H, True)
+        PackedDims.of(fmt, E, H, I, False)
+    except ValueError as e:
+        fail(f"format {fmt.name} does not fit hidden size {H} and expert width {I}: {e}")
+    if bias:
+        gb, db = mod._parameters.get("gate_up_proj_bias"), mod._parameters.get("down_proj_bias")
+        if gb is None or db is None or tuple(gb.shape) != (E, 2 * I) or tuple(db.shape) != (E, H):
+            fail(f"expected biases gate_up_proj_bias [{E}, {2 * I}] and down_proj_bias [{E}, {H}]")
+    previous = getattr(getattr(mod, "config", None), "_experts_implementation", None)
+    return ExpertsPatch(fmt, E, H, I, act, alpha, limit, transposed, interleaved, bias,
+                        bool(gu.requires_grad), None if previous == IMPLEMENTATION else previous)
+
+
+# --- layout transforms between the model's Parameters and the packing layout --------------------
+
+def _split_gate_up(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Interleaved (gate 0, up 0, gate 1, ...) along dim -> all gates, then all ups."""
+    idx = torch.arange(t.shape[dim], device=t.device)
+    return torch.cat([t.index_select(dim, idx[0::2]), t.index_select(dim, idx[1::2])], dim=dim)
+
+
+def _merge_gate_up(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Inverse of :func:`_split_gate_up`."""
+    half = t.shape[dim] // 2
+    gate, up = t.narrow(dim, 0, half), t.narrow(dim, half, half)
+    return torch.stack([gate, up], dim=dim + 1).flatten(dim, dim + 1)
+
+
+def _to_pack(w: torch.Tensor, p: ExpertsPatch, proj: str) -> torch.Tensor:
+    """A model Parameter (or a mask shaped like it) -> ``[E, R, C]`` with R the output rows."""
+    w = w.detach()
+    if p.transposed:
+        w = w.transpose(1, 2)
+    if proj == "gate_up" and p.interleaved:
+        w = _split_gate_up(w, 1)
+    return w.contiguous()
+
+
+def _from_pack(w: torch.Tensor, p: ExpertsPatch, proj: str) -> torch.Tensor:
+    if proj == "gate_up" and p.interleaved:
+        w = _merge_gate_up(w, 1)
+    if p.transposed:
+        w = w.transpose(1, 2)
+    return w.contiguous()
+
+
+# --- patching -------------------------------------------------------------------------------------
+
+def _mask_for(t: _Target, p: ExpertsPatch, proj: str, w: torch.Tensor, method: Union[str, MaskFn],
+              given: Optional[Mapping[str, torch.Tensor]]) -> torch.Tensor:
+    key = f"{proj}_proj"
+    if given is not None and key in given:
+        m = given[key].to(device=w.device)
+        param_shape = tuple(getattr(t.experts, key).shape)
+        if tuple(m.shape) != param_shape:
+            raise ValueError(f"masks[{t.name!r}][{key!r}]: expected shape {param_shape} (the Parameter's), "
+                             f"got {tuple(m.shape)}")
+        return _to_pack(m, p, proj)
+    if callable(method):
+        m = method(t.name, key, w, p.fmt)
+        if tuple(m.shape) != tuple(w.shape):
+            raise ValueError(f"method({t.name!r}, {key!r}, ...): expected a mask of shape {tuple(w.shape)}, "
+                             f"got {tuple(m.shape)}")
+        return m.contiguous()
+    return _magnitude_mask(w, p.fmt)
+
+
+def _patch_one(t: _Target, method: Union[str, MaskFn], given: Optional[Mapping[str, torch.Tensor]]) -> None:
+    mod, p = t.experts, t.layout
+    for proj in _PROJS:
+        param = mod._parameters[f"{proj}_proj"]
+        w = _to_pack(param, p, proj)
+        packed = pack(w, p.fmt, mask=_mask_for(t, p, proj, w, method, given), glu=proj == "gate_up")
+        del w
+        delattr(mod, f"{proj}_proj")
+        for a in _ARRAYS:
+            mod.register_buffer(f"samoyeds_{proj}_{a}", getattr(packed, a))
+    gate_up_bias = None
+    if p.bias:
+        b = mod._parameters["gate_up_proj_bias"].detach()
+        gate_up_bias = (_split_gate_up(b, 1) if p.interleaved else b).contiguous()
+        delattr(mod, "gate_up_proj_bias")
+    mod.register_buffer("samoyeds_gate_up_bias", gate_up_bias)
+    mod._samoyeds = p
+    if t.block is not None:
+        t.block.__class__ = _patched_llama4_class(type(t.block))
+
+
+def _unpatch_one(mod: nn.Module) -> None:
+    p: ExpertsPatch = mod._samoyeds
+    shapes = {"gate_up": (p.num_experts, 2 * p.intermediate, p.hidden),
+              "down": (p.num_experts, p.hidden, p.intermediate)}
+    for proj in _PROJS:
+        arrays = [getattr(mod, f"samoyeds_{proj}_{a}") for a in _ARRAYS]
+        dense = unpack(PackedWeight(*arrays, p.fmt, shapes[proj], glu=proj == "gate_up"))
+        for a in _ARRAYS:
+            delattr(mod, f"samoyeds_{proj}_{a}")
+        setattr(mod, f"{proj}_proj", nn.Parameter(_from_pack(dense, p, proj), requires_grad=p.requires_grad))
+    b = mod.samoyeds_gate_up_bias
+    delattr(mod, "samoyeds_gate_up_bias")
+    if p.bias:
+        b = _merge_gate_up(b, 1) if p.interleaved else b
+        mod.gate_up_proj_bias = nn.Parameter(b.contiguous(), requires_grad=p.requires_grad)
+    del mod._samoyeds
+
+
+def _progress(items: List[_Target], enabled: bool, desc: str) -> Iterable[_Target]:
+    if not enabled:
+        return items
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, unit="layer")
+
+
+def _set_implementation(model: nn.Module, modules: List[nn.Module], impl: Any,
+                        fallback: Optional[List[Optional[str]]] = None) -> None:
+    """Selects ``impl`` (a name, a per-subconfig dict, or None for transformers' default)
+    through ``model.set_experts_implementation``, then makes sure every module of
+    ``modules`` (decorated experts) reads ``"samoyeds"`` exactly when it is patched:
+    a sub-model transformers does not recognise as switchable, or a bare module
+    passed as ``model``, keeps its config otherwise.  ``fallback[i]`` is what an
+    unpatched ``modules[i]`` gets then (None: ``"eager"``)."""
+    if not modules:
+        return
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(impl)
+    for i, mod in enumerate(modules):
+        cfg = getattr(mod, "config", None)
+        if cfg is None:
+            continue
+        patched = getattr(mod, "_samoyeds", None) is not None
+        now = cfg._experts_implementation
+        if patched and now != IMPLEMENTATION:
+            cfg._experts_implementation_internal = IMPLEMENTATION
+        elif not patched and now == IMPLEMENTATION:
+            cfg._experts_implementation_internal = (fallback[i] if fallback else None) or "eager"
+
+
+def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoyeds-1:2:128",
+                method: Union[str, MaskFn] = "magnitude", progress: bool = True, *,
+                masks: Optional[Mapping[str, Mapping[str, torch.Tensor]]] = None) -> nn.Module:
+    """Packs every MoE experts module of a transformers model into ``fmt``, in place.
+
+    Args:
+        model: a transformers ``PreTrainedModel`` (Mixtral, Qwen2-MoE, Qwen3-MoE,
+            OLMoE, DeepSeek-V2/V3, GPT-OSS, Phi-MoE, Granite-MoE, Llama 4, or any
+            model whose experts use ``@use_experts_implementation`` with a SwiGLU
+            or GPT-OSS gate).  Expert weights fp32/bf16/fp16, on the CPU or CUDA
+            (packing runs where the weights are).
+        fmt: the sparse format (preset name, ``"n:m:v"`` or a ``SparseFormat``).
+        method: how to choose the kept weights: ``"magnitude"`` (largest ``|w|``),
+            or a callable ``(module_name, "gate_up_proj" | "down_proj", w, fmt) ->
+            bool mask`` where ``w`` is ``[E, R, C]`` in packing layout (output rows,
+            gate rows before up rows).
+        progress: show a tqdm bar over the MoE layers.
+        masks: precomputed bool masks, ``{experts module name: {"gate_up_proj": m,
+            "down_proj": m}}``, each shaped like the module's Parameter; they take
+            precedence over ``method``.
+    Returns:
+        ``model``, with ``gate_up_proj``/``down_proj`` (and GPT-OSS's
+        ``gate_up_proj_bias``) replaced by ``samoyeds_*`` buffers and the experts
+        implementation set to ``"samoyeds"``.
+    Raises:
+        UnsupportedModelError: an experts module has a layout samoyeds cannot run
+            (checked for every module before anything changes).
+        NotImplementedError: ``method`` names a sparsifier that does not exist yet.
+    """
+    fmt = SparseFormat.parse(fmt)
+    if isinstance(method, str):
+        if method != "magnitude":
+            raise NotImplementedError(
+                f"method={method!r}: only 'magnitude' is built in; pass a mask function "
+                "(name, proj, w, fmt) -> mask or precomputed masks=... for other sparsifiers")
+    elif not callable(method):
+        raise TypeError(f"method: expected 'magnitude' or a callable, got {type(method).__name__}")
+    register()
+    targets = _find_experts(model)
+    if not targets:
+        raise UnsupportedModelError(f"{type(model).__name__}: no Mixture-of-Experts experts module found")
+    done = [t.name for t in targets if getattr(t.experts, "_samoyeds", None) is not None]
+    if done:
+        raise ValueError(f"{type(model).__name__} is already patched ({done[0]!r}, ...); "
+                         "call samoyeds.unpatch_model(model) first")
+    masks = dict(masks or {})
+    unknown = sorted(set(masks) - {t.name for t in targets})
+    if unknown:
+        raise ValueError(f"masks: no experts module named {unknown}; expected names among "
+                         f"{[t.name for t in targets]}")
+    for t in targets:
+        t.layout = _layout(t, model, fmt)
+
+    previous = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else None
+    if isinstance(previous, dict):
+        previous = {k: (None if v == IMPLEMENTATION else v) for k, v in previous.items()}
+    with torch.no_grad():
+        for t in _progress(targets, progress, f"samoyeds: packing experts ({fmt.name})"):
+            _patch_one(t, method, masks.get(t.name))
+    setattr(model, _PREVIOUS_ATTR, previous)
+    _set_implementation(model, [t.experts for t in targets if t.block is None], IMPLEMENTATION)
+    return model
+
+
+def unpatch_model(model: nn.Module) -> nn.Module:
+    """Undoes :func:`patch_model`: every patched experts module gets dense Parameters
+    again, in the model's own layout, holding the masked weights (exactly
+    ``w * mask``), and the previous experts implementation is restored.
+    Returns ``model``."""
+    targets = [t for t in _find_experts(model) if getattr(t.experts, "_samoyeds", None) is not None]
+    if not targets:
+        raise ValueError(f"{type(model).__name__} has no experts module patched by samoyeds")
+    decorated = [t.experts for t in targets if t.block is None]
+    fallback = [m._samoyeds.previous_implementation for m in decorated]
+    with torch.no_grad():
+        for t in targets:
+            _unpatch_one(t.experts)
+            if t.block is not None:
+                t.block.__class__ = type(t.block)._samoyeds_base
+    previous = getattr(model, _PREVIOUS_ATTR, None)
+    if hasattr(model, _PREVIOUS_ATTR):
+        delattr(model, _PREVIOUS_ATTR)
+    _set_implementation(model, decorated, previous, fallback)
+    return model
+
+
+#: Alias of :func:`unpatch_model`: the model back with dense (masked) expert weights.
+to_dense = unpatch_model
+
+
+def is_patched(model: nn.Module) -> bool:
+    """True when some experts module of ``model`` holds samoyeds-packed weights."""
+    return any(getattr(m, "_samoyeds", None) is not None for m in model.modules())
+
+
+def experts_weight_nbytes(model: nn.Module) -> int:
+    """Bytes held by the expert weight matrices (gate_up and down; biases excluded):
+    the dense Parameters, or the packed values, metadata and row indices."""
+    total = 0
+    for t in _find_experts(model):
+        mod = t.experts
+        if getattr(mod, "_samoyeds", None) is not None:
+            names = [f"samoyeds_{proj}_{a}" for proj in _PROJS for a in _ARRAYS]
+        else:
+            names = ["gate_up_proj", "down_proj"]
+        for n in names:
+            x = getattr(mod, n, None)
+            if x is not None:
+                total += x.numel() * x.element_size()
+    return total

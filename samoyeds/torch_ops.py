@@ -1,0 +1,113 @@
+"""The Samoyeds MoE forward as a torch custom op, ``torch.ops.samoyeds.moe_forward``.
+
+``torch.compile`` treats the op as one opaque node (no graph break, no tracing
+into the C extension): the fake implementation gives the output's shape and
+dtype, ``[T, H]`` in x's dtype, from the inputs alone.  The op takes the packed
+arrays of both weights as plain tensors, so a module can hold them as buffers
+(they move with ``.to(device)`` and appear in ``state_dict``).
+
+The op is inference only: its backward raises (the packed weights are frozen and
+no gradient with respect to the activations is implemented).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import moe as _moe
+from .format import SparseFormat
+from .ops import ACTS
+from .packed import PackedWeight
+
+__all__ = ["ACT_IDS", "act_id", "moe_forward", "moe_forward_packed"]
+
+#: The activation names of :func:`samoyeds.moe.moe_forward` and the int the op takes.
+ACT_IDS = {"swiglu": ACTS["swiglu"], "gptoss": ACTS["gptoss"]}
+_ACT_NAMES = {v: k for k, v in ACT_IDS.items()}
+
+
+def act_id(act: str) -> int:
+    """The op's ``act`` int for an activation name (``"swiglu"`` or ``"gptoss"``)."""
+    if act not in ACT_IDS:
+        raise ValueError(f"act: expected one of {sorted(ACT_IDS)}, got {act!r}")
+    return ACT_IDS[act]
+
+
+def _format(n: int, m: int, v: int) -> SparseFormat:
+    return SparseFormat(n, m, v if v > 0 else None)
+
+
+@torch.library.custom_op("samoyeds::moe_forward", mutates_args=())
+def moe_forward(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                gate_up_values: torch.Tensor, gate_up_meta: torch.Tensor, gate_up_idx: Optional[torch.Tensor],
+                gate_up_rows: int, gate_up_cols: int,
+                down_values: torch.Tensor, down_meta: torch.Tensor, down_idx: Optional[torch.Tensor],
+                down_rows: int, down_cols: int,
+                n: int, m: int, v: int, act: int,
+                gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
+                alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """MoE feed-forward with packed expert weights (see :func:`samoyeds.moe.moe_forward`).
+
+    Args:
+        x: ``[T, H]`` hidden states (fp32/bf16/fp16 on the CPU; bf16/fp16 on CUDA).
+        top_k_index: ``[T, K]`` int32/int64 expert ids; ids outside ``[0, E)`` add nothing.
+        top_k_weights: ``[T, K]`` routing weights (any float dtype).
+        gate_up_values, gate_up_meta, gate_up_idx: the arrays of a ``[E, 2I, H]``
+            weight packed with ``glu=True`` (``gate_up_idx`` None for plain 2:4).
+        gate_up_rows, gate_up_cols: its logical rows and columns, ``2I`` and ``H``.
+        down_values, down_meta, down_idx: the arrays of a packed ``[E, H, I]`` weight.
+        down_rows, down_cols: its logical rows and columns, ``H`` and ``I``.
+        n, m, v: the format of both weights (``v`` 0 for plain 2:4).
+        act: :data:`ACT_IDS` value (1 SwiGLU, 2 GPT-OSS clamped gate).
+        gate_up_bias, down_bias: optional ``[E, 2I]`` (gate then up) and ``[E, H]``.
+        alpha, limit: GPT-OSS activation constants (ignored by SwiGLU).
+    Returns:
+        A new ``[T, H]`` tensor in x's dtype.
+    """
+    if act not in _ACT_NAMES:
+        raise ValueError(f"act: expected one of {sorted(_ACT_NAMES)} ({_ACT_NAMES}), got {act}")
+    fmt = _format(n, m, v)
+    E = gate_up_values.shape[0]
+    gate_up = PackedWeight(gate_up_values, gate_up_meta, gate_up_idx, fmt, (E, gate_up_rows, gate_up_cols),
+                           glu=True)
+    down = PackedWeight(down_values, down_meta, down_idx, fmt, (E, down_rows, down_cols))
+    return _moe.moe_forward(x.contiguous(), top_k_index.contiguous(), top_k_weights.contiguous(), gate_up, down,
+                            act=_ACT_NAMES[act], gate_up_bias=gate_up_bias, down_bias=down_bias,
+                            alpha=alpha, limit=limit)
+
+
+@moe_forward.register_fake
+def _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
+                      gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols,
+                      n, m, v, act, gate_up_bias=None, down_bias=None, alpha=1.702, limit=7.0):
+    torch._check(x.dim() == 2, lambda: f"x: expected a 2-d [T, H] tensor, got {x.dim()} dims")
+    torch._check(x.shape[1] == gate_up_cols,
+                 lambda: f"x: expected {gate_up_cols} columns (gate_up's), got {x.shape[1]}")
+    torch._check(top_k_index.dim() == 2 and top_k_weights.shape == top_k_index.shape,
+                 lambda: "top_k_index, top_k_weights: expected two [T, K] tensors")
+    return x.new_empty(x.shape)
+
+
+def moe_forward_packed(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                       gate_up: PackedWeight, down: PackedWeight, *, act: str = "swiglu",
+                       gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
+                       alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """:func:`samoyeds.moe.moe_forward` through the custom op (compilable).
+
+    Same arguments and result as :func:`samoyeds.moe.moe_forward`: ``x [T, H]``,
+    ``top_k_index``/``top_k_weights [T, K]``, packed ``gate_up [E, 2I, H]``
+    (``glu=True``) and ``down [E, H, I]`` in one format; returns ``[T, H]`` in x's dtype.
+    """
+    if gate_up.fmt != down.fmt:
+        raise ValueError(f"down: expected the format of gate_up ({gate_up.fmt.name}), got {down.fmt.name}")
+    if not gate_up.glu:
+        raise ValueError("gate_up: expected a weight packed with glu=True (gate rows, then up rows)")
+    n, m, v = gate_up.fmt.c_args()
+    _, gr, gc = gate_up.shape3
+    _, dr, dc = down.shape3
+    return torch.ops.samoyeds.moe_forward(
+        x, top_k_index, top_k_weights,
+        gate_up.values, gate_up.meta, gate_up.idx, gr, gc,
+        down.values, down.meta, down.idx, dr, dc,
+        n, m, v, act_id(act), gate_up_bias, down_bias, float(alpha), float(limit))

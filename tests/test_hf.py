@@ -1,0 +1,309 @@
+"""Patching Hugging Face MoE models: for every supported family, the patched model
+gives the logits and greedy tokens of the same model run with transformers'
+eager experts on the identically masked dense weights."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import samoyeds as sm  # noqa: E402
+import samoyeds.hf as shf  # noqa: E402
+from samoyeds.hf_families import FAMILIES, Shape, build_model  # noqa: E402
+
+from helpers import rel_err  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+# Experts dominate the logits at init_std=0.1, so an error in them cannot hide.
+SHAPE = Shape(vocab=128, hidden=128, layers=2, experts=8, top_k=2, intermediate=64, heads=4, kv_heads=2,
+              head_dim=32, init_std=0.1)
+FMT = "samoyeds-1:2:128"
+
+# How each family stores gate_up_proj, read from its modeling file (not from samoyeds.hf):
+# (transposed [E, H, 2I], gate/up interleaved along 2I).
+LAYOUT = {"gpt_oss": (True, True), "llama4": (True, False)}
+
+
+def _experts(model):
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(m._parameters.get("gate_up_proj"), torch.Tensor) and m.gate_up_proj.dim() == 3]
+
+
+def _model(family, shape=SHAPE, seed=0, **overrides):
+    model = build_model(family, shape, seed=seed, **overrides)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for _, mod in _experts(model):
+            for name, p in mod.named_parameters(recurse=False):
+                if name.endswith("bias"):   # zero at init; random here so the bias path is exercised
+                    p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _hf_masks(model, family, fmt):
+    """Magnitude masks of every experts module in the model's own parameter layout."""
+    transposed, interleaved = LAYOUT.get(family, (False, False))
+    out = {}
+    for name, mod in _experts(model):
+        masks = {}
+        for proj in ("gate_up_proj", "down_proj"):
+            w = getattr(mod, proj).detach()
+            w = w.transpose(1, 2) if transposed else w            # [E, out, in]
+            perm = None
+            if proj == "gate_up_proj" and interleaved:
+                perm = torch.cat([torch.arange(0, w.shape[1], 2), torch.arange(1, w.shape[1], 2)])
+                w = w[:, perm]                                     # gate rows, then up rows
+            m = sm.mask(w.contiguous(), fmt)
+            if perm is not None:
+                m = m[:, torch.argsort(perm)]
+            masks[proj] = (m.transpose(1, 2) if transposed else m).contiguous()
+        out[name] = masks
+    return out
+
+
+def _masked_eager(model, masks):
+    """A copy of model with w * mask expert weights and transformers' eager experts."""
+    ref = copy.deepcopy(model)
+    mods = dict(ref.named_modules())
+    with torch.no_grad():
+        for name, mm in masks.items():
+            for proj, m in mm.items():
+                getattr(mods[name], proj).mul_(m.to(getattr(mods[name], proj).device))
+    if ref.get_experts_implementation()[""] != "eager":
+        ref.set_experts_implementation("eager")
+    return ref
+
+
+def _ids(batch=2, length=12, seed=5):
+    return torch.randint(3, SHAPE.vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _generate(model, ids):
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                          pad_token_id=0)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_patched_model_matches_masked_eager(family):
+    model = _model(family)
+    previous = model.get_experts_implementation()
+    masks = _hf_masks(model, family, FMT)
+    assert masks, "the family has experts modules"
+    ref = _masked_eager(model, masks)
+    dense = copy.deepcopy(model)
+    ids = _ids()
+    dense_bytes = shf.experts_weight_nbytes(model)
+
+    assert sm.patch_model(model, FMT, progress=False) is model
+    assert shf.is_patched(model)
+    for name, mod in dict(model.named_modules()).items():
+        if name in masks:
+            assert "gate_up_proj" not in mod._parameters and "down_proj" not in mod._parameters
+            assert mod.samoyeds_gate_up_values.shape[0] == SHAPE.experts
+    assert not any(n.endswith(("gate_up_proj", "down_proj")) for n, _ in model.named_parameters())
+    assert shf.experts_weight_nbytes(model) < 0.6 * dense_bytes
+    if family != "llama4":
+        assert model.get_experts_implementation()[""] == "samoyeds"
+
+    with torch.no_grad():
+        got, want, unmasked = model(ids).logits, ref(ids).logits, dense(ids).logits
+    assert (unmasked - want).abs().max() > 0.05, "sparsifying the experts must change the logits"
+    assert (got - want).abs().max() < 1e-4
+    assert torch.equal(_generate(model, ids), _generate(ref, ids))
+
+    assert sm.unpatch_model(model) is model
+    assert not shf.is_patched(model)
+    assert model.get_experts_implementation() == previous
+    restored = dict(model.named_modules())
+    for name, mm in masks.items():
+        for proj in mm:
+            assert torch.equal(getattr(restored[name], proj), getattr(dict(ref.named_modules())[name], proj)), \
+                (name, proj)
+    if family == "gpt_oss":
+        for name in masks:
+            assert torch.equal(restored[name].gate_up_proj_bias, dict(ref.named_modules())[name].gate_up_proj_bias)
+    if family != "llama4":
+        model.set_experts_implementation("eager")
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+
+
+@pytest.mark.parametrize("family,fmt", [("qwen3_moe", "2:4"), ("gpt_oss", "samoyeds-1:2:64"),
+                                        ("llama4", "samoyeds-1:4:64"), ("mixtral", "samoyeds-3:4:128")])
+def test_other_formats(family, fmt):
+    model = _model(family, seed=3)
+    ref = _masked_eager(model, _hf_masks(model, family, fmt))
+    ids = _ids(seed=9)
+    sm.patch_model(model, fmt, progress=False)
+    with torch.no_grad():
+        assert (model(ids).logits - ref(ids).logits).abs().max() < 1e-4
+
+
+def test_precomputed_masks_and_mask_function():
+    family = "gpt_oss"
+    model = _model(family, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    # masks chosen by random saliency: nothing like magnitude, so the given ones must be used
+    masks = {}
+    for name, mod in _experts(model):
+        masks[name] = {}
+        for proj in ("gate_up_proj", "down_proj"):
+            w = getattr(mod, proj).detach().transpose(1, 2)
+            perm = torch.arange(w.shape[1])
+            if proj == "gate_up_proj":
+                perm = torch.cat([perm[0::2], perm[1::2]])
+            scores = torch.rand(w.shape, generator=gen)
+            m = sm.mask(w[:, perm].contiguous(), FMT, scores=scores)[:, torch.argsort(perm)]
+            masks[name][proj] = m.transpose(1, 2).contiguous()
+    ref = _masked_eager(model, masks)
+    ids = _ids(seed=13)
+    with torch.no_grad():
+        want = ref(ids).logits
+
+    m1 = copy.deepcopy(model)
+    sm.patch_model(m1, FMT, progress=False, masks=masks)
+    with torch.no_grad():
+        assert (m1(ids).logits - want).abs().max() < 1e-4
+
+    calls = []
+
+    def method(name, proj, w, fmt):
+        calls.append((name, proj, tuple(w.shape)))
+        return sm.mask(w, fmt, scores=-w.abs())     # smallest magnitudes: a deliberately odd choice
+
+    m2 = copy.deepcopy(model)
+    sm.patch_model(m2, FMT, method=method, progress=False)
+    E, H, I = SHAPE.experts, SHAPE.hidden, SHAPE.intermediate
+    assert sorted(calls) == sorted([(n, "gate_up_proj", (E, 2 * I, H)) for n in masks]
+                                   + [(n, "down_proj", (E, H, I)) for n in masks])
+    sm.to_dense(m2)
+    for name, mod in _experts(m2):
+        orig = dict(model.named_modules())[name]
+        for proj in ("gate_up_proj", "down_proj"):
+            kept = getattr(mod, proj) != 0
+            assert kept.float().mean() == pytest.approx(0.25, abs=0.02)
+            # the kept weights are the smallest ones: none larger than the largest dropped one in its group
+            assert getattr(orig, proj).abs()[kept].mean() < getattr(orig, proj).abs()[~kept].mean()
+
+
+def test_from_pretrained_with_samoyeds_implementation(tmp_path):
+    shf.register()
+    for family in ("qwen3_moe", "gpt_oss"):
+        model = _model(family, seed=21)
+        path = tmp_path / family
+        model.save_pretrained(path)
+        ref = _masked_eager(model, _hf_masks(model, family, FMT))
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(path, experts_implementation="samoyeds").eval()
+        assert loaded.get_experts_implementation()[""] == "samoyeds"
+        ids = _ids(seed=22)
+        with pytest.raises(RuntimeError, match="patch_model"):
+            loaded(ids)
+        sm.patch_model(loaded, FMT, progress=False)
+        with torch.no_grad():
+            assert (loaded(ids).logits - ref(ids).logits).abs().max() < 1e-4
+        assert torch.equal(_generate(loaded, ids), _generate(ref, ids))
+        sm.unpatch_model(loaded)
+        # loaded as "samoyeds": unpatching falls back to transformers' default
+        assert loaded.get_experts_implementation()[""] in ("grouped_mm", "eager")
+
+
+def test_compile_patched_model_fullgraph():
+    for family in ("qwen3_moe", "llama4"):
+        model = _model(family, seed=31)
+        sm.patch_model(model, FMT, progress=False)
+        ids = _ids(seed=32)
+        with torch.no_grad():
+            want = model(ids).logits
+            torch._dynamo.reset()
+            got = torch.compile(model, fullgraph=True, backend="aot_eager")(ids).logits
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_errors_and_untouched_model():
+    model = _model("qwen3_moe", seed=41)
+    with pytest.raises(NotImplementedError, match="wanda"):
+        sm.patch_model(model, method="wanda", progress=False)
+    with pytest.raises(ValueError, match="masks"):
+        sm.patch_model(model, masks={"model.layers.9.mlp.experts": {}}, progress=False)
+
+    # an expert width of 36 gives 36 gate rows: not a multiple of m = 8
+    odd = _model("mixtral", dataclasses.replace(SHAPE, intermediate=36), seed=42)
+    with pytest.raises(shf.UnsupportedModelError, match=r"MixtralForCausalLM.*samoyeds-1:8:128"):
+        sm.patch_model(odd, "samoyeds-1:8:128", progress=False)
+    assert not shf.is_patched(odd) and len(_experts(odd)) == SHAPE.layers
+
+    gelu = _model("mixtral", seed=43, hidden_act="gelu")
+    with pytest.raises(shf.UnsupportedModelError, match=r"MixtralForCausalLM.*MixtralExperts.*SiLU"):
+        sm.patch_model(gelu, progress=False)
+
+    nogate = _model("olmoe", seed=44)
+    _experts(nogate)[-1][1].has_gate = False
+    with pytest.raises(shf.UnsupportedModelError, match=r"OlmoeForCausalLM.*no gate"):
+        sm.patch_model(nogate, progress=False)
+    assert not shf.is_patched(nogate), "checks run on every module before anything changes"
+
+    dense = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2))
+    with pytest.raises(shf.UnsupportedModelError, match="LlamaForCausalLM: no Mixture-of-Experts"):
+        sm.patch_model(dense, progress=False)
+
+    sm.patch_model(model, progress=False)
+    with pytest.raises(ValueError, match="already patched"):
+        sm.patch_model(model, progress=False)
+    sm.unpatch_model(model)
+    with pytest.raises(ValueError, match="no experts module patched"):
+        sm.unpatch_model(model)
+
+
+def test_import_samoyeds_is_light():
+    code = ("import sys, samoyeds; assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
+            "assert callable(samoyeds.patch_model) and 'samoyeds.hf' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _low_precision_truth(family, device, dtype, pack_on_device):
+    """STYLE.md's rule on the logits: samoyeds at ``dtype`` is at most 2x as far from the
+    float64 masked-dense model as transformers' eager experts at ``dtype``."""
+    base = _model(family, seed=51)
+    masks = _hf_masks(base, family, FMT)
+    ref = _masked_eager(base, masks)
+    oracle = copy.deepcopy(ref).to(torch.float64)
+    eager = copy.deepcopy(ref).to(device=device, dtype=dtype)
+    model = copy.deepcopy(base)
+    if pack_on_device:
+        model.to(device=device, dtype=dtype)
+        if dtype != torch.float32:   # the magnitude mask of the rounded weights may break ties differently
+            masks = _hf_masks(model, family, FMT)
+            eager = _masked_eager(model, masks)
+            oracle = copy.deepcopy(eager).to(device="cpu", dtype=torch.float64)
+        sm.patch_model(model, FMT, progress=False)
+    else:
+        sm.patch_model(model, FMT, progress=False)
+        model.to(device=device, dtype=dtype)
+    ids = _ids(seed=52)
+    with torch.no_grad():
+        want = oracle(ids).logits
+        e_sam = rel_err(model(ids.to(device)).logits, want)
+        e_eager = rel_err(eager(ids.to(device)).logits, want)
+    assert e_sam <= 2 * e_eager + 1e-6, (e_sam, e_eager)
+    out = _generate(model, ids.to(device))
+    assert out.shape == (ids.shape[0], ids.shape[1] + 8)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "llama4"])
+def test_bf16_cpu_within_rule(family):
+    _low_precision_truth(family, "cpu", torch.bfloat16, pack_on_device=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("pack_on_device", [False, True])
+def test_patched_model_gpu_bf16(family, pack_on_device):
+    _low_precision_truth(family, "cuda", torch.bfloat16, pack_on_device)
