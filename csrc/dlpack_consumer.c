@@ -128,7 +128,7 @@ static int fill_from_dltensor(sam_tensor *t, const DLTensor *dl)
     if (dtype_from_dl(dl->dtype, &t->dtype) != 0) {
         PyErr_Format(PyExc_TypeError,
                      "%s: unsupported dtype (DLPack code %d, %d bits, %d lanes); expected "
-                     "bfloat16, float16, float32, int32, int64, uint8, uint16 or uint32",
+                     "bfloat16, float16, float32, float64, int32, int64, uint8, uint16, uint32 or bool",
                      t->name, (int)dl->dtype.code, (int)dl->dtype.bits, (int)dl->dtype.lanes);
         return -1;
     }
@@ -281,6 +281,13 @@ int sam_tensor_take(sam_call *call, sam_tensor *t, PyObject *obj, const char *na
     if (stream_arg == 0) stream_arg = 1; /* DLPack's name for the legacy default stream */
     PyObject *cap = call_dlpack(obj, is_cuda, stream_arg);
     if (cap == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) { /* __dlpack_device__ without __dlpack__ */
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "%s: expected a tensor supporting DLPack (__dlpack__ and "
+                         "__dlpack_device__), got %.100s", name, Py_TYPE(obj)->tp_name);
+            return -1;
+        }
         if (PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError) ||
             PyErr_ExceptionMatches(PyExc_RuntimeError) || PyErr_ExceptionMatches(PyExc_ValueError)) {
             PyObject *type, *value, *tb;
@@ -319,6 +326,10 @@ int sam_tensor_take(sam_call *call, sam_tensor *t, PyObject *obj, const char *na
 
 void sam_call_release(sam_call *call)
 {
+    /* Deleters and the last references may run Python code, which must not
+     * see (or clobber) the exception a failing op is about to raise. */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
     for (int i = call->n - 1; i >= 0; i--) {
         sam_tensor *t = call->tensors[i];
         if (t->versioned != NULL && t->versioned->deleter != NULL) t->versioned->deleter(t->versioned);
@@ -329,6 +340,7 @@ void sam_call_release(sam_call *call)
         Py_CLEAR(t->obj);
     }
     call->n = 0;
+    PyErr_Restore(type, value, tb);
 }
 
 /* ---- checks ---------------------------------------------------------------------- */
@@ -384,6 +396,7 @@ int sam_check_shape(const sam_tensor *t, int ndim, const int64_t *shape)
 
 int sam_check_contiguous(const sam_tensor *t)
 {
+    if (sam_tensor_numel(t) == 0) return 0; /* no element to misplace; producers pick any strides */
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->strides[i] != expect) {

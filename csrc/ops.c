@@ -281,9 +281,12 @@ PyObject *sam_py_format_pack(PyObject *self, PyObject *args, PyObject *kw)
         return fail(&c);
     }
     sam_tensor *outs[] = {&values, &meta, &idx}, *ins[] = {&w, &mask};
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         for (int j = 0; j < 2; j++)
             if (sam_check_no_overlap(outs[i], ins[j]) < 0) return fail(&c);
+        for (int j = i + 1; j < 3; j++)
+            if (sam_check_no_overlap(outs[i], outs[j]) < 0) return fail(&c);
+    }
     int status;
     uint8_t *ip = idx.present && sam_format_has_selection(f) ? (uint8_t *)idx.data : NULL;
     if (c.cuda) {
@@ -392,6 +395,11 @@ PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw)
     sam_ssmm_params p;
     memset(&p, 0, sizeof p);
     if (parse_format(c.op, n, m, v, glu, &f) < 0) return NULL;
+    if (rows < 0 || rows > INT32_MAX || cols < 0 || cols > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "ssmm: rows = %lld, cols = %lld; expected non-negative sizes below 2**31",
+                     rows, cols);
+        return NULL;
+    }
     if (sam_tensor_take(&c.call, &out, o_out, "out", 0) < 0 ||
         sam_tensor_take(&c.call, &x, o_x, "x", 0) < 0 ||
         sam_tensor_take(&c.call, &values, o_values, "values", 0) < 0 ||

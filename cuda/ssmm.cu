@@ -27,10 +27,9 @@
 // swaps set 0 with the set of the newly selected row (register selects, no
 // dynamic indexing).  At the end every set is a finished output row.
 //
-// Epilogue: accumulators -> shared memory tile (gate values first for a
-// gated activation, which pairs gate row i with up row i of the same CTA, see
-// the GLU layout) -> activation, routing scale -> coalesced 16-byte stores of
-// whole output rows.  Tails in every dimension are predicated (zero-filled
+// Epilogue: accumulators -> fp32 shared-memory tile -> bias, activation
+// (a gated activation pairs gate row i with up row i of the same CTA, see the
+// GLU layout), routing scale -> coalesced 16-byte stores of whole output rows.  Tails in every dimension are predicated (zero-filled
 // loads, masked stores); invalid token ids read nothing and write nothing.
 #include <stdlib.h>
 
@@ -59,12 +58,10 @@ template <int M_, int BK_, int WN_, int ST_> struct Cfg {
     static constexpr int IDX_BYTES = M > 1 ? BM : 0;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + META_BYTES + IDX_BYTES;
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
-    // epilogue, plain: output tile [BN][BM*M + 8] in T; gated: fp32 gate tile
-    // [BN][GS] then output tile [BN][64*M + 8]
-    static constexpr int GS = 64 * M + 8;
-    static constexpr int EPI_NONE = BN * (BM * M + 8) * 2;
-    static constexpr int EPI_GATED = BN * GS * 4 + BN * (64 * M + 8) * 2;
-    static constexpr int EPI_BYTES = EPI_NONE > EPI_GATED ? EPI_NONE : EPI_GATED;
+    // epilogue: fp32 tile [BN][FS] of all accumulators (FS = BM*M + 4: rows land on
+    // different banks)
+    static constexpr int FS = BM * M + 4;
+    static constexpr int EPI_BYTES = BN * FS * 4;
     static constexpr int SMEM = (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + BN * 4;
     static constexpr int MIN_BLOCKS = WN == 2 ? 2 : 1;
     // A rows are BK bytes: XOR the 16-byte chunk with the row bits that keep
@@ -97,7 +94,6 @@ struct KParams {
     int nrt;                    // row tiles
 };
 
-__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + __expf(-g)); }
 
 template <typename T, typename C>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const KParams p) {
@@ -365,104 +361,72 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     __syncthreads();
 
     // ---- epilogue ----------------------------------------------------------------------
-    // Output columns of this CTA: plain layout -> original rows [row0*M, row0*M + BM*M)
-    // (act none); GLU layout -> i in [chunk*64*M, chunk*64*M + 64*M) (gated act).
-    const bool gated = p.act != SAM_ACT_NONE;
-    const int OC = gated ? 64 * M : BM * M;
-    const int OS = OC + 8;  // padded row stride of the output tile (elements)
-    constexpr int GS = C::GS;
-    float *gate_s = reinterpret_cast<float *>(smem);
-    T *ot = reinterpret_cast<T *>(gated ? smem + BN * GS * 4 : smem);
-    const int64_t col0 = gated ? (row0 / 128) * 64 * M : row0 * M;
-
-    auto bias_at = [&](int64_t orow) -> float {
-        return p.bias ? load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + orow) : 0.0f;
-    };
-    // visits every accumulator with (set a, tile i, hh, token j/k): local token,
-    // original row (or -1 for a padding row), local output column
-    auto for_each = [&](auto &&fn) {
+    // 1. accumulators -> fp32 tile f[token][c] in shared memory, c = local storage
+    //    row * M + its row of the group (so c runs over original rows in order);
+    // 2. one compact loop: bias, activation (gate column c pairs with up column
+    //    64*M + c), routing scale, 16-byte stores of whole output rows.
+    // The loop is not unrolled: the epilogue stays small in the instruction cache.
+    constexpr int FS = C::FS;  // padded row stride of the fp32 tile
+    float *ftile = reinterpret_cast<float *>(smem);
 #pragma unroll
-        for (int i = 0; i < MT; i++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int lrow = wm * 64 + i * 16 + g + 8 * hh;  // local storage row
-                const int64_t sp = row0 + lrow;
-                int half = 0;
-                int64_t qq = 0;
-                bool live = sp < p.rp;
-                if (live) {
-                    if (p.glu) {
-                        const int64_t chunk = sp / SAM_GLU_CHUNK;
-                        half = (int)(chunk & 1);
-                        qq = (chunk >> 1) * SAM_GLU_CHUNK + sp % SAM_GLU_CHUNK;
-                    } else {
-                        qq = sp;
-                    }
-                    live = qq < p.half_rows / M;
-                }
+        for (int hh = 0; hh < 2; hh++) {
+            const int lrow = wm * 64 + i * 16 + g + 8 * hh;
 #pragma unroll
-                for (int a = 0; a < M; a++) {
-                    const int sel = (int)((perm[i][hh] >> (4 * a)) & 15u);
-                    const int64_t orow = live ? (int64_t)half * p.half_rows + qq * M + sel : -1;
-                    const int lcol = gated ? (lrow % 64) * M + sel : lrow * M + sel;
+            for (int a = 0; a < M; a++) {
+                const int c = lrow * M + (int)((perm[i][hh] >> (4 * a)) & 15u);
 #pragma unroll
-                    for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int k = 0; k < 2; k++) {
-                            const int ltok = wn * 8 * NT + j * 8 + 2 * q + k;
-                            fn(acc[a][i][j][2 * hh + k], half, orow, lcol, ltok);
-                        }
+                for (int j = 0; j < NT; j++) {
+                    const int ltok = wn * 8 * NT + j * 8 + 2 * q;
+                    ftile[ltok * FS + c] = acc[a][i][j][2 * hh];
+                    ftile[(ltok + 1) * FS + c] = acc[a][i][j][2 * hh + 1];
                 }
             }
-    };
-
-    if (gated) {
-        if (wm == 0)  // gate rows
-            for_each([&](float v, int, int64_t orow, int lcol, int ltok) {
-                gate_s[ltok * GS + lcol] = orow >= 0 ? v + bias_at(orow) : 0.0f;
-            });
-        __syncthreads();
-        if (wm == 1)  // up rows: pair with the gate value of the same (token, i)
-            for_each([&](float v, int, int64_t orow, int lcol, int ltok) {
-                const float gv = gate_s[ltok * GS + lcol];
-                const float u = orow >= 0 ? v + bias_at(orow) : 0.0f;
-                float y;
-                if (p.act == SAM_ACT_SWIGLU) {
-                    y = silu_f(gv) * u;
-                } else {
-                    const float gc = fminf(gv, p.limit);
-                    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
-                    y = (uc + 1.0f) * (gc / (1.0f + __expf(-p.alpha * gc)));
-                }
-                const int64_t s = s0 + ltok;
-                if (p.scale && s < p.S) y *= p.scale[s];
-                ot[ltok * OS + lcol] = Elem<T>::from_f(y);
-            });
-    } else {
-        for_each([&](float v, int, int64_t orow, int lcol, int ltok) {
-            float y = orow >= 0 ? v + bias_at(orow) : 0.0f;
-            const int64_t s = s0 + ltok;
-            if (p.scale && s < p.S) y *= p.scale[s];
-            ot[ltok * OS + lcol] = Elem<T>::from_f(y);
-        });
-    }
+        }
     __syncthreads();
 
-    // coalesced stores of whole token rows: OC columns from col0
+    const bool gated = p.act != SAM_ACT_NONE;
+    const int OC = gated ? 64 * M : BM * M;  // output columns of this CTA
+    // first output column: plain -> original row row0*M; GLU -> i of the chunk pair
+    const int64_t col0 = gated ? (row0 / 128) * 64 * M : row0 * M;
+    const int64_t bias_up = gated ? p.R / 2 : 0;
     T *out = static_cast<T *>(p.out);
     const int chunks = OC / 8;
     const bool vec_ok = (p.ldo % 8 == 0) && ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0);
+#pragma unroll 1
     for (int id = tid; id < BN * chunks; id += THREADS) {
         const int ltok = id / chunks, ch = id % chunks;
         if (tok_s[ltok] < 0) continue;
         const int64_t s = s0 + ltok;
-        const int64_t c = col0 + ch * 8;
-        T *dst = out + s * p.ldo + c;
-        const T *src = ot + ltok * OS + ch * 8;
-        if (vec_ok && c + 8 <= p.out_cols) {
-            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+        const float sc = p.scale ? p.scale[s] : 1.0f;
+        const int64_t c0 = col0 + ch * 8;
+        const float *src = ftile + ltok * FS + ch * 8;
+        alignas(16) T y8[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int64_t col = c0 + k;
+            const bool in = col < p.out_cols;
+            float v = src[k];
+            if (p.bias && in) v += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + col);
+            if (gated) {
+                float u = src[64 * M + k];
+                if (p.bias && in) u += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
+                if (p.act == SAM_ACT_SWIGLU) {
+                    v = __fdividef(v, 1.0f + __expf(-v)) * u;
+                } else {
+                    const float gc = fminf(v, p.limit);
+                    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
+                    v = (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
+                }
+            }
+            y8[k] = Elem<T>::from_f(v * sc);
+        }
+        T *dst = out + s * p.ldo + c0;
+        if (vec_ok && c0 + 8 <= p.out_cols) {
+            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(y8);
         } else {
-            for (int k = 0; k < 8 && c + k < p.out_cols; k++) dst[k] = src[k];
+            for (int k = 0; k < 8 && c0 + k < p.out_cols; k++) dst[k] = y8[k];
         }
     }
 }

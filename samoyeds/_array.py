@@ -71,6 +71,17 @@ def for_c(t: Any) -> Any:
     return t
 
 
+def tensor_arg(t: Any, name: str, optional: bool = False) -> Any:
+    """for_c(t) for an argument whose shape the Python layer reads: a TypeError
+    naming the argument (worded as the extension words it) when t is no tensor."""
+    if t is None and optional:
+        return None
+    if not (hasattr(t, "__dlpack__") and hasattr(t, "__dlpack_device__") and hasattr(t, "shape")):
+        raise TypeError(f"{name}: expected a tensor supporting DLPack (__dlpack__ and __dlpack_device__), "
+                        f"got {type(t).__name__}")
+    return for_c(t)
+
+
 def expand3(t: Any) -> Any:
     """A 3-d view [1, R, C] of a 2-d array (3-d arrays unchanged)."""
     return t[None] if t.ndim == 2 else t

@@ -42,7 +42,9 @@ class SparseFormat:
             object.__setattr__(self, "m", 1)
             object.__setattr__(self, "v", None)
             return
-        if not isinstance(v, int) or v < 32 or v % 32:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise TypeError(f"SparseFormat: v must be an int (or None for plain 2:4), got v={v!r}")
+        if v is None or v < 32 or v % 32:
             raise ValueError(f"SparseFormat: v = {v!r} is invalid; row selection needs a slice length "
                              "that is a positive multiple of 32 (a sparse tensor-core k-step)")
 

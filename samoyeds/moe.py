@@ -29,6 +29,9 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
 
     No host synchronisation; deterministic (the combine adds in a fixed order).
     """
+    for name, pw in (("gate_up", gate_up), ("down", down)):
+        if not isinstance(pw, PackedWeight):
+            raise TypeError(f"{name}: expected a PackedWeight, got {type(pw).__name__}")
     if not gate_up.glu:
         raise ValueError("gate_up: expected a weight packed with glu=True (gate rows, then up rows)")
     E = gate_up.num_experts

@@ -2,11 +2,12 @@
 style, like BLAS: outputs are allocated here in the inputs' framework)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _C
-from ._array import current_stream, dtype_name, empty, for_c, framework
+from ._array import current_stream, dtype_name, empty, for_c, tensor_arg
 from .packed import PackedWeight
 
 ACTS = {"none": 0, "swiglu": 1, "silu": 1, "gptoss": 2}
@@ -45,7 +46,10 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
         raise ValueError(f"act: expected one of {sorted(ACTS)}, got {act!r}")
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {sorted(IMPLS)}, got {impl!r}")
-    x, bias, scale = for_c(x), for_c(bias), for_c(scale)
+    if not isinstance(w, PackedWeight):
+        raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")
+    x, bias, scale = tensor_arg(x, "x"), for_c(bias), for_c(scale)
+    token_ids = tensor_arg(token_ids, "token_ids", optional=True)
     E, R, C = w.shape3
     if out is None:
         S = token_ids.shape[0] if token_ids is not None else x.shape[0]
@@ -82,11 +86,14 @@ def route(top_k_index: Any, num_experts: int, stream: Optional[int] = None) -> R
     """Stable counting sort of ``top_k_index [T, K]`` (int32/int64) by expert,
     without a host sync.  Ids outside ``[0, num_experts)`` are skipped (expert
     parallelism placeholders)."""
-    top_k_index = for_c(top_k_index)
+    top_k_index = tensor_arg(top_k_index, "top_k_index")
+    if isinstance(num_experts, bool) or not hasattr(num_experts, "__index__"):
+        raise TypeError(f"num_experts: expected an int, got {type(num_experts).__name__}")
+    num_experts = num_experts.__index__()
     if top_k_index.ndim != 2:
         raise ValueError(f"top_k_index: expected a 2-d [T, K] tensor, got shape {tuple(top_k_index.shape)}")
-    if num_experts < 1:
-        raise ValueError(f"num_experts: expected >= 1, got {num_experts}")
+    if not 1 <= num_experts < 2**31 - 1:
+        raise ValueError(f"num_experts: expected 1 <= num_experts < 2**31 - 1 (int32 offsets), got {num_experts}")
     T, K = top_k_index.shape
     offsets = empty(top_k_index, (num_experts + 1,), "int32")
     token_ids = empty(top_k_index, (T * K,), "int32")
@@ -99,8 +106,13 @@ def route(top_k_index: Any, num_experts: int, stream: Optional[int] = None) -> R
 
 def gather_weights(top_k_weights: Any, routing: Routing, stream: Optional[int] = None) -> Any:
     """``[T*K]`` float32 routing weight of every sorted row (0 past offsets[E])."""
-    w = for_c(top_k_weights)
-    out = empty(w, (routing.perm.shape[0],), "float32")
+    if not isinstance(routing, Routing):
+        raise TypeError(f"routing: expected a Routing (from route()), got {type(routing).__name__}")
+    w = tensor_arg(top_k_weights, "top_k_weights")
+    S = int(routing.perm.shape[0])
+    if math.prod(w.shape) != S:
+        raise ValueError(f"top_k_weights: expected {S} entries (the routing's [T, K]), got shape {tuple(w.shape)}")
+    out = empty(w, (S,), "float32")
     _C.moe_gather_weights(out, w, routing.perm, routing.offsets,
                           stream=stream if stream is not None else current_stream(w))
     return out
@@ -109,7 +121,9 @@ def gather_weights(top_k_weights: Any, routing: Routing, stream: Optional[int] =
 def combine(y: Any, pos: Any, out: Optional[Any] = None, *, dtype: Optional[str] = None,
             stream: Optional[int] = None) -> Any:
     """``out[t] = sum_k y[pos[t, k]]`` (fp32 accumulation, fixed order, no atomics)."""
-    y = for_c(y)
+    y, pos = tensor_arg(y, "y"), tensor_arg(pos, "pos")
+    if dtype is not None and dtype not in ("float32", "float16", "bfloat16"):
+        raise TypeError(f"dtype: expected 'float32', 'float16' or 'bfloat16', got {dtype!r}")
     if out is None:
         out = empty(y, (pos.shape[0], y.shape[1]), dtype or dtype_name(y))
     _C.moe_combine(out, y, pos, stream=stream if stream is not None else current_stream(y))

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
 from . import _C
-from ._array import dtype_name, empty, expand3, for_c, framework, current_stream
+from ._array import current_stream, dtype_name, empty, expand3, tensor_arg
 from .format import SparseFormat
 
 FormatLike = Union[str, SparseFormat, tuple]
@@ -157,8 +157,8 @@ def mask(w: Any, fmt: FormatLike, scores: Optional[Any] = None) -> Any:
     every 4.  Ties go to the lower index.  Returns a bool array shaped like w.
     """
     fmt = SparseFormat.parse(fmt)
-    w = for_c(w)
-    scores = for_c(scores)
+    w = tensor_arg(w, "w")
+    scores = tensor_arg(scores, "scores", optional=True)
     out = empty(w, w.shape, "bool")
     n, m, v = fmt.c_args()
     _C.format_mask(expand3(out), expand3(w), None if scores is None else expand3(scores), n, m, v,
@@ -177,10 +177,10 @@ def pack(w: Any, fmt: FormatLike = "samoyeds-1:2:128", mask: Optional[Any] = Non
     ``unpack(pack(w, fmt, mask))`` equals ``where(mask, w, 0)`` exactly.
     """
     fmt = SparseFormat.parse(fmt)
-    w = for_c(w)
+    w = tensor_arg(w, "w")
     if mask is None:
         mask = globals()["mask"](w, fmt)
-    mask = for_c(mask)
+    mask = tensor_arg(mask, "mask")
     if tuple(mask.shape) != tuple(w.shape):
         raise ValueError(f"mask: expected shape {tuple(w.shape)} (w's), got {tuple(mask.shape)}")
     E, R, C = expand3(w).shape
@@ -196,6 +196,8 @@ def pack(w: Any, fmt: FormatLike = "samoyeds-1:2:128", mask: Optional[Any] = Non
 
 def unpack(packed: PackedWeight) -> Any:
     """The masked dense weight held by ``packed`` (its logical shape and dtype)."""
+    if not isinstance(packed, PackedWeight):
+        raise TypeError(f"packed: expected a PackedWeight, got {type(packed).__name__}")
     E, R, C = packed.shape3
     out = empty(packed.values, (E, R, C), packed.dtype)
     _C.format_unpack(out, packed.values, packed.meta, packed.idx, *packed.c_args(),
