@@ -113,6 +113,11 @@ static PyObject *py_decode_meta(PyObject *self, PyObject *arg)
     PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(arg, NPY_UINT32, 0, 0, NPY_ARRAY_C_CONTIGUOUS);
     if (a == NULL) return NULL;
     int nd = PyArray_NDIM(a);
+    if (nd > NPY_MAXDIMS - 2) { /* the result has two more dimensions */
+        PyErr_Format(PyExc_ValueError, "meta: expected at most %d dimensions, got %d", NPY_MAXDIMS - 2, nd);
+        Py_DECREF(a);
+        return NULL;
+    }
     npy_intp dims[NPY_MAXDIMS];
     for (int i = 0; i < nd; i++) dims[i] = PyArray_DIM(a, i);
     dims[nd] = 8;
