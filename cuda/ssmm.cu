@@ -270,18 +270,26 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     }
 
     // fragments, double-buffered across k-steps
-    uint32_t af[M == 1 ? 2 : 1][MT][4], bf[M == 1 ? 2 : 1][NT][4], ef[M == 1 ? 2 : 1][MT];
-    auto load_frags = [&](int buf, int st, int ks) {
-        unsigned char *base = stage_ptr(st);
-        const uint32_t sa = smem_u32(base), sb = sa + C::A_BYTES;
-        const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(base + C::A_BYTES + C::B_BYTES);
+    // fragments, double-buffered across k-steps where registers allow: A and B
+    // for M = 1; B and metadata for M = 2 (A is then loaded right before use)
+    constexpr int NA = M == 1 ? 2 : 1, NB = M <= 2 ? 2 : 1;
+    uint32_t af[NA][MT][4], bf[NB][NT][4], ef[NB][MT];
+    auto load_a = [&](int buf, int st, int ks) {
+        const uint32_t sa = smem_u32(stage_ptr(st));
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             const int row = wm * 64 + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
             const int ch = 2 * ks + (lane >> 4);
             ldmatrix_x4(sa + C::a_off(row, ch), af[buf][i][0], af[buf][i][1], af[buf][i][2], af[buf][i][3]);
-            ef[buf][i] = mt_s[((wm * 4 + i) * KS + ks) * 16 + 2 * g + (q & 1)];
         }
+    };
+    auto load_frags = [&](int buf, int st, int ks) {  // B and metadata (and A when double-buffered)
+        unsigned char *base = stage_ptr(st);
+        const uint32_t sa = smem_u32(base), sb = sa + C::A_BYTES;
+        const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(base + C::A_BYTES + C::B_BYTES);
+        if (NA == 2) load_a(buf, st, ks);
+#pragma unroll
+        for (int i = 0; i < MT; i++) ef[buf][i] = mt_s[((wm * 4 + i) * KS + ks) * 16 + 2 * g + (q & 1)];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             const int r = wn * 8 * NT + j * 8 + (lane & 7);
@@ -293,7 +301,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
 #pragma unroll
         for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int j = 0; j < NT; j++) MmaSp<T>::run(acc[0][i][j], af[buf][i], bf[buf][j], ef[buf][i]);
+            for (int j = 0; j < NT; j++)
+                MmaSp<T>::run(acc[0][i][j], af[NA == 2 ? buf : 0][i], bf[NB == 2 ? buf : 0][j], ef[NB == 2 ? buf : 0][i]);
     };
     // a new column slice: bring each row's selected set into slot 0
     auto select_rows = [&](int st) {
@@ -329,9 +338,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     }
     cp_async_wait<STAGES - 2>();
     __syncthreads();
-    // Fragments are double-buffered across k-steps where registers allow (M = 1);
-    // with several accumulator sets they are loaded right before use.
-    constexpr bool DB = M == 1;
+    constexpr bool DB = NB == 2;
     int rd = 0, wr = STAGES - 1;
     if (DB && KT > 0) load_frags(0, 0, 0);
     for (int kt = 0; kt < KT; kt++) {
@@ -340,7 +347,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
         for (int ks = 0; ks < KS; ks++) {
             if (!DB) {
                 load_frags(0, rd, ks);
+                load_a(0, rd, ks);
                 mma_all(0);
+            } else if (NA == 1) {
+                load_a(0, rd, ks);
             }
             if (ks + 1 < KS) {
                 if (DB) load_frags((ks + 1) & 1, rd, ks + 1);
@@ -476,8 +486,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     return launch_status("ssmm");
 }
 
-// Tile choice per row-group size M.  Variant (SAMOYEDS_SSMM_VARIANT, for
-// benchmarking): 0 = 64-column stages, 4 stages, 8 warps; 1 = 128-column
+// Tile choice per row-group size M.  Variant (SAMOYEDS_SSMM_VARIANT, default 1): 0 = 64-column stages, 4 stages, 8 warps; 1 = 128-column
 // stages, 4 stages, 8 warps; 2 = 64-column stages, 4 stages, 4 warps, 2 CTAs/SM.
 template <typename T, int M> sam_status launch_cfg(const sam_ssmm_params *ps, cudaStream_t stream, int variant) {
     if (variant == 1 && (M == 1 || ps->f.v % 128 == 0)) return launch<T, Cfg<M, 128, 4, 4>>(ps, stream);
@@ -489,7 +498,7 @@ int ssmm_variant() {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("SAMOYEDS_SSMM_VARIANT");
-        v = e ? atoi(e) : 0;
+        v = e ? atoi(e) : 1;  // 128-column stages measured fastest on H100 (benchmarks/ssmm_sweep.py)
     }
     return v;
 }
