@@ -355,12 +355,7 @@ def _mask_for(t: _Target, p: ExpertsPatch, proj: str, w: torch.Tensor, method: U
               given: Optional[Mapping[str, torch.Tensor]]) -> torch.Tensor:
     key = f"{proj}_proj"
     if given is not None and key in given:
-        m = given[key].to(device=w.device)
-        param_shape = tuple(getattr(t.experts, key).shape)
-        if tuple(m.shape) != param_shape:
-            raise ValueError(f"masks[{t.name!r}][{key!r}]: expected shape {param_shape} (the Parameter's), "
-                             f"got {tuple(m.shape)}")
-        return _to_pack(m, p, proj)
+        return _to_pack(given[key].to(device=w.device), p, proj)
     if callable(method):
         m = method(t.name, key, w, p.fmt)
         if tuple(m.shape) != tuple(w.shape):
@@ -371,20 +366,22 @@ def _mask_for(t: _Target, p: ExpertsPatch, proj: str, w: torch.Tensor, method: U
 
 
 def _patch_one(t: _Target, method: Union[str, MaskFn], given: Optional[Mapping[str, torch.Tensor]]) -> None:
+    """Packs one experts module; it changes only once both weights are packed."""
     mod, p = t.experts, t.layout
+    packed = {}
     for proj in _PROJS:
-        param = mod._parameters[f"{proj}_proj"]
-        w = _to_pack(param, p, proj)
-        packed = pack(w, p.fmt, mask=_mask_for(t, p, proj, w, method, given), glu=proj == "gate_up")
+        w = _to_pack(mod._parameters[f"{proj}_proj"], p, proj)
+        packed[proj] = pack(w, p.fmt, mask=_mask_for(t, p, proj, w, method, given), glu=proj == "gate_up")
         del w
-        delattr(mod, f"{proj}_proj")
-        for a in _ARRAYS:
-            mod.register_buffer(f"samoyeds_{proj}_{a}", getattr(packed, a))
     gate_up_bias = None
     if p.bias:
         b = mod._parameters["gate_up_proj_bias"].detach()
         gate_up_bias = (_split_gate_up(b, 1) if p.interleaved else b).contiguous()
         delattr(mod, "gate_up_proj_bias")
+    for proj in _PROJS:
+        delattr(mod, f"{proj}_proj")
+        for a in _ARRAYS:
+            mod.register_buffer(f"samoyeds_{proj}_{a}", getattr(packed[proj], a))
     mod.register_buffer("samoyeds_gate_up_bias", gate_up_bias)
     mod._samoyeds = p
     if t.block is not None:
@@ -471,6 +468,8 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         UnsupportedModelError: an experts module has a layout samoyeds cannot run
             (checked for every module before anything changes).
         NotImplementedError: ``method`` names a sparsifier that does not exist yet.
+        ValueError: a given or computed mask does not fit the format; the modules
+            packed before the failing one get dense Parameters back (masked).
     """
     fmt = SparseFormat.parse(fmt)
     if isinstance(method, str):
@@ -494,14 +493,34 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         raise ValueError(f"masks: no experts module named {unknown}; expected names among "
                          f"{[t.name for t in targets]}")
     for t in targets:
+        for key, m in masks.get(t.name, {}).items():
+            param = t.experts._parameters.get(key)
+            if key not in ("gate_up_proj", "down_proj") or param is None:
+                raise ValueError(f"masks[{t.name!r}]: expected keys 'gate_up_proj' and 'down_proj', got {key!r}")
+            if tuple(m.shape) != tuple(param.shape):
+                raise ValueError(f"masks[{t.name!r}][{key!r}]: expected shape {tuple(param.shape)} (the "
+                                 f"Parameter's), got {tuple(m.shape)}")
+    for t in targets:
         t.layout = _layout(t, model, fmt)
 
     previous = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else None
     if isinstance(previous, dict):
         previous = {k: (None if v == IMPLEMENTATION else v) for k, v in previous.items()}
+    done: List[_Target] = []
     with torch.no_grad():
-        for t in _progress(targets, progress, f"samoyeds: packing experts ({fmt.name})"):
-            _patch_one(t, method, masks.get(t.name))
+        try:
+            for t in _progress(targets, progress, f"samoyeds: packing experts ({fmt.name})"):
+                _patch_one(t, method, masks.get(t.name))
+                done.append(t)
+        except Exception as e:
+            for d in done:   # back to dense, so that the model stays runnable as before
+                _unpatch_one(d.experts)
+                if d.block is not None:
+                    d.block.__class__ = type(d.block)._samoyeds_base
+            if done and hasattr(e, "add_note"):
+                e.add_note(f"samoyeds.patch_model failed at {t.name!r}; the {len(done)} experts module(s) packed "
+                           "before it were unpacked and now hold their masked dense weights")
+            raise
     setattr(model, _PREVIOUS_ATTR, previous)
     _set_implementation(model, [t.experts for t in targets if t.block is None], IMPLEMENTATION)
     return model

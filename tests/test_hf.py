@@ -254,6 +254,23 @@ def test_errors_and_untouched_model():
     with pytest.raises(shf.UnsupportedModelError, match="LlamaForCausalLM: no Mixture-of-Experts"):
         sm.patch_model(dense, progress=False)
 
+    with pytest.raises(ValueError, match="masks.*shape"):
+        sm.patch_model(model, masks={"model.layers.0.mlp.experts": {"down_proj": torch.ones(3, 3)}},
+                       progress=False)
+
+    # a mask that does not fit the format, for the last module only: the first one was packed, then unpacked
+    names = [n for n, _ in _experts(model)]
+    first = dict(model.named_modules())[names[0]].gate_up_proj.detach().clone()
+
+    def bad_last(name, proj, w, fmt):
+        return torch.ones_like(w, dtype=torch.bool) if name == names[-1] else sm.mask(w, fmt)
+
+    with pytest.raises(ValueError):
+        sm.patch_model(model, method=bad_last, progress=False)
+    assert not shf.is_patched(model) and model.get_experts_implementation()[""] == "grouped_mm"
+    now = dict(model.named_modules())[names[0]].gate_up_proj
+    assert torch.equal(now, first * sm.mask(first, FMT))
+
     sm.patch_model(model, progress=False)
     with pytest.raises(ValueError, match="already patched"):
         sm.patch_model(model, progress=False)
