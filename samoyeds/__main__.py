@@ -203,92 +203,104 @@ def _demo(args: argparse.Namespace) -> Dict[str, Any]:
         result["gpu"] = torch.cuda.get_device_name()
         if not args.no_block_bench:
             tokens = [int(t) for t in args.block_tokens.split(",") if t.strip()]
-            result["block_bench"] = _block_bench(fmt, tokens, dtype, args.seed)
+            result["block_bench"] = _block_bench(fmt, tokens, dtype, args.seed, device)
     return result
 
 
-# --- real-size MoE block timing (CUDA) -------------------------------------------------------------
+# --- real-size MoE block timing --------------------------------------------------------------------
 
-def _cuda_ms(fn, warmup: int = 3, iters: int = 20) -> float:
-    """Median milliseconds of fn() measured with CUDA events."""
+def _time_ms(fn, device: str, warmup: int = 3, iters: int = 20) -> float:
+    """Median milliseconds of fn(): CUDA events on a GPU, the wall clock on the CPU."""
     import torch
 
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    _sync(device)
     times = []
     for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
-def _hf_experts(H: int, I: int, E: int, dtype: Any, impl: str) -> Any:
-    """transformers' experts module (default layout: gate_up [E, 2I, H], down [E, H, I]) on CUDA."""
-    import torch
+def _hf_experts(H: int, I: int, E: int, dtype: Any, impl: str, device: str) -> Any:
+    """transformers' experts module (default layout: gate_up [E, 2I, H], down [E, H, I]),
+    uninitialised, allocated directly on ``device`` in ``dtype``."""
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+    import torch
 
     cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=I, num_experts=E, num_experts_per_tok=1)
     cfg._experts_implementation = impl
     with torch.device("meta"):
         mod = Qwen3MoeExperts(cfg)
-    return mod.to(dtype).to_empty(device="cuda").requires_grad_(False)
+    return mod.to(dtype).to_empty(device=device).requires_grad_(False)
 
 
-def _block_bench(fmt: Any, tokens: Sequence[int], dtype: Any, seed: int) -> List[Dict[str, Any]]:
+def _block_bench(fmt: Any, tokens: Sequence[int], dtype: Any, seed: int, device: str = "cuda",
+                 shapes: Optional[Dict[str, tuple]] = None) -> List[Dict[str, Any]]:
     """samoyeds.moe.moe_forward vs transformers' grouped_mm experts (torch._grouped_mm) on the
-    same x, routing and weights, for the shapes of BLOCK_SHAPES."""
+    same x, routing and weights, for ``shapes`` (default BLOCK_SHAPES: name -> (H, I, E, K))."""
     import torch
 
     import samoyeds as sm
     from .moe import moe_forward
 
+    shapes = BLOCK_SHAPES if shapes is None else shapes
+    es = torch.empty(0, dtype=dtype).element_size()
+    sm.pack(torch.randn(1, 64, 128, device=device, dtype=dtype), fmt, glu=True)     # loads the kernels
     rows = []
     print(f"\nMoE block at real sizes (one layer's experts, {str(dtype).replace('torch.', '')}, same inputs; "
-          "grouped_mm runs the dense weights, samoyeds the packed ones):")
-    print(f"  {'shape':<15}{'T':>6}{'grouped_mm':>13}{'samoyeds':>12}{'speed-up':>10}{'samoyeds TFLOP/s':>18}"
-          f"{'rel err':>10}")
-    for label, (H, I, E, K) in BLOCK_SHAPES.items():
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        hf_mod = _hf_experts(H, I, E, dtype, "grouped_mm")
+          "grouped_mm runs the dense weights, samoyeds the packed ones; TFLOP/s dense-equivalent):")
+    print(f"  {'shape':<15}{'T':>6}{'grouped_mm':>13}{'TFLOP/s':>9}{'samoyeds':>12}{'TFLOP/s':>9}"
+          f"{'speed-up':>10}{'rel err':>10}")
+    for label, (H, I, E, K) in shapes.items():
+        gen = torch.Generator(device=device).manual_seed(seed)
+        hf_mod = _hf_experts(H, I, E, dtype, "grouped_mm", device)
         hf_mod.gate_up_proj.normal_(0, H ** -0.5, generator=gen)
         hf_mod.down_proj.normal_(0, I ** -0.5, generator=gen)
-        torch.cuda.synchronize()
+        _sync(device)
         t0 = time.perf_counter()
         gu = sm.pack(hf_mod.gate_up_proj, fmt, glu=True)
         dn = sm.pack(hf_mod.down_proj, fmt)
-        torch.cuda.synchronize()
+        _sync(device)
         pack_s = time.perf_counter() - t0
-        # the masked dense weights in transformers' module: what samoyeds must reproduce
-        ref_mod = _hf_experts(H, I, E, dtype, "grouped_mm")
+        # transformers' module on the masked dense weights: what samoyeds must reproduce
+        ref_mod = _hf_experts(H, I, E, dtype, "grouped_mm", device)
         ref_mod.gate_up_proj.copy_(sm.unpack(gu))
         ref_mod.down_proj.copy_(sm.unpack(dn))
         for T in tokens:
-            x = torch.randn(T, H, device="cuda", generator=gen).to(dtype)
-            logits = torch.randn(T, E, device="cuda", generator=gen)
+            x = torch.randn(T, H, device=device, generator=gen).to(dtype)
+            logits = torch.randn(T, E, device=device, generator=gen)
             top_w, top_i = torch.softmax(logits, dim=-1).topk(K, dim=-1)
             top_w = (top_w / top_w.sum(-1, keepdim=True)).to(dtype)
             with torch.inference_mode():
-                want = ref_mod(x, top_i, top_w)
-                got = moe_forward(x, top_i, top_w, gu, dn)
-                err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-                t_hf = _cuda_ms(lambda: hf_mod(x, top_i, top_w))
-                t_sam = _cuda_ms(lambda: moe_forward(x, top_i, top_w, gu, dn))
-            flops = 6.0 * T * K * H * I            # dense-equivalent: gate_up (2I x H) + down (H x I)
+                want = ref_mod(x, top_i, top_w).float()
+                got = moe_forward(x, top_i, top_w, gu, dn).float()
+                err = ((got - want).norm() / want.norm()).item()
+                t_hf = _time_ms(lambda: hf_mod(x, top_i, top_w), device)
+                t_sam = _time_ms(lambda: moe_forward(x, top_i, top_w, gu, dn), device)
+            flops = 6.0 * T * K * H * I            # gate_up (2I x H) + down (H x I) per routed token
             rows.append({"shape": label, "H": H, "I": I, "E": E, "K": K, "T": T, "grouped_mm_ms": t_hf,
                          "samoyeds_ms": t_sam, "speedup": t_hf / t_sam, "pack_s": pack_s,
-                         "samoyeds_dense_equiv_tflops": flops / t_sam / 1e9, "rel_err_vs_masked_dense": err})
-            print(f"  {label:<15}{T:>6}{t_hf:>10.3f} ms{t_sam:>9.3f} ms{t_hf / t_sam:>9.2f}x"
-                  f"{flops / t_sam / 1e9:>18.1f}{err:>10.1e}")
-        print(f"  {label}: packed {E} experts ({3 * E * H * I * 2 / 2**30:.2f} GiB dense) in {pack_s:.2f} s; "
-              f"{(gu.nbytes + dn.nbytes) / 2**30:.2f} GiB packed")
+                         "grouped_mm_tflops": flops / t_hf / 1e9, "samoyeds_dense_equiv_tflops": flops / t_sam / 1e9,
+                         "rel_err_vs_masked_dense": err})
+            print(f"  {label:<15}{T:>6}{t_hf:>10.3f} ms{flops / t_hf / 1e9:>9.1f}{t_sam:>9.3f} ms"
+                  f"{flops / t_sam / 1e9:>9.1f}{t_hf / t_sam:>9.2f}x{err:>10.1e}")
+        print(f"  {label}: packed {E} experts ({3 * E * H * I * es / 2**30:.2f} GiB dense) in {pack_s:.2f} s "
+              f"to {(gu.nbytes + dn.nbytes) / 2**30:.2f} GiB")
         del hf_mod, ref_mod, gu, dn
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
