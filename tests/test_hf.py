@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -100,8 +102,11 @@ def test_patched_model_matches_masked_eager(family):
     dense = copy.deepcopy(model)
     ids = _ids()
     dense_bytes = shf.experts_weight_nbytes(model)
+    old = [weakref.ref(p) for _, mod in _experts(model) for p in (mod.gate_up_proj, mod.down_proj)]
 
     assert sm.patch_model(model, FMT, progress=False) is model
+    gc.collect()
+    assert all(r() is None for r in old), "the dense expert weights are freed"
     assert shf.is_patched(model)
     for name, mod in dict(model.named_modules()).items():
         if name in masks:
