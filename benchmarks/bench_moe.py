@@ -1,0 +1,217 @@
+"""MoE layer benchmark: transformers' own MoE blocks (router, experts, shared
+experts) at real model sizes, run with the "eager" and "grouped_mm" experts
+implementations and with samoyeds (patch_model), on the same inputs and the
+same (masked) weights.  Times are medians of CUDA-event timings of whole block
+forwards (launches included: what a user's model pays); peak GPU memory of one
+forward is reported per method next to the expert-weight bytes.
+
+  python benchmarks/bench_moe.py [--models a,b] [--tokens 1,16,256,4096,16384] [--format samoyeds-1:2:128]
+                                 [--out DIR] [--tiny --device cpu]   (a CPU smoke run)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import samoyeds as sm  # noqa: E402
+from common import environment, gpu_dir, write_json  # noqa: E402
+
+
+def _block(name: str, tiny: bool):
+    """(label, MoE block class, config) of one decoder layer's MoE block."""
+    import transformers as tf
+    from transformers.models.deepseek_v2 import modeling_deepseek_v2 as dsv2
+    from transformers.models.gpt_oss import modeling_gpt_oss as go
+    from transformers.models.mixtral import modeling_mixtral as mx
+    from transformers.models.olmoe import modeling_olmoe as ol
+    from transformers.models.qwen3_moe import modeling_qwen3_moe as q3
+
+    s = 16 if tiny else 1  # tiny: shapes divided by 16 (and few experts), for a CPU smoke run
+    common = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, vocab_size=128)
+    if name == "qwen3-30b-a3b":
+        cfg = tf.Qwen3MoeConfig(hidden_size=2048 // s, moe_intermediate_size=768 // s, num_experts=128 // s,
+                                num_experts_per_tok=8 // (2 if tiny else 1), norm_topk_prob=True, **common)
+        return q3.Qwen3MoeSparseMoeBlock, cfg
+    if name == "mixtral-8x7b":
+        cfg = tf.MixtralConfig(hidden_size=4096 // s, intermediate_size=14336 // s, num_local_experts=8,
+                               num_experts_per_tok=2, **common)
+        return mx.MixtralSparseMoeBlock, cfg
+    if name == "olmoe":
+        cfg = tf.OlmoeConfig(hidden_size=2048 // s, intermediate_size=1024 // s, num_experts=64 // s,
+                             num_experts_per_tok=8 // (2 if tiny else 1), **common)
+        return ol.OlmoeSparseMoeBlock, cfg
+    if name == "deepseek-v2-lite":
+        cfg = tf.DeepseekV2Config(hidden_size=2048 // s, moe_intermediate_size=1408 // s, n_routed_experts=64 // s,
+                                  num_experts_per_tok=6 // (2 if tiny else 1), n_shared_experts=2,
+                                  kv_lora_rank=512 // s, q_lora_rank=None, qk_rope_head_dim=64 // s,
+                                  qk_nope_head_dim=128 // s, v_head_dim=128 // s, first_k_dense_replace=0,
+                                  n_group=1, topk_group=1, intermediate_size=10944 // s, **common)
+        return dsv2.DeepseekV2Moe, cfg
+    if name == "gpt-oss-20b":
+        cfg = tf.GptOssConfig(hidden_size=2880 // s, intermediate_size=2880 // s, num_local_experts=32 // s,
+                              num_experts_per_tok=4 // (2 if tiny else 1), head_dim=64 // s, **common)
+        return go.GptOssMLP, cfg
+    raise ValueError(f"unknown model {name!r}")
+
+
+class Holder(nn.Module):
+    """A module holding one MoE block, so that patch_model can find its experts."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        out = self.block(x)
+        return out[0] if isinstance(out, tuple) else out
+
+
+def _set_impl(holder: Holder, impl: str) -> None:
+    for mod in holder.modules():
+        cfg = getattr(mod, "config", None)
+        if cfg is not None and hasattr(cfg, "_experts_implementation_internal"):
+            cfg._experts_implementation_internal = impl
+        elif cfg is not None:
+            cfg._experts_implementation = impl
+
+
+def _time(fn, device: str, budget_s: float = 0.4, min_iters: int = 5, max_iters: int = 50) -> float:
+    for _ in range(2):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    times = []
+    t_end = time.perf_counter() + budget_s
+    while len(times) < min_iters or (len(times) < max_iters and time.perf_counter() < t_end):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _peak(fn, device: str) -> float:
+    if device != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: bool, seed: int) -> list:
+    cls, cfg = _block(name, tiny)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        block = cls(cfg).to(dtype)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.02)
+    holder = Holder(block).eval()
+    # the same masked weights for every method: pack, then unpack to masked dense
+    sm.patch_model(holder, fmt, progress=False)
+    packed_bytes = sm.hf.experts_weight_nbytes(holder)
+    sm.unpatch_model(holder)
+    dense_bytes = sm.hf.experts_weight_nbytes(holder)
+    H = cfg.hidden_size
+    rows = []
+    for T in tokens:
+        gen = torch.Generator(device=device).manual_seed(seed + T)
+        x = torch.randn(1, T, H, device=device, generator=gen).to(dtype)
+        res = {"model": name, "T": T, "format": fmt, "expert_bytes_dense": dense_bytes,
+               "expert_bytes_samoyeds": packed_bytes, "methods": {}}
+        rows.append(res)
+    outs = {}
+    with torch.inference_mode():
+        for method in methods:
+            if method == "samoyeds":
+                sm.patch_model(holder, fmt, progress=False)
+            else:
+                if sm.hf.is_patched(holder):
+                    sm.unpatch_model(holder)
+                _set_impl(holder, method)
+            for res in rows:
+                T = res["T"]
+                gen = torch.Generator(device=device).manual_seed(seed + T)
+                x = torch.randn(1, T, H, device=device, generator=gen).to(dtype)
+                try:
+                    y = holder(x)
+                    outs[(method, T)] = y.float().cpu()
+                    ms = _time(lambda: holder(x), device)
+                    peak = _peak(lambda: holder(x), device)
+                    res["methods"][method] = {"ms": ms, "peak_mib": peak}
+                except Exception as exc:  # a method that cannot run this size is reported
+                    res["methods"][method] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    for res in rows:
+        T, m = res["T"], res["methods"]
+        ref = outs.get(("grouped_mm", T), outs.get(("eager", T)))
+        if ref is not None and ("samoyeds", T) in outs:
+            got = outs[("samoyeds", T)]
+            res["rel_err_vs_dense_masked"] = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        for peer in ("eager", "grouped_mm"):
+            if "ms" in m.get("samoyeds", {}) and "ms" in m.get(peer, {}):
+                m["samoyeds"][f"speedup_vs_{peer}"] = m[peer]["ms"] / m["samoyeds"]["ms"]
+    del holder, block
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b,olmoe,deepseek-v2-lite,gpt-oss-20b")
+    ap.add_argument("--tokens", default="1,16,256,4096,16384")
+    ap.add_argument("--methods", default="eager,grouped_mm,samoyeds")
+    ap.add_argument("--format", default="samoyeds-1:2:128")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="shapes / 16: a quick CPU check of the script")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    tokens = [int(t) for t in args.tokens.split(",")]
+    methods = args.methods.split(",")
+    rows = []
+    for name in args.models.split(","):
+        for r in bench_model(name, tokens, args.format, methods, args.device, dtype, args.tiny, args.seed):
+            rows.append(r)
+            _print_row(r, methods)
+    if not args.tiny:
+        path = os.path.join(gpu_dir(args.out), "moe.json")
+        write_json(path, {"env": environment(), "cases": rows})
+    print("\nmodel              T    " + "".join(f"{m:>12} ms" for m in methods) +
+          "  sam/grp  sam/eager   peak MiB (" + "/".join(methods) + ")   rel err")
+    for r in rows:
+        _print_row(r, methods)
+
+
+def _print_row(r, methods) -> None:
+    m = r["methods"]
+    cells = "".join(f"{m[k]['ms']:>15.3f}" if "ms" in m.get(k, {}) else f"{'err':>15}" for k in methods)
+    s = m.get("samoyeds", {})
+    peaks = "/".join(f"{m[k].get('peak_mib', float('nan')):.0f}" for k in methods if k in m)
+    print(f"{r['model']:<16}{r['T']:>6}{cells}  {s.get('speedup_vs_grouped_mm', float('nan')):7.2f}"
+          f"  {s.get('speedup_vs_eager', float('nan')):8.2f}   {peaks:>18}   {r.get('rel_err_vs_dense_masked', float('nan')):.1e}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
