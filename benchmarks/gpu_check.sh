@@ -9,6 +9,7 @@ mkdir -p "$OUT"
 steps=${*:-test bench}
 export PYTHONUNBUFFERED=1 SAMOYEDS_CUDA_ARCHS=${SAMOYEDS_CUDA_ARCHS:-90a} SAMOYEDS_BUILD_JOBS=${SAMOYEDS_BUILD_JOBS:-16}
 PY=${PY:-python3}
+export SAMOYEDS_COMMIT=${SAMOYEDS_COMMIT:-unknown}
 
 if ! $PY -c "import pytest, hypothesis" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
@@ -39,7 +40,11 @@ for step in $steps; do
     bench-quick)
       $PY benchmarks/bench_kernel.py --quick --out "$OUT" 2>&1 | tee "$OUT/bench_kernel.log" | tail -60 ;;
     bench-moe)
-      $PY benchmarks/bench_moe.py --out "$OUT" 2>&1 | tee "$OUT/bench_moe.log" | tail -60 ;;
+      $PY benchmarks/bench_moe.py --out "$OUT" 2>&1 | tee "$OUT/bench_moe.log" | tail -30
+      summary+=("bench_moe: see table above") ;;
+    demo)
+      $PY -m samoyeds demo --device cuda --json "$OUT/demo.json" 2>&1 | tee "$OUT/demo.log" | tail -30
+      summary+=("demo: rc=$?") ;;
     *) echo "unknown step $step" ;;
   esac
 done
