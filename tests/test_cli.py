@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,12 +12,14 @@ pytest.importorskip("transformers")
 
 from samoyeds.__main__ import main  # noqa: E402
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 SMALL = ["--hidden", "128", "--layers", "2", "--experts", "8", "--intermediate", "64", "--vocab", "256",
          "--tokens", "4", "--prompt-len", "8"]
 
 
 def test_help_explains_options():
-    out = subprocess.run([sys.executable, "-m", "samoyeds", "demo", "--help"], check=True, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "samoyeds", "demo", "--help"], check=True, capture_output=True, cwd=HERE,
                          text=True).stdout
     for opt in ("--family", "--format", "--device", "--tokens", "qwen3_moe", "gpt_oss", "deepseek_v3"):
         assert opt in out

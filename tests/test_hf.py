@@ -287,7 +287,7 @@ def test_errors_and_untouched_model():
 def test_import_samoyeds_is_light():
     code = ("import sys, samoyeds; assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
             "assert callable(samoyeds.patch_model) and 'samoyeds.hf' in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.abspath(__file__)))
 
 
 def _low_precision_truth(family, device, dtype, pack_on_device):

@@ -40,5 +40,6 @@ def test_import_does_not_pull_frameworks():
     import subprocess
     import sys
     code = "import sys, samoyeds; print(any(m in sys.modules for m in ('torch', 'transformers')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.abspath(__file__))).stdout
     assert out.strip() == "False"
