@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import os
 import subprocess
 import sys
 import weakref
