@@ -175,6 +175,35 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
     return rows
 
 
+def bench_rounding(name: str, tokens, fmt: str, device: str, dtype, tiny: bool, seed: int) -> list:
+    """moe_forward on the same packed experts with the router's top-k and with
+    token rounding (tile 128): time, and how much of the routing changed."""
+    from samoyeds.moe import moe_forward
+    cls, cfg = _block(name, tiny)
+    H = cfg.hidden_size
+    I = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    E = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or cfg.n_routed_experts
+    K = cfg.num_experts_per_tok
+    gen = torch.Generator(device=device).manual_seed(seed)
+    gu = sm.pack(torch.randn(E, 2 * I, H, device=device, generator=gen).to(dtype) * H ** -0.5, fmt, glu=True)
+    dn = sm.pack(torch.randn(E, H, I, device=device, generator=gen).to(dtype) * I ** -0.5, fmt)
+    rows = []
+    for T in tokens:
+        x = torch.randn(T, H, device=device, generator=gen).to(dtype)
+        probs = torch.softmax(torch.randn(T, E, device=device, generator=gen), -1)
+        w, idx = probs.topk(K, dim=-1)
+        ridx, rw = sm.token_rounding(probs, idx, w, tile=128)
+        changed = (sm.route(ridx, E).offsets[-1] - T * K).abs().item()
+        t_plain = _time(lambda: moe_forward(x, idx, w, gu, dn), device)
+        t_round = _time(lambda: moe_forward(x, ridx, rw, gu, dn), device)
+        rows.append({"model": name, "T": T, "format": fmt, "plain_ms": t_plain, "rounded_ms": t_round,
+                     "speedup": t_plain / t_round, "pairs_before": T * K,
+                     "pairs_after": int(sm.route(ridx, E).offsets[-1]), "net_pairs_changed": int(changed)})
+        print(f"token rounding {name:<16} T={T:>6}: top-k {t_plain:.3f} ms, rounded {t_round:.3f} ms "
+              f"({t_plain / t_round:.2f}x; {T * K} -> {rows[-1]['pairs_after']} (token, expert) pairs)", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b,olmoe,deepseek-v2-lite,gpt-oss-20b")
@@ -189,14 +218,18 @@ def main() -> None:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     tokens = [int(t) for t in args.tokens.split(",")]
     methods = args.methods.split(",")
-    rows = []
+    rows, rounding = [], []
     for name in args.models.split(","):
         for r in bench_model(name, tokens, args.format, methods, args.device, dtype, args.tiny, args.seed):
             rows.append(r)
             _print_row(r, methods)
+    big = [t for t in tokens if t >= (64 if args.tiny else 4096)]
+    for name in args.models.split(","):
+        if big and "samoyeds" in methods:
+            rounding += bench_rounding(name, big, args.format, args.device, dtype, args.tiny, args.seed)
     if not args.tiny:
         path = os.path.join(gpu_dir(args.out), "moe.json")
-        write_json(path, {"env": environment(), "cases": rows})
+        write_json(path, {"env": environment(), "cases": rows, "token_rounding": rounding})
     print("\nmodel              T    " + "".join(f"{m:>12} ms" for m in methods) +
           "  sam/grp  sam/eager   peak MiB (" + "/".join(methods) + ")   rel err")
     for r in rows:

@@ -11,6 +11,7 @@ from ._C import CudaError
 from .format import PRESETS, SparseFormat
 from .ops import Routing, combine, gather_weights, route, ssmm
 from .packed import PackedWeight, mask, pack, unpack
+from .routing import token_rounding
 
 __version__ = _C.__version__
 
