@@ -64,8 +64,11 @@ def token_rounding(router_probs: Any, top_k_index: Any, top_k_weights: Any, tile
     keep = rank < target.unsqueeze(0)                                   # [T, E]
     new_w = torch.where(routed, weight, router_probs.to(weight.dtype))
     k2 = max(int(keep.sum(1).max().item()) if T else 0, 1)
-    # each token's kept experts first (stable), placeholders after
-    sel = keep.float().topk(k2, dim=1, sorted=True)
+    # each token's kept experts in increasing id, placeholders after (distinct keys: the
+    # same order on every device)
+    ids = torch.arange(E, device=dev)
+    key = torch.where(keep, E - ids, -1 - ids)
+    sel = key.topk(k2, dim=1, sorted=True)
     e_ids = sel.indices
     used = sel.values > 0
     out_idx = torch.where(used, e_ids, torch.full_like(e_ids, E)).to(top_k_index.dtype)
