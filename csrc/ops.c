@@ -386,8 +386,8 @@ PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw)
                         "(gate rows first, then up rows)");
         return NULL;
     }
-    if (impl < 0 || impl > 1) {
-        PyErr_Format(PyExc_ValueError, "ssmm: impl = %d; expected 0 (auto) or 1 (mma.sp)", impl);
+    if (impl < 0 || impl > 2) {
+        PyErr_Format(PyExc_ValueError, "ssmm: impl = %d; expected 0 (auto), 1 (mma.sp) or 2 (wgmma.sp)", impl);
         return NULL;
     }
     sam_tensor out, x, values, meta, idx, offsets, tok, bias, scale;

@@ -114,7 +114,7 @@ typedef struct sam_ssmm_params {
     /* output: out[S][ldo], R columns (R/2 with an activation) */
     void *out;
     int64_t ldo;
-    int impl;                /* 0: best for the device; 1: mma.sp path */
+    int impl;                /* 0: best for the device; 1: mma.sp; 2: wgmma.sp (sm_90a) */
 } sam_ssmm_params;
 
 sam_status sam_ssmm_cuda(const sam_ssmm_params *p, void *stream);

@@ -32,6 +32,7 @@
 // GLU layout), routing scale -> coalesced 16-byte stores of whole output rows.  Tails in every dimension are predicated (zero-filled
 // loads, masked stores); invalid token ids read nothing and write nothing.
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.cuh"
 
@@ -56,13 +57,14 @@ template <int M_, int BK_, int WN_, int ST_> struct Cfg {
     static constexpr int B_BYTES = BN * B_ROW;
     static constexpr int META_BYTES = (BM / 16) * KS * 64;
     static constexpr int IDX_BYTES = M > 1 ? BM : 0;
-    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + META_BYTES + IDX_BYTES;
+    // a multiple of 1024 bytes: B tiles stay on 128-byte-swizzle atoms (wgmma descriptors)
+    static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     // epilogue: fp32 tile [BN][FS] of all accumulators (FS = BM*M + 4: rows land on
     // different banks)
     static constexpr int FS = BM * M + 4;
     static constexpr int EPI_BYTES = BN * FS * 4;
-    static constexpr int SMEM = (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + BN * 4;
+    static constexpr int SMEM = (PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES) + BN * 4 + 1024;  // + alignment
     static constexpr int MIN_BLOCKS = WN == 2 ? 2 : 1;
     // A rows are BK bytes: XOR the 16-byte chunk with the row bits that keep
     // an 8-row ldmatrix phase on distinct banks; B rows are >= 128 bytes.
@@ -92,22 +94,23 @@ struct KParams {
     void *out;
     int64_t ldo, out_cols;
     int nrt;                    // row tiles
+    int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
 };
 
 
-template <typename T, typename C>
-__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const KParams p) {
-    constexpr int M = C::M, NT = C::NT, BN = C::BN, BK = C::BK, KS = C::KS, THREADS = C::THREADS,
-                  STAGES = C::ST, WARPS_N = C::WN;
-    extern __shared__ __align__(128) unsigned char smem[];
-    int32_t *tok_s = reinterpret_cast<int32_t *>(smem + (C::SMEM - BN * 4));
+// Shared memory base rounded up to 1024 bytes (the launch adds 1024 bytes of slack).
+__device__ __forceinline__ unsigned char *align_smem(unsigned char *raw) {
+    const uint32_t a = smem_u32(raw);
+    return raw + (((a + 1023u) & ~1023u) - a);
+}
+
+// Finds this CTA's (expert e, row tile rt, first sorted row s0) from offsets[]
+// and fills tok_s[BN] with its token rows (-1: nothing to read or write).
+// Returns false for a CTA past the work (the grid is an upper bound).
+template <int BN, int THREADS>
+__device__ __forceinline__ bool cta_work(const KParams &p, int32_t *tok_s, int &e_out, int &rt_out, int64_t &s0_out) {
     __shared__ int sh_e, sh_rt, sh_tt;
-
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    const int g = lane >> 2, q = lane & 3;
-
-    // ---- find this CTA's (expert, token tile, row tile) ----------------------------
     if (warp == 0) {
         int total = 0;
         for (int e0 = 0; e0 < p.E; e0 += 32) {
@@ -158,13 +161,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     }
     __syncthreads();
     const int e = sh_e;
-    if (e < 0) return;
+    if (e < 0) return false;
     const int rt = sh_rt, tt = sh_tt;
     const int64_t s_begin = max(0, p.offsets[e]);
     const int64_t s0 = s_begin + (int64_t)tt * BN;
     const int64_t s_end = min((int64_t)p.offsets[e + 1], p.S);
-    const int64_t row0 = (int64_t)rt * BM;
-
     // token rows of this tile (-1: nothing to read or write)
     for (int i = tid; i < BN; i += THREADS) {
         const int64_t s = s0 + i;
@@ -177,67 +178,87 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     }
     __syncthreads();
 
-    const T *vals = static_cast<const T *>(p.values) + (int64_t)e * p.rp * (p.cp / 2);
-    const uint32_t *meta = p.meta + (int64_t)e * (p.rp / 16) * (p.cp / 32) * 16;
-    const uint8_t *idxg = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp : nullptr;
-    const T *x = static_cast<const T *>(p.x);
-    const int KT = (int)(p.cp / BK);
+    e_out = e;
+    rt_out = rt;
+    s0_out = s0;
+    return true;
+}
 
-    auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
-
-    // ---- per-thread load plan, fixed for the CTA: sources advance by one
-    // k-tile per stage, shared-memory destinations never change.
-    constexpr int A_CPR = BK / 16, B_CPR = BK / 8;  // 16-byte chunks per row of A and B
-    constexpr int A_CH = BM * A_CPR / THREADS;      // chunks per thread
-    constexpr int B_CH = BN * B_CPR / THREADS;
-    constexpr int A_STEP = THREADS / A_CPR, B_STEP = THREADS / B_CPR;  // rows between a thread's chunks
+// Per-thread copy plan of a CTA, fixed for its lifetime: sources advance by one
+// k-tile per stage, shared-memory destinations never change.
+template <typename T, typename C> struct Loader {
+    static constexpr int M = C::M, BK = C::BK, KS = C::KS, BN = C::BN, THREADS = C::THREADS;
+    static constexpr int A_CPR = BK / 16, B_CPR = BK / 8;  // 16-byte chunks per row of A and B
+    static constexpr int A_CH = BM * A_CPR / THREADS;      // chunks per thread
+    static constexpr int B_CH = BN * B_CPR / THREADS;
+    static constexpr int A_STEP = THREADS / A_CPR, B_STEP = THREADS / B_CPR;  // rows between a thread's chunks
+    static constexpr int M_CH = 8 * KS * 4, M_STRIDE = THREADS / M_CH, I_STRIDE = THREADS / 8;
     static_assert(A_STEP % 8 == 0 && B_STEP % 8 == 0, "a thread's chunks share one swizzle phase");
-    // A: rows tid/A_CPR + i*A_STEP, chunk tid%A_CPR; one source pointer, fixed strides
-    const int a_row = tid / A_CPR, a_ch = tid % A_CPR;
-    const T *a_src = vals + (int64_t)(row0 + a_row) * (p.cp / 2) + a_ch * 8;
-    const uint32_t a_dst = C::a_off(a_row, a_ch);
-    unsigned a_ok = 0;
-#pragma unroll
-    for (int i = 0; i < A_CH; i++) a_ok |= (unsigned)(row0 + a_row + i * A_STEP < p.rp) << i;
-    // B: token rows tid/B_CPR + i*B_STEP, chunk tid%B_CPR; 32-bit element offsets into x
-    const int b_row = tid / B_CPR, b_ch = tid % B_CPR;
-    const uint32_t b_dst = C::A_BYTES + C::b_off(b_row, b_ch);
-    uint32_t b_off[B_CH];
-    unsigned b_ok = 0;
-#pragma unroll
-    for (int i = 0; i < B_CH; i++) {
-        const int t = tok_s[b_row + i * B_STEP];
-        b_ok |= (unsigned)(t >= 0) << i;
-        b_off[i] = t >= 0 ? (uint32_t)((int64_t)t * p.ldx) + b_ch * 8 : 0u;
-    }
-    // metadata (8 row tiles x KS k-steps x 4 chunks) and indices (8 chunks) are
-    // spread over all warps so that no warp arrives late at the barrier
-    constexpr int M_CH = 8 * KS * 4, M_STRIDE = THREADS / M_CH;
     static_assert(M_CH <= THREADS && B_CH * THREADS == BN * B_CPR && A_CH * THREADS == BM * A_CPR, "load plan");
-    const bool m_load = tid % M_STRIDE == 0 && tid / M_STRIDE < M_CH;
-    const int m_chunk = tid / M_STRIDE;
-    const int64_t m_r16 = row0 / 16 + m_chunk / (KS * 4);
-    const bool m_ok = m_r16 < p.rp / 16;
-    const uint32_t *m_src = meta + (m_ok ? m_r16 * (p.cp / 32) * 16 + (m_chunk % (KS * 4)) * 4 : 0);
-    const uint32_t m_dst = C::A_BYTES + C::B_BYTES + m_chunk * 16;
-    constexpr int I_STRIDE = THREADS / 8;
-    const bool i_load = M > 1 && tid % I_STRIDE == 1;
-    const int i_chunk = tid / I_STRIDE;
-    const bool i_ok = row0 + i_chunk * 16 < p.rp;
-    const uint8_t *i_src = M > 1 ? idxg + (i_ok ? row0 + i_chunk * 16 : 0) : nullptr;
-    const uint32_t i_dst = C::A_BYTES + C::B_BYTES + C::META_BYTES + i_chunk * 16;
-    const int kt_per_slice = M > 1 ? p.V / BK : 1;
 
-    auto load_stage = [&](int st, int kt) {
-        const uint32_t base = smem_u32(stage_ptr(st));
+    const T *vals, *a_src, *x;
+    const uint32_t *m_src;
+    const uint8_t *i_src;
+    int64_t a_pitch, rp;
+    int64_t ncols;
+    uint32_t a_dst, b_dst, m_dst, i_dst;
+    uint32_t b_off[B_CH];
+    unsigned a_ok, b_ok;
+    int b_ch, kt_per_slice;
+    bool m_load, m_ok, i_load, i_ok;
+
+    __device__ __forceinline__ Loader(const KParams &p, int e, int64_t row0, const int32_t *tok_s, int tid) {
+        vals = static_cast<const T *>(p.values) + (int64_t)e * p.rp * (p.cp / 2);
+        const uint32_t *meta = p.meta + (int64_t)e * (p.rp / 16) * (p.cp / 32) * 16;
+        const uint8_t *idxg = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp : nullptr;
+        x = static_cast<const T *>(p.x);
+        a_pitch = p.cp / 2;
+        rp = p.rp;
+        ncols = p.C;
+        // A: rows tid/A_CPR + i*A_STEP, chunk tid%A_CPR
+        const int a_row = tid / A_CPR, a_ch = tid % A_CPR;
+        a_src = vals + (int64_t)(row0 + a_row) * a_pitch + a_ch * 8;
+        a_dst = C::a_off(a_row, a_ch);
+        a_ok = 0;
+#pragma unroll
+        for (int i = 0; i < A_CH; i++) a_ok |= (unsigned)(row0 + a_row + i * A_STEP < p.rp) << i;
+        // B: token rows tid/B_CPR + i*B_STEP, chunk tid%B_CPR; 32-bit element offsets into x
+        const int b_row = tid / B_CPR;
+        b_ch = tid % B_CPR;
+        b_dst = C::A_BYTES + C::b_off(b_row, b_ch);
+        b_ok = 0;
+#pragma unroll
+        for (int i = 0; i < B_CH; i++) {
+            const int t = tok_s[b_row + i * B_STEP];
+            b_ok |= (unsigned)(t >= 0) << i;
+            b_off[i] = t >= 0 ? (uint32_t)((int64_t)t * p.ldx) + b_ch * 8 : 0u;
+        }
+        // metadata (8 row tiles x KS k-steps x 4 chunks) and indices (8 chunks),
+        // spread over all warps so that no warp arrives late at the barrier
+        m_load = tid % M_STRIDE == 0 && tid / M_STRIDE < M_CH;
+        const int m_chunk = tid / M_STRIDE;
+        const int64_t m_r16 = row0 / 16 + m_chunk / (KS * 4);
+        m_ok = m_r16 < p.rp / 16;
+        m_src = meta + (m_ok ? m_r16 * (p.cp / 32) * 16 + (m_chunk % (KS * 4)) * 4 : 0);
+        m_dst = C::A_BYTES + C::B_BYTES + m_chunk * 16;
+        i_load = M > 1 && tid % I_STRIDE == 1;
+        const int i_chunk = tid / I_STRIDE;
+        i_ok = row0 + i_chunk * 16 < p.rp;
+        i_src = M > 1 ? idxg + (i_ok ? row0 + i_chunk * 16 : 0) : nullptr;
+        i_dst = C::A_BYTES + C::B_BYTES + C::META_BYTES + i_chunk * 16;
+        kt_per_slice = M > 1 ? p.V / BK : 1;
+    }
+
+    // Issues the copies of k-tile kt into the stage at shared address base.
+    __device__ __forceinline__ void issue(uint32_t base, int kt) const {
         const T *as = a_src + (int64_t)kt * (BK / 2);
 #pragma unroll
         for (int i = 0; i < A_CH; i++) {
             const bool ok = (a_ok >> i) & 1;
-            cp_async16(base + a_dst + i * A_STEP * C::A_ROW, ok ? as + (int64_t)i * A_STEP * (p.cp / 2) : vals, ok);
+            cp_async16(base + a_dst + i * A_STEP * C::A_ROW, ok ? as + (int64_t)i * A_STEP * a_pitch : vals, ok);
         }
         const int col = kt * BK + b_ch * 8;
-        const bool col_ok = col < p.C;
+        const bool col_ok = col < ncols;
         const T *xs = x + kt * BK;
 #pragma unroll
         for (int i = 0; i < B_CH; i++) {
@@ -245,8 +266,86 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
             cp_async16(base + b_dst + i * B_STEP * C::B_ROW, ok ? xs + b_off[i] : x, ok);
         }
         if (m_load) cp_async16(base + m_dst, m_src + (int64_t)kt * KS * 16, m_ok);
-        if (i_load) cp_async16(base + i_dst, i_src + (int64_t)(kt / kt_per_slice) * p.rp, i_ok);
-    };
+        if (i_load) cp_async16(base + i_dst, i_src + (int64_t)(kt / kt_per_slice) * rp, i_ok);
+    }
+};
+
+// Epilogue, second half: from the fp32 tile f[token][c] (c = local storage row
+// * M + its row of the group, so c runs over original rows in order): bias,
+// activation (gate column c pairs with up column 64*M + c), routing scale,
+// 16-byte stores of whole output rows.  Not unrolled: it stays small in the
+// instruction cache.
+template <typename T, typename C>
+__device__ __forceinline__ void store_tile(const KParams &p, const float *ftile, const int32_t *tok_s, int e,
+                                           int64_t row0, int64_t s0, int tid) {
+    constexpr int M = C::M, BN = C::BN, THREADS = C::THREADS, FS = C::FS;
+    const bool gated = p.act != SAM_ACT_NONE;
+    const int OC = gated ? 64 * M : BM * M;  // output columns of this CTA
+    // first output column: plain -> original row row0*M; GLU -> i of the chunk pair
+    const int64_t col0 = gated ? (row0 / 128) * 64 * M : row0 * M;
+    const int64_t bias_up = gated ? p.R / 2 : 0;
+    T *out = static_cast<T *>(p.out);
+    const int chunks = OC / 8;
+    const bool vec_ok = (p.ldo % 8 == 0) && ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0);
+#pragma unroll 1
+    for (int id = tid; id < BN * chunks; id += THREADS) {
+        const int ltok = id / chunks, ch = id % chunks;
+        if (tok_s[ltok] < 0) continue;
+        const int64_t s = s0 + ltok;
+        const float sc = p.scale ? p.scale[s] : 1.0f;
+        const int64_t c0 = col0 + ch * 8;
+        const float *src = ftile + ltok * FS + ch * 8;
+        alignas(16) T y8[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int64_t col = c0 + k;
+            const bool in = col < p.out_cols;
+            float v = src[k];
+            if (p.bias && in) v += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + col);
+            if (gated) {
+                float u = src[64 * M + k];
+                if (p.bias && in) u += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
+                if (p.act == SAM_ACT_SWIGLU) {
+                    v = __fdividef(v, 1.0f + __expf(-v)) * u;
+                } else {
+                    const float gc = fminf(v, p.limit);
+                    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
+                    v = (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
+                }
+            }
+            y8[k] = Elem<T>::from_f(v * sc);
+        }
+        T *dst = out + s * p.ldo + c0;
+        if (vec_ok && c0 + 8 <= p.out_cols) {
+            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(y8);
+        } else {
+            for (int k = 0; k < 8 && c0 + k < p.out_cols; k++) dst[k] = y8[k];
+        }
+    }
+}
+
+template <typename T, typename C>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const KParams p) {
+    constexpr int M = C::M, NT = C::NT, BN = C::BN, BK = C::BK, KS = C::KS, THREADS = C::THREADS,
+                  STAGES = C::ST, WARPS_N = C::WN;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char *smem = align_smem(smem_raw);
+    int32_t *tok_s = reinterpret_cast<int32_t *>(smem + (C::SMEM - 1024 - BN * 4));
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane >> 2, q = lane & 3;
+
+    int e, rt;
+    int64_t s0, row0;
+    if (!cta_work<BN, THREADS>(p, tok_s, e, rt, s0)) return;
+    row0 = (int64_t)rt * BM;
+
+    const int KT = (int)(p.cp / BK);
+    auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
+    const Loader<T, C> loader(p, e, row0, tok_s, tid);
+    auto load_stage = [&](int st, int kt) { loader.issue(smem_u32(stage_ptr(st)), kt); };
+    const int kt_per_slice = loader.kt_per_slice;
 
     // accumulators: set 0 is written by mma; sets 1..M-1 hold the other rows
     float acc[M][MT][NT][4];
@@ -370,12 +469,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     cp_async_wait<0>();
     __syncthreads();
 
-    // ---- epilogue ----------------------------------------------------------------------
-    // 1. accumulators -> fp32 tile f[token][c] in shared memory, c = local storage
-    //    row * M + its row of the group (so c runs over original rows in order);
-    // 2. one compact loop: bias, activation (gate column c pairs with up column
-    //    64*M + c), routing scale, 16-byte stores of whole output rows.
-    // The loop is not unrolled: the epilogue stays small in the instruction cache.
+    // ---- epilogue: accumulators -> fp32 tile in shared memory -> store_tile
     constexpr int FS = C::FS;  // padded row stride of the fp32 tile
     float *ftile = reinterpret_cast<float *>(smem);
 #pragma unroll
@@ -396,52 +490,177 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
         }
     __syncthreads();
 
-    const bool gated = p.act != SAM_ACT_NONE;
-    const int OC = gated ? 64 * M : BM * M;  // output columns of this CTA
-    // first output column: plain -> original row row0*M; GLU -> i of the chunk pair
-    const int64_t col0 = gated ? (row0 / 128) * 64 * M : row0 * M;
-    const int64_t bias_up = gated ? p.R / 2 : 0;
-    T *out = static_cast<T *>(p.out);
-    const int chunks = OC / 8;
-    const bool vec_ok = (p.ldo % 8 == 0) && ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0);
-#pragma unroll 1
-    for (int id = tid; id < BN * chunks; id += THREADS) {
-        const int ltok = id / chunks, ch = id % chunks;
-        if (tok_s[ltok] < 0) continue;
-        const int64_t s = s0 + ltok;
-        const float sc = p.scale ? p.scale[s] : 1.0f;
-        const int64_t c0 = col0 + ch * 8;
-        const float *src = ftile + ltok * FS + ch * 8;
-        alignas(16) T y8[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int64_t col = c0 + k;
-            const bool in = col < p.out_cols;
-            float v = src[k];
-            if (p.bias && in) v += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + col);
-            if (gated) {
-                float u = src[64 * M + k];
-                if (p.bias && in) u += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
-                if (p.act == SAM_ACT_SWIGLU) {
-                    v = __fdividef(v, 1.0f + __expf(-v)) * u;
-                } else {
-                    const float gc = fminf(v, p.limit);
-                    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
-                    v = (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
-                }
-            }
-            y8[k] = Elem<T>::from_f(v * sc);
-        }
-        T *dst = out + s * p.ldo + c0;
-        if (vec_ok && c0 + 8 <= p.out_cols) {
-            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(y8);
-        } else {
-            for (int k = 0; k < 8 && c0 + k < p.out_cols; k++) dst[k] = y8[k];
-        }
-    }
+    store_tile<T, C>(p, ftile, tok_s, e, row0, s0, tid);
 }
 
+
+// ---- Hopper path: wgmma.mma_async.sp (sm_90a) -------------------------------------
+//
+// Same tiles, copy plan and epilogue as the mma.sp kernel; two warpgroups own 64
+// rows each and all BN = 128 tokens.  A warp loads the packed values of its 16
+// rows with ldmatrix (the A operand comes from registers), the token tile is
+// read by the tensor cores straight from shared memory through a 128-byte-swizzle
+// descriptor (the B layout above is that swizzle).  Two wgmma m64n128k32 per
+// 64-column k-tile, committed as one group; a group stays in flight while the
+// next k-tile's fragments load (wait_group 1), so the copy of k-tile kt+STAGES-2
+// only overwrites a stage whose wgmmas are done.  Row selection drains the
+// warpgroup (wait_group 0) at each V boundary and swaps accumulator sets as the
+// mma.sp kernel does.
 template <typename T, typename C>
+__global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams p) {
+#ifdef SAM_HAS_WGMMA
+    constexpr int M = C::M, BN = C::BN, BK = C::BK, KS = C::KS, THREADS = C::THREADS, STAGES = C::ST;
+    static_assert(BK == 64 && BN == 128 && THREADS == 256 && M <= 2 && STAGES >= 4, "wgmma tile");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char *smem = align_smem(smem_raw);
+    int32_t *tok_s = reinterpret_cast<int32_t *>(smem + (C::SMEM - 1024 - BN * 4));
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, w = warp & 3, g = lane >> 2, q = lane & 3;
+
+    int e, rt;
+    int64_t s0;
+    if (!cta_work<BN, THREADS>(p, tok_s, e, rt, s0)) return;
+    const int64_t row0 = (int64_t)rt * BM;
+    const int KT = (int)(p.cp / BK);  // even: columns are padded to 128
+    auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
+    const Loader<T, C> loader(p, e, row0, tok_s, tid);
+    const int kt_per_slice = loader.kt_per_slice;
+    const int meta_remap = p.meta_remap;
+
+    float acc[M][64];
+#pragma unroll
+    for (int a = 0; a < M; a++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
+    uint32_t perm[2];
+    {
+        uint32_t init = 0;
+#pragma unroll
+        for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
+        perm[0] = perm[1] = init;
+    }
+    uint32_t af[2][KS][4], ef[2][KS];
+    const int arow = wg * 64 + w * 16;  // this warp's 16 rows
+
+    auto load_frags = [&](auto par_c, int st) {
+        constexpr int par = decltype(par_c)::value;
+        unsigned char *base = stage_ptr(st);
+        const uint32_t sa = smem_u32(base);
+        const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(base + C::A_BYTES + C::B_BYTES);
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const int row = arow + (lane & 7) + ((lane >> 3) & 1) * 8;
+            const int ch = 2 * ks + (lane >> 4);
+            ldmatrix_x4(sa + C::a_off(row, ch), af[par][ks][0], af[par][ks][1], af[par][ks][2], af[par][ks][3]);
+            const uint32_t *tile = mt_s + ((wg * 4 + w) * KS + ks) * 16;
+            if (meta_remap == 0) {
+                ef[par][ks] = tile[2 * g + (q & 1)];
+            } else {  // one thread per row: row g (q even) or g + 8 (q odd), all 32 columns
+                const uint32_t lo = tile[2 * g], hi = tile[2 * g + 1];
+                ef[par][ks] = (q & 1) ? ((lo >> 16) | (hi & 0xffff0000u)) : ((lo & 0xffffu) | (hi << 16));
+            }
+        }
+    };
+    auto select_rows = [&](int st) {
+        const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const uint32_t want = idx_s[arow + g + 8 * hh];
+#pragma unroll
+            for (int a = 1; a < M; a++) {
+                const uint32_t pm = perm[hh], f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
+                const bool sw = fa == want;
+#pragma unroll
+                for (int j = 0; j < 16; j++)
+#pragma unroll
+                    for (int k = 2 * hh; k < 2 * hh + 2; k++) {
+                        const float w0 = acc[0][4 * j + k], wa = acc[a][4 * j + k];
+                        acc[0][4 * j + k] = sw ? wa : w0;
+                        acc[a][4 * j + k] = sw ? w0 : wa;
+                    }
+                const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
+                perm[hh] = sw ? swapped : pm;
+            }
+        }
+    };
+    auto step = [&](auto par_c, int kt) {
+        cp_async_wait<STAGES - 3>();  // k-tile kt has landed (this thread's copies)
+        fence_proxy_async();
+        __syncthreads();              // ... everyone's; and k-tile kt-2's wgmmas are done everywhere
+        if (kt + STAGES - 2 < KT) loader.issue(smem_u32(stage_ptr((kt + STAGES - 2) % STAGES)), kt + STAGES - 2);
+        cp_async_commit();
+        const int st = kt % STAGES;
+        load_frags(par_c, st);
+        if (M > 1 && kt % kt_per_slice == 0) {
+            wgmma_wait<0>();
+#pragma unroll
+            for (int a = 0; a < M; a++) fence_regs(acc[a]);
+            select_rows(st);
+        }
+        constexpr int par = decltype(par_c)::value;
+        const uint32_t sb = smem_u32(stage_ptr(st)) + C::A_BYTES;
+#pragma unroll
+        for (int a = 0; a < M; a++) fence_regs(acc[a]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) WgmmaSp<T>::run(acc[0], af[par][ks], smem_desc_sw128(sb + ks * 64), ef[par][ks]);
+        wgmma_commit();
+        wgmma_wait<1>();
+#pragma unroll
+        for (int a = 0; a < M; a++) fence_regs(acc[a]);
+    };
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 2; st++) {
+        if (st < KT) loader.issue(smem_u32(stage_ptr(st)), st);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; kt += 2) {
+        step(std::integral_constant<int, 0>{}, kt);
+        step(std::integral_constant<int, 1>{}, kt + 1);
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int a = 0; a < M; a++) fence_regs(acc[a]);
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // ---- epilogue: accumulators -> fp32 tile in shared memory -> store_tile
+    constexpr int FS = C::FS;
+    float *ftile = reinterpret_cast<float *>(smem);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int lrow = arow + g + 8 * hh;
+#pragma unroll
+        for (int a = 0; a < M; a++) {
+            const int c = lrow * M + (int)((perm[hh] >> (4 * a)) & 15u);
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int ltok = j * 8 + 2 * q;
+                ftile[ltok * FS + c] = acc[a][4 * j + 2 * hh];
+                ftile[(ltok + 1) * FS + c] = acc[a][4 * j + 2 * hh + 1];
+            }
+        }
+    }
+    __syncthreads();
+    store_tile<T, C>(p, ftile, tok_s, e, row0, s0, tid);
+#else
+    (void)p;
+    __trap();
+#endif
+}
+
+int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v ? atoi(v) : dflt;
+}
+int wgmma_meta_remap() {
+    static int v = -1;
+    if (v < 0) v = env_int("SAMOYEDS_WGMMA_META", 0);
+    return v;
+}
+
+template <typename T, typename C, bool WGMMA = false>
 sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     constexpr int M = C::M;
     KParams k;
@@ -480,9 +699,12 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
         set_error("ssmm: problem too large for one launch (%lld CTAs)", (long long)grid);
         return SAM_STATUS_UNSUPPORTED;
     }
-    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
-                 "ssmm");
-    ssmm_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k);
+    k.meta_remap = wgmma_meta_remap();
+    void (*kernel)(const KParams);
+    if constexpr (WGMMA) kernel = ssmm_wgmma_kernel<T, C>;
+    else kernel = ssmm_kernel<T, C>;
+    SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM), "ssmm");
+    kernel<<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k);
     return launch_status("ssmm");
 }
 
@@ -496,15 +718,46 @@ template <typename T, int M> sam_status launch_cfg(const sam_ssmm_params *ps, cu
 
 int ssmm_variant() {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("SAMOYEDS_SSMM_VARIANT");
-        v = e ? atoi(e) : 1;  // 128-column stages measured fastest on H100 (benchmarks/ssmm_sweep.py)
-    }
+    if (v < 0) v = env_int("SAMOYEDS_SSMM_VARIANT", 1);  // 128-column stages: fastest mma.sp tiles on H100
     return v;
+}
+
+// True when the current device runs the sm_90a kernels compiled into this build.
+bool device_has_wgmma() {
+    static int cache[64];
+    static bool init = false;
+    if (!init) {
+        for (int i = 0; i < 64; i++) cache[i] = -1;
+        init = true;
+    }
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return false;
+    }
+    if (cache[dev] < 0) {
+        int major = 0, minor = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        cudaGetLastError();
+        cache[dev] = (major == 9 && minor == 0 && strstr(sam_cuda_archs(), "sm_90a") != nullptr) ? 1 : 0;
+    }
+    return cache[dev] == 1;
 }
 
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t stream) {
     const int m = ps->f.m, variant = ssmm_variant();
+    const bool wgmma_fits = m <= 2 && (m == 1 || ps->f.v % 128 == 0);
+    const bool want_wgmma = ps->impl == 2 || (ps->impl == 0 && env_int("SAMOYEDS_SSMM_WGMMA", 1) != 0);
+    if (want_wgmma && wgmma_fits && device_has_wgmma()) {
+        if (m == 1) return launch<T, Cfg<1, 64, 4, 6>, true>(ps, stream);
+        return launch<T, Cfg<2, 64, 4, 6>, true>(ps, stream);
+    }
+    if (ps->impl == 2) {
+        set_error("ssmm: the wgmma.sp kernel needs an sm_90 device, a build for sm_90a and a format 2:4 or "
+                  "1:2:V with V a multiple of 128 (got %d:%d:%d)", ps->f.n, ps->f.m, ps->f.v);
+        return SAM_STATUS_UNSUPPORTED;
+    }
     if (m == 1) return launch_cfg<T, 1>(ps, stream, variant);
     if (m == 2) return launch_cfg<T, 2>(ps, stream, variant);
     if (m == 4) return launch_cfg<T, 4>(ps, stream, variant);

@@ -11,7 +11,7 @@ from ._array import current_stream, dtype_name, empty, for_c, tensor_arg
 from .packed import PackedWeight
 
 ACTS = {"none": 0, "swiglu": 1, "silu": 1, "gptoss": 2}
-IMPLS = {"auto": 0, "mma_sp": 1}
+IMPLS = {"auto": 0, "mma_sp": 1, "wgmma_sp": 2}
 
 
 def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
@@ -39,7 +39,8 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
            ``"gptoss"`` (GPT-OSS's clamped gate with ``alpha``, ``limit``).
         bias: ``[E, R]`` added before the activation.
         scale: ``[S]`` float32 multiplied after it (e.g. routing weights).
-        impl: ``"auto"`` or ``"mma_sp"`` (GPU kernel choice).
+        impl: GPU kernel: ``"auto"`` (``wgmma.sp`` on sm_90 for 2:4 and 1:2:v with v a
+           multiple of 128, else ``mma.sp``), ``"mma_sp"`` or ``"wgmma_sp"``.
         stream: CUDA stream; None uses the producer's current stream.
     """
     if act not in ACTS:

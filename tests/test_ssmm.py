@@ -96,7 +96,7 @@ def test_cuda_epilogues_bias_scale(act, fmt):
     _check_cuda(x, p, r, b, sc, act, torch.bfloat16)
 
 
-def _check_cuda(x, p, r, b, sc, act, dtype):
+def _check_cuda(x, p, r, b, sc, act, dtype, impl="auto"):
     T = x.shape[0]
     E, R, C = p.shape3
     S = r.token_ids.shape[0]
@@ -110,7 +110,7 @@ def _check_cuda(x, p, r, b, sc, act, dtype):
     pg = p.to(dev)
     out = _poisoned(S, cols, dtype, dev)
     sm.ssmm(x.to(dev), pg, r.offsets.to(dev), r.token_ids.to(dev), out=out, act=act,
-            bias=None if b is None else b.to(dev), scale=None if sc is None else sc.to(dev))
+            bias=None if b is None else b.to(dev), scale=None if sc is None else sc.to(dev), impl=impl)
     torch.cuda.synchronize()
     out = out.cpu()
     n = int(r.offsets[-1])
@@ -119,6 +119,39 @@ def _check_cuda(x, p, r, b, sc, act, dtype):
     assert torch.isnan(out[n:]).all(), "rows past offsets[E] were written"
     e_ref, e_cuda = rel_err(ref_out[:n], oracle), rel_err(out[:n], oracle)
     assert e_cuda <= 2 * e_ref + 1e-6, (e_cuda, e_ref)
+    return out
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:256"])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
+def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu):
+    """The Hopper wgmma.sp kernel and the mma.sp kernel on the same inputs: both
+    within the oracle tolerance, and close to each other."""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    seed = torch.seed() % 2**31
+    x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, act, glu, bias=glu, scale=True, seed=seed)
+    a = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="wgmma_sp")
+    m = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="mma_sp")
+    n = int(r.offsets[-1])
+    assert rel_err(a[:n], m[:n].double()) < 1e-2
+
+
+@pytest.mark.gpu
+def test_wgmma_refuses_what_it_cannot_run():
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    gen = torch.Generator().manual_seed(0)
+    x, p, r, b, sc = _gpu_case((16, 1, 2, 128, 128, "uniform"), "samoyeds-1:2:64", torch.bfloat16, "none", False,
+                               bias=False, scale=False, seed=0)
+    with pytest.raises(NotImplementedError, match="wgmma.sp"):
+        sm.ssmm(x.cuda(), p.to("cuda"), r.offsets.cuda(), r.token_ids.cuda(), impl="wgmma_sp")
 
 
 @pytest.mark.gpu
