@@ -1,6 +1,7 @@
 """A representative subset of every CUDA kernel, small enough to run under
 compute-sanitizer (memcheck, racecheck): odd shapes, tails, empty experts,
-every epilogue, both dtypes, every kernel variant (M = 1, 2, 4)."""
+every epilogue, both dtypes, both matmul kernels (mma.sp, wgmma.sp) and every
+row-group size (M = 1, 2, 4)."""
 import torch
 
 import samoyeds as sm
@@ -8,8 +9,12 @@ import samoyeds as sm
 
 def main() -> None:
     gen = torch.Generator().manual_seed(0)
-    for fmt, act, dtype in [("samoyeds-1:2:128", "swiglu", torch.bfloat16), ("2:4", "none", torch.float16),
-                            ("1:4:64", "gptoss", torch.bfloat16), ("samoyeds-1:2:64", "none", torch.bfloat16)]:
+    # on sm_90 "auto" runs the wgmma.sp kernel for 2:4 and 1:2:128, mma.sp for the others
+    for fmt, act, dtype, impl in [("samoyeds-1:2:128", "swiglu", torch.bfloat16, "auto"),
+                                  ("2:4", "none", torch.float16, "auto"),
+                                  ("samoyeds-1:2:128", "gptoss", torch.bfloat16, "mma_sp"),
+                                  ("1:4:64", "gptoss", torch.bfloat16, "auto"),
+                                  ("samoyeds-1:2:64", "none", torch.bfloat16, "auto")]:
         T, K, E, H, I = 77, 2, 5, 200, 136
         x = torch.randn(T, H, generator=gen).to(dtype).cuda()
         glu = act != "none"
@@ -21,7 +26,7 @@ def main() -> None:
         r = sm.route(idx, E)
         sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
         bias = torch.randn(E, R, generator=gen).to(dtype).cuda()
-        y = sm.ssmm(x, p, r.offsets, r.token_ids, act=act, bias=bias, scale=sc)
+        y = sm.ssmm(x, p, r.offsets, r.token_ids, act=act, bias=bias, scale=sc, impl=impl)
         sm.combine(y, r.pos) if not glu else None
     torch.cuda.synchronize()
     print("sanitize cases done")
