@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _C
-from ._array import current_stream, dtype_name, empty, for_c, tensor_arg
+from ._array import current_stream, dtype_name, empty, for_c, framework, tensor_arg
 from .packed import PackedWeight
 
 ACTS = {"none": 0, "swiglu": 1, "silu": 1, "gptoss": 2}
@@ -17,7 +17,7 @@ IMPLS = {"auto": 0, "mma_sp": 1, "wgmma_sp": 2}
 def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
          out: Optional[Any] = None, *, act: str = "none", bias: Optional[Any] = None,
          scale: Optional[Any] = None, alpha: float = 1.702, limit: float = 7.0,
-         impl: str = "auto", stream: Optional[int] = None) -> Any:
+         impl: str = "auto", stream: Optional[int] = None, check: Optional[bool] = None) -> Any:
     """Grouped sparse-sparse matmul over experts.
 
     For every expert ``e`` and sorted row ``s`` in
@@ -42,6 +42,11 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
         impl: GPU kernel: ``"auto"`` (``wgmma.sp`` on sm_90 for 2:4 and 1:2:v with v a
            multiple of 128, else ``mma.sp``), ``"mma_sp"`` or ``"wgmma_sp"``.
         stream: CUDA stream; None uses the producer's current stream.
+        check: validate ``expert_offsets`` and ``token_ids`` against ``x`` and
+           ``out`` before a GPU launch (one host sync).  None: check unless the
+           stream is being captured into a CUDA graph.  On the CPU the C
+           reference always checks.  The GPU kernel never reads or writes out of
+           bounds either way: an invalid token id is treated as absent.
     """
     if act not in ACTS:
         raise ValueError(f"act: expected one of {sorted(ACTS)}, got {act!r}")
@@ -57,10 +62,35 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
         out = empty(x, (S, R if ACTS[act] == 0 else R // 2), dtype_name(x))
     if stream is None:
         stream = current_stream(x)
+    if check is not False and framework(x) == "torch" and x.is_cuda:
+        _check_routing(x, expert_offsets, token_ids, out, forced=check is True)
     _C.ssmm(out, x, w.values, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(),
             act=ACTS[act], bias=bias, scale=scale, alpha=alpha, limit=limit, impl=IMPLS[impl],
             stream=stream)
     return out
+
+
+def _check_routing(x: Any, offsets: Any, token_ids: Optional[Any], out: Any, forced: bool) -> None:
+    import torch
+    if not forced and torch.cuda.is_current_stream_capturing():
+        return
+    if not isinstance(offsets, torch.Tensor) or offsets.ndim != 1 or offsets.numel() < 2:
+        return  # the extension reports the shape problem
+    S, T = int(out.shape[0]), int(x.shape[0])
+    off = offsets.to(torch.int64)
+    stats = [(off[1:] < off[:-1]).any(), off[0] < 0, off[-1] > S]
+    if token_ids is not None and isinstance(token_ids, torch.Tensor) and token_ids.numel():
+        ids = token_ids.to(torch.int64)
+        live = (torch.arange(ids.numel(), device=ids.device) >= off[0]) & \
+               (torch.arange(ids.numel(), device=ids.device) < off[-1])
+        stats += [(live & ((ids < 0) | (ids >= T))).any()]
+    flags = torch.stack(stats).tolist()
+    if flags[0] or flags[1] or flags[2]:
+        raise ValueError(f"offsets: expected non-decreasing values in [0, {S}] (out's rows), got "
+                         f"{offsets.tolist() if offsets.numel() <= 16 else 'other values'}")
+    if len(flags) > 3 and flags[3]:
+        raise ValueError(f"token_ids: expected values in [0, {T}) (x's rows) for the sorted rows "
+                         "the offsets cover")
 
 
 @dataclass

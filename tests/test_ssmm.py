@@ -167,3 +167,22 @@ def test_cuda_deterministic_and_noncontiguous_rows():
     bb = sm.ssmm(x.contiguous(), p, r.offsets, r.token_ids)
     torch.cuda.synchronize()
     assert torch.equal(a, bb)
+
+
+@pytest.mark.gpu
+def test_cuda_rejects_bad_routing_before_launch():
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(10, 128, generator=gen).to(torch.bfloat16).cuda()
+    p = sm.pack(torch.randn(2, 64, 128, generator=gen).to(torch.bfloat16), "2:4").to("cuda")
+    offsets = torch.tensor([0, 3, 6], dtype=torch.int32, device="cuda")
+    out = torch.full((6, 64), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ids = torch.tensor([0, 1, 2, 3, 10, 5], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="token_ids"):
+        sm.ssmm(x, p, offsets, ids, out=out)
+    with pytest.raises(ValueError, match="offsets"):
+        sm.ssmm(x, p, torch.tensor([0, 4, 3], dtype=torch.int32, device="cuda"), ids, out=out)
+    assert torch.isnan(out).all(), "nothing may be written"
+    # unchecked: the kernel reads nothing for the bad id and leaves its row alone
+    sm.ssmm(x, p, offsets, ids, out=out, check=False)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[4]).all() and torch.isfinite(out[[0, 1, 2, 3, 5]]).all()
