@@ -17,14 +17,15 @@ __version__ = _C.__version__
 
 __all__ = [
     "CudaError", "PRESETS", "PackedWeight", "Routing", "SparseFormat", "__version__", "build_info",
-    "combine", "cuda_available", "gather_weights", "mask", "pack", "patch_model", "route", "ssmm",
-    "to_dense", "unpack", "unpatch_model",
+    "combine", "cuda_available", "from_pretrained", "gather_weights", "mask", "pack", "patch_model", "route",
+    "save_pretrained", "sparsify_model", "ssmm", "to_dense", "unpack", "unpatch_model",
 ]
 
 # Loaded on first use, so that ``import samoyeds`` imports neither torch nor transformers.
 _LAZY = {
     "patch_model": "hf", "unpatch_model": "hf", "to_dense": "hf",
-    "hf": None, "hf_families": None, "moe": None, "torch_ops": None,
+    "sparsify_model": "sparsify", "save_pretrained": "checkpoint", "from_pretrained": "checkpoint",
+    "hf": None, "hf_families": None, "moe": None, "torch_ops": None, "sparsify": None, "checkpoint": None,
 }
 
 

@@ -252,7 +252,9 @@ def _is_silu(fn: Any) -> bool:
     return isinstance(fn, SiLUActivation)
 
 
-def _layout(t: _Target, model: nn.Module, fmt: SparseFormat) -> ExpertsPatch:
+def _layout(t: _Target, model: nn.Module, fmt: SparseFormat, allow_meta: bool = False) -> ExpertsPatch:
+    """The layout of one experts module; ``allow_meta``: its weights may be on the meta
+    device (a model built without storage, whose packed weights come from a file)."""
     mod = t.experts
 
     def fail(reason: str) -> None:
@@ -293,7 +295,7 @@ def _layout(t: _Target, model: nn.Module, fmt: SparseFormat) -> ExpertsPatch:
     for w in (gu, dn):
         if w.dtype not in _SUPPORTED_DTYPES:
             fail(f"its expert weights are {w.dtype}; samoyeds packs float32, bfloat16 and float16")
-        if w.device.type == "meta":
+        if w.device.type == "meta" and not allow_meta:
             fail("its expert weights are on the meta device (not loaded)")
     E = gu.shape[0]
     H, I2 = (gu.shape[1], gu.shape[2]) if transposed else (gu.shape[2], gu.shape[1])
@@ -467,7 +469,8 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
     Raises:
         UnsupportedModelError: an experts module has a layout samoyeds cannot run
             (checked for every module before anything changes).
-        NotImplementedError: ``method`` names a sparsifier that does not exist yet.
+        NotImplementedError: ``method`` names another sparsifier (calibrated ones run
+            through :func:`samoyeds.sparsify_model`).
         ValueError: a given or computed mask does not fit the format; the modules
             packed before the failing one get dense Parameters back (masked).
     """
@@ -475,8 +478,9 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
     if isinstance(method, str):
         if method != "magnitude":
             raise NotImplementedError(
-                f"method={method!r}: only 'magnitude' is built in; pass a mask function "
-                "(name, proj, w, fmt) -> mask or precomputed masks=... for other sparsifiers")
+                f"method={method!r}: patch_model builds only 'magnitude' masks; the calibrated methods "
+                "('activation', 'sparsegpt') run through samoyeds.sparsify_model(model, fmt, method, "
+                "calibration=...), or pass a mask function (name, proj, w, fmt) -> mask or masks=...")
     elif not callable(method):
         raise TypeError(f"method: expected 'magnitude' or a callable, got {type(method).__name__}")
     register()

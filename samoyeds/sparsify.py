@@ -1,0 +1,697 @@
+"""Choosing which expert weights survive: calibrated masks for the Samoyeds format
+and for the baseline sparsity patterns it is compared with.
+
+Methods (each chooses every level of a pattern: for the Samoyeds format which
+``n`` of every ``m`` rows survive in each ``v``-slice *and* the 2:4 inside them):
+
+* ``"magnitude"``: saliency ``|w|``; no calibration.
+* ``"activation"`` (Wanda): saliency ``|w[r, c]| * ||x[:, c]||_2`` where ``x`` are the
+  inputs *this expert* receives on calibration data (only the tokens routed to it;
+  rows scaled by their routing weight, see ``routing_weighted``).  For ``down_proj``
+  the inputs are the expert's gated activations ``act(gate) * up``, computed with
+  its already pruned ``gate_up_proj``.
+* ``"sparsegpt"`` (second order, after SparseGPT / Optimal Brain Surgeon): per expert,
+  the Hessian ``H = X^T X`` of its inputs; columns are pruned left to right in
+  blocks, each block's mask is chosen for the OBS saliency ``w^2 / [H^-1]_cc^2`` with
+  the same mask rule as the other methods (so it fits the pattern), and the error of
+  every pruned column is compensated on the columns not yet pruned.  The surviving
+  weights change (the weight update), so the pruned model holds new values.
+
+Patterns (:func:`pattern`): a Samoyeds :class:`~samoyeds.SparseFormat` (``"2:4"``,
+``"samoyeds-1:2:128"``, ... — packable, the kernels run them) and two baselines that
+only exist as masked dense weights: ``"unstructured-75"`` (any 75 % of each output
+row) and VENOM-style ``"venom-128:2:8"`` (``V:N:M``: in every block of ``V`` rows by
+``M`` columns the same 4 columns are kept for all ``V`` rows, with ``N``:4 = 2:4 inside:
+25 % density at ``M = 8``).
+
+Calibration runs layer by layer: for MoE layer ``l`` the calibration batches go
+through the model, already pruned up to layer ``l - 1`` (so each layer is fitted to
+the inputs it will really see), with a hook on that layer's experts module that
+records its inputs and routing and then stops the forward.  Only one layer's
+inputs (calibration tokens x hidden size, the model's dtype) and one expert
+chunk's statistics are held at a time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import hf as _hf
+from .format import PRESETS, SparseFormat
+from .packed import mask as _format_mask
+
+__all__ = ["METHODS", "Pattern", "FormatPattern", "Unstructured", "Venom", "pattern", "prune_model",
+           "sparsify_model", "prune_weight"]
+
+#: Mask selection methods.
+METHODS = ("magnitude", "activation", "sparsegpt")
+
+PatternLike = Union[str, SparseFormat, tuple, "Pattern"]
+
+
+# --- patterns -------------------------------------------------------------------------------------
+
+def _top2of4(scores: torch.Tensor) -> torch.Tensor:
+    """Bool mask keeping the 2 largest of every 4 consecutive columns (last dim % 4 == 0)."""
+    s = scores.reshape(*scores.shape[:-1], scores.shape[-1] // 4, 4)
+    keep = torch.zeros_like(s, dtype=torch.bool)
+    keep.scatter_(-1, s.topk(2, dim=-1).indices, True)
+    return keep.reshape(scores.shape)
+
+
+def _glu_joint(gate: torch.Tensor, up: torch.Tensor, v: int) -> torch.Tensor:
+    """``[E, I, C]`` gate and up -> ``[E, I, 2C]``: slice j of gate, then slice j of up, for every j."""
+    E, I, C = gate.shape
+    parts = []
+    for c0 in range(0, C, v):
+        c1 = min(c0 + v, C)
+        parts += [gate[:, :, c0:c1], up[:, :, c0:c1]]
+    return torch.cat(parts, dim=2).contiguous()
+
+
+def _glu_split(joint: torch.Tensor, C: int, v: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`_glu_joint`."""
+    gate, up = [], []
+    pos = 0
+    for c0 in range(0, C, v):
+        w = min(c0 + v, C) - c0
+        gate.append(joint[:, :, pos:pos + w])
+        up.append(joint[:, :, pos + w:pos + 2 * w])
+        pos += 2 * w
+    return torch.cat(gate, dim=2), torch.cat(up, dim=2)
+
+
+class Pattern:
+    """A sparsity pattern: the rule choosing a mask for a saliency.
+
+    ``mask(scores)`` takes float scores ``[E, R, C]`` and returns the bool mask
+    ``[E, R, C]`` of the pattern with the largest total saliency the rule finds.
+    For the second-order method, ``block`` is the column block whose mask is chosen
+    at once (its start is a multiple of ``block``), and ``lazy`` (> 0) the width of
+    column groups inside a block whose choice is refined with the updated weights
+    (``refine``) just before they are pruned.
+    """
+
+    name: str = "?"
+    density: float = 1.0
+    block: int = 128
+    lazy: int = 0
+    fmt: Optional[SparseFormat] = None      # set when the kernels can run the pattern
+
+    def mask(self, scores: torch.Tensor, glu: bool = False) -> torch.Tensor:
+        raise NotImplementedError
+
+    def block_mask(self, scores: torch.Tensor, glu: bool = False) -> torch.Tensor:
+        return self.mask(scores, glu)
+
+    def refine(self, scores: torch.Tensor, block_mask: torch.Tensor) -> torch.Tensor:
+        return block_mask
+
+    @property
+    def sparsity(self) -> float:
+        return 1.0 - self.density
+
+    def check(self, R: int, C: int, what: str) -> None:
+        """Raises ValueError when an ``[R, C]`` weight does not fit the pattern."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class FormatPattern(Pattern):
+    """A Samoyeds format (vector-wise N:M rows + 2:4, or plain 2:4): ``samoyeds.mask``."""
+
+    def __init__(self, fmt: SparseFormat) -> None:
+        self.fmt = fmt
+        self.name = fmt.name
+        self.density = fmt.density
+        self.block = max(128, fmt.v or 0) // (fmt.v or 4) * (fmt.v or 4)
+        self.lazy = 4
+
+    def mask(self, scores: torch.Tensor, glu: bool = False) -> torch.Tensor:
+        s = scores.float().contiguous()
+        if not (glu and self.fmt.selects_rows):
+            return _format_mask(s, self.fmt, scores=s)
+        # Gate row i and up row i feed one product silu(gate_i) * up_i: they are kept or
+        # dropped together, for the sum of their 2:4-pruned saliencies.  Laying gate and
+        # up slices side by side as slices of length 2v makes samoyeds.mask choose that.
+        E, R, C = s.shape
+        I, v = R // 2, self.fmt.v
+        joint = _glu_joint(s[:, :I], s[:, I:], v)
+        keep = _format_mask(joint, SparseFormat(self.fmt.n, self.fmt.m, 2 * v), scores=joint)
+        gate, up = _glu_split(keep, C, v)
+        return torch.cat([gate, up], dim=1)
+
+    def refine(self, scores: torch.Tensor, block_mask: torch.Tensor) -> torch.Tensor:
+        # the rows kept in this slice stay; the 2:4 inside them is chosen afresh
+        rows = block_mask.any(dim=-1, keepdim=True)
+        return _top2of4(scores) & rows
+
+    def check(self, R: int, C: int, what: str) -> None:
+        if C % 4 or R % self.fmt.m:
+            raise ValueError(f"{what}: a [{R}, {C}] weight does not fit {self.name} (columns must be a multiple "
+                             f"of 4 and rows of m = {self.fmt.m})")
+
+
+class Unstructured(Pattern):
+    """Any ``density`` fraction of each output row (no structure: a quality bound, no speed-up).
+
+    The second-order method chooses per block of 128 columns across all rows of the
+    block (SparseGPT's adaptive mask), so rows may keep different counts there.
+    """
+
+    def __init__(self, density: float) -> None:
+        if not 0.0 < density < 1.0:
+            raise ValueError(f"Unstructured: density must be in (0, 1), got {density}")
+        self.density = float(density)
+        self.name = f"unstructured-{round(100 * (1 - density))}"
+        self.block = 128
+
+    def mask(self, scores: torch.Tensor, glu: bool = False) -> torch.Tensor:
+        k = max(1, round(self.density * scores.shape[-1]))
+        keep = torch.zeros_like(scores, dtype=torch.bool)
+        keep.scatter_(-1, scores.topk(k, dim=-1).indices, True)
+        return keep
+
+    def block_mask(self, scores: torch.Tensor, glu: bool = False) -> torch.Tensor:
+        E = scores.shape[0]
+        flat = scores.reshape(E, -1)
+        k = max(1, round(self.density * flat.shape[1]))
+        keep = torch.zeros_like(flat, dtype=torch.bool)
+        keep.scatter_(-1, flat.topk(k, dim=-1).indices, True)
+        return keep.reshape(scores.shape)
+
+
+class Venom(Pattern):
+    """VENOM-style V:N:M (Castro et al., SC'23): in every block of ``v`` rows by ``m``
+    columns, the same 4 columns are kept for all rows of the block, and ``n`` = 2 of
+    those 4 in each row.  Density ``2 / m``.  The choice is exact: for each block, of
+    the C(m, 4) column subsets the one with the largest sum of every row's two largest
+    scores.  A last block of fewer than ``v`` rows is a smaller block."""
+
+    def __init__(self, v: int = 128, n: int = 2, m: int = 8) -> None:
+        if n != 2:
+            raise ValueError(f"Venom: n must be 2 (2:4 inside the kept columns), got {n}")
+        if m < 4 or m % 4 or m > 16:
+            raise ValueError(f"Venom: m must be a multiple of 4 in [4, 16], got {m}")
+        if v < 1:
+            raise ValueError(f"Venom: v must be positive, got {v}")
+        self.v, self.n, self.m = int(v), int(n), int(m)
+        self.name = f"venom-{v}:{n}:{m}"
+        self.density = 2.0 / m
+        self.block = 128 // m * m or m
+        self.lazy = m
+        import itertools
+
+        self._subsets = torch.tensor(list(itertools.combinations(range(m), 4)), dtype=torch.long)   # [S, 4]
+
+    def mask(self, scores: torch.Tensor, glu: bool = False) -> torch.Tensor:
+        E, R, C = scores.shape
+        if C % self.m:
+            raise ValueError(f"{self.name}: {C} columns are not a multiple of m = {self.m}")
+        keep = torch.zeros_like(scores, dtype=torch.bool)
+        subsets = self._subsets.to(scores.device)
+        g = C // self.m
+        for r0 in range(0, R, self.v):
+            r1 = min(r0 + self.v, R)
+            s = scores[:, r0:r1].float().reshape(E, r1 - r0, g, self.m)                 # [E, v, g, m]
+            cand = s[..., subsets]                                                       # [E, v, g, S, 4]
+            top2 = cand.topk(2, dim=-1).values.sum(-1)                                   # [E, v, g, S]
+            best = top2.sum(1).argmax(-1)                                                # [E, g]
+            cols = subsets[best]                                                         # [E, g, 4]
+            sel = torch.gather(s, -1, cols[:, None].expand(E, r1 - r0, g, 4))             # [E, v, g, 4]
+            k2 = sel.topk(2, dim=-1).indices                                             # [E, v, g, 2]
+            pos = torch.gather(cols[:, None].expand(E, r1 - r0, g, 4), -1, k2)           # [E, v, g, 2]
+            blk = torch.zeros(E, r1 - r0, g, self.m, dtype=torch.bool, device=scores.device)
+            blk.scatter_(-1, pos, True)
+            keep[:, r0:r1] = blk.reshape(E, r1 - r0, C)
+        return keep
+
+    def refine(self, scores: torch.Tensor, block_mask: torch.Tensor) -> torch.Tensor:
+        return self.mask(scores)
+
+    def check(self, R: int, C: int, what: str) -> None:
+        if C % self.m:
+            raise ValueError(f"{what}: a [{R}, {C}] weight does not fit {self.name} (columns must be a multiple "
+                             f"of m = {self.m})")
+
+
+def pattern(spec: PatternLike) -> Pattern:
+    """A pattern from a format (``"samoyeds-1:2:128"``, ``"2:4"``, ``"n:m:v"``, a
+    :class:`SparseFormat`), ``"unstructured-75"`` (percent sparsity) or
+    ``"venom-V:N:M"`` (e.g. ``"venom-128:2:8"``), or a :class:`Pattern` (returned)."""
+    if isinstance(spec, Pattern):
+        return spec
+    if isinstance(spec, str):
+        key = spec.strip().lower()
+        if key.startswith("unstructured-"):
+            try:
+                pct = float(key[len("unstructured-"):])
+            except ValueError:
+                pct = -1.0
+            if not 0 < pct < 100:
+                raise ValueError(f"unknown pattern {spec!r}; expected 'unstructured-P' with P the percent "
+                                 "sparsity in (0, 100), e.g. 'unstructured-75'")
+            return Unstructured(1.0 - pct / 100.0)
+        if key.startswith("venom-"):
+            try:
+                v, n, m = (int(p) for p in key[len("venom-"):].split(":"))
+            except ValueError:
+                raise ValueError(f"unknown pattern {spec!r}; expected 'venom-V:N:M', e.g. 'venom-128:2:8'") from None
+            return Venom(v, n, m)
+    return FormatPattern(SparseFormat.parse(spec))
+
+
+# --- pruning one stack of expert weights ----------------------------------------------------------
+
+def _damped(H: torch.Tensor, damp: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(H + lambda I)`` with ``lambda = damp * mean(diag H)`` per expert (dead inputs,
+    zero on the diagonal, get 1 there), and ``lambda`` / mean diag."""
+    H = H.clone()
+    diag = H.diagonal(dim1=1, dim2=2)
+    diag[diag <= 0] = 1.0
+    mean = diag.mean(dim=1)                                   # [E]
+    diag += (damp * mean)[:, None]
+    return H, mean
+
+
+def _inverse(H: torch.Tensor, damp: float) -> torch.Tensor:
+    """``(H + lambda I)^-1`` per expert, ``[E, C, C]`` float32; damping grows tenfold
+    until the Cholesky factorisation succeeds."""
+    d = damp
+    for _ in range(7):
+        Hd, _ = _damped(H, d)
+        L, info = torch.linalg.cholesky_ex(Hd)
+        if not bool((info > 0).any()):
+            return torch.cholesky_inverse(L)
+        d = max(d, 1e-6) * 10.0
+    raise RuntimeError("sparsegpt: the calibration Hessian could not be factorised even with strong damping")
+
+
+def _upper(Hinv: torch.Tensor) -> torch.Tensor:
+    """Upper Cholesky factor of ``Hinv`` (SparseGPT's sequential OBS coefficients)."""
+    U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
+    if bool((info > 0).any()):
+        eye = torch.eye(Hinv.shape[1], dtype=Hinv.dtype, device=Hinv.device)
+        U = torch.linalg.cholesky(Hinv + 1e-6 * Hinv.diagonal(dim1=1, dim2=2).mean(1)[:, None, None] * eye,
+                                  upper=True)
+    return U
+
+
+def _row_selection(W: torch.Tensor, Hinv: torch.Tensor, fmt: SparseFormat, glu: bool) -> torch.Tensor:
+    """The vector-wise N:M row choice by group-OBS cost (bool ``[E, R, C]``, True on
+    the whole slice of a kept row).
+
+    Dropping row ``r`` in slice ``j`` (columns ``S``) costs, with the rest of the row
+    re-fitted, ``w_S [(H^-1)_SS]^-1 w_S^T``; in every group of ``m`` rows the ``n``
+    rows that would cost most to drop are kept (for a GLU weight, gate row ``i`` and up
+    row ``i`` together, for the sum of their costs)."""
+    E, R, C = W.shape
+    keep = torch.zeros(E, R, C, dtype=torch.bool, device=W.device)
+    for c0 in range(0, C, fmt.v):
+        c1 = min(c0 + fmt.v, C)
+        A = torch.linalg.inv(Hinv[:, c0:c1, c0:c1])                      # [E, s, s]
+        Ws = W[:, :, c0:c1]
+        cost = torch.einsum("erc,ecd,erd->er", Ws, A, Ws)                # [E, R]
+        if glu:
+            cost = cost[:, :R // 2] + cost[:, R // 2:]
+        Rs = cost.shape[1]
+        top = cost.view(E, Rs // fmt.m, fmt.m).topk(fmt.n, dim=-1).indices
+        rows = torch.zeros(E, Rs // fmt.m, fmt.m, dtype=torch.bool, device=W.device)
+        rows.scatter_(-1, top, True)
+        rows = rows.view(E, Rs, 1)
+        keep[:, :, c0:c1] = torch.cat([rows, rows], dim=1) if glu else rows
+    return keep
+
+
+def _obs_prune(W: torch.Tensor, H: torch.Tensor, pat: Pattern, damp: float,
+               glu: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """SparseGPT on a stack ``W [E, R, C]`` (float32) with Hessians ``H [E, C, C]``.
+
+    Columns are visited in blocks of ``pat.block``; each block's mask is chosen for
+    the OBS saliency ``w^2 / [H^-1]_cc^2`` and refined ``pat.lazy`` columns at a time
+    with the updated weights; the error of every pruned weight is spread over the
+    row's columns not yet visited.  For a format with row selection, the rows of
+    every slice are chosen first, by group-OBS cost (:func:`_row_selection`), and
+    the 2:4 inside them as the columns are visited.  Returns the updated weights
+    (zero where pruned) and the bool mask."""
+    E, R, C = W.shape
+    Hinv = _inverse(H, damp)
+    fixed = None
+    if pat.fmt is not None and pat.fmt.selects_rows:
+        fixed = _row_selection(W, Hinv, pat.fmt, glu)
+    W = W.clone()
+    U = _upper(Hinv)
+    del Hinv
+    keep = torch.zeros(E, R, C, dtype=torch.bool, device=W.device)
+    B = pat.block
+    g = pat.lazy
+    for i1 in range(0, C, B):
+        i2 = min(i1 + B, C)
+        cnt = i2 - i1
+        W1 = W[:, :, i1:i2].clone()
+        Err1 = torch.zeros_like(W1)
+        U1 = U[:, i1:i2, i1:i2]
+        d = U1.diagonal(dim1=1, dim2=2)                      # [E, cnt]
+        M1 = fixed[:, :, i1:i2].clone() if fixed is not None else pat.block_mask(W1 ** 2 / d[:, None, :] ** 2, glu)
+        for i in range(cnt):
+            if g and i % g == 0 and i + g <= cnt:
+                M1[:, :, i:i + g] = pat.refine(W1[:, :, i:i + g] ** 2 / d[:, None, i:i + g] ** 2, M1[:, :, i:i + g])
+            w = W1[:, :, i]
+            err = (w - w * M1[:, :, i]) / d[:, None, i]
+            W1[:, :, i:] -= err[:, :, None] * U1[:, None, i, i:]
+            Err1[:, :, i] = err
+        W1 *= M1                                             # exact zeros where pruned
+        W[:, :, i1:i2] = W1
+        keep[:, :, i1:i2] = M1
+        if i2 < C:
+            W[:, :, i2:] -= torch.bmm(Err1, U[:, i1:i2, i2:])
+    return W, keep
+
+
+def _refit(W: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, H: torch.Tensor, damp: float,
+           iters: int) -> torch.Tensor:
+    """The kept weights re-fitted to the target: per row, ``min (w - t) H (w - t)^T`` over
+    ``w`` supported on the mask, by conjugate gradients started from ``W`` (batched
+    over experts and rows; each row is its own system)."""
+    Hd, _ = _damped(H, damp)
+    m = keep.to(W.dtype)
+    w = W * m
+    r = -torch.bmm(w - target, Hd) * m                          # minus the gradient, projected
+    p = r.clone()
+    rr = (r * r).sum(-1, keepdim=True)
+    for _ in range(iters):
+        Ap = torch.bmm(p, Hd) * m
+        alpha = rr / (p * Ap).sum(-1, keepdim=True).clamp_min(1e-30)
+        w = w + alpha * p
+        r = r - alpha * Ap
+        rr_new = (r * r).sum(-1, keepdim=True)
+        p = r + (rr_new / rr.clamp_min(1e-30)) * p
+        rr = rr_new
+    return w * m
+
+
+def prune_weight(w: torch.Tensor, pat: PatternLike, method: str = "magnitude", *,
+                 inputs: Optional[Sequence[Optional[torch.Tensor]]] = None, damp: float = 0.01,
+                 glu: bool = False, dense_inputs: Optional[Sequence[Optional[torch.Tensor]]] = None,
+                 refit_iters: int = 30) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Prunes a stack of expert weights ``w [E, R, C]`` (output rows, input columns).
+
+    Args:
+        w: float weights (any float dtype; work is done in float32).
+        pat: the pattern (see :func:`pattern`).
+        method: ``"magnitude"``, ``"activation"`` or ``"sparsegpt"``.
+        inputs: for the calibrated methods, expert ``e``'s inputs ``[N_e, C]``
+            (rows already scaled by whatever weighting is wanted), or None / empty
+            for an expert without tokens (it falls back to magnitude).
+        damp: sparsegpt's Hessian damping, relative to the mean diagonal.
+        glu: ``w`` is a fused gate_up weight (gate rows, then up rows): with row
+            selection, gate row ``i`` and up row ``i`` are kept or dropped together.
+        dense_inputs: sparsegpt only: the inputs ``[N_e, C]`` the *unpruned* model gives
+            for the same tokens (rows matching ``inputs``).  The weights are then first
+            re-fitted so that the pruned inputs reproduce the dense outputs
+            (``w <- w Xd^T X (X^T X)^-1``), which corrects an earlier pruning's error,
+            and pruned from there.
+        refit_iters: sparsegpt only: conjugate-gradient steps that then re-fit the
+            kept weights of every row exactly to the (re-fitted) dense ones under
+            the calibration Hessian, mask fixed (0: SparseGPT's weights as they come).
+    Returns:
+        ``(pruned, mask)``: ``pruned [E, R, C]`` in w's dtype (``w * mask`` except for
+        sparsegpt, whose kept weights are updated) and the bool ``mask``.
+    """
+    pat = pattern(pat)
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+    if w.dim() != 3:
+        raise ValueError(f"w: expected [E, R, C], got shape {tuple(w.shape)}")
+    E, R, C = w.shape
+    pat.check(R, C, "w")
+    wf = w.detach().float()
+    if method != "magnitude":
+        if inputs is None or len(inputs) != E:
+            raise ValueError(f"inputs: method {method!r} needs a list of {E} per-expert input matrices [N_e, {C}]")
+        for e, x in enumerate(inputs):
+            if x is not None and (x.dim() != 2 or x.shape[1] != C):
+                raise ValueError(f"inputs[{e}]: expected [N, {C}], got shape {tuple(x.shape)}")
+    if method == "magnitude":
+        keep = pat.mask(wf.abs(), glu)
+        return (wf * keep).to(w.dtype), keep
+    has = [x is not None and x.shape[0] > 0 for x in inputs]
+    if method == "activation":
+        norms = torch.stack([x.float().pow(2).sum(0).sqrt() if h else torch.ones(C, device=w.device)
+                             for x, h in zip(inputs, has)])                            # [E, C]
+        keep = pat.mask(wf.abs() * norms[:, None, :], glu)
+        return (wf * keep).to(w.dtype), keep
+    Hs = torch.stack([x.float().T @ x.float() if h else torch.eye(C, device=w.device)
+                      for x, h in zip(inputs, has)])                                   # [E, C, C]
+    if dense_inputs is not None:
+        G = torch.stack([xd.float().T @ x.float() if h else torch.eye(C, device=w.device)
+                         for xd, x, h in zip(dense_inputs, inputs, has)])              # [E, C, C]
+        wf = torch.bmm(wf, torch.bmm(G, _inverse(Hs, damp)))
+        del G
+    pruned, keep = _obs_prune(wf, Hs, pat, damp, glu)
+    if refit_iters > 0:
+        pruned = _refit(pruned, wf, keep, Hs, damp, refit_iters)
+    return pruned.to(w.dtype), keep
+
+
+# --- calibration through a transformers model ------------------------------------------------------
+
+class _Stop(Exception):
+    """Raised by the capture hook: the rest of the forward is not needed."""
+
+
+@dataclass
+class _Captured:
+    x: List[torch.Tensor]        # [N, H] expert inputs
+    idx: List[torch.Tensor]      # [N, K] expert ids
+    w: List[torch.Tensor]        # [N, K] routing weights
+
+
+def _capture_hook(t: "_hf._Target", store: _Captured):
+    E = t.layout.num_experts
+
+    def hook(mod, args, kwargs):
+        if t.block is None:
+            names = ("hidden_states", "top_k_index", "top_k_weights")
+            vals = list(args) + [kwargs[n] for n in names[len(args):]]
+            x, idx, w = (v.detach() for v in vals[:3])
+            store.x.append(x.reshape(-1, x.shape[-1]))
+            store.idx.append(idx.reshape(x.shape[0], -1))
+            store.w.append(w.reshape(x.shape[0], -1).float())
+        else:
+            # Llama 4: rows [e*T, (e+1)*T) are every token scaled by its score for expert e (0 if not routed)
+            x = (args[0] if args else kwargs["hidden_states"]).detach()
+            x = x.reshape(E, -1, x.shape[-1])
+            live = x.abs().amax(-1) > 0                                    # [E, T]
+            e_ids, tok = live.nonzero(as_tuple=True)
+            store.x.append(x[e_ids, tok])
+            store.idx.append(e_ids[:, None])
+            store.w.append(torch.ones(e_ids.shape[0], 1, device=x.device))
+        raise _Stop
+
+    return hook
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _run_batch(model: torch.nn.Module, batch: Any, device: torch.device) -> None:
+    if isinstance(batch, torch.Tensor):
+        model(input_ids=batch.to(device), use_cache=False)
+    elif isinstance(batch, Mapping):
+        kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+        kw.setdefault("use_cache", False)
+        model(**kw)
+    else:
+        raise TypeError(f"calibration: expected batches of input_ids tensors or dicts of model inputs, "
+                        f"got {type(batch).__name__}")
+
+
+def _capture(model: torch.nn.Module, t: "_hf._Target", calibration: Sequence[Any]) -> _Captured:
+    store = _Captured([], [], [])
+    handle = t.experts.register_forward_pre_hook(_capture_hook(t, store), with_kwargs=True)
+    device = _device_of(model)
+    try:
+        with torch.no_grad():
+            for batch in calibration:
+                try:
+                    _run_batch(model, batch, device)
+                except _Stop:
+                    pass
+                else:
+                    raise RuntimeError(f"calibration: experts module {t.name!r} was not called by the forward")
+    finally:
+        handle.remove()
+    return store
+
+
+def _per_expert(store: _Captured, E: int, weighted: bool) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """For every expert: (its tokens' inputs [N_e, H] in the stored dtype, routing weights [N_e] float32)."""
+    x = torch.cat(store.x)
+    idx = torch.cat(store.idx)
+    w = torch.cat(store.w)
+    out = []
+    for e in range(E):
+        tok, k = (idx == e).nonzero(as_tuple=True)
+        r = w[tok, k] if weighted else torch.ones(tok.shape[0], device=w.device)
+        out.append((x[tok], r))
+    return out
+
+
+def _gated(x: torch.Tensor, w_gate_up: torch.Tensor, bias: Optional[torch.Tensor], p: "_hf.ExpertsPatch") -> torch.Tensor:
+    """An expert's down_proj input ``[N, I]``: its gated activation for inputs ``x [N, H]``
+    (``w_gate_up [2I, H]`` in packing layout, gate rows first; ``bias [2I]`` or None)."""
+    y = x.float() @ w_gate_up.float().T
+    if bias is not None:
+        y = y + bias.float()
+    I = y.shape[1] // 2
+    g, u = y[:, :I], y[:, I:]
+    if p.act == "gptoss":
+        g = g.clamp(max=p.limit)
+        u = u.clamp(-p.limit, p.limit)
+        return (u + 1) * g * torch.sigmoid(p.alpha * g)
+    return torch.nn.functional.silu(g) * u
+
+
+def _chunks(E: int, C: int, method: str, budget: int) -> Iterable[Tuple[int, int]]:
+    per = C * C * 4 * 3 if method == "sparsegpt" else 1
+    step = max(1, min(E, budget // max(1, per))) if method == "sparsegpt" else E
+    for e0 in range(0, E, step):
+        yield e0, min(E, e0 + step)
+
+
+def _prune_module(model: torch.nn.Module, t: "_hf._Target", pat: Pattern, method: str,
+                  calibration: Optional[Sequence[Any]], weighted: bool, damp: float,
+                  budget: int, glu_joint: bool, refit_iters: int) -> Dict[str, torch.Tensor]:
+    p = t.layout
+    mod = t.experts
+    E = p.num_experts
+    per = None
+    if method != "magnitude":
+        per = _per_expert(_capture(model, t, calibration), E, weighted)
+    masks: Dict[str, torch.Tensor] = {}
+    gu_bias = None
+    if p.bias:
+        b = mod._parameters["gate_up_proj_bias"].detach()
+        gu_bias = _hf._split_gate_up(b, 1) if p.interleaved else b
+    for proj in _hf._PROJS:
+        param = mod._parameters[f"{proj}_proj"]
+        w = _hf._to_pack(param, p, proj)                                    # [E, R, C]
+        C = w.shape[2]
+        pat.check(w.shape[1], C, f"{t.name}.{proj}_proj")
+        dense_in = None
+        if proj == "down" and per is not None:
+            wgu = _hf._to_pack(mod._parameters["gate_up_proj"], p, "gate_up")   # already pruned
+            bias = (lambda e: None) if gu_bias is None else (lambda e: gu_bias[e])
+            if method == "sparsegpt":
+                dense_in = [_gated(x, wgu_dense[e], bias(e), p) for e, (x, r) in enumerate(per)]
+                del wgu_dense
+            per = [(_gated(x, wgu[e], bias(e), p), r) for e, (x, r) in enumerate(per)]
+        elif proj == "gate_up" and method == "sparsegpt":
+            wgu_dense = w.clone()      # the dense activations are the down_proj's target
+        new = torch.empty_like(w)
+        keep = torch.empty(w.shape, dtype=torch.bool, device=w.device)
+        for e0, e1 in _chunks(E, C, method, budget):
+            inputs = dense = None
+            if per is not None:
+                inputs = [x.float() * r[:, None] for x, r in per[e0:e1]]
+            if dense_in is not None:
+                dense = [xd * r[:, None] for xd, (x, r) in zip(dense_in[e0:e1], per[e0:e1])]
+            new[e0:e1], keep[e0:e1] = prune_weight(w[e0:e1], pat, method, inputs=inputs, damp=damp,
+                                                   glu=glu_joint and proj == "gate_up", dense_inputs=dense,
+                                                   refit_iters=refit_iters)
+            del inputs, dense
+        del dense_in
+        with torch.no_grad():
+            param.copy_(_hf._from_pack(new, p, proj))
+        masks[f"{proj}_proj"] = _hf._from_pack(keep, p, proj)
+        del w, new
+    return masks
+
+
+def prune_model(model: torch.nn.Module, pattern_: PatternLike = "samoyeds-1:2:128", method: str = "activation",
+                calibration: Optional[Iterable[Any]] = None, *, progress: bool = True,
+                routing_weighted: bool = True, damp: float = 0.01, glu_joint: bool = True,
+                refit_iters: int = 30, memory_budget: int = 1 << 30) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Prunes the experts of a transformers MoE model in place, as masked dense weights.
+
+    Every experts module's ``gate_up_proj``/``down_proj`` Parameter then holds its
+    pruned weights (exact zeros where masked; for ``"sparsegpt"`` the kept weights
+    are updated too); the model stays a dense transformers model (trainable, any
+    pattern, including the baselines the kernels do not run).
+
+    Args:
+        model: a transformers model with experts modules :func:`samoyeds.patch_model`
+            supports (not patched), on the CPU or a GPU, any float dtype.
+        pattern_: a format or baseline pattern (:func:`pattern`).
+        method: ``"magnitude"``, ``"activation"`` (Wanda) or ``"sparsegpt"``.
+        calibration: for the calibrated methods, the batches to run: ``input_ids``
+            tensors ``[B, T]`` (int64) or dicts of model inputs; iterated once per
+            MoE layer (a generator is read into a list first).
+        progress: a tqdm bar over the MoE layers.
+        routing_weighted: scale each token's inputs by its routing weight for the
+            expert (the weight its output gets) in the saliency / Hessian.
+        damp: sparsegpt's Hessian damping relative to its mean diagonal.
+        glu_joint: with row selection, keep or drop gate row ``i`` and up row ``i``
+            of ``gate_up_proj`` together (their product is the expert's activation).
+        refit_iters: sparsegpt's exact re-fit of the kept weights (see :func:`prune_weight`).
+        memory_budget: bytes of Hessians (sparsegpt) held at once; experts are
+            processed in chunks that fit.
+    Returns:
+        Bool masks ``{experts module name: {"gate_up_proj": m, "down_proj": m}}``, each
+        shaped like the module's Parameter (:func:`samoyeds.patch_model`'s ``masks``).
+    """
+    pat = pattern(pattern_)
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+    if method != "magnitude":
+        if calibration is None:
+            raise ValueError(f"calibration: method {method!r} needs calibration batches (input_ids tensors)")
+        if not isinstance(calibration, (list, tuple)):
+            calibration = list(calibration)
+        if not calibration:
+            raise ValueError("calibration: got no batches")
+    targets = _hf._find_experts(model)
+    if not targets:
+        raise _hf.UnsupportedModelError(f"{type(model).__name__}: no Mixture-of-Experts experts module found")
+    patched = [t.name for t in targets if getattr(t.experts, "_samoyeds", None) is not None]
+    if patched:
+        raise ValueError(f"{type(model).__name__} is already patched ({patched[0]!r}, ...); prune the dense model")
+    check_fmt = pat.fmt or SparseFormat(*PRESETS["2:4"])
+    for t in targets:
+        t.layout = _hf._layout(t, model, check_fmt)
+    was_training = model.training
+    model.eval()
+    masks: Dict[str, Dict[str, torch.Tensor]] = {}
+    try:
+        for t in _hf._progress(targets, progress, f"samoyeds: pruning experts ({pat.name}, {method})"):
+            masks[t.name] = _prune_module(model, t, pat, method, calibration, routing_weighted, damp,
+                                          memory_budget, glu_joint, refit_iters)
+    finally:
+        model.train(was_training)
+    return masks
+
+
+def sparsify_model(model: torch.nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoyeds-1:2:128",
+                   method: str = "activation", calibration: Optional[Iterable[Any]] = None, *,
+                   progress: bool = True, **kwargs: Any) -> torch.nn.Module:
+    """Prunes every expert of ``model`` for ``fmt`` with ``method`` and packs it (in place).
+
+    :func:`prune_model` (calibration batches through the model, layer by layer,
+    hooks on the experts modules; a tqdm bar over the layers), then
+    :func:`samoyeds.patch_model` with the masks found.  ``fmt`` must be a Samoyeds
+    format (``"samoyeds-1:2:128"``, ``"2:4"``, ...); ``kwargs`` go to
+    :func:`prune_model` (``routing_weighted``, ``damp``, ``memory_budget``).
+
+    Returns ``model``, patched: its experts run from packed weights.
+    """
+    fmt = SparseFormat.parse(fmt)
+    masks = prune_model(model, fmt, method, calibration, progress=progress, **kwargs)
+    return _hf.patch_model(model, fmt, progress=False, masks=masks)
