@@ -14,6 +14,7 @@ a CUDA graph and timed by replay with CUDA events (median).  Ceilings (dense
 bf16 matmul rate, copy bandwidth) are measured in the same run.
 
   python benchmarks/bench_kernel.py [--quick] [--models a,b] [--tokens 256,4096] [--out DIR]
+                                    [--tiny --device cpu]   (a CPU smoke run: shapes / 16, wall clock)
 """
 from __future__ import annotations
 
@@ -27,36 +28,39 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
-from common import SHAPES, environment, gpu_dir, measure_ceilings, time_graph, write_json  # noqa: E402
+from common import (SHAPES, MoEShape, add_run_args, default_dtype, environment, free_memory,  # noqa: E402
+                    measure_ceilings, result_path, setup_run, time_graph, time_ms, write_json)
 
 FORMATS = {"samoyeds-75": "samoyeds-1:2:128", "samoyeds-50": "2:4"}
 
 
-def routing(T: int, E: int, K: int, gen: torch.Generator):
-    logits = torch.randn(T, E, generator=gen, device="cuda")
+def routing(T: int, E: int, K: int, gen: torch.Generator, device: str = "cuda"):
+    logits = torch.randn(T, E, generator=gen, device=device)
     w, idx = torch.softmax(logits, -1).topk(K, dim=-1)
     return idx, w / w.sum(-1, keepdim=True)
 
 
-def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict) -> dict:
+def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict, device: str = "cuda") -> dict:
     H, I, E, K = shape.hidden, shape.inter, shape.experts, shape.top_k
+    dtype = default_dtype(device)
+    timer = time_graph if device == "cuda" else (lambda fn: time_ms(fn, device, budget_s=0.05, max_iters=10))
     R, C = (2 * I, H) if proj == "gate_up" else (H, I)
     act = "swiglu" if proj == "gate_up" else "none"
-    idx, rw = routing(T, E, K, gen)
+    idx, rw = routing(T, E, K, gen, device)
     r = sm.route(idx, E)
     offs = r.offsets.cpu()
     counts = (offs[1:] - offs[:-1]).tolist()
     S = T * K
     scale = sm.gather_weights(rw, r)
     if proj == "gate_up":
-        x = torch.randn(T, C, generator=gen, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(T, C, generator=gen, device=device, dtype=dtype)
         tok = r.token_ids
         x_sorted = x[tok.long()]
     else:
-        x = torch.randn(S, C, generator=gen, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(S, C, generator=gen, device=device, dtype=dtype)
         tok = None
         x_sorted = x
-    w = (torch.randn(E, R, C, generator=gen, device="cuda", dtype=torch.bfloat16) * C ** -0.5)
+    w = (torch.randn(E, R, C, generator=gen, device=device, dtype=dtype) * C ** -0.5)
     res = {"model": shape.name, "T": T, "proj": proj, "E": E, "K": K, "R": R, "C": C, "S": S,
            "tokens_per_expert_max": max(counts), "tokens_per_expert_mean": S / E,
            "dense_flop": 2.0 * S * R * C, "methods": {}}
@@ -70,12 +74,12 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
 
     def ours(name):
         p = packed[name]
-        out = torch.empty(S, out_cols, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(S, out_cols, device=device, dtype=dtype)
         sc = scale if proj == "down" else None
         return lambda: sm.ssmm(x, p, r.offsets, tok, out=out, act=act, scale=sc)
 
     def cublas():
-        outs = [torch.empty(c, R, device="cuda", dtype=torch.bfloat16) for c in counts]
+        outs = [torch.empty(c, R, device=device, dtype=dtype) for c in counts]
         xs = [x_sorted[s:s + c] for s, c in zip(starts, counts)]
 
         def fn():
@@ -96,7 +100,7 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
         xsT = []
         for s, c in zip(starts, counts):
             pad = -c % 16
-            b = torch.zeros(C, c + pad, device="cuda", dtype=torch.bfloat16)
+            b = torch.zeros(C, c + pad, device=device, dtype=dtype)
             b[:, :c] = x_sorted[s:s + c].T
             xsT.append(b)
         algs = {}
@@ -118,13 +122,15 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
     for m in methods:
         try:
             fn = makers[m]()
-            t = time_graph(fn)
+            t = timer(fn)
             res["methods"][m] = t
         except Exception as exc:  # a peer that cannot run this shape is reported, not fatal
             res["methods"][m] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-        torch.cuda.empty_cache()
+        free_memory(device)
 
     # derived numbers
+    if ceil is None:
+        ceil = {"dense_bf16_tflops": float("nan"), "copy_tb_s": float("nan")}
     dense_rate = ceil["dense_bf16_tflops"] * 1e12
     bw = ceil["copy_tb_s"] * 1e12
     for m, t in res["methods"].items():
@@ -151,7 +157,7 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
             if "ms" in base.get(peer, {}):
                 base[ours_name][f"speedup_vs_{peer}"] = base[peer]["ms"] / base[ours_name]["ms"]
     del packed, masked75
-    torch.cuda.empty_cache()
+    free_memory(device)
     return res
 
 
@@ -162,27 +168,36 @@ def main() -> None:
     ap.add_argument("--proj", default="gate_up,down")
     ap.add_argument("--methods", default="samoyeds-75,samoyeds-50,cublas,grouped_mm,cusparselt")
     ap.add_argument("--quick", action="store_true", help="two models, T=4096 only")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/<gpu>)")
-    ap.add_argument("--seed", type=int, default=0)
+    add_run_args(ap, "shapes / 16 and T = 64: a quick CPU check of the script")
     args = ap.parse_args()
+    setup_run(args)
     if args.quick:
         args.models, args.tokens = "mixtral-8x7b,qwen3-30b-a3b", "4096"
+    if args.tiny:
+        args.models, args.tokens = "mixtral-8x7b,qwen3-30b-a3b", "64"
+    device = args.device
     torch.backends.cuda.matmul.allow_tf32 = False
     warnings.filterwarnings("ignore", message=".*_cslt_sparse_mm_search is deprecated.*")
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    ceil = measure_ceilings()
-    print(f"ceilings: dense bf16 {ceil['dense_bf16_tflops']:.0f} TFLOP/s, copy {ceil['copy_tb_s']:.2f} TB/s")
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    ceil = None
+    if device == "cuda":
+        ceil = measure_ceilings()
+        print(f"ceilings: dense bf16 {ceil['dense_bf16_tflops']:.0f} TFLOP/s, copy {ceil['copy_tb_s']:.2f} TB/s")
     methods = args.methods.split(",")
     cases = []
     for name in args.models.split(","):
+        shape = SHAPES[name]
+        if args.tiny:
+            shape = MoEShape(shape.name, shape.hidden // 16, max(32, shape.inter // 16), min(shape.experts, 8),
+                             min(shape.top_k, 2))
         for T in [int(t) for t in args.tokens.split(",")]:
             for proj in args.proj.split(","):
-                res = run_case(SHAPES[name], T, proj, gen, methods, ceil)
+                res = run_case(shape, T, proj, gen, methods, ceil, device)
                 cases.append(res)
                 _print_row(res)
-    out_dir = gpu_dir(args.out)
-    fname = "kernel_quick.json" if args.quick else "kernel.json"
-    write_json(os.path.join(out_dir, fname), {"env": environment(), "ceilings": ceil, "cases": cases})
+    path = result_path(args, "kernel_quick.json" if args.quick else "kernel.json")
+    if path:
+        write_json(path, {"env": environment(), "ceilings": ceil, "cases": cases})
     _print_table(cases)
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
-from common import environment, gpu_dir, write_json  # noqa: E402
+from common import environment, result_path, setup_run, write_json  # noqa: E402
 
 
 def _block(name: str, tiny: bool):
@@ -82,7 +82,11 @@ def _set_impl(holder: Holder, impl: str) -> None:
             cfg._experts_implementation = impl
 
 
-def _time(fn, device: str, budget_s: float = 0.4, min_iters: int = 5, max_iters: int = 50) -> float:
+BUDGET_S = 0.4  # seconds of timed calls per case (--tiny: 0.02)
+
+
+def _time(fn, device: str, budget_s: float = None, min_iters: int = 5, max_iters: int = 50) -> float:
+    budget_s = BUDGET_S if budget_s is None else budget_s
     for _ in range(2):
         fn()
     if device == "cuda":
@@ -211,12 +215,17 @@ def main() -> None:
     ap.add_argument("--methods", default="eager,grouped_mm,samoyeds")
     ap.add_argument("--format", default="samoyeds-1:2:128")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tiny", action="store_true", help="shapes / 16: a quick CPU check of the script")
+    ap.add_argument("--tiny", action="store_true", help="shapes / 16, T <= 64: a quick CPU check of the script")
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    setup_run(args)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     tokens = [int(t) for t in args.tokens.split(",")]
+    if args.tiny:
+        global BUDGET_S
+        BUDGET_S = 0.02
+        tokens = sorted({min(t, 64) for t in tokens})
     methods = args.methods.split(",")
     rows, rounding = [], []
     for name in args.models.split(","):
@@ -227,8 +236,8 @@ def main() -> None:
     for name in args.models.split(","):
         if big and "samoyeds" in methods:
             rounding += bench_rounding(name, big, args.format, args.device, dtype, args.tiny, args.seed)
-    if not args.tiny:
-        path = os.path.join(gpu_dir(args.out), "moe.json")
+    path = result_path(args, "moe.json")
+    if path:
         write_json(path, {"env": environment(), "cases": rows, "token_rounding": rounding})
     print("\nmodel              T    " + "".join(f"{m:>12} ms" for m in methods) +
           "  sam/grp  sam/eager   peak MiB (" + "/".join(methods) + ")   rel err")

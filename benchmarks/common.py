@@ -92,9 +92,20 @@ def gpu_dir(out: Optional[str]) -> str:
     return d
 
 
+def _finite(x):
+    """NaN and infinities as null (strict JSON)."""
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
 def write_json(path: str, payload: dict) -> None:
     with open(path, "w") as fh:
-        json.dump(payload, fh, indent=1, sort_keys=False)
+        json.dump(_finite(payload), fh, indent=1, sort_keys=False, allow_nan=False)
     print(f"wrote {path}")
 
 
@@ -151,3 +162,118 @@ def measure_ceilings() -> dict:
         "dense_bf16_tflops": 2 * n ** 3 / (t_mm * 1e-3) / 1e12,
         "copy_tb_s": 2 * 2 * 2**30 / (t_cp * 1e-3) / 1e12,
     }
+
+
+# --- shared by the scripts that also run on the CPU (--tiny --device cpu) -----------------------
+
+def add_run_args(ap, tiny_help: str = "small shapes: a quick CPU check of the script") -> None:
+    """--device, --tiny, --out, --seed."""
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    ap.add_argument("--tiny", action="store_true", help=tiny_help)
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/<gpu>; "
+                                                "with --tiny nothing is written unless --out is given)")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def setup_run(args) -> None:
+    """A --tiny CPU run uses one thread: the toy matmuls gain nothing from more, and
+    spinning OpenMP threads on a busy machine make them 100x slower."""
+    if args.device == "cpu" and args.tiny:
+        torch.set_num_threads(1)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA GPU")
+
+
+def result_path(args, name: str) -> Optional[str]:
+    """Where a script writes its JSON: --out, else benchmarks/results/<gpu>/ (None for a
+    --tiny run without --out)."""
+    if args.tiny and not args.out:
+        return None
+    return os.path.join(gpu_dir(args.out), name)
+
+
+def default_dtype(device: str) -> "torch.dtype":
+    """bf16 on the GPU (the kernels' dtype); fp32 on the CPU (the C reference)."""
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn: Callable[[], object], device: str, *, budget_s: float = 0.3, min_iters: int = 3,
+            max_iters: int = 50, warmup: int = 2) -> dict:
+    """Median milliseconds of fn() without graph capture (host work and launches
+    included): CUDA events on a GPU, the wall clock on the CPU."""
+    import time
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times: List[float] = []
+    t_end = time.perf_counter() + budget_s
+    while len(times) < min_iters or (len(times) < max_iters and time.perf_counter() < t_end):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return {"ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1], "reps": len(times)}
+
+
+def peak_mib(fn: Callable[[], object], device: str) -> float:
+    """Peak GPU memory of one fn() call above what was allocated before (NaN on the CPU)."""
+    if device != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An allocation failure (torch's allocator, cuBLAS workspaces, the driver)."""
+    if isinstance(exc, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)):
+        return True
+    msg = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in msg or "CUBLAS_STATUS_ALLOC_FAILED" in msg)
+
+
+def free_memory(device: str) -> None:
+    """Releases what unreachable tensors hold (reference cycles included) back to the device."""
+    if device == "cuda":
+        import gc
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def run_isolated(script: str, job: dict, extra_args: List[str]) -> dict:
+    """Runs ``script --job JSON --job-out FILE extra_args`` in a fresh process and
+    returns what it wrote to FILE.  A crash (a sticky CUDA error, a segfault)
+    ends that process only; it comes back as ``{"error": ...}``."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "job.json")
+        cmd = [sys.executable, script, "--job", json.dumps(job), "--job-out", out] + list(extra_args)
+        p = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+        if p.stderr:
+            sys.stderr.write(p.stderr)
+        if p.returncode == 0 and os.path.exists(out):
+            with open(out) as fh:
+                return json.load(fh)
+        tail = " | ".join(p.stderr.strip().splitlines()[-4:]) if p.stderr else ""
+        return {"error": f"job process exited with status {p.returncode}: {tail[-600:]}"}

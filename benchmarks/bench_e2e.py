@@ -1,0 +1,259 @@
+"""End-to-end benchmark (paper Fig. 15): whole causal LMs of real MoE models
+(published configs, random weights, nothing downloaded) with transformers'
+``grouped_mm`` experts and with samoyeds, same attention (sdpa), same weights.
+
+Per model: as many decoder layers as the dense model fits in the GPU's memory
+with room for the largest prefill (the real depth where it fits; the depth used
+is reported).  The model is built once; ``samoyeds.patch_model`` packs its
+experts (magnitude masks), samoyeds is measured, ``unpatch_model`` puts the
+masked dense weights back and ``grouped_mm`` is measured on exactly those.
+
+  prefill   forward of batch x seq tokens (no KV cache, last-position logits only,
+            as generate's prefill), tokens/s = batch * seq / median time;
+  decode    greedy ``generate`` with a KV cache from a prompt of --prompt tokens:
+            tokens/s = batch * (N - 1) / (time(N new tokens) - time(1 new token)).
+
+On the GPU each model runs in its own process (a failure ends that model only).
+
+  python benchmarks/bench_e2e.py [--models a,b] [--prefill-batches 1,4] [--seq 4096]
+                                 [--decode-batches 1,16] [--new-tokens 32] [--out DIR]
+                                 [--tiny --device cpu]   (a CPU smoke run)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lm  # noqa: E402
+import samoyeds as sm  # noqa: E402
+from common import (add_run_args, default_dtype, environment, error_text, free_memory, is_oom,  # noqa: E402
+                    peak_mib, result_path, run_isolated, setup_run, sync, time_ms, write_json)
+
+MODELS = "qwen3-30b-a3b,olmoe-1b-7b,deepseek-v2-lite,mixtral-8x7b"
+
+
+def _act_bytes_per_token(cfg) -> float:
+    """A generous estimate of one decoder layer's transient activations per token
+    (bf16): hidden states and attention, plus each routed expert's gathered input,
+    gate/up and activation (what grouped_mm materialises), doubled."""
+    H = cfg.hidden_size
+    I = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    K = cfg.num_experts_per_tok
+    return 2 * 2 * (4 * H + K * (H + 3 * I))
+
+
+def choose_depth(name: str, args, dtype) -> dict:
+    cfg = lm.config(name, tiny=args.tiny)
+    full = cfg.num_hidden_layers
+    if args.device != "cuda":
+        return {"depth": full, "full_depth": full}
+    free = torch.cuda.mem_get_info()[0]
+    tokens = max(max(args.prefill_batches) * args.seq, max(args.decode_batches) * (args.prompt + args.new_tokens))
+    reserve = tokens * _act_bytes_per_token(cfg) + args.reserve_gib * 2**30
+    depth = min(full, lm.fit_depth(cfg, dtype, free - reserve))
+    return {"depth": depth, "full_depth": full, "free_gib": free / 2**30, "reserve_gib": reserve / 2**30}
+
+
+def _wall(fn, device: str) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def measure(model, args, device: str, gen: torch.Generator) -> dict:
+    """Prefill and decode throughput of ``model`` as it is now (one experts implementation)."""
+    V = model.config.vocab_size
+    res = {"prefill": [], "decode": []}
+    with torch.inference_mode():
+        for B in args.prefill_batches:
+            ids = torch.randint(3, V, (B, args.seq), generator=gen, device=device)
+            row = {"batch": B, "seq": args.seq}
+            try:
+                fn = lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1)  # noqa: E731
+                t = time_ms(fn, device, warmup=1, min_iters=args.reps, max_iters=args.reps, budget_s=0)
+                row.update(ms=t["ms"], min_ms=t["min_ms"], tokens_per_s=B * args.seq / (t["ms"] * 1e-3),
+                           peak_mib=peak_mib(fn, device))
+            except Exception as exc:  # noqa: BLE001 - reported per row
+                row["error"] = "out of memory" if is_oom(exc) else error_text(exc)
+            del ids
+            free_memory(device)
+            res["prefill"].append(row)
+            print(f"    prefill {B}x{args.seq}: " + (f"{row['ms']:.1f} ms, {row['tokens_per_s']:,.0f} tokens/s, "
+                  f"peak {row['peak_mib']:.0f} MiB" if "ms" in row else row["error"]), flush=True)
+        for B in args.decode_batches:
+            ids = torch.randint(3, V, (B, args.prompt), generator=gen, device=device)
+            mask = torch.ones_like(ids)
+            row = {"batch": B, "prompt": args.prompt, "new_tokens": args.new_tokens}
+
+            def generate(n):
+                return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                      do_sample=False, pad_token_id=0)
+            try:
+                generate(2)                                            # warm-up
+                t1 = statistics.median(_wall(lambda: generate(1), device) for _ in range(2))
+                tn = statistics.median(_wall(lambda: generate(args.new_tokens), device)
+                                       for _ in range(args.decode_reps))
+                out = generate(args.new_tokens)[:, args.prompt:]
+                row.update(first_token_s=t1, generate_s=tn, tokens=out[0].tolist())
+                if tn > t1:
+                    row.update(tokens_per_s=B * (args.new_tokens - 1) / (tn - t1),
+                               ms_per_step=(tn - t1) / (args.new_tokens - 1) * 1e3)
+                else:
+                    row["error"] = "N tokens took no longer than 1 (timer noise; use more --new-tokens)"
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = "out of memory" if is_oom(exc) else error_text(exc)
+            del ids, mask
+            free_memory(device)
+            res["decode"].append(row)
+            print(f"    decode batch {B}: " + (f"{row['ms_per_step']:.1f} ms/step, {row['tokens_per_s']:,.1f} "
+                  "tokens/s" if "tokens_per_s" in row else row["error"]), flush=True)
+    return res
+
+
+def run_model(name: str, args) -> dict:
+    device, dtype = args.device, default_dtype(args.device)
+    import transformers
+    transformers.logging.set_verbosity_error()
+    depth = choose_depth(name, args, dtype)
+    t0 = time.perf_counter()
+    model = lm.build(name, device, dtype, tiny=args.tiny, layers=depth["depth"], seed=args.seed)
+    lm.set_experts(model, "grouped_mm")
+    sync(device)
+    res = {"model": name, **depth, "scaled": depth["depth"] < depth["full_depth"],
+           "params": sum(p.numel() for p in model.parameters()),
+           "expert_bytes_dense": sm.hf.experts_weight_nbytes(model), "build_s": time.perf_counter() - t0,
+           "format": args.format, "methods": {}}
+    print(f"{name}: {depth['depth']}/{depth['full_depth']} layers, {res['params'] / 1e9:.2f} B parameters "
+          f"({res['build_s']:.1f} s to build)", flush=True)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    probe = torch.randint(3, model.config.vocab_size, (2, 64), generator=gen, device=device)
+    logits = {}
+    order = ["samoyeds"] + [m for m in args.methods if m != "samoyeds"] if "samoyeds" in args.methods \
+        else list(args.methods)
+    for method in order:
+        try:
+            if method == "samoyeds":
+                t = time.perf_counter()
+                sm.patch_model(model, args.format, progress=False)
+                sync(device)
+                res["pack_s"] = time.perf_counter() - t
+                res["expert_bytes_samoyeds"] = sm.hf.experts_weight_nbytes(model)
+            else:
+                if sm.hf.is_patched(model):
+                    sm.unpatch_model(model)
+                lm.set_experts(model, method)
+            free_memory(device)
+            print(f"  {method}:", flush=True)
+            weights = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")
+            with torch.inference_mode():
+                logits[method] = model(input_ids=probe, logits_to_keep=1).logits.float().cpu()
+            m = measure(model, args, device, torch.Generator(device=device).manual_seed(args.seed + 1))
+            m["allocated_gib"] = weights
+            res["methods"][method] = m
+        except Exception as exc:  # noqa: BLE001 - a method that fails is reported, the others still run
+            res["methods"][method] = {"error": error_text(exc)}
+            print(f"  {method}: {error_text(exc)}", flush=True)
+        free_memory(device)
+    if "samoyeds" in logits and "grouped_mm" in logits:
+        a, b = logits["samoyeds"], logits["grouped_mm"]
+        res["rel_diff_logits_vs_grouped_mm"] = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    _ratios(res)
+    return res
+
+
+def _ratios(res: dict) -> None:
+    s, g = res["methods"].get("samoyeds", {}), res["methods"].get("grouped_mm", {})
+    for phase in ("prefill", "decode"):
+        for rs, rg in zip(s.get(phase, []), g.get(phase, [])):
+            if "tokens_per_s" in rs and "tokens_per_s" in rg:
+                rs["speedup_vs_grouped_mm"] = rs["tokens_per_s"] / rg["tokens_per_s"]
+            if phase == "decode" and "tokens" in rs and "tokens" in rg:
+                same = sum(x == y for x, y in zip(rs["tokens"], rg["tokens"]))
+                rs["greedy_tokens_identical"] = f"{same}/{len(rg['tokens'])}"
+
+
+def _print_table(rows) -> None:
+    print(f"\n{'model':<18}{'layers':>8}  {'phase':<8}{'batch':>6}{'grouped_mm tok/s':>18}{'samoyeds tok/s':>16}"
+          f"{'speed-up':>10}")
+
+    def cell(d):
+        return f"{d['tokens_per_s']:,.0f}" if "tokens_per_s" in d else d.get("error", "-")[:14]
+
+    for r in rows:
+        if "methods" not in r:
+            print(f"{r.get('model', '?'):<18} {r.get('error')}")
+            continue
+        s, g = r["methods"].get("samoyeds", {}), r["methods"].get("grouped_mm", {})
+        for phase in ("prefill", "decode"):
+            ls, lg = s.get(phase, []), g.get(phase, [])
+            for i in range(max(len(ls), len(lg))):
+                rs = ls[i] if i < len(ls) else {}
+                rg = lg[i] if i < len(lg) else {}
+                sp = rs.get("speedup_vs_grouped_mm")
+                print(f"{r['model']:<18}{r['depth']:>4}/{r['full_depth']:<3}  {phase:<8}"
+                      f"{rs.get('batch', rg.get('batch', 0)):>6}{cell(rg):>18}{cell(rs):>16}"
+                      f"{(f'{sp:.2f}x' if sp else '-'):>10}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=MODELS)
+    ap.add_argument("--methods", default="grouped_mm,samoyeds")
+    ap.add_argument("--format", default="samoyeds-1:2:128")
+    ap.add_argument("--prefill-batches", default="1,4")
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--decode-batches", default="1,16")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3, help="timed prefill forwards (median)")
+    ap.add_argument("--decode-reps", type=int, default=1, help="timed generate calls of N tokens (median)")
+    ap.add_argument("--reserve-gib", type=float, default=4.0,
+                    help="memory kept free besides the activation estimate when choosing the depth")
+    ap.add_argument("--isolate", default="auto", choices=["auto", "yes", "no"],
+                    help="one process per model (auto: on the GPU)")
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--job-out", help=argparse.SUPPRESS)
+    add_run_args(ap)
+    args = ap.parse_args()
+    setup_run(args)
+    if args.tiny:
+        args.seq, args.prompt, args.new_tokens = min(args.seq, 64), min(args.prompt, 16), min(args.new_tokens, 4)
+    args.prefill_batches = [int(b) for b in str(args.prefill_batches).split(",")]
+    args.decode_batches = [int(b) for b in str(args.decode_batches).split(",")]
+    args.methods = args.methods.split(",")
+    if args.new_tokens < 2:
+        ap.error("--new-tokens: at least 2 (decode rate = (N - 1) tokens between the first and the last)")
+    if args.job:
+        res = run_model(json.loads(args.job)["model"], args)
+        with open(args.job_out, "w") as fh:
+            json.dump(res, fh)
+        return
+    isolate = args.isolate == "yes" or (args.isolate == "auto" and args.device == "cuda")
+    passthrough = [a for a in sys.argv[1:]]
+    rows = []
+    for name in args.models.split(","):
+        if isolate:
+            res = run_isolated(os.path.abspath(__file__), {"model": name}, passthrough)
+            res.setdefault("model", name)
+        else:
+            res = run_model(name, args)
+        rows.append(res)
+    path = result_path(args, "e2e.json")
+    if path:
+        write_json(path, {"env": environment(), "settings": {
+            k: getattr(args, k) for k in ("format", "seq", "prefill_batches", "decode_batches", "prompt", "new_tokens",
+                                          "reps", "decode_reps", "methods")}, "cases": rows})
+    _print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
