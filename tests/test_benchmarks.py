@@ -1,0 +1,122 @@
+"""The benchmark scripts' own logic on the CPU: the largest-batch search, model
+depth fitting from real configs, the breakdown variants computing the same
+function, one-process-per-job isolation, and the suite's entry point."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+sys.path.insert(0, BENCH)
+
+import bench_memory  # noqa: E402
+import lm  # noqa: E402
+
+
+def _fits_below(limit, fatal_at=None):
+    calls = []
+
+    def fits(n):
+        calls.append(n)
+        if fatal_at is not None and n >= fatal_at:
+            return False, {"why": "RuntimeError: boom, ", "fatal": True}
+        return n <= limit, ({"peak_gib": 1.0 + 0.5 * n} if n <= limit else {"why": "out of memory, "})
+    return fits, calls
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 3, 7, 64, 100, 1000])
+def test_search_finds_the_exact_limit(limit):
+    fits, calls = _fits_below(limit)
+    r = bench_memory.search_max(fits, cap=4096)
+    assert r["max"] == limit and not r["capped"] and r["error"] is None
+    assert r["first_failure"] == limit + 1
+    assert len(calls) <= 2 * max(1, limit).bit_length() + 2
+
+
+def test_search_with_a_prediction_probes_near_it():
+    fits, calls = _fits_below(500)
+    r = bench_memory.search_max(fits, cap=4096, predict=lambda probes: 510.0, tolerance=1 / 32)
+    assert 500 - 500 // 32 <= r["max"] <= 500
+    assert calls[:3] == [1, 2, 459] and len(calls) <= 8
+
+
+def test_search_stops_at_the_cap_and_on_other_errors():
+    fits, _ = _fits_below(1000)
+    r = bench_memory.search_max(fits, cap=37)
+    assert r["max"] == 37 and r["capped"]
+    fits, calls = _fits_below(1000, fatal_at=16)
+    r = bench_memory.search_max(fits, cap=4096)
+    assert r["max"] == 8 and r["error"] == "RuntimeError: boom" and calls[-1] == 16
+
+
+def test_token_cap():
+    cfg = lm.config("mixtral-8x7b")
+    assert bench_memory.token_cap(cfg, "grouped_mm", False)[0] == (2**31 - 1) // 2
+    cap, why = bench_memory.token_cap(cfg, "samoyeds", False)
+    assert cap == (2**32 - 1) // (2 * 14336) and "32-bit" in why
+    assert bench_memory.token_cap(cfg, "samoyeds", True)[0] == (2**31 - 1) // 2
+
+
+def test_real_configs_and_depth():
+    for name, params in (("qwen3-30b-a3b", 30.5e9), ("olmoe-1b-7b", 6.9e9), ("deepseek-v2-lite", 15.7e9),
+                         ("mixtral-8x7b", 46.7e9)):
+        fixed, layers, count = lm.layer_bytes(lm.config(name), torch.bfloat16)
+        assert abs(count - params) / params < 0.01
+        assert len(layers) == lm.real_layers(name)
+    cfg = lm.config("mixtral-8x7b")
+    depth = lm.fit_depth(cfg, torch.bfloat16, 70 * 2**30)
+    assert 20 <= depth < 32                                   # 93 GB dense do not fit
+    assert lm.fit_depth(lm.config("qwen3-30b-a3b"), torch.bfloat16, 70 * 2**30) == 48
+
+
+def test_layerwise_build_runs_the_hook_and_leaves_nothing_on_meta():
+    seen = []
+    model = lm.build("deepseek-v2-lite", "cpu", torch.float32, tiny=True, on_layer=lambda i, layer: seen.append(i))
+    assert seen == [0, 1, 2]
+    assert not any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(3, 200, (1, 8))).logits).all()
+
+
+def _run(args, **kw):
+    return subprocess.run([sys.executable] + args, capture_output=True, text=True, cwd=ROOT, **kw)
+
+
+def test_breakdown_variants_compute_the_same_layer(tmp_path):
+    p = _run([os.path.join(BENCH, "bench_breakdown.py"), "--tiny", "--device", "cpu", "--out", str(tmp_path),
+              "--models", "qwen3-30b-a3b"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads((tmp_path / "breakdown.json").read_text())
+    m = d["cases"][0]["methods"]
+    assert set(m) >= set(d["variants"]) | {"dense_grouped_mm", "dense_eager"}
+    for name, r in m.items():
+        assert r["rel_err_vs_e"] < 1e-5, (name, r)
+
+
+def test_memory_jobs_in_their_own_process(tmp_path):
+    p = _run([os.path.join(BENCH, "bench_memory.py"), "--tiny", "--device", "cpu", "--isolate", "yes",
+              "--scopes", "layer", "--layer-models", "mixtral-8x7b", "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads((tmp_path / "memory.json").read_text())
+    (case,) = d["cases"]
+    assert case["scope"] == "layer" and case["methods"]["samoyeds"]["max"] == 5
+    assert case["methods"]["grouped_mm"]["first_failure"] == 6 and "--isolate yes" in d["env"]["command"]
+
+
+def test_run_all(tmp_path):
+    p = _run([os.path.join(BENCH, "run_all.py"), "--only", "sweep", "--tiny", "--device", "cpu",
+              "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    s = json.loads((tmp_path / "run_all.json").read_text())
+    assert [x["step"] for x in s["steps"]] == ["sweep"] and s["steps"][0]["rc"] == 0
+    assert (tmp_path / "sweep.json").exists() and (tmp_path / "sweep.log").exists()
+    p = _run([os.path.join(BENCH, "run_all.py"), "--only", "nope", "--out", str(tmp_path)])
+    assert p.returncode != 0 and "unknown steps" in p.stderr
