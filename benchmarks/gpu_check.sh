@@ -2,7 +2,8 @@
 # One call on a GPU machine: build for that GPU, run the GPU tests, optionally
 # compute-sanitizer and the benchmarks; a short table last.  Full logs and the
 # results JSON go to $OUT (or ./gpu_out).
-#   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] ...
+#   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
+#                                [bench-e2e] [bench-memory] [accuracy] [smoke-gpu] [demo] ...
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -42,6 +43,26 @@ for step in $steps; do
     bench-moe)
       $PY benchmarks/bench_moe.py --out "$OUT" 2>&1 | tee "$OUT/bench_moe.log" | tail -30
       summary+=("bench_moe: see table above") ;;
+    bench-sweep)
+      $PY benchmarks/bench_sweep.py --out "$OUT" 2>&1 | tee "$OUT/bench_sweep.log" | tail -8
+      summary+=("bench_sweep: rc=${PIPESTATUS[0]}") ;;
+    bench-breakdown)
+      $PY benchmarks/bench_breakdown.py --out "$OUT" 2>&1 | tee "$OUT/bench_breakdown.log" | tail -22
+      summary+=("bench_breakdown: rc=${PIPESTATUS[0]}") ;;
+    bench-e2e)
+      $PY benchmarks/bench_e2e.py --out "$OUT" 2>&1 | tee "$OUT/bench_e2e.log" | tail -22
+      summary+=("bench_e2e: rc=${PIPESTATUS[0]}") ;;
+    bench-memory)
+      $PY benchmarks/bench_memory.py --out "$OUT" 2>&1 | tee "$OUT/bench_memory.log" | tail -12
+      summary+=("bench_memory: rc=${PIPESTATUS[0]}") ;;
+    accuracy)
+      $PY benchmarks/accuracy.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/accuracy.log" | tail -25
+      summary+=("accuracy: rc=${PIPESTATUS[0]}") ;;
+    smoke-gpu)
+      # every benchmark's --tiny mode on the GPU (toy shapes): the CUDA code paths in about a minute
+      $PY benchmarks/run_all.py --tiny --device cuda --only kernel,sweep,moe,e2e,memory,breakdown \
+        --out "$OUT/tiny" > "$OUT/smoke_gpu.log" 2>&1
+      summary+=("smoke-gpu: rc=$? $(tail -8 "$OUT/smoke_gpu.log" | tr '\n' ';')") ;;
     demo)
       $PY -m samoyeds demo --device cuda --json "$OUT/demo.json" 2>&1 | tee "$OUT/demo.log" | tail -30
       summary+=("demo: rc=$?") ;;
