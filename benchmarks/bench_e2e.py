@@ -245,7 +245,11 @@ def main() -> None:
             res = run_isolated(os.path.abspath(__file__), {"model": name}, passthrough)
             res.setdefault("model", name)
         else:
-            res = run_model(name, args)
+            try:
+                res = run_model(name, args)
+            except Exception as exc:  # noqa: BLE001 - reported, the next model still runs
+                res = {"model": name, "error": error_text(exc)}
+                print(f"{name}: {error_text(exc)}", flush=True)
         rows.append(res)
     path = result_path(args, "e2e.json")
     if path:

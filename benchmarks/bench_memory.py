@@ -175,9 +175,8 @@ def ssmm_reads_beyond_2_32(device: str):
         ref = x[-tail:].float() @ sm.unpack(w)[0].float().T
         ok = bool(torch.isfinite(y).all()) and ((y - ref).norm() / ref.norm()).item() < 2e-2
         del x, w, tok, offs, y, ref
-    except Exception as exc:  # noqa: BLE001
-        if not is_oom(exc):
-            raise
+    except Exception as exc:  # noqa: BLE001 - cannot tell: assume the 32-bit limit (the cap applies)
+        print(f"  large-activation check: {error_text(exc)}; assuming 32-bit row offsets", flush=True)
         ok = False
     free_memory(device)
     return ok
@@ -367,6 +366,9 @@ def run_job(job: dict, args) -> dict:
 def _print_summary(rows) -> None:
     print("\nscope   model               " + "".join(f"{m:>16}" for m in ("grouped_mm", "samoyeds")) + "   ratio")
     for r in rows:
+        if r.get("scope") == "packed" and "params" not in r:
+            print(f"packed  {r.get('model', '?'):<20}{r.get('error')}")
+            continue
         if r.get("scope") == "packed":
             d = r.get("decode", {})
             print(f"packed  {r['model']:<18}  {r['params'] / 1e9:.1f} B params, dense {r['dense_bytes'] / GiB:.1f} GiB; "
@@ -435,7 +437,14 @@ def main() -> None:
     for job in jobs:
         print(f"{job['scope']} {job['model']}", flush=True)
         t0 = time.perf_counter()
-        res = run_isolated(os.path.abspath(__file__), job, sys.argv[1:]) if isolate else run_job(job, args)
+        if isolate:
+            res = run_isolated(os.path.abspath(__file__), job, sys.argv[1:])
+        else:
+            try:
+                res = run_job(job, args)
+            except Exception as exc:  # noqa: BLE001 - reported, the next job still runs
+                res = {"error": error_text(exc)}
+                print(f"  {error_text(exc)}", flush=True)
         res.setdefault("scope", job["scope"])
         res.setdefault("model", job["model"])
         res["seconds"] = time.perf_counter() - t0

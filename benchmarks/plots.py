@@ -269,7 +269,7 @@ def memory(d: dict):
     """Fig. 16: largest batch per method (decoder layer, whole model); the packed full-depth model."""
     plt = _plt()
     cases = [c for c in d["cases"] if c.get("scope") in ("layer", "model") and "methods" in c]
-    packed = next((c for c in d["cases"] if c.get("scope") == "packed"), None)
+    packed = next((c for c in d["cases"] if c.get("scope") == "packed" and "params" in c), None)
     fig, axes = plt.subplots(1, 2 if packed else 1, figsize=(13 if packed else 7, 4), squeeze=False)
     ax = axes[0, 0]
     width = 0.38

@@ -105,7 +105,9 @@ def memory_table(d: dict) -> str:
     packed = None
     for c in d["cases"]:
         if c.get("scope") == "packed":
-            packed = c
+            packed = c if "params" in c else None
+            if packed is None:
+                rows.append(f"| packed | {c.get('model')} | error: {str(c.get('error', ''))[:80]} | | | |")
             continue
         m = c.get("methods", {})
 
