@@ -100,9 +100,10 @@ def measure(model, args, device: str, gen: torch.Generator) -> dict:
             try:
                 generate(2)                                            # warm-up
                 t1 = statistics.median(_wall(lambda: generate(1), device) for _ in range(2))
-                tn = statistics.median(_wall(lambda: generate(args.new_tokens), device)
+                outs = []
+                tn = statistics.median(_wall(lambda: outs.append(generate(args.new_tokens)), device)
                                        for _ in range(args.decode_reps))
-                out = generate(args.new_tokens)[:, args.prompt:]
+                out = outs[-1][:, args.prompt:]
                 row.update(first_token_s=t1, generate_s=tn, tokens=out[0].tolist())
                 if tn > t1:
                     row.update(tokens_per_s=B * (args.new_tokens - 1) / (tn - t1),
