@@ -222,7 +222,8 @@ template <typename T, typename C> struct Loader {
         a_ok = 0;
 #pragma unroll
         for (int i = 0; i < A_CH; i++) a_ok |= (unsigned)(row0 + a_row + i * A_STEP < p.rp) << i;
-        // B: token rows tid/B_CPR + i*B_STEP, chunk tid%B_CPR; 32-bit element offsets into x
+        // B: token rows tid/B_CPR + i*B_STEP, chunk tid%B_CPR; offsets into x in 16-byte units
+        // (32 bits cover 64 GiB of activations; the launcher checks)
         const int b_row = tid / B_CPR;
         b_ch = tid % B_CPR;
         b_dst = C::A_BYTES + C::b_off(b_row, b_ch);
@@ -231,7 +232,7 @@ template <typename T, typename C> struct Loader {
         for (int i = 0; i < B_CH; i++) {
             const int t = tok_s[b_row + i * B_STEP];
             b_ok |= (unsigned)(t >= 0) << i;
-            b_off[i] = t >= 0 ? (uint32_t)((int64_t)t * p.ldx) + b_ch * 8 : 0u;
+            b_off[i] = t >= 0 ? (uint32_t)(((int64_t)t * p.ldx) / 8 + b_ch) : 0u;
         }
         // metadata (8 row tiles x KS k-steps x 4 chunks) and indices (8 chunks),
         // spread over all warps so that no warp arrives late at the barrier
@@ -263,7 +264,7 @@ template <typename T, typename C> struct Loader {
 #pragma unroll
         for (int i = 0; i < B_CH; i++) {
             const bool ok = col_ok && ((b_ok >> i) & 1);
-            cp_async16(base + b_dst + i * B_STEP * C::B_ROW, ok ? xs + b_off[i] : x, ok);
+            cp_async16(base + b_dst + i * B_STEP * C::B_ROW, ok ? xs + (int64_t)b_off[i] * 8 : x, ok);
         }
         if (m_load) cp_async16(base + m_dst, m_src + (int64_t)kt * KS * 16, m_ok);
         if (i_load) cp_async16(base + i_dst, i_src + (int64_t)(kt / kt_per_slice) * rp, i_ok);
@@ -693,6 +694,10 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     k.ldo = ps->ldo;
     k.out_cols = ps->act == SAM_ACT_NONE ? ps->d.R : ps->d.R / 2;
     k.nrt = (int)ceil_div(ps->d.rp, BM);
+    if ((ps->T * ps->ldx) / 8 >= ((int64_t)1 << 32)) {
+        set_error("ssmm: x holds %lld elements; the GPU kernel addresses at most 2**35", (long long)(ps->T * ps->ldx));
+        return SAM_STATUS_UNSUPPORTED;
+    }
     const int64_t grid = (int64_t)k.nrt * (ceil_div(ps->S, C::BN) + ps->d.E);
     if (grid == 0 || k.nrt == 0) return SAM_STATUS_OK;
     if (grid > INT32_MAX) {
