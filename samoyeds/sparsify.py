@@ -301,29 +301,71 @@ def _upper(Hinv: torch.Tensor) -> torch.Tensor:
     return U
 
 
+#: Joint row selection over all slices (see :func:`_row_selection`) up to this many slices.
+JOINT_MAX_SLICES = 6
+
+
+def _drop_costs(W: torch.Tensor, Hinv: torch.Tensor, spans: List[Tuple[int, int]], sets: List[int]) -> torch.Tensor:
+    """Group-OBS cost ``w_D [(H^-1)_DD]^-1 w_D^T`` of dropping, in every row, the columns
+    ``D`` of the slices in each bit set of ``sets`` (the rest of the row re-fitted):
+    ``[E, R, len(sets)]``."""
+    E, R, _ = W.shape
+    out = torch.zeros(E, R, len(sets), dtype=W.dtype, device=W.device)
+    for k, bits in enumerate(sets):
+        cols = torch.cat([torch.arange(c0, c1, device=W.device) for j, (c0, c1) in enumerate(spans) if bits >> j & 1])
+        L = torch.linalg.cholesky(Hinv[:, cols][:, :, cols].contiguous())        # (H^-1)_DD is SPD
+        Wd = W[:, :, cols].contiguous()
+        sol = torch.cholesky_solve(Wd.transpose(1, 2), L)                          # [E, |D|, R]
+        out[:, :, k] = (Wd * sol.transpose(1, 2)).sum(-1)
+    return out
+
+
 def _row_selection(W: torch.Tensor, Hinv: torch.Tensor, fmt: SparseFormat, glu: bool) -> torch.Tensor:
     """The vector-wise N:M row choice by group-OBS cost (bool ``[E, R, C]``, True on
     the whole slice of a kept row).
 
-    Dropping row ``r`` in slice ``j`` (columns ``S``) costs, with the rest of the row
-    re-fitted, ``w_S [(H^-1)_SS]^-1 w_S^T``; in every group of ``m`` rows the ``n``
-    rows that would cost most to drop are kept (for a GLU weight, gate row ``i`` and up
-    row ``i`` together, for the sum of their costs)."""
+    Dropping columns ``D`` of a row costs, with the rest of the row re-fitted,
+    ``w_D [(H^-1)_DD]^-1 w_D^T``.  With ``n = 1`` and at most :data:`JOINT_MAX_SLICES`
+    slices, every group of ``m`` rows gets the assignment of slices to rows with the
+    least total cost, each row's cost taken for the exact set of slices it loses (so
+    a row losing all its slices costs its whole output, which the sum of per-slice
+    costs underestimates).  Otherwise, slice by slice, the ``n`` rows that would cost
+    most to drop are kept.  For a GLU weight, gate row ``i`` and up row ``i`` are
+    chosen together, for the sum of their costs."""
     E, R, C = W.shape
+    spans = [(c0, min(c0 + fmt.v, C)) for c0 in range(0, C, fmt.v)]
+    S, m = len(spans), fmt.m
+    Rs = R // 2 if glu else R
+
+    def halves(cost: torch.Tensor) -> torch.Tensor:
+        return cost[:, :Rs] + cost[:, Rs:] if glu else cost
+
+    keep_rows = torch.zeros(E, Rs, S, dtype=torch.bool, device=W.device)     # row r kept in slice j
+    if fmt.n == 1 and S <= JOINT_MAX_SLICES and m ** S <= 4096:
+        full = (1 << S) - 1
+        cost = halves(_drop_costs(W, Hinv, spans, list(range(1, full + 1))))
+        cost = torch.cat([torch.zeros_like(cost[..., :1]), cost], dim=-1)          # [E, Rs, 2^S], set 0 free
+        assign = torch.cartesian_prod(*[torch.arange(m, device=W.device)] * S).view(-1, S)   # [A, S] slice -> row
+        pos = (1 << torch.arange(S, device=W.device))
+        kept_bits = torch.stack([((assign == r) * pos).sum(-1) for r in range(m)], dim=1)  # [A, m]
+        dropped = full - kept_bits                                                    # [A, m]
+        g = cost.view(E, Rs // m, m, 1 << S)
+        total = torch.stack([g[:, :, r, dropped[:, r]] for r in range(m)], dim=-1).sum(-1)   # [E, G, A]
+        best = assign[total.argmin(-1)]                                               # [E, G, S]
+        rows = best[:, :, None, :] == torch.arange(m, device=W.device)[None, None, :, None]
+        keep_rows = rows.reshape(E, Rs, S)
+    else:
+        for j in range(S):
+            cost = halves(_drop_costs(W, Hinv, spans, [1 << j])[..., 0])
+            top = cost.view(E, Rs // m, m).topk(fmt.n, dim=-1).indices
+            rows = torch.zeros(E, Rs // m, m, dtype=torch.bool, device=W.device)
+            rows.scatter_(-1, top, True)
+            keep_rows[:, :, j] = rows.view(E, Rs)
+    if glu:
+        keep_rows = torch.cat([keep_rows, keep_rows], dim=1)
     keep = torch.zeros(E, R, C, dtype=torch.bool, device=W.device)
-    for c0 in range(0, C, fmt.v):
-        c1 = min(c0 + fmt.v, C)
-        A = torch.linalg.inv(Hinv[:, c0:c1, c0:c1])                      # [E, s, s]
-        Ws = W[:, :, c0:c1]
-        cost = torch.einsum("erc,ecd,erd->er", Ws, A, Ws)                # [E, R]
-        if glu:
-            cost = cost[:, :R // 2] + cost[:, R // 2:]
-        Rs = cost.shape[1]
-        top = cost.view(E, Rs // fmt.m, fmt.m).topk(fmt.n, dim=-1).indices
-        rows = torch.zeros(E, Rs // fmt.m, fmt.m, dtype=torch.bool, device=W.device)
-        rows.scatter_(-1, top, True)
-        rows = rows.view(E, Rs, 1)
-        keep[:, :, c0:c1] = torch.cat([rows, rows], dim=1) if glu else rows
+    for j, (c0, c1) in enumerate(spans):
+        keep[:, :, c0:c1] = keep_rows[:, :, j:j + 1]
     return keep
 
 
@@ -669,6 +711,8 @@ def prune_model(model: torch.nn.Module, pattern_: PatternLike = "samoyeds-1:2:12
         t.layout = _hf._layout(t, model, check_fmt)
     was_training = model.training
     model.eval()
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")      # Hessians and their factors need full fp32 (no TF32)
     masks: Dict[str, Dict[str, torch.Tensor]] = {}
     try:
         for t in _hf._progress(targets, progress, f"samoyeds: pruning experts ({pat.name}, {method})"):
@@ -676,6 +720,7 @@ def prune_model(model: torch.nn.Module, pattern_: PatternLike = "samoyeds-1:2:12
                                           memory_budget, glu_joint, refit_iters)
     finally:
         model.train(was_training)
+        torch.set_float32_matmul_precision(precision)
     return masks
 
 

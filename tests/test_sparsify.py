@@ -366,3 +366,59 @@ def test_sparsify_model_on_gpu_bf16(method):
     cpu = sp.prune_model(copy.deepcopy(_model("qwen3_moe", seed=7)), FMT, method, calib, progress=False)
     agree = [(masks[n][k].cpu() == cpu[n][k]).float().mean().item() for n in cpu for k in cpu[n]]
     assert min(agree) > 0.9, "bf16 on the GPU chooses nearly the masks fp32 on the CPU does"
+
+
+@pytest.mark.parametrize("fmt,C,glu", [("samoyeds-1:2:32", 128, False), ("samoyeds-1:4:64", 256, True),
+                                       ("samoyeds-1:2:64", 192, True)])
+def test_joint_row_selection_is_the_least_total_drop_cost(fmt, C, glu):
+    """With few slices, each row group gets the assignment of slices to rows whose
+    summed exact group-OBS cost (float64 oracle, every row's whole dropped set) is least."""
+    f = sm.SparseFormat.parse(fmt)
+    E, R = 2, 16
+    gen = _gen(20)
+    W = torch.randn(E, R, C, generator=gen)
+    X = _correlated_inputs(E, 300, C, gen)
+    H = torch.stack([x.T @ x for x in X])
+    Hinv = sp._inverse(H, 0.01)
+    keep = sp._row_selection(W, Hinv, f, glu)
+    S = -(-C // f.v)
+    spans = [(j * f.v, min((j + 1) * f.v, C)) for j in range(S)]
+    Rs = R // 2 if glu else R
+    rows = keep[:, :, [c0 for c0, _ in spans]]                               # [E, R, S]
+    assert (rows.view(E, -1, f.m, S).sum(2) == 1).all()
+    if glu:
+        assert torch.equal(rows[:, :Rs], rows[:, Rs:])
+
+    def cost(e, r, dropped):
+        if not dropped:
+            return 0.0
+        cols = torch.cat([torch.arange(*spans[j]) for j in dropped])
+        w = W[e, r, cols].double()
+        return (w @ torch.linalg.solve(Hinv[e][cols][:, cols].double(), w)).item()
+
+    def total(e, g, assign):
+        t = 0.0
+        for k in range(f.m):
+            dropped = [j for j in range(S) if assign[j] != k]
+            for r in ([g * f.m + k, Rs + g * f.m + k] if glu else [g * f.m + k]):
+                t += cost(e, r, dropped)
+        return t
+
+    for e in range(E):
+        for g in range(Rs // f.m):
+            chosen = [int(rows[e, g * f.m:(g + 1) * f.m, j].float().argmax()) for j in range(S)]
+            best = min(total(e, g, a) for a in itertools.product(range(f.m), repeat=S))
+            assert total(e, g, chosen) == pytest.approx(best, rel=1e-4)
+
+
+def test_many_slices_choose_per_slice():
+    """Past JOINT_MAX_SLICES the rows are chosen slice by slice; the mask still fits."""
+    E, R, C = 2, 32, 512
+    gen = _gen(21)
+    w = torch.randn(E, R, C, generator=gen)
+    xs = _correlated_inputs(E, 400, C, gen)
+    fmt = "samoyeds-1:2:32"                  # 16 slices
+    assert C // 32 > sp.JOINT_MAX_SLICES
+    pruned, keep = sp.prune_weight(w, fmt, "sparsegpt", inputs=xs)
+    assert _fits(keep, w, fmt)
+    assert _recon_err(w, pruned, xs) < _recon_err(w, *sp.prune_weight(w, fmt, "activation", inputs=xs)[:1], xs)
