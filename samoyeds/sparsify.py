@@ -11,11 +11,22 @@ Methods (each chooses every level of a pattern: for the Samoyeds format which
   the inputs are the expert's gated activations ``act(gate) * up``, computed with
   its already pruned ``gate_up_proj``.
 * ``"sparsegpt"`` (second order, after SparseGPT / Optimal Brain Surgeon): per expert,
-  the Hessian ``H = X^T X`` of its inputs; columns are pruned left to right in
-  blocks, each block's mask is chosen for the OBS saliency ``w^2 / [H^-1]_cc^2`` with
-  the same mask rule as the other methods (so it fits the pattern), and the error of
-  every pruned column is compensated on the columns not yet pruned.  The surviving
-  weights change (the weight update), so the pruned model holds new values.
+  the Hessian ``H = X^T X`` of its inputs.  For the Samoyeds format the rows of
+  every slice are chosen first by group-OBS cost (the output error of dropping a
+  row's whole slice with the rest of the row re-fitted; with few slices, jointly
+  over all slices of a row group: :func:`_row_selection`); then columns are pruned
+  left to right in blocks, the 2:4 (or the baseline pattern's mask) chosen for the
+  OBS saliency ``w^2 / [H^-1]_cc^2`` on the updated weights, and the error of every
+  pruned weight compensated on the columns not yet visited.  Finally the kept
+  weights of every row are re-fitted exactly (least squares under ``H``, by
+  conjugate gradients).  ``down_proj`` is first re-fitted so that the activations
+  of the *pruned* ``gate_up_proj`` reproduce the *dense* expert's output, which
+  repairs most of the first projection's error.  The surviving weights change.
+
+Every method here chooses a GLU weight's rows jointly: gate row ``i`` and up
+row ``i`` are kept or dropped together in each slice (their product is the
+activation; keeping one without the other wastes it).  ``glu_joint=False`` gives
+the per-half choice that ``samoyeds.patch_model``'s magnitude rule makes.
 
 Patterns (:func:`pattern`): a Samoyeds :class:`~samoyeds.SparseFormat` (``"2:4"``,
 ``"samoyeds-1:2:128"``, ... — packable, the kernels run them) and two baselines that
@@ -489,11 +500,13 @@ def prune_weight(w: torch.Tensor, pat: PatternLike, method: str = "magnitude", *
         return (wf * keep).to(w.dtype), keep
     Hs = torch.stack([x.float().T @ x.float() if h else torch.eye(C, device=w.device)
                       for x, h in zip(inputs, has)])                                   # [E, C, C]
-    if dense_inputs is not None:
-        G = torch.stack([xd.float().T @ x.float() if h else torch.eye(C, device=w.device)
-                         for xd, x, h in zip(dense_inputs, inputs, has)])              # [E, C, C]
-        wf = torch.bmm(wf, torch.bmm(G, _inverse(Hs, damp)))
-        del G
+    if dense_inputs is not None and any(has):
+        Hinv = _inverse(Hs, damp)
+        wf = wf.clone()
+        for e in range(E):
+            if has[e]:
+                wf[e] = wf[e] @ (dense_inputs[e].float().T @ inputs[e].float()) @ Hinv[e]
+        del Hinv
     pruned, keep = _obs_prune(wf, Hs, pat, damp, glu)
     if refit_iters > 0:
         pruned = _refit(pruned, wf, keep, Hs, damp, refit_iters)

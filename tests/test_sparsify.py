@@ -356,7 +356,7 @@ def test_sparsify_model_on_gpu_bf16(method):
     calib = list(_tokens(8, 32, 16).split(4))
     masked = copy.deepcopy(dense)
     masks = sp.prune_model(masked, FMT, method, calib, progress=False)
-    model = copy.deepcopy(dense)
+    model = copy.deepcopy(masked)  # "sparsegpt" changes the kept weights: pack what it left
     sm.patch_model(model, FMT, progress=False, masks=masks)
     masked.set_experts_implementation("eager")
     ids = _tokens(2, 16, 17).cuda()
