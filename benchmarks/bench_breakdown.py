@@ -2,8 +2,16 @@
 measured by composing the layer from samoyeds' ops with parts turned off.
 
 All variants compute the same function (the MoE experts of one layer, top-k
-routing, SwiGLU, routing-weighted sum) on the same inputs, routing and packed
-weights (samoyeds-1:2:128); each output is checked against (e).
+routing, SwiGLU, routing-weighted sum) on the same inputs, routing and masked
+weights (samoyeds-1:2:128); each output is checked against (e).  The GPU kernel
+pairs a gated activation with a glu-packed gate_up and no activation with a plain
+one, so (a)-(c), whose gate_up matmul has no fused activation, read a second
+gate_up packed without glu from the same mask (checked equal when unpacked);
+(d) and (e) read the glu-packed one.  Every ssmm call here is checked against the
+GPU kernel's rules (docs/FORMAT.md) on every device, so a --tiny CPU run fails
+where the GPU would.  Each variant's packed weight bytes are recorded
+(weights_mib); peak memory is measured above what is allocated before a call, so
+the weights, the extra plain copy included, are not in anyone's peak.
 
   (a) sparse weights     a loop over experts: tokens gathered in torch (x[ids]), ssmm
                          per expert on the gathered rows, SwiGLU and routing weight in
@@ -32,6 +40,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +50,34 @@ import samoyeds as sm  # noqa: E402
 from common import (SHAPES, add_run_args, default_dtype, environment, error_text, free_memory,  # noqa: E402
                     peak_mib, result_path, setup_run, time_ms, write_json)
 from samoyeds.moe import moe_forward  # noqa: E402
+
+
+def gpu_refusal(w: sm.PackedWeight, act: str) -> Optional[str]:
+    """Why the GPU kernel would refuse ``ssmm(x, w, act=act)``, or None: its rules
+    (docs/FORMAT.md; cuda/ssmm.cu sam_ssmm_cuda), checked here on every device
+    because the CPU C reference accepts more (e.g. a glu weight with no activation)."""
+    n, m, v = w.fmt.c_args()
+    if n != 1 or m not in (1, 2, 4):
+        return f"the GPU kernel needs n = 1 and m in {{1, 2, 4}} (2:4, 1:2:V, 1:4:V); got {w.fmt.name}"
+    if m > 1 and v % 64:
+        return f"the GPU kernel needs a slice length v that is a multiple of 64; got {v}"
+    if w.glu != (act != "none"):
+        return (f"the GPU kernel pairs a gated activation with a glu-packed weight and no activation with a "
+                f"plain one (glu={int(w.glu)}, act={act!r})")
+    if w.cols % 8:
+        return f"the GPU kernel needs the column count to be a multiple of 8; got {w.cols}"
+    return None
+
+
+def ssmm(x, w: sm.PackedWeight, offsets, token_ids=None, *, act: str = "none", scale=None):
+    """sm.ssmm under the GPU kernel's rules on every device; no routing check (the
+    per-expert offsets are valid by construction: no extra host sync per call, as in
+    moe_forward)."""
+    why = gpu_refusal(w, act)
+    if why:
+        raise NotImplementedError(f"ssmm: {why}")
+    return sm.ssmm(x, w, offsets, token_ids, act=act, scale=scale, check=False)
+
 
 VARIANTS = ["a_sparse_weights", "b_fused_gather", "c_layout", "d_fused_epilogues", "e_grouped_launch"]
 LABELS = {
@@ -55,15 +92,27 @@ LABELS = {
 
 
 class Layer:
-    """One MoE layer's packed experts, split per expert for the looped variants."""
+    """One MoE layer's packed experts, split per expert for the looped variants.
 
-    def __init__(self, gate_up: sm.PackedWeight, down: sm.PackedWeight):
-        self.gate_up, self.down = gate_up, down
+    gate_up is glu-packed (for the fused SwiGLU epilogue of (d) and (e));
+    gate_up_plain holds the same masked weights packed without glu, for the
+    variants whose gate_up matmul has no fused activation ((a)-(c))."""
+
+    def __init__(self, gate_up: sm.PackedWeight, gate_up_plain: sm.PackedWeight, down: sm.PackedWeight):
+        if not gate_up.glu or gate_up_plain.glu:
+            raise ValueError("gate_up: expected glu=True; gate_up_plain: expected glu=False")
+        self.gate_up, self.gate_up_plain, self.down = gate_up, gate_up_plain, down
         self.E = gate_up.num_experts
         self.I = down.cols
         self.H = down.rows
         self.gu = [gate_up.expert(e) for e in range(self.E)]
+        self.gu_plain = [gate_up_plain.expert(e) for e in range(self.E)]
         self.dn = [down.expert(e) for e in range(self.E)]
+
+    def weights_mib(self, name: str) -> float:
+        """Packed weight bytes the variant reads (the plain gate_up for (a)-(c))."""
+        gu = self.gate_up if name in ("d_fused_epilogues", "e_grouped_launch") else self.gate_up_plain
+        return (gu.nbytes + self.down.nbytes) / 2**20
 
     def routing(self, idx, w):
         """Routing metadata, per-expert [0, n_e] offsets (on the device) and host offsets."""
@@ -97,18 +146,18 @@ def variant(name: str, L: Layer):
             else:
                 xe, xid = x[tok_long[s0:s1]], None      # a gathered copy
             sc = scale[s0:s1]
-            if epilogues:
-                a = sm.ssmm(xe, L.gu[e], local[e], xid, act="swiglu")
-                y = sm.ssmm(a, L.dn[e], local[e], None, scale=sc)
-            elif transposes:
-                hT = _transposed(sm.ssmm(xe, L.gu[e], local[e], xid))          # [2I, n]
+            if epilogues:                                                       # glu gate_up, fused SwiGLU
+                a = ssmm(xe, L.gu[e], local[e], xid, act="swiglu")
+                y = ssmm(a, L.dn[e], local[e], None, scale=sc)
+            elif transposes:                                                    # plain gate_up, no activation
+                hT = _transposed(ssmm(xe, L.gu_plain[e], local[e], xid))       # [2I, n]
                 a = (F.silu(hT[:I]) * hT[I:]).t().contiguous()                  # back to token rows
-                yT = _transposed(sm.ssmm(a, L.dn[e], local[e], None))          # [H, n]
+                yT = _transposed(ssmm(a, L.dn[e], local[e], None))             # [H, n]
                 y = yT.t() * sc.to(x.dtype)[:, None]
             else:
-                h = sm.ssmm(xe, L.gu[e], local[e], xid)                         # [n, 2I]
+                h = ssmm(xe, L.gu_plain[e], local[e], xid)                      # [n, 2I]
                 a = F.silu(h[:, :I]) * h[:, I:]
-                y = sm.ssmm(a, L.dn[e], local[e], None) * sc.to(x.dtype)[:, None]
+                y = ssmm(a, L.dn[e], local[e], None) * sc.to(x.dtype)[:, None]
             out.index_add_(0, tok_long[s0:s1], y)
         return out
 
@@ -148,15 +197,23 @@ def bench_model(name: str, tokens, args) -> list:
     if args.tiny:
         H, I, E, K = H // 16, max(32, I // 16), min(E, 8), min(K, 2)
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    gate_up = sm.pack(torch.randn(E, 2 * I, H, device=device, generator=gen).to(dtype) * H ** -0.5, args.format,
-                      glu=True)
+    w_gu = torch.randn(E, 2 * I, H, device=device, generator=gen).to(dtype) * H ** -0.5
+    mask = sm.mask(w_gu, args.format)          # one mask for both gate_up packings: the same function
+    gate_up = sm.pack(w_gu, args.format, mask, glu=True)             # (d), (e): fused SwiGLU epilogue
+    gate_up_plain = sm.pack(w_gu, args.format, mask, glu=False)      # (a)-(c): no fused activation
+    del w_gu, mask
     down = sm.pack(torch.randn(E, H, I, device=device, generator=gen).to(dtype) * I ** -0.5, args.format)
-    L = Layer(gate_up, down)
+    if not torch.equal(sm.unpack(gate_up), sm.unpack(gate_up_plain)):
+        raise RuntimeError("gate_up packed with and without glu hold different weights")
+    L = Layer(gate_up, gate_up_plain, down)
+    free_memory(device)
     methods = {v: variant(v, L) for v in VARIANTS}
     for impl in ("grouped_mm", "eager"):
         if f"dense_{impl}" in args.references:
             mod = hf_experts(H, I, E, dtype, impl, device, sm.unpack(gate_up), sm.unpack(down))
             methods[f"dense_{impl}"] = mod
+    weights_mib = {v: L.weights_mib(v) for v in VARIANTS}
+    dense_mib = (E * 2 * I * H + E * H * I) * torch.finfo(dtype).bits / 8 / 2**20
     rows = []
     for T in tokens:
         x = torch.randn(T, H, device=device, generator=gen).to(dtype)
@@ -174,6 +231,7 @@ def bench_model(name: str, tokens, args) -> list:
                     t = time_ms(lambda: fn(x, idx, w), device, budget_s=args.budget, min_iters=3, max_iters=50)
                     t["peak_mib"] = peak_mib(lambda: fn(x, idx, w), device)
                     t["rel_err_vs_e"] = err
+                    t["weights_mib"] = weights_mib.get(m, dense_mib)
                     row["methods"][m] = t
                 except Exception as exc:  # noqa: BLE001 - reported per variant
                     row["methods"][m] = {"error": error_text(exc)}
@@ -233,6 +291,10 @@ def main() -> None:
     path = result_path(args, "breakdown.json")
     if path:
         write_json(path, {"env": environment(), "labels": LABELS, "variants": VARIANTS, "cases": rows})
+    failed = [f"{r['model']} T={r['T']} {m}: {d['error']}" for r in rows for m, d in r["methods"].items()
+              if "error" in d]
+    if failed and args.tiny:   # a smoke run passes only if every variant ran
+        raise SystemExit("failed:\n  " + "\n  ".join(failed))
 
 
 if __name__ == "__main__":

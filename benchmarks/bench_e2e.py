@@ -13,6 +13,14 @@ masked dense weights back and ``grouped_mm`` is measured on exactly those.
   decode    greedy ``generate`` with a KV cache from a prompt of --prompt tokens:
             tokens/s = batch * (N - 1) / (time(N new tokens) - time(1 new token)).
 
+Each method runs its own experts implementation in decode too: on a GPU,
+transformers' ``generate`` swaps ``grouped_mm`` for ``batched_mm`` during decoding
+(``GenerationMixin._optimize_model_for_decode``; batched_mm gathers a copy of the
+selected experts' weights per token: up to 10.5 GiB per Mixtral layer at batch 16), which
+would time batched_mm under grouped_mm's name.  The swap is turned off for the model
+here; --hf-decode-switch keeps transformers' default, and ``--methods
+grouped_mm,batched_mm,samoyeds`` measures batched_mm as a method of its own.
+
 On the GPU each model runs in its own process (a failure ends that model only).
 
   python benchmarks/bench_e2e.py [--models a,b] [--prefill-batches 1,4] [--seq 4096]
@@ -22,6 +30,7 @@ On the GPU each model runs in its own process (a failure ends that model only).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -59,6 +68,15 @@ def choose_depth(name: str, args, dtype) -> dict:
     reserve = tokens * _act_bytes_per_token(cfg) + args.reserve_gib * 2**30
     depth = min(full, lm.fit_depth(cfg, dtype, free - reserve))
     return {"depth": depth, "full_depth": full, "free_gib": free / 2**30, "reserve_gib": reserve / 2**30}
+
+
+def hold_experts_in_decode(model) -> bool:
+    """Turns off transformers' grouped_mm -> batched_mm swap during generate's decode
+    steps (GPU only there), so a method is measured as itself; True if there was one."""
+    if not hasattr(model, "_optimize_model_for_decode"):
+        return False
+    model._optimize_model_for_decode = contextlib.nullcontext   # an instance attribute: this model only
+    return True
 
 
 def _wall(fn, device: str) -> float:
@@ -128,8 +146,11 @@ def run_model(name: str, args) -> dict:
     t0 = time.perf_counter()
     model = lm.build(name, device, dtype, tiny=args.tiny, layers=depth["depth"], seed=args.seed)
     lm.set_experts(model, "grouped_mm")
+    held = hold_experts_in_decode(model) if not args.hf_decode_switch else False
     sync(device)
     res = {"model": name, **depth, "scaled": depth["depth"] < depth["full_depth"],
+           "decode_experts": "held (transformers' grouped_mm -> batched_mm decode swap off)" if held
+           else "transformers' default",
            "params": sum(p.numel() for p in model.parameters()),
            "expert_bytes_dense": sm.hf.experts_weight_nbytes(model), "build_s": time.perf_counter() - t0,
            "format": args.format, "methods": {}}
@@ -219,6 +240,9 @@ def main() -> None:
     ap.add_argument("--decode-reps", type=int, default=1, help="timed generate calls of N tokens (median)")
     ap.add_argument("--reserve-gib", type=float, default=4.0,
                     help="memory kept free besides the activation estimate when choosing the depth")
+    ap.add_argument("--hf-decode-switch", action="store_true",
+                    help="keep transformers' swap of grouped_mm for batched_mm in generate's decode steps "
+                         "(on a GPU); default: each method runs its own implementation in decode too")
     ap.add_argument("--isolate", default="auto", choices=["auto", "yes", "no"],
                     help="one process per model (auto: on the GPU)")
     ap.add_argument("--job", help=argparse.SUPPRESS)
@@ -256,7 +280,7 @@ def main() -> None:
     if path:
         write_json(path, {"env": environment(), "settings": {
             k: getattr(args, k) for k in ("format", "seq", "prefill_batches", "decode_batches", "prompt", "new_tokens",
-                                          "reps", "decode_reps", "methods")}, "cases": rows})
+                                          "reps", "decode_reps", "methods", "hf_decode_switch")}, "cases": rows})
     _print_table(rows)
 
 

@@ -15,7 +15,10 @@ in packed form and run with samoyeds.
 The largest batch: batches 1 and 2 are run and their peak memory predicts where
 the limit is (on the CPU: plain doubling); from there the batch grows by 1/8 per
 step until one fails, then bisects (--tolerance: stop when the bracket is within
-that fraction).  A failure is an out-of-memory error, caught, followed by
+that fraction).  --search-budget bounds one search's time (default 60 s, checked
+before each probe after the first two): a search that runs out reports the
+largest batch that fit and the smallest that failed so far, as a lower bound
+("+", budget_exhausted).  A failure is an out-of-memory error, caught, followed by
 gc.collect() and torch.cuda.empty_cache(); any other error stops the search and
 is reported.  Caps: T*K < 2^31 (int32 routing offsets in both peers), and for
 samoyeds T*max(H, K*I) < 2^32 when a check at start-up finds the kernels
@@ -36,6 +39,7 @@ import math
 import os
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -54,14 +58,20 @@ class EmulatedOOM(RuntimeError):
 
 # --- the largest batch -----------------------------------------------------------------------------
 
-def search_max(fits, cap: int, predict=None, tolerance: float = 0.0) -> dict:
+def search_max(fits, cap: int, predict=None, tolerance: float = 0.0, budget_s: Optional[float] = None) -> dict:
     """The largest n in [1, cap] with fits(n) True, assuming fits is monotone.
 
     fits(n) -> (ok, info).  Probes 1 and 2, then jumps to 0.9 * predict(probes)
     when given (else doubles), grows by 1/8 per step until a failure, and bisects
     until hi - lo <= max(1, lo * tolerance).  Returns the max (0 when even 1
-    fails), whether the cap stopped it, and every probe."""
+    fails), whether the cap stopped it, and every probe.  With ``budget_s``, no new
+    probe starts after that many seconds (past the first two): the max is then a
+    lower bound (budget_exhausted)."""
     probes = []
+    t_start = time.perf_counter()
+    out_of_time = lambda: (budget_s is not None and len(probes) >= 2  # noqa: E731
+                           and time.perf_counter() - t_start > budget_s)
+    exhausted = False
 
     def probe(n):
         t0 = time.perf_counter()
@@ -80,6 +90,9 @@ def search_max(fits, cap: int, predict=None, tolerance: float = 0.0) -> dict:
         lo = n
         if n >= cap:
             break
+        if out_of_time():
+            exhausted = True
+            break
         nxt = max(n + 1, math.ceil(n * grow))
         if n == 2 and predict is not None:
             p = predict(probes)
@@ -89,6 +102,9 @@ def search_max(fits, cap: int, predict=None, tolerance: float = 0.0) -> dict:
         n = min(cap, nxt)
     error = probes[-1]["why"].rstrip(", ") if probes[-1].get("fatal") else None
     while error is None and hi is not None and hi - lo > max(1, int(lo * tolerance)):
+        if out_of_time():
+            exhausted = True
+            break
         mid = (lo + hi) // 2
         if probe(mid):
             lo = mid
@@ -97,7 +113,15 @@ def search_max(fits, cap: int, predict=None, tolerance: float = 0.0) -> dict:
             if probes[-1].get("fatal"):
                 error = probes[-1]["why"].rstrip(", ")
     return {"max": lo, "capped": hi is None and lo >= cap, "cap": cap, "first_failure": hi, "error": error,
-            "probes": probes}
+            "budget_exhausted": exhausted, "seconds": round(time.perf_counter() - t_start, 1), "probes": probes}
+
+
+def _budget_note(r: dict, args) -> None:
+    """A search stopped by --search-budget reports a lower bound, like a cap."""
+    if r.get("budget_exhausted"):
+        r["capped"] = True
+        r["cap_reason"] = (f"--search-budget {args.search_budget:g} s (smallest failing batch: "
+                           f"{r['first_failure'] if r['first_failure'] is not None else 'none tried'})")
 
 
 def make_fits(run, device: str, seq: int, emulate: int):
@@ -238,9 +262,10 @@ def _max_batch_one(scope: str, name: str, method: str, args, large_ok) -> dict:
     tcap, why = token_cap(cfg, method, large_ok)
     cap = min(args.max_batch, tcap // args.seq)
     r = search_max(make_fits(run, device, args.seq, args.emulate_capacity), cap, predictor(device),
-                   args.tolerance if scope != "layer" else 0.0)
+                   args.tolerance if scope != "layer" else 0.0, budget_s=args.search_budget or None)
     r.update(weights_gib=weights, build_s=build_s, cap_reason=why if cap < args.max_batch else "--max-batch",
              tokens=r["max"] * args.seq, layers=cfg.num_hidden_layers)
+    _budget_note(r, args)
     return r
 
 
@@ -350,8 +375,9 @@ def job_packed(name: str, args) -> dict:
         tcap, why = token_cap(cfg, "samoyeds", large_ok)
         cap = min(args.max_batch, tcap // args.seq)
         r = search_max(make_fits(run, device, args.seq, args.emulate_capacity), cap, predictor(device),
-                       args.tolerance)
+                       args.tolerance, budget_s=args.search_budget or None)
         r["cap_reason"] = why if cap < args.max_batch else "--max-batch"
+        _budget_note(r, args)
         res["max_batch"] = r
         print(f"    max batch {r['max']} x {args.seq}" + (" (capped)" if r["capped"] else ""), flush=True)
     return res
@@ -401,6 +427,9 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=4096)
     ap.add_argument("--tolerance", type=float, default=1 / 32,
                     help="whole-model searches stop when the bracket is within this fraction (layers: exact)")
+    ap.add_argument("--search-budget", type=float, default=60.0,
+                    help="seconds one largest-batch search may take before it stops with the bracket it has "
+                         "(0: no limit)")
     ap.add_argument("--no-packed-max-batch", dest="packed_max_batch", action="store_false")
     ap.add_argument("--emulate-capacity", type=int, default=None,
                     help="tokens per forward beyond which a probe counts as out of memory (CPU smoke runs; "
@@ -453,6 +482,7 @@ def main() -> None:
     if path:
         write_json(path, {"env": environment(), "settings": {
             "seq": args.seq, "format": args.format, "methods": args.methods, "tolerance": args.tolerance,
+            "search_budget_s": args.search_budget,
             "emulated_capacity_tokens": args.emulate_capacity}, "cases": rows})
     _print_summary(rows)
 

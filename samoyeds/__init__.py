@@ -17,7 +17,8 @@ __version__ = _C.__version__
 
 __all__ = [
     "CudaError", "PRESETS", "PackedWeight", "Routing", "SparseFormat", "__version__", "build_info",
-    "combine", "cuda_available", "from_pretrained", "gather_weights", "mask", "pack", "patch_model", "route",
+    "combine", "cuda_available", "from_pretrained", "gather_weights", "mask", "moe_forward", "pack", "patch_model",
+    "route",
     "save_pretrained", "sparsify_model", "ssmm", "to_dense", "unpack", "unpatch_model",
 ]
 
@@ -25,6 +26,7 @@ __all__ = [
 _LAZY = {
     "patch_model": "hf", "unpatch_model": "hf", "to_dense": "hf",
     "sparsify_model": "sparsify", "save_pretrained": "checkpoint", "from_pretrained": "checkpoint",
+    "moe_forward": "moe",
     "hf": None, "hf_families": None, "moe": None, "torch_ops": None, "sparsify": None, "checkpoint": None,
 }
 

@@ -100,3 +100,10 @@ def test_moe_forward_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, moe_forward(x, idx, w, gu, dn))
+
+
+def test_top_level_export():
+    import samoyeds.moe
+
+    assert sm.moe_forward is samoyeds.moe.moe_forward
+    assert "moe_forward" in sm.__all__
