@@ -42,6 +42,10 @@ SHAPES: Dict[str, MoEShape] = {s.name: s for s in [
 
 
 def git_commit() -> str:
+    """The commit the results come from: $SAMOYEDS_COMMIT when the caller names it (a copy
+    of the tree on another machine may carry a stale .git), else git's HEAD (+ "-dirty")."""
+    if os.environ.get("SAMOYEDS_COMMIT", "unknown") != "unknown":
+        return os.environ["SAMOYEDS_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,

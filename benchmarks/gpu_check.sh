@@ -3,7 +3,8 @@
 # compute-sanitizer and the benchmarks; a short table last.  Full logs and the
 # results JSON go to $OUT (or ./gpu_out).
 #   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
-#                                [bench-e2e] [bench-memory] [accuracy] [smoke-gpu] [demo] ...
+#                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [accuracy]
+#                                [smoke-gpu] [demo] ...
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -58,6 +59,12 @@ for step in $steps; do
     accuracy)
       $PY benchmarks/accuracy.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/accuracy.log" | tail -25
       summary+=("accuracy: rc=${PIPESTATUS[0]}") ;;
+    bench-decode)
+      $PY benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log" | tail -25
+      summary+=("bench_decode: rc=${PIPESTATUS[0]}") ;;
+    ssmm-kernels)
+      $PY benchmarks/ssmm_kernels.py --out "$OUT" 2>&1 | tee "$OUT/ssmm_kernels.log" | tail -12
+      summary+=("ssmm_kernels: rc=${PIPESTATUS[0]}") ;;
     smoke-gpu)
       # every benchmark's --tiny mode on the GPU (toy shapes): the CUDA code paths in about a minute
       $PY benchmarks/run_all.py --tiny --device cuda --only kernel,sweep,moe,e2e,memory,breakdown \

@@ -1,7 +1,7 @@
 """A representative subset of every CUDA kernel, small enough to run under
 compute-sanitizer (memcheck, racecheck): odd shapes, tails, empty experts,
-every epilogue, both dtypes, both matmul kernels (mma.sp, wgmma.sp) and every
-row-group size (M = 1, 2, 4)."""
+every epilogue, both dtypes, every matmul kernel (mma.sp, wgmma.sp, the decode
+split-K kernel) and every row-group size (M = 1, 2, 4)."""
 import torch
 
 import samoyeds as sm
@@ -14,7 +14,11 @@ def main() -> None:
                                   ("2:4", "none", torch.float16, "auto"),
                                   ("samoyeds-1:2:128", "gptoss", torch.bfloat16, "mma_sp"),
                                   ("1:4:64", "gptoss", torch.bfloat16, "auto"),
-                                  ("samoyeds-1:2:64", "none", torch.bfloat16, "auto")]:
+                                  ("samoyeds-1:2:64", "none", torch.bfloat16, "auto"),
+                                  # decode: token passes of 8..32 rows, warps' K ranges, row selection
+                                  ("samoyeds-1:2:128", "swiglu", torch.bfloat16, "decode"),
+                                  ("1:4:64", "none", torch.float16, "decode"),
+                                  ("2:4", "gptoss", torch.bfloat16, "decode")]:
         T, K, E, H, I = 77, 2, 5, 200, 136
         x = torch.randn(T, H, generator=gen).to(dtype).cuda()
         glu = act != "none"

@@ -386,8 +386,9 @@ PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw)
                         "(gate rows first, then up rows)");
         return NULL;
     }
-    if (impl < 0 || impl > 2) {
-        PyErr_Format(PyExc_ValueError, "ssmm: impl = %d; expected 0 (auto), 1 (mma.sp) or 2 (wgmma.sp)", impl);
+    if (impl < 0 || impl > 3) {
+        PyErr_Format(PyExc_ValueError, "ssmm: impl = %d; expected 0 (auto), 1 (mma.sp), 2 (wgmma.sp) or 3 (decode)",
+                     impl);
         return NULL;
     }
     sam_tensor out, x, values, meta, idx, offsets, tok, bias, scale;

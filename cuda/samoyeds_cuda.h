@@ -114,10 +114,20 @@ typedef struct sam_ssmm_params {
     /* output: out[S][ldo], R columns (R/2 with an activation) */
     void *out;
     int64_t ldo;
-    int impl;                /* 0: best for the device; 1: mma.sp; 2: wgmma.sp (sm_90a) */
+    int impl;                /* 0: best for the device (the decode kernel when S <=
+                                sam_ssmm_decode_max_rows()); 1: mma.sp; 2: wgmma.sp
+                                (sm_90a); 3: decode (split-K, cuda/ssmm_decode.cu) */
 } sam_ssmm_params;
 
 sam_status sam_ssmm_cuda(const sam_ssmm_params *p, void *stream);
+
+/* The decode / small-T kernel (cuda/ssmm_decode.cu), called by sam_ssmm_cuda
+ * after its format checks for impl 3, and for impl 0 when p->S is at most
+ * sam_ssmm_decode_max_rows() (SAMOYEDS_DECODE_MAX_ROWS, default
+ * SAM_DECODE_MAX_ROWS). */
+#define SAM_DECODE_MAX_ROWS 128 /* Qwen3-30B-A3B T=16 (S=128): decode 118 us vs 248 (docs/PERFORMANCE.md) */
+sam_status sam_ssmm_decode_cuda(const sam_ssmm_params *p, void *stream);
+int sam_ssmm_decode_max_rows(void);
 
 /* ---- MoE routing and combine (cuda/moe.cu) -------------------------------- */
 

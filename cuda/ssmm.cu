@@ -47,6 +47,7 @@ constexpr int GM = 16;          // row tiles per rasterisation group
 // pipeline stage), WN (warps along tokens; 2 x WN warps per CTA), ST (stages).
 template <int M_, int BK_, int WN_, int ST_> struct Cfg {
     static constexpr int M = M_, BK = BK_, WN = WN_, ST = ST_;
+    static constexpr int BMT = BM;                     // storage rows per CTA
     static constexpr int KS = BK / 32;                 // mma k-steps per stage
     static constexpr int THREADS = 64 * WN;
     static constexpr int NT = M <= 2 ? 4 : 2;          // n8 tiles per warp
@@ -651,6 +652,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
 #endif
 }
 
+#include "ssmm_ws.cuh"
+
 int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     return v ? atoi(v) : dflt;
@@ -661,7 +664,9 @@ int wgmma_meta_remap() {
     return v;
 }
 
-template <typename T, typename C, bool WGMMA = false>
+enum Kernel { K_MMA_SP = 0, K_WGMMA = 1, K_WGMMA_WS = 2 };
+
+template <typename T, typename C, int KIND = K_MMA_SP>
 sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     constexpr int M = C::M;
     KParams k;
@@ -693,7 +698,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     k.out = ps->out;
     k.ldo = ps->ldo;
     k.out_cols = ps->act == SAM_ACT_NONE ? ps->d.R : ps->d.R / 2;
-    k.nrt = (int)ceil_div(ps->d.rp, BM);
+    k.nrt = (int)ceil_div(ps->d.rp, C::BMT);
     if ((ps->T * ps->ldx) / 8 >= ((int64_t)1 << 32)) {
         set_error("ssmm: x holds %lld elements; the GPU kernel addresses at most 2**35", (long long)(ps->T * ps->ldx));
         return SAM_STATUS_UNSUPPORTED;
@@ -706,7 +711,8 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     }
     k.meta_remap = wgmma_meta_remap();
     void (*kernel)(const KParams);
-    if constexpr (WGMMA) kernel = ssmm_wgmma_kernel<T, C>;
+    if constexpr (KIND == K_WGMMA_WS) kernel = ssmm_ws_kernel<T, C>;
+    else if constexpr (KIND == K_WGMMA) kernel = ssmm_wgmma_kernel<T, C>;
     else kernel = ssmm_kernel<T, C>;
     SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM), "ssmm");
     kernel<<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k);
@@ -755,8 +761,17 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
     const bool wgmma_fits = m <= 2 && (m == 1 || ps->f.v % 128 == 0);
     const bool want_wgmma = ps->impl == 2 || (ps->impl == 0 && env_int("SAMOYEDS_SSMM_WGMMA", 1) != 0);
     if (want_wgmma && wgmma_fits && device_has_wgmma()) {
-        if (m == 1) return launch<T, Cfg<1, 64, 4, 6>, true>(ps, stream);
-        return launch<T, Cfg<2, 64, 4, 6>, true>(ps, stream);
+        // SAMOYEDS_WGMMA_KERNEL: 1 single-role kernel, 2 warp-specialised; default: the
+        // faster of the two on an H100 (benchmarks/ssmm_kernels.py): warp-specialised
+        // 256-row tiles for 2:4 (1.19x), single-role for 1:M:V (the warp-specialised one
+        // is 0.91x there: its row-set swaps stall a consumer's own wgmma queue)
+        const int which = env_int("SAMOYEDS_WGMMA_KERNEL", 0);
+        if (which == 2 || (which == 0 && m == 1)) {
+            if (m == 1) return launch<T, WsCfg<1>, K_WGMMA_WS>(ps, stream);
+            return launch<T, WsCfg<2>, K_WGMMA_WS>(ps, stream);
+        }
+        if (m == 1) return launch<T, Cfg<1, 64, 4, 6>, K_WGMMA>(ps, stream);
+        return launch<T, Cfg<2, 64, 4, 6>, K_WGMMA>(ps, stream);
     }
     if (ps->impl == 2) {
         set_error("ssmm: the wgmma.sp kernel needs an sm_90 device, a build for sm_90a and a format 2:4 or "
@@ -794,6 +809,9 @@ extern "C" sam_status sam_ssmm_cuda(const sam_ssmm_params *ps, void *stream) {
                        (long long)ps->d.C);
         return SAM_STATUS_UNSUPPORTED;
     }
+    // decode / small-T: split-K kernel of cuda/ssmm_decode.cu (threshold: docs/PERFORMANCE.md)
+    if (ps->impl == 3 || (ps->impl == 0 && ps->S <= sam_ssmm_decode_max_rows()))
+        return sam_ssmm_decode_cuda(ps, stream);
     cudaStream_t s = (cudaStream_t)stream;
     switch (ps->dtype) {
     case SAM_BF16: return sam::launch_m<__nv_bfloat16>(ps, s);

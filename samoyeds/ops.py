@@ -11,7 +11,7 @@ from ._array import current_stream, dtype_name, empty, for_c, framework, tensor_
 from .packed import PackedWeight
 
 ACTS = {"none": 0, "swiglu": 1, "silu": 1, "gptoss": 2}
-IMPLS = {"auto": 0, "mma_sp": 1, "wgmma_sp": 2}
+IMPLS = {"auto": 0, "mma_sp": 1, "wgmma_sp": 2, "decode": 3}
 
 
 def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
@@ -39,8 +39,12 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
            ``"gptoss"`` (GPT-OSS's clamped gate with ``alpha``, ``limit``).
         bias: ``[E, R]`` added before the activation.
         scale: ``[S]`` float32 multiplied after it (e.g. routing weights).
-        impl: GPU kernel: ``"auto"`` (``wgmma.sp`` on sm_90 for 2:4 and 1:2:v with v a
-           multiple of 128, else ``mma.sp``), ``"mma_sp"`` or ``"wgmma_sp"``.
+        impl: GPU kernel: ``"auto"`` (``"decode"`` when ``S`` is at most
+           ``SAMOYEDS_DECODE_MAX_ROWS``, default 128; else ``wgmma.sp`` on sm_90 for
+           2:4 and 1:2:v with v a multiple of 128, else ``mma.sp``), ``"mma_sp"``,
+           ``"wgmma_sp"`` or ``"decode"`` (split-K over the routed experts' weights for
+           a few tokens per expert: every SM streams part of them; any S works,
+           more than 32 rows in an expert cost one more weight pass per 8-32 rows).
         stream: CUDA stream; None uses the producer's current stream.
         check: validate ``expert_offsets`` and ``token_ids`` against ``x`` and
            ``out`` before a GPU launch (one host sync).  None: check unless the

@@ -356,6 +356,8 @@ class TestBadInput:
         (dict(v=2**31 - 32), ValueError, r"^idx: expected shape \(2, 1, 64\), got \(2, 2, 64\)"),
         (dict(act=3), ValueError, r"^ssmm: act = 3"),
         (dict(impl=-1), ValueError, r"^ssmm: impl = -1"),
+        (dict(impl=4), ValueError, r"^ssmm: impl = 4; expected 0 \(auto\), 1 \(mma.sp\), 2 \(wgmma.sp\) or 3 "
+                                   r"\(decode\)"),
     ])
     def test_raw_ssmm_sizes(self, case, kw, exc, match):
         args = case.raw(**kw)

@@ -186,3 +186,74 @@ def test_cuda_rejects_bad_routing_before_launch():
     sm.ssmm(x, p, offsets, ids, out=out, check=False)
     torch.cuda.synchronize()
     assert torch.isnan(out[4]).all() and torch.isfinite(out[[0, 1, 2, 3, 5]]).all()
+
+
+# ---- GPU: the decode / small-T kernel (cuda/ssmm_decode.cu) -----------------------------------
+
+DECODE_FORMATS = ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64", "1:4:128"]
+DECODE_SHAPES = [  # T, K, E, R, C, pattern
+    (1, 1, 3, 64, 128, "uniform"),        # one token
+    (1, 2, 8, 136, 200, "uniform"),       # rows not a multiple of the tile, C not a multiple of 128
+    (5, 2, 8, 256, 192, "skewed"),        # 1..3 tokens per expert, empty experts
+    (40, 1, 4, 200, 264, "one"),          # all tokens on one expert: more than one token pass
+    (0, 2, 4, 128, 128, "uniform"),       # T = 0, S = 0
+    (3, 4, 6, 192, 640, "placeholder"),   # ids >= E skipped
+    (16, 2, 8, 72, 1000, "uniform"),      # K range split unevenly over warps, slices cross warps
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", DECODE_SHAPES)
+@pytest.mark.parametrize("fmt", DECODE_FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
+def test_decode_matches_ref_and_oracle(shape, fmt, dtype, act, glu):
+    seed = torch.seed() % 2**31
+    bias = act != "none" or dtype == torch.float16
+    scale = act == "none" or dtype == torch.bfloat16
+    x, p, r, b, sc = _gpu_case(shape, fmt, dtype, act, glu, bias=bias, scale=scale, seed=seed)
+    _check_cuda(x, p, r, b, sc, act, dtype, impl="decode")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "1:4:64"])
+def test_decode_deterministic_and_close_to_mma_sp(fmt):
+    """Two runs bit-identical (fixed-order split-K reduction); close to the
+    prefill kernel on the same inputs; an expert with more rows than one pass."""
+    seed = torch.seed() % 2**31
+    x, p, r, b, sc = _gpu_case((48, 2, 4, 512, 2048, "skewed"), fmt, torch.bfloat16, "swiglu", True,
+                               bias=True, scale=True, seed=seed)
+    xg, pg, off, ids = x.cuda(), p.to("cuda"), r.offsets.cuda(), r.token_ids.cuda()
+    bg, sg = b.cuda(), sc.cuda()
+    outs = []
+    for _ in range(2):
+        o = _poisoned(ids.shape[0], 256, torch.bfloat16, "cuda")
+        sm.ssmm(xg, pg, off, ids, out=o, act="swiglu", bias=bg, scale=sg, impl="decode")
+        outs.append(o)
+    m = sm.ssmm(xg, pg, off, ids, act="swiglu", bias=bg, scale=sg, impl="mma_sp")
+    torch.cuda.synchronize()
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1]), "the decode kernel must be bit-identical run to run"
+    assert rel_err(outs[0], m.double()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
+def test_auto_picks_decode_for_small_s(fmt, monkeypatch):
+    """auto runs the decode kernel when S <= SAMOYEDS_DECODE_MAX_ROWS (default 128):
+    bit-identical to impl="decode", within tolerance of impl="mma_sp"."""
+    monkeypatch.delenv("SAMOYEDS_DECODE_MAX_ROWS", raising=False)
+    seed = torch.seed() % 2**31
+    x, p, r, b, sc = _gpu_case((16, 2, 8, 256, 1024, "uniform"), fmt, torch.bfloat16, "none", False,
+                               bias=False, scale=True, seed=seed)
+    assert r.token_ids.shape[0] <= 64  # below the default threshold
+    auto = _check_cuda(x, p, r, b, sc, "none", torch.bfloat16, impl="auto")
+    dec = _check_cuda(x, p, r, b, sc, "none", torch.bfloat16, impl="decode")
+    mma = _check_cuda(x, p, r, b, sc, "none", torch.bfloat16, impl="mma_sp")
+    n = int(r.offsets[-1])
+    assert torch.equal(auto[:n], dec[:n])
+    assert rel_err(auto[:n], mma[:n].double()) < 1e-2
+    # the threshold is an environment override: 0 sends auto to the prefill kernels
+    monkeypatch.setenv("SAMOYEDS_DECODE_MAX_ROWS", "0")
+    pre = _check_cuda(x, p, r, b, sc, "none", torch.bfloat16, impl="auto")
+    assert rel_err(pre[:n], dec[:n].double()) < 1e-2

@@ -1,0 +1,111 @@
+"""The decode / small-T ssmm kernel (cuda/ssmm_decode.cu) against the prefill kernels
+on the same inputs and routed token sets, and against a device copy measured in the
+same run.
+
+For every (model, projection, T): the routed experts' packed bytes (values + meta +
+idx of each expert that gets at least one token) / the kernel time = achieved weight
+bandwidth; its ratio to the device-to-device copy rate (read + write counted) is the
+fraction of the memory ceiling.  Times are CUDA-graph replays timed with CUDA events
+(common.time_graph).  Also the whole MoE block (moe_forward) with impl="auto" (which
+runs the decode kernel for small S) against the prefill kernels.
+
+    python benchmarks/bench_decode.py [--out DIR] [--variants 0,1,2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import samoyeds as sm  # noqa: E402
+from samoyeds.moe import moe_forward  # noqa: E402
+from common import environment, gpu_dir, measure_ceilings, time_graph, write_json  # noqa: E402
+
+FMT = "samoyeds-1:2:128"
+CASES = [  # model, E, H, I, K, T values (all variants and the block), T values of the threshold sweep
+    ("mixtral-8x7b", 8, 4096, 14336, 2, [1, 16], [32, 64, 128]),
+    ("qwen3-30b-a3b", 128, 2048, 768, 8, [1, 16], [8, 32]),
+]
+
+
+def packed_bytes(p: sm.PackedWeight, experts: torch.Tensor) -> int:
+    """Bytes of the packed arrays of the given experts."""
+    n = 0
+    for a in (p.values, p.meta, p.idx):
+        if a is not None:
+            n += a[0].numel() * a.element_size() * int(experts.numel())
+    return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", default="0,1,2,3,4", help="SAMOYEDS_DECODE_VARIANT values to time")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.manual_seed(args.seed)
+    dev, dt = "cuda", torch.bfloat16
+    ceil = measure_ceilings()
+    copy = ceil["copy_tb_s"]
+    print(f"device copy {copy:.2f} TB/s (read + write); dense bf16 mm {ceil['dense_bf16_tflops']:.0f} TFLOP/s")
+    variants = [int(v) for v in args.variants.split(",") if v != ""]
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    rows = []
+    for model, E, H, I, K, Ts, sweep in CASES:
+        gu = sm.pack((torch.randn(E, 2 * I, H, device=dev) * H ** -0.5).to(dt), FMT, glu=True)
+        dn = sm.pack((torch.randn(E, H, I, device=dev) * I ** -0.5).to(dt), FMT)
+        torch.cuda.empty_cache()
+        for T in Ts + sweep:
+            full = T in Ts
+            x = torch.randn(T, H, device=dev, dtype=dt)
+            topk = torch.rand(T, E, device=dev).topk(K, dim=1).indices
+            w = torch.softmax(torch.randn(T, K, device=dev), dim=1)
+            r = sm.route(topk, E)
+            sc = sm.gather_weights(w, r)
+            used = torch.unique(topk)
+            h = sm.ssmm(x, gu, r.offsets, r.token_ids, act="swiglu", check=False)
+            for proj, p, inp, ids, act, scale in (("gate_up", gu, x, r.token_ids, "swiglu", None),
+                                                  ("down", dn, h, None, "none", sc)):
+                nbytes = packed_bytes(p, used)
+                out = sm.ssmm(inp, p, r.offsets, ids, act=act, scale=scale, check=False)
+                impls = (["decode"] + ([f"decode/v{v}" for v in variants] if full else []) + ["mma_sp"]
+                         + (["wgmma_sp"] if sm90 else []))
+                res = {}
+                for name in impls:
+                    impl = name.split("/")[0]
+                    if "/v" in name:
+                        os.environ["SAMOYEDS_DECODE_VARIANT"] = name.split("/v")[-1]
+
+                    def fn(impl=impl):
+                        sm.ssmm(inp, p, r.offsets, ids, out=out, act=act, scale=scale, impl=impl, check=False)
+                    res[name] = time_graph(fn, budget_s=0.2)["ms"]
+                    os.environ.pop("SAMOYEDS_DECODE_VARIANT", None)
+                row = dict(model=model, proj=proj, T=T, K=K, E=E, S=T * K, routed_experts=int(used.numel()),
+                           bytes=nbytes, ms=res, decode_ms=res["decode"],
+                           decode_tb_s=nbytes / (res["decode"] * 1e-3) / 1e12)
+                row["frac_of_copy"] = row["decode_tb_s"] / copy
+                rows.append(row)
+                print(f"{model:14s} {proj:7s} T={T:3d} S={T * K:4d} routed={row['routed_experts']:3d} "
+                      f"{nbytes / 1e6:7.1f} MB  " + "  ".join(f"{k} {v * 1e3:7.1f}us" for k, v in res.items())
+                      + f"  -> {row['decode_tb_s']:.2f} TB/s ({100 * row['frac_of_copy']:.0f} % of copy)")
+            if not full:
+                continue
+            # the whole block: auto (decode for small S) vs the prefill kernels
+            blk = {}
+            for impl in ["auto", "mma_sp"] + (["wgmma_sp"] if sm90 else []):
+                def fb(impl=impl):
+                    moe_forward(x, topk, w, gu, dn, impl=impl)
+                blk[impl] = time_graph(fb, budget_s=0.2)["ms"]
+            rows.append(dict(model=model, proj="block", T=T, K=K, E=E, ms=blk))
+            print(f"{model:14s} block   T={T:3d} S={T * K:4d} " + "  ".join(f"{k} {v * 1e3:7.1f}us" for k, v in blk.items()))
+        del gu, dn
+        torch.cuda.empty_cache()
+    path = os.path.join(gpu_dir(args.out), "bench_decode.json")
+    write_json(path, dict(environment(), ceilings=ceil, format=FMT, rows=rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,538 @@
+// ssmm_decode.cu -- the decode / small-T path of the grouped sparse-sparse matmul.
+//
+// Computes what cuda/ssmm.cu computes (the definition is csrc/ssmm_ref.c): for
+// every expert e and sorted row s in [offsets[e], offsets[e+1]):
+//     out[s] = act(x[token_ids[s]] @ W_e^T + bias_e) * scale[s]
+// with W_e in the Samoyeds format (samoyeds_layout.h), fp32 accumulation.
+//
+// Why a second kernel.  With a few tokens per expert the op is bound by reading
+// the packed weights once; the prefill kernel's 128-row x 128-token CTA tiles
+// then give a few hundred CTAs that each stream a long K loop, and most of the
+// GPU's memory parallelism idles.  Here a CTA owns ROWS = 16*MT storage rows of
+// one routed expert and ALL of its tokens (in passes of BN = 8*NT), and splits
+// the column (K) loop across its W warps (intra-CTA split-K):
+//
+//   * grid = row tiles x min(E, S) CTAs; CTA (j, rt) finds the j-th expert
+//     with rows from offsets[] on the device (no host sync, CUDA-graph safe);
+//     CTAs past the routed experts exit at once, so an expert with no token
+//     costs nothing and each routed expert's values/meta/idx are read once
+//     per token pass (one pass when its rows fit BN).
+//   * warp w streams the k-tiles (64 columns) w, w + W, w + 2W, ... through
+//     its own ST-stage cp.async pipeline (packed values of the CTA's rows, the
+//     2:4 metadata tiles, the row-selection indices at a slice change, and the
+//     BN token rows gathered by index from x); warps never wait for each other
+//     inside the loop (__syncwarp only).  Interleaving the warps' k-tiles keeps
+//     W*64 contiguous bytes of every row in flight together: contiguous K
+//     ranges per warp (64-byte pieces of many rows) ran 10-25 % slower on H100
+//     (DRAM page locality).  Each k-step is MT x NT mma.sp m16n8k32 on ldmatrix
+//     fragments (weights = the sparse A operand).
+//   * row selection (1:M:V): M accumulator sets per condensed row, swapped at
+//     the warp's first k-tile and whenever its next k-tile lies in another
+//     slice, exactly as in ssmm.cu; the set -> original row map (perm)
+//     travels with the partial sums into the reduction.
+//   * the W partial tiles are reduced through shared memory in warp order
+//     0..W-1 (deterministic, no atomics), then the prefill epilogue semantics:
+//     bias, SwiGLU / GPT-OSS (gate row i pairs with up row i: a GLU CTA takes
+//     ROWS/2 condensed rows of the gate chunk and the same rows of the up
+//     chunk), routing scale, rounding once to bf16/fp16.
+//
+// Invariants: rp is a multiple of 64 and ROWS divides 64 (per GLU half: ROWS/2
+// divides SAM_GLU_CHUNK), so a CTA's rows never leave the packed arrays; cp is
+// a multiple of 128 (even k-tile count); C % 8 == 0 and V % 64 == 0 (checked
+// by sam_ssmm_cuda).  Invalid token ids (< 0 or >= T) read nothing and write
+// nothing; rows past offsets[E] or S are never touched.
+#include <stdlib.h>
+
+#include "common.cuh"
+
+namespace sam {
+namespace {
+
+// M: accumulator sets (row-group size); MT: m16 row tiles per CTA; NT: n8 token
+// tiles per pass; W: warps (split-K ways); ST: pipeline stages per warp.
+template <int M_, int MT_, int NT_, int W_, int ST_, bool IL_ = true> struct DCfg {
+    static constexpr int M = M_, MT = MT_, NT = NT_, W = W_, ST = ST_;
+    static constexpr bool IL = IL_;
+    static_assert(MT % 2 == 0 && 64 % (16 * MT / 2) == 0, "a GLU half of the rows divides the 64-row chunk");
+    static constexpr int THREADS = 32 * W;
+    static constexpr int ROWS = 16 * MT;  // storage rows per CTA
+    static constexpr int BN = 8 * NT;     // tokens per pass
+    // one stage = 64 dense columns: 32 packed values (64 bytes) per row
+    static constexpr int A_BYTES = ROWS * 64;
+    static constexpr int B_BYTES = BN * 128;
+    static constexpr int META_BYTES = MT * 128;  // two 16x32 metadata tiles per row tile
+    static constexpr int IDX_BYTES = M > 1 ? MT * 16 : 0;
+    static constexpr int B_OFF = A_BYTES, META_OFF = B_OFF + B_BYTES, IDX_OFF = META_OFF + META_BYTES;
+    static constexpr int STAGE = (IDX_OFF + IDX_BYTES + 127) / 128 * 128;
+    static constexpr int WARP_BYTES = ST * STAGE;
+    static constexpr int PIPE = W * WARP_BYTES;
+    // reduction tile: [W][BN][FS] fp32, column = local row * M + row of its group
+    static constexpr int OC = ROWS * M;
+    static constexpr int FS = OC + 4;  // rows of the tile land on different banks
+    static constexpr int RED = W * BN * FS * 4;
+    static constexpr int SMEM = (PIPE > RED ? PIPE : RED) + 128;  // + alignment
+    // A rows are 64 bytes: XOR the 16-byte chunk with row bits 1-2 so that an
+    // 8-row ldmatrix phase hits 8 distinct bank groups; B rows are 128 bytes.
+    static __device__ __forceinline__ uint32_t a_off(int row, int ch) {
+        return row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
+    }
+    static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * 128 + ((ch ^ (row & 7)) << 4); }
+};
+
+struct DParams {
+    const void *x;
+    int64_t T, ldx, C, cp, rp, R, slices;
+    const void *values;
+    const uint32_t *meta;
+    const uint8_t *idx;
+    int kps;  // k-tiles (64 columns) per slice; 1 << 30 without row selection
+    int glu;
+    const int32_t *offsets;
+    const int32_t *token_ids;
+    int64_t S;
+    int E;
+    int act;
+    const void *bias;
+    sam_dtype bias_dtype;
+    const float *scale;
+    float alpha, limit;
+    void *out;
+    int64_t ldo, out_cols;
+    int nrt;  // row tiles per expert
+};
+
+// The j-th expert (in expert order) that owns at least one sorted row in
+// [0, S), or -1.  Run by one whole warp.
+__device__ __forceinline__ int routed_expert(const DParams &p, int j, int lane) {
+    int run = 0;
+    for (int e0 = 0; e0 < p.E; e0 += 32) {
+        const int e = e0 + lane;
+        bool live = false;
+        if (e < p.E) {
+            const int64_t a = max(0, p.offsets[e]), b = min((int64_t)p.offsets[e + 1], p.S);
+            live = b > a;
+        }
+        unsigned bal = __ballot_sync(0xffffffffu, live);
+        const int n = __popc(bal);
+        if (j < run + n) {
+            for (int k = j - run; k > 0; k--) bal &= bal - 1;
+            return e0 + __ffs(bal) - 1;
+        }
+        run += n;
+    }
+    return -1;
+}
+
+template <typename T, typename Cf>
+__global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DParams p) {
+    constexpr int M = Cf::M, MT = Cf::MT, NT = Cf::NT, W = Cf::W, ST = Cf::ST, BN = Cf::BN, ROWS = Cf::ROWS,
+                  THREADS = Cf::THREADS, FS = Cf::FS;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((128u - (smem_u32(smem_raw) & 127u)) & 127u);
+    __shared__ int32_t tok_s[BN];
+    __shared__ int sh_e;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int rt = (int)(blockIdx.x % (unsigned)p.nrt), j = (int)(blockIdx.x / (unsigned)p.nrt);
+    if (warp == 0) {
+        const int e = routed_expert(p, j, lane);
+        if (lane == 0) sh_e = e;
+    }
+    __syncthreads();
+    const int e = sh_e;
+    if (e < 0) return;
+    const int64_t s_begin = max(0, p.offsets[e]);
+    const int64_t s_end = min((int64_t)p.offsets[e + 1], p.S);
+
+    // storage rows: tiles [0, MT/2) start at base0, tiles [MT/2, MT) at base1
+    // (GLU: the gate and up rows of the same condensed rows)
+    int64_t base0, base1;
+    if (p.glu) {
+        const int64_t q0 = (int64_t)rt * (ROWS / 2);
+        base0 = sam_storage_index(1, 0, q0);
+        base1 = sam_storage_index(1, 1, q0);
+    } else {
+        base0 = (int64_t)rt * ROWS;
+        base1 = base0 + ROWS / 2;
+    }
+    const int64_t pitch = p.cp / 2;  // packed values per storage row
+    const T *vals = static_cast<const T *>(p.values) + (int64_t)e * p.rp * pitch;
+    const uint32_t *meta = p.meta + (int64_t)e * (p.rp / 16) * (p.cp / 32) * 16;
+    const T *x = static_cast<const T *>(p.x);
+
+    // this warp's k-tiles (64 columns each)
+    const int KT = (int)(p.cp / 64);
+    // interleaved (IL): k-tiles warp, warp + W, ...: at any moment the W warps read
+    // W*64 contiguous bytes of every row (DRAM page locality); else a contiguous range
+    constexpr int KSTEP = Cf::IL ? W : 1;
+    const int kt0 = Cf::IL ? warp : warp * KT / W;
+    const int n_it = Cf::IL ? (warp < KT ? (KT - warp + W - 1) / W : 0) : (warp + 1) * KT / W - kt0;
+    const int kt_end = kt0 + n_it * KSTEP;
+    // a k-tile whose slice differs from the warp's previous one selects rows anew
+    auto new_slice = [&](int kt) { return kt == kt0 || kt / p.kps != (kt - KSTEP) / p.kps; };
+
+    // per-lane copy plan (fixed for the CTA)
+    // A: lane copies chunk lane%4 of local rows 8i + lane/4, i < 2*MT
+    const int arow = lane >> 2, ach = lane & 3;
+    const T *a_src0 = vals + (base0 + arow) * pitch + ach * 8;
+    const T *a_src1 = vals + (base1 + arow) * pitch + ach * 8;
+    const uint32_t a_dst = Cf::a_off(arow, ach);  // + 512*i (the swizzle only uses row bits 1-2)
+    // metadata: lane < 8*MT copies chunk lane%8 of row tile lane/8 (two k32 tiles = 128 bytes)
+    const int mi = lane >> 3, mc = lane & 7;
+    const bool m_load = mi < MT;
+    const int64_t m_base = m_load ? (mi < MT / 2 ? base0 + 16 * mi : base1 + 16 * (mi - MT / 2)) : 0;
+    const uint32_t *m_src = meta + (m_base / 16) * (p.cp / 32) * 16 + mc * 4;
+    // indices: lane < MT copies the 16 bytes of row tile lane (at a slice start)
+    const bool i_load = M > 1 && lane < MT;
+    const int64_t i_base = lane < MT / 2 ? base0 + 16 * lane : base1 + 16 * (lane - MT / 2);
+    const uint8_t *i_src = i_load ? p.idx + (int64_t)e * p.slices * p.rp + i_base : nullptr;
+    // B: lane copies chunk lane%8 of token rows lane/8 + 4i, i < 2*NT
+    const int brow = lane >> 3, bch = lane & 7;
+
+    unsigned char *wbase = smem + warp * Cf::WARP_BYTES;
+    const uint32_t wbase_u = smem_u32(wbase);
+
+    const bool gated = p.act != SAM_ACT_NONE;
+    const int OCOLS = gated ? ROWS / 2 * M : ROWS * M;  // output columns of this CTA
+    const int64_t col0 = gated ? (int64_t)rt * (ROWS / 2) * M : (int64_t)rt * ROWS * M;
+    const int64_t bias_up = gated ? p.R / 2 : 0;
+    T *out = static_cast<T *>(p.out);
+    const bool vec_ok = (p.ldo % 8 == 0) && ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0);
+
+#pragma unroll 1
+    for (int64_t s0 = s_begin; s0 < s_end; s0 += BN) {
+        for (int i = tid; i < BN; i += THREADS) {
+            const int64_t s = s0 + i;
+            int32_t t = -1;
+            if (s < s_end) {
+                const int64_t v = p.token_ids ? (int64_t)p.token_ids[s] : s;
+                if (v >= 0 && v < p.T) t = (int32_t)v;
+            }
+            tok_s[i] = t;
+        }
+        __syncthreads();
+        const T *b_src[2 * NT];
+#pragma unroll
+        for (int i = 0; i < 2 * NT; i++) {
+            const int t = tok_s[brow + 4 * i];
+            b_src[i] = t >= 0 ? x + (int64_t)t * p.ldx + bch * 8 : nullptr;
+        }
+
+        auto issue = [&](int st, int kt) {
+            const uint32_t base = wbase_u + st * Cf::STAGE;
+            const int64_t ka = (int64_t)kt * 32;
+#pragma unroll
+            for (int i = 0; i < 2 * MT; i++) {
+                const T *src = (i < MT ? a_src0 : a_src1) + (int64_t)(i % MT) * 8 * pitch + ka;
+                cp_async16(base + a_dst + 512 * i, src, true);
+            }
+            const int col = kt * 64 + bch * 8;
+            const bool col_ok = col < p.C;
+#pragma unroll
+            for (int i = 0; i < 2 * NT; i++) {
+                const bool ok = col_ok && b_src[i] != nullptr;
+                cp_async16(base + Cf::B_OFF + Cf::b_off(brow + 4 * i, bch), ok ? b_src[i] + kt * 64 : x, ok);
+            }
+            if (m_load) cp_async16(base + Cf::META_OFF + mi * 128 + mc * 16, m_src + (int64_t)kt * 32, true);
+            if (M > 1 && i_load && new_slice(kt))
+                cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)(kt / p.kps) * p.rp, true);
+        };
+
+        float acc[M][MT][NT][4];
+#pragma unroll
+        for (int a = 0; a < M; a++)
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int jj = 0; jj < NT; jj++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) acc[a][i][jj][k] = 0.0f;
+        // perm[i][hh]: 4 bits per set a: which row of its group set a holds
+        // (set 0 is the one mma writes: the row selected in the current slice)
+        uint32_t perm[MT][2];
+        {
+            uint32_t init = 0;
+#pragma unroll
+            for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
+#pragma unroll
+            for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = init;
+        }
+        auto select_rows = [&](const unsigned char *stage) {
+            const uint8_t *idx_s = stage + Cf::IDX_OFF;
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const uint32_t want = idx_s[i * 16 + g + 8 * hh];
+#pragma unroll
+                    for (int a = 1; a < M; a++) {
+                        const uint32_t pm = perm[i][hh], f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
+                        const bool sw = fa == want;
+#pragma unroll
+                        for (int jj = 0; jj < NT; jj++)
+#pragma unroll
+                            for (int k = 2 * hh; k < 2 * hh + 2; k++) {
+                                const float w0 = acc[0][i][jj][k], wa = acc[a][i][jj][k];
+                                acc[0][i][jj][k] = sw ? wa : w0;
+                                acc[a][i][jj][k] = sw ? w0 : wa;
+                            }
+                        const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
+                        perm[i][hh] = sw ? swapped : pm;
+                    }
+                }
+        };
+
+        // ---- this warp's K range through its own pipeline
+#pragma unroll
+        for (int s = 0; s < ST - 1; s++) {
+            if (s < n_it) issue(s, kt0 + s * KSTEP);
+            cp_async_commit();
+        }
+        int rd = 0;
+#pragma unroll 1
+        for (int kt = kt0; kt < kt_end; kt += KSTEP) {
+            cp_async_wait<ST - 2>();
+            __syncwarp();  // every lane's copies of k-tile kt landed; the slot refilled below is free
+            {
+                const int nk = kt + (ST - 1) * KSTEP;
+                if (nk < kt_end) issue(rd == 0 ? ST - 1 : rd - 1, nk);
+                cp_async_commit();
+            }
+            const unsigned char *stage = wbase + rd * Cf::STAGE;
+            if (M > 1 && new_slice(kt)) select_rows(stage);
+            const uint32_t sa = smem_u32(stage);
+            const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(stage + Cf::META_OFF);
+#pragma unroll
+            for (int ks = 0; ks < 2; ks++) {
+                uint32_t af[MT][4], bf[NT][4], ef[MT];
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    const int row = i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                    const int ch = 2 * ks + (lane >> 4);
+                    ldmatrix_x4(sa + Cf::a_off(row, ch), af[i][0], af[i][1], af[i][2], af[i][3]);
+                    ef[i] = mt_s[(i * 2 + ks) * 16 + 2 * g + (q & 1)];
+                }
+#pragma unroll
+                for (int jj = 0; jj < NT; jj++) {
+                    const int r = jj * 8 + (lane & 7);
+                    const int ch = 4 * ks + (lane >> 3);
+                    ldmatrix_x4(sa + Cf::B_OFF + Cf::b_off(r, ch), bf[jj][0], bf[jj][1], bf[jj][2], bf[jj][3]);
+                }
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int jj = 0; jj < NT; jj++) MmaSp<T>::run(acc[0][i][jj], af[i], bf[jj], ef[i]);
+            }
+            rd = rd + 1 == ST ? 0 : rd + 1;
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // every warp is done with its pipeline: the tile below overlays it
+
+        // ---- partial tiles -> shared memory [W][BN][FS]
+        float *red = reinterpret_cast<float *>(smem);
+        float *mine = red + warp * BN * FS;
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int lrow = i * 16 + g + 8 * hh;
+#pragma unroll
+                for (int a = 0; a < M; a++) {
+                    const int c = lrow * M + (int)((perm[i][hh] >> (4 * a)) & 15u);
+#pragma unroll
+                    for (int jj = 0; jj < NT; jj++) {
+                        const int ltok = jj * 8 + 2 * q;
+                        mine[ltok * FS + c] = acc[a][i][jj][2 * hh];
+                        mine[(ltok + 1) * FS + c] = acc[a][i][jj][2 * hh + 1];
+                    }
+                }
+            }
+        __syncthreads();
+
+        // ---- fixed-order reduction over warps, epilogue, 16-byte stores
+        const int chunks = OCOLS / 8;
+#pragma unroll 1
+        for (int id = tid; id < BN * chunks; id += THREADS) {
+            const int ltok = id / chunks, ch = id % chunks;
+            if (tok_s[ltok] < 0) continue;
+            const int64_t s = s0 + ltok;
+            const float sc = p.scale ? p.scale[s] : 1.0f;
+            const int64_t c0 = col0 + ch * 8;
+            float v[8], u[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = u[k] = 0.0f;
+#pragma unroll 1
+            for (int w = 0; w < W; w++) {
+                const float *src = red + (w * BN + ltok) * FS + ch * 8;
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] += src[k];
+                if (gated) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) u[k] += src[OCOLS + k];
+                }
+            }
+            float y8[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const int64_t col = c0 + k;
+                const bool in = col < p.out_cols;
+                float y = v[k];
+                if (p.bias && in) y += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + col);
+                if (gated) {
+                    float uu = u[k];
+                    if (p.bias && in) uu += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
+                    if (p.act == SAM_ACT_SWIGLU) {
+                        y = __fdividef(y, 1.0f + __expf(-y)) * uu;
+                    } else {
+                        const float gc = fminf(y, p.limit);
+                        const float uc = fmaxf(fminf(uu, p.limit), -p.limit);
+                        y = (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
+                    }
+                }
+                y8[k] = y * sc;
+            }
+            T *dst = out + s * p.ldo + c0;
+            if (vec_ok && c0 + 8 <= p.out_cols) {
+                uint4 pk;
+                pk.x = Elem<T>::pack2(y8[0], y8[1]);
+                pk.y = Elem<T>::pack2(y8[2], y8[3]);
+                pk.z = Elem<T>::pack2(y8[4], y8[5]);
+                pk.w = Elem<T>::pack2(y8[6], y8[7]);
+                *reinterpret_cast<uint4 *>(dst) = pk;
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    if (c0 + k < p.out_cols) dst[k] = Elem<T>::from_f(y8[k]);
+            }
+        }
+        __syncthreads();  // the next pass rewrites tok_s and the pipeline
+    }
+}
+
+int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
+    DParams k;
+    k.x = ps->x;
+    k.T = ps->T;
+    k.ldx = ps->ldx;
+    k.C = ps->d.C;
+    k.cp = ps->d.cp;
+    k.rp = ps->d.rp;
+    k.R = ps->d.R;
+    k.slices = ps->d.slices;
+    k.values = ps->values;
+    k.meta = ps->meta;
+    k.idx = ps->idx;
+    k.kps = Cf::M > 1 ? ps->f.v / 64 : (1 << 30);
+    k.glu = ps->f.glu;
+    k.offsets = ps->offsets;
+    k.token_ids = ps->token_ids;
+    k.S = ps->S;
+    k.E = (int)ps->d.E;
+    k.act = ps->act;
+    k.bias = ps->bias;
+    k.bias_dtype = ps->bias_dtype;
+    k.scale = ps->scale;
+    k.alpha = ps->alpha;
+    k.limit = ps->limit;
+    k.out = ps->out;
+    k.ldo = ps->ldo;
+    k.out_cols = ps->act == SAM_ACT_NONE ? ps->d.R : ps->d.R / 2;
+    k.nrt = (int)(ps->d.rp / Cf::ROWS);
+    const int64_t routed = std::min<int64_t>(ps->d.E, ps->S);  // experts that can own a row
+    const int64_t grid = (int64_t)k.nrt * routed;
+    if (grid == 0) return SAM_STATUS_OK;
+    if (grid > INT32_MAX) {
+        set_error("ssmm: problem too large for one decode launch (%lld CTAs)", (long long)grid);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    auto kernel = ssmm_decode_kernel<T, Cf>;
+    SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cf::SMEM), "ssmm");
+    kernel<<<(unsigned)grid, Cf::THREADS, Cf::SMEM, stream>>>(k);
+    return launch_status("ssmm");
+}
+
+// Token tile per pass from S, the capacity of sorted rows (an upper bound of
+// any expert's rows): the fewest n8 tiles that hold S, capped so that the
+// M accumulator sets stay at <= 64 registers (M * NT <= 4 with MT = 4).
+// Variant (SAMOYEDS_DECODE_VARIANT), all with interleaved k-tiles unless noted:
+// 0 = 64 rows, 4 warps, 4 stages; 1 = 64 rows, 8 warps, 3 stages; 2 = 32 rows,
+// 8 warps, 4 stages; 3 = 32 rows, 4 warps, 4 stages, contiguous K ranges;
+// 4 = 32 rows, 4 warps, 4 stages.  Unset: 1 when the grid has fewer CTAs of 64
+// rows than two per SM (more warps per CTA keep more bytes in flight), else 0
+// (2 CTAs per SM: a shorter tail).  Measured on H100, docs/PERFORMANCE.md.
+// A variant whose shared memory the device cannot give (sm_80: 163 KB) falls back to 0.
+bool smem_fits(int bytes) {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return bytes <= optin;
+}
+
+int sm_count() {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 132;
+    }
+    return n;
+}
+
+template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *ps, cudaStream_t s, int variant) {
+    using V1 = DCfg<M, 4, NT, 8, 3>;
+    using V2 = DCfg<M, 2, NT, 8, 4>;
+    if (variant < 0) {
+        const int64_t ctas = ps->d.rp / 64 * std::min<int64_t>(ps->d.E, ps->S);
+        variant = ctas < 2 * (int64_t)sm_count() ? 1 : 0;
+    }
+    if (variant == 1 && smem_fits(V1::SMEM)) return launch<T, V1>(ps, s);
+    if (variant == 2 && smem_fits(V2::SMEM)) return launch<T, V2>(ps, s);
+    if (variant == 3) return launch<T, DCfg<M, 2, NT, 4, 4, false>>(ps, s);
+    if (variant == 4) return launch<T, DCfg<M, 2, NT, 4, 4>>(ps, s);
+    return launch<T, DCfg<M, 4, NT, 4, 4>>(ps, s);
+}
+
+template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t s) {
+    const int m = ps->f.m, variant = env_int("SAMOYEDS_DECODE_VARIANT", -1);
+    const int nt = ps->S <= 8 ? 1 : ps->S <= 16 ? 2 : 4;
+    if (m == 1) {
+        if (nt == 1) return launch_v<T, 1, 1>(ps, s, variant);
+        if (nt == 2) return launch_v<T, 1, 2>(ps, s, variant);
+        return launch_v<T, 1, 4>(ps, s, variant);
+    }
+    if (m == 2) {
+        if (nt == 1) return launch_v<T, 2, 1>(ps, s, variant);
+        return launch_v<T, 2, 2>(ps, s, variant);
+    }
+    if (m == 4) return launch_v<T, 4, 1>(ps, s, variant);
+    set_error("ssmm: the decode kernel supports formats 2:4, 1:2:V and 1:4:V; got %d:%d:%d", ps->f.n, ps->f.m,
+              ps->f.v);
+    return SAM_STATUS_UNSUPPORTED;
+}
+
+}  // namespace
+}  // namespace sam
+
+extern "C" int sam_ssmm_decode_max_rows(void) {
+    return sam::env_int("SAMOYEDS_DECODE_MAX_ROWS", SAM_DECODE_MAX_ROWS);
+}
+
+// The format/epilogue checks of sam_ssmm_cuda (n = 1, V % 64, glu <-> act,
+// C % 8) have run before this is called.
+extern "C" sam_status sam_ssmm_decode_cuda(const sam_ssmm_params *ps, void *stream) {
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (ps->dtype) {
+    case SAM_BF16: return sam::launch_m<__nv_bfloat16>(ps, s);
+    case SAM_F16: return sam::launch_m<__half>(ps, s);
+    default: sam::set_error("ssmm: the GPU kernel takes bfloat16 or float16"); return SAM_STATUS_UNSUPPORTED;
+    }
+}

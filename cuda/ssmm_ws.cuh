@@ -1,0 +1,392 @@
+// ssmm_ws.cuh -- the warp-specialised Hopper kernel of ssmm (wgmma.mma_async.sp,
+// sm_90a).  Included by ssmm.cu inside its namespace: it shares KParams,
+// cta_work and the shared-memory swizzles of the other two kernels there.
+//
+// Computes what every ssmm kernel computes (csrc/ssmm_ref.c):
+//     out[s] = act(x[token_ids[s]] @ W_e^T + bias_e) * scale[s]
+//
+// CTA = 3 warpgroups.  Warpgroup 0 is the producer: it gathers the BN = 128
+// token rows of the tile straight from x by index and streams the packed values,
+// 2:4 metadata and row-selection indices with cp.async into an ST-stage ring of
+// shared-memory buffers; it keeps LAG stages of copies in flight, and when a
+// stage's copies have landed it fences them for the async proxy and arrives on
+// the stage's `full` mbarrier.  Warpgroups 1 and 2 are consumers: they wait on
+// `full`, load the packed values of their rows into registers (ldmatrix: the
+// sparse A operand of wgmma.sp comes from registers), issue the wgmmas of the
+// k-tile with the token tile read by the tensor cores through a 128-byte-swizzle
+// descriptor, keep one k-tile of wgmmas in flight, and arrive on the `empty`
+// mbarrier of a stage once the wgmmas that read it are done.  No CTA-wide barrier
+// inside the main loop; setmaxnreg gives the consumers 224 registers and the
+// producer 56.
+//
+// Tiles (BK = 64 dense columns per stage, NB m64 blocks per consumer):
+//   2:4 (M = 1):     BM = 256 storage rows (each consumer 2 x m64) x 128 tokens,
+//                    6 stages of 34 KB; 128 fp32 accumulators per thread.
+//   1:M:V (M = 2):   BM = 128 storage rows (each consumer 1 x m64, 2 accumulator
+//                    sets) x 128 tokens, 8 stages of 26 KB.
+// The taller 2:4 tile halves the token bytes per issued FLOP against 128 x 128
+// (the shorter kernel moved 24 KB per 2.1 MFLOP out of L2, 5.7 TB/s in total).
+//
+// Row selection as in the other kernels: M accumulator sets per condensed row;
+// wgmma writes set 0; at every V boundary the warpgroup drains its wgmmas and
+// swaps set 0 with the set of the newly selected row (register selects).
+#pragma once
+
+#ifdef SAM_HAS_WGMMA
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// cp.async.wait_group with a run-time count (the drain at the end of the loop)
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+    switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    default: cp_async_wait<6>(); break;
+    }
+}
+#endif
+
+template <int M_> struct WsCfg {
+    static constexpr int M = M_;
+    static constexpr int NB = M == 1 ? 2 : 1;          // m64 blocks per consumer warpgroup
+    static constexpr int BMW = 64 * NB;                // storage rows per consumer
+    static constexpr int BMT = 2 * BMW;                // storage rows per CTA
+    static constexpr int BN = 128, BK = 64, KS = BK / 32;
+    static constexpr int THREADS = 384, PTHREADS = 128;
+    // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168)
+    static constexpr int PREGS = M == 1 ? 72 : 64, CREGS = M == 1 ? 216 : 216;
+    static constexpr int A_BYTES = BMT * 64;           // BK/2 packed values x 2 bytes per row
+    static constexpr int B_BYTES = BN * 128;
+    static constexpr int META_BYTES = (BMT / 16) * KS * 64;
+    static constexpr int IDX_BYTES = M > 1 ? BMT : 0;
+    static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
+    static constexpr int ST = M == 1 ? 6 : 8;          // stages
+    static constexpr int LAG = ST - 2;                 // stages of copies in flight per producer thread
+    static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
+    static constexpr int FS = BMT * M + 4;             // fp32 epilogue tile row stride
+    static constexpr int EPI_BYTES = BN * FS * 4;
+    static constexpr int MAIN_BYTES = PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES;
+    static constexpr int BAR_OFF = MAIN_BYTES;         // 2 x ST mbarriers
+    static constexpr int TOK_OFF = BAR_OFF + 2 * ST * 8;
+    static constexpr int SMEM = TOK_OFF + BN * 4 + 1024;  // + alignment slack
+    // same swizzles as Cfg<.., 64, ..>: A rows of 64 bytes, B rows of 128 bytes (SW128)
+    static __device__ __forceinline__ uint32_t a_off(int row, int ch) {
+        return row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
+    }
+    static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * 128 + ((ch ^ (row & 7)) << 4); }
+};
+
+// Epilogue from the fp32 tile f[token][c] (c = local storage row * M + its row
+// of the group) for a CTA of BMT storage rows: the same arithmetic as
+// store_tile, with GLU chunk pairs every 128 storage rows.
+template <typename T, int M, int BMT, int BN, int THREADS, int FS>
+__device__ __forceinline__ void store_tile_ws(const KParams &p, const float *ftile, const int32_t *tok_s, int e,
+                                              int64_t row0, int64_t s0, int tid) {
+    const bool gated = p.act != SAM_ACT_NONE;
+    const int OC = gated ? BMT / 2 * M : BMT * M;
+    const int64_t col0 = gated ? (row0 / 128) * 64 * M : row0 * M;
+    const int64_t bias_up = gated ? p.R / 2 : 0;
+    T *out = static_cast<T *>(p.out);
+    const int chunks = OC / 8;
+    const bool vec_ok = (p.ldo % 8 == 0) && ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0);
+#pragma unroll 1
+    for (int id = tid; id < BN * chunks; id += THREADS) {
+        const int ltok = id / chunks, ch = id % chunks;
+        if (tok_s[ltok] < 0) continue;
+        const int oc = ch * 8;
+        const int64_t c0 = col0 + oc;
+        if (c0 >= p.out_cols) continue;
+        const int64_t s = s0 + ltok;
+        const float sc = p.scale ? p.scale[s] : 1.0f;
+        // gate column of output column oc: pair oc / (64 M), 128 M columns per pair
+        const int src_c = gated ? (oc / (64 * M)) * 128 * M + oc % (64 * M) : oc;
+        const float *src = ftile + ltok * FS + src_c;
+        alignas(16) T y8[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int64_t col = c0 + k;
+            const bool in = col < p.out_cols;
+            float v = src[k];
+            if (p.bias && in) v += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + col);
+            if (gated) {
+                float u = src[64 * M + k];
+                if (p.bias && in) u += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
+                if (p.act == SAM_ACT_SWIGLU) {
+                    v = __fdividef(v, 1.0f + __expf(-v)) * u;
+                } else {
+                    const float gc = fminf(v, p.limit);
+                    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
+                    v = (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
+                }
+            }
+            y8[k] = Elem<T>::from_f(v * sc);
+        }
+        T *dst = out + s * p.ldo + c0;
+        if (vec_ok && c0 + 8 <= p.out_cols) {
+            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(y8);
+        } else {
+            for (int k = 0; k < 8 && c0 + k < p.out_cols; k++) dst[k] = y8[k];
+        }
+    }
+}
+
+template <typename T, typename C>
+__global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p) {
+#ifdef SAM_HAS_WGMMA
+    constexpr int M = C::M, NB = C::NB, BMW = C::BMW, BMT = C::BMT, BN = C::BN, BK = C::BK, KS = C::KS,
+                  ST = C::ST, LAG = C::LAG, PT = C::PTHREADS;
+    static_assert(LAG >= 1 && LAG <= ST - 2, "producer lag: consumers must be able to free a stage");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char *smem = align_smem(smem_raw);
+    int32_t *tok_s = reinterpret_cast<int32_t *>(smem + C::TOK_OFF);
+    const uint32_t bar0 = smem_u32(smem + C::BAR_OFF);
+    auto full_bar = [&](int s) { return bar0 + 8u * s; };
+    auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
+    const int tid = threadIdx.x;
+
+    int e, rt;
+    int64_t s0;
+    if (!cta_work<BN, C::THREADS>(p, tok_s, e, rt, s0)) return;
+    const int64_t row0 = (int64_t)rt * BMT;
+    const int KT = (int)(p.cp / BK);
+    const int kt_per_slice = M > 1 ? p.V / BK : 1;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(full_bar(s), PT);
+            mbar_init(empty_bar(s), 2 * 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
+
+    const int wg = tid / 128;
+    if (wg == 0) {
+        // ---------------- producer ----------------
+        setmaxnreg_dec<C::PREGS>();
+        const T *vals = static_cast<const T *>(p.values) + (int64_t)e * p.rp * (p.cp / 2);
+        const uint32_t *meta = p.meta + (int64_t)e * (p.rp / 16) * (p.cp / 32) * 16;
+        const uint8_t *idxg = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp : nullptr;
+        const T *x = static_cast<const T *>(p.x);
+        const int64_t a_pitch = p.cp / 2;
+        // A: BMT rows x 4 chunks; thread -> chunk tid % 4, rows tid / 4 + 32 i
+        constexpr int A_CH = BMT * 4 / PT;
+        const int a_row = tid / 4, a_ch = tid % 4;
+        const T *a_src = vals + (row0 + a_row) * a_pitch + a_ch * 8;
+        unsigned a_ok = 0;
+#pragma unroll
+        for (int i = 0; i < A_CH; i++) a_ok |= (unsigned)(row0 + a_row + 32 * i < p.rp) << i;
+        // B: 128 token rows x 8 chunks; thread -> chunk tid % 8, rows tid / 8 + 16 i
+        constexpr int B_CH = BN * 8 / PT;
+        const int b_row = tid / 8, b_ch = tid % 8;
+        uint32_t b_off[B_CH];
+        unsigned b_ok = 0;
+#pragma unroll
+        for (int i = 0; i < B_CH; i++) {
+            const int t = tok_s[b_row + 16 * i];
+            b_ok |= (unsigned)(t >= 0) << i;
+            b_off[i] = t >= 0 ? (uint32_t)(((int64_t)t * p.ldx) / 8 + b_ch) : 0u;
+        }
+        // metadata: BMT/16 row tiles x KS x 4 chunks
+        constexpr int M_CH = BMT / 16 * KS * 4;
+        static_assert(M_CH <= PT, "one metadata chunk per producer thread");
+        const bool m_load = tid < M_CH;
+        const int64_t m_r16 = row0 / 16 + tid / (KS * 4);
+        const bool m_ok = m_load && m_r16 < p.rp / 16;
+        const uint32_t *m_src = meta + (m_ok ? m_r16 * (p.cp / 32) * 16 + (tid % (KS * 4)) * 4 : 0);
+        // indices: BMT bytes in 16-byte chunks
+        const bool i_load = M > 1 && tid < BMT / 16;
+        const bool i_ok = i_load && row0 + tid * 16 < p.rp;
+        const uint8_t *i_src = M > 1 ? idxg + (i_ok ? row0 + tid * 16 : 0) : nullptr;
+
+        for (int kt = 0; kt < KT; kt++) {
+            const int s = kt % ST;
+            if (kt >= ST) mbar_wait(empty_bar(s), ((kt / ST) - 1) & 1);
+            const uint32_t base = smem_u32(stage_ptr(s));
+            const T *as = a_src + (int64_t)kt * (BK / 2);
+#pragma unroll
+            for (int i = 0; i < A_CH; i++) {
+                const bool ok = (a_ok >> i) & 1;
+                cp_async16(base + C::a_off(a_row + 32 * i, a_ch), ok ? as + (int64_t)32 * i * a_pitch : vals, ok);
+            }
+            const int col = kt * BK + b_ch * 8;
+            const bool col_ok = col < p.C;
+            const T *xs = x + kt * BK;
+#pragma unroll
+            for (int i = 0; i < B_CH; i++) {
+                const bool ok = col_ok && ((b_ok >> i) & 1);
+                cp_async16(base + C::A_BYTES + C::b_off(b_row + 16 * i, b_ch), ok ? xs + (int64_t)b_off[i] * 8 : x,
+                           ok);
+            }
+            if (m_load) cp_async16(base + C::A_BYTES + C::B_BYTES + tid * 16, m_src + (int64_t)kt * KS * 16, m_ok);
+            if (M > 1 && i_load)
+                cp_async16(base + C::A_BYTES + C::B_BYTES + C::META_BYTES + tid * 16,
+                           i_src + (int64_t)(kt / kt_per_slice) * p.rp, i_ok);
+            cp_async_commit();
+            if (kt >= LAG) {
+                cp_async_wait<LAG>();
+                fence_proxy_async();
+                mbar_arrive(full_bar((kt - LAG) % ST));
+            }
+        }
+        cp_async_wait<0>();
+        fence_proxy_async();
+        for (int kt = max(0, KT - LAG); kt < KT; kt++) mbar_arrive(full_bar(kt % ST));
+        named_barrier_sync(1, C::THREADS);  // every copy of this thread has landed
+        return;                             // the consumers write the tile
+    }
+    // ---------------- consumers ----------------
+    setmaxnreg_inc<C::CREGS>();
+    const int c = wg - 1, ctid = tid - 128, warp = (tid >> 5) & 3, lane = tid & 31;  // warp of its warpgroup
+    const int g = lane >> 2, q = lane & 3;
+    // M = 1: two m64 blocks, M = 2: two accumulator sets.  What wgmma writes is
+    // not zero-filled: the first k-tile's wgmmas start from zero (scale-d = 0), so no
+    // ordinary instruction defines an accumulator while wgmmas are in flight.
+    float acc[2][64];
+    // M > 1: the first slice boundary swaps sets before any wgmma, so every set starts at zero
+    constexpr bool zero_init = M > 1;
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+        if (a >= NB || zero_init)
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
+    uint32_t perm[2];
+    {
+        uint32_t init = 0;
+#pragma unroll
+        for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
+        perm[0] = perm[1] = init;
+    }
+    uint32_t af[2][NB][KS][4], ef[2][NB][KS];
+    const int crow = c * BMW;  // first storage row of this consumer
+
+    auto load_frags = [&](auto par_c, int st) {
+        constexpr int par = decltype(par_c)::value;
+        unsigned char *base = stage_ptr(st);
+        const uint32_t sa = smem_u32(base);
+        const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(base + C::A_BYTES + C::B_BYTES);
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                const int row = crow + b * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int ch = 2 * ks + (lane >> 4);
+                ldmatrix_x4(sa + C::a_off(row, ch), af[par][b][ks][0], af[par][b][ks][1], af[par][b][ks][2],
+                            af[par][b][ks][3]);
+                const int t16 = crow / 16 + b * 4 + warp;
+                ef[par][b][ks] = mt_s[(t16 * KS + ks) * 16 + 2 * g + (q & 1)];
+            }
+    };
+    auto select_rows = [&](int st) {
+        const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const uint32_t want = idx_s[crow + warp * 16 + g + 8 * hh];
+#pragma unroll
+            for (int a = 1; a < M; a++) {
+                const uint32_t pm = perm[hh], f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
+                const bool sw = fa == want;
+#pragma unroll
+                for (int j = 0; j < 16; j++)
+#pragma unroll
+                    for (int k = 2 * hh; k < 2 * hh + 2; k++) {
+                        const float w0 = acc[0][4 * j + k], wa = acc[a][4 * j + k];
+                        acc[0][4 * j + k] = sw ? wa : w0;
+                        acc[a][4 * j + k] = sw ? w0 : wa;
+                    }
+                const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
+                perm[hh] = sw ? swapped : pm;
+            }
+        }
+    };
+    auto step = [&](auto par_c, int kt) {
+        constexpr int par = decltype(par_c)::value;
+        const int st = kt % ST;
+        mbar_wait(full_bar(st), (kt / ST) & 1);
+        load_frags(par_c, st);
+        if (M > 1 && kt % kt_per_slice == 0) {
+            wgmma_wait<0>();
+#pragma unroll
+            for (int a = 0; a < 2; a++) fence_regs(acc[a]);
+            select_rows(st);
+#pragma unroll
+            for (int a = 0; a < 2; a++) fence_regs(acc[a]);
+        }
+        const uint32_t sb = smem_u32(stage_ptr(st)) + C::A_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                WgmmaSp<T>::run(acc[b], af[par][b][ks], smem_desc_sw128(sb + ks * 64), ef[par][b][ks],
+                                zero_init || kt > 0 || ks > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0) mbar_arrive(empty_bar((kt - 1) % ST));
+    };
+    for (int kt = 0; kt < KT; kt += 2) {  // KT is even: columns are padded to 128
+        step(std::integral_constant<int, 0>{}, kt);
+        step(std::integral_constant<int, 1>{}, kt + 1);
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int a = 0; a < 2; a++) fence_regs(acc[a]);
+    if (KT == 0) {  // no columns: nothing was accumulated
+#pragma unroll
+        for (int a = 0; a < NB; a++)
+#pragma unroll
+            for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
+    }
+    named_barrier_sync(1, C::THREADS);  // all copies landed, all wgmmas done: the ring becomes the fp32 tile
+
+    // ---- epilogue: accumulators -> fp32 tile [BN][FS] -> store_tile_ws
+    constexpr int FS = C::FS;
+    float *ftile = reinterpret_cast<float *>(smem);
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int lrow = crow + b * 64 + warp * 16 + g + 8 * hh;
+#pragma unroll
+            for (int a = 0; a < M; a++) {
+                const float *src = acc[M == 1 ? b : a];
+                const int col = lrow * M + (int)((perm[hh] >> (4 * a)) & 15u);
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const int ltok = j * 8 + 2 * q;
+                    ftile[ltok * FS + col] = src[4 * j + 2 * hh];
+                    ftile[(ltok + 1) * FS + col] = src[4 * j + 2 * hh + 1];
+                }
+            }
+        }
+    named_barrier_sync(2, 256);
+    store_tile_ws<T, M, BMT, BN, 256, FS>(p, ftile, tok_s, e, row0, s0, ctid);
+#else
+    (void)p;
+    __trap();
+#endif
+}
