@@ -1,5 +1,13 @@
-// ssmm.cu -- grouped sparse-sparse matmul on Sparse Tensor Cores (mma.sp).
+// ssmm.cu -- grouped sparse-sparse matmul on Sparse Tensor Cores.
 //
+// Kernels and who runs them (sam_ssmm_cuda, impl = auto):
+//   S <= SAMOYEDS_DECODE_MAX_ROWS routed rows  -> ssmm_decode.cu (split K, weight-bandwidth bound)
+//   sm_90a build on an sm_90 device, 2:4       -> ssmm_ws.cuh (warp-specialised wgmma.sp)
+//   sm_90a build on an sm_90 device, 1:2:V     -> ssmm_wgmma_kernel below (single-role wgmma.sp)
+//   otherwise (sm_80/86/89, 1:4:V)             -> ssmm_kernel below (mma.sp)
+// impl = mma_sp / wgmma_sp / decode forces one; docs/PERFORMANCE.md has the measurements.
+//
+// The mma.sp kernel:
 // Computes, for every expert e and sorted row s of e (see csrc/ssmm_ref.c):
 //     out[s] = act(x[token_ids[s]] @ W_e^T + bias_e) * scale[s]
 // with W_e in the Samoyeds format (samoyeds_layout.h), fp32 accumulation.
