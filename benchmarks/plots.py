@@ -48,10 +48,12 @@ def _ms(d: dict, m: str) -> Optional[float]:
 
 
 def _log_y(ax) -> None:
-    """Log y axis labelled with plain numbers (0.5, 1, 2, ...)."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    """Log y axis labelled with plain numbers (0.125, 0.25, 0.5, 1, 2, ...)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(FixedLocator([2.0 ** e for e in range(-6, 7)]))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
@@ -68,8 +70,10 @@ def kernel_models(d: dict):
     Ts = sorted({c["T"] for c in d["cases"]})
     peers = [("samoyeds-75", "samoyeds 75 %"), ("samoyeds-50", "samoyeds 2:4"), ("grouped_mm", "grouped_mm"),
              ("cusparselt", "cuSPARSELt 2:4")]
-    fig, axes = plt.subplots(len(Ts), 1, figsize=(13, 3.2 * len(Ts)), squeeze=False)
-    for ax, T in zip(axes[:, 0], Ts):
+    fig, axes = plt.subplots(len(Ts), 1, figsize=(10, 2.2 * len(Ts) + 1.2), squeeze=False)
+    per_T = {T: [f"{c['model']} {c['proj']}" for c in d["cases"] if c["T"] == T and _ms(c, "cublas")] for T in Ts}
+    same = all(v == per_T[Ts[-1]] for v in per_T.values())
+    for k, (ax, T) in enumerate(zip(axes[:, 0], Ts)):
         cases = [c for c in d["cases"] if c["T"] == T and _ms(c, "cublas")]
         labels = [f"{c['model']} {c['proj']}" for c in cases]
         width = 0.8 / len(peers)
@@ -84,11 +88,14 @@ def kernel_models(d: dict):
         ax.axhline(1.0, color="k", lw=0.8)
         _log_y(ax)
         ax.set_xticks(range(len(cases)))
-        ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
+        if k == len(Ts) - 1 or not same:  # same cases in every row: label the bottom one only
+            ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
+        else:
+            ax.set_xticklabels([])
         ax.set_ylabel("speed vs cuBLAS")
         ax.set_title(f"T = {T} tokens", fontsize=10)
         ax.grid(axis="y", which="both", alpha=0.3)
-    axes[0, 0].legend(ncol=4, fontsize=8, loc="upper right")
+    axes[0, 0].legend(ncol=4, fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.12), frameon=False)
     _title(fig, "Kernel: one MoE projection over all experts (same routed tokens)", d)
     fig.tight_layout()
     return fig

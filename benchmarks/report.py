@@ -95,7 +95,7 @@ def e2e_table(d: dict) -> str:
                 sp = rs.get("speedup_vs_grouped_mm")
                 batch = f"{rs['batch']} x {rs['seq']}" if phase == "prefill" else str(rs["batch"])
                 rows.append(f"| {c['model']} | {c['depth']}/{c['full_depth']} | {phase} | {batch} | {cell(rg)} | "
-                            f"{cell(rs)} | {f'{sp:.2f}x' if sp else '-'} |")
+                            f"{cell(rs)} | {_x(sp) if sp else '-'} |")
     return "\n".join(rows)
 
 
@@ -117,10 +117,11 @@ def memory_table(d: dict) -> str:
         s = m.get("samoyeds", {})
         ratio = c.get("samoyeds_over_grouped_mm")
         rows.append(f"| {c['scope']} | {c['model']} | {cell('grouped_mm')} | {cell('samoyeds')} | "
-                    f"{f'{ratio:.2f}x' if ratio else '-'} | {s.get('cap_reason', '') if s.get('capped') else 'memory'} |")
+                    f"{('>= ' if s.get('capped') else '') + f'{ratio:.2f}x' if ratio else '-'} | "
+                    f"{s.get('cap_reason', '') if s.get('capped') else 'memory'} |")
     out = "\n".join(rows)
     if packed:
-        p, dd = packed, packed.get("decode", {})
+        p, dd, mb = packed, packed.get("decode", {}), packed.get("max_batch") or {}
         out += (f"\n\n{p['model']} at full depth ({p['layers']} layers, {p['params'] / 1e9:.1f} B parameters): dense "
                 f"bf16 weights {p['dense_bytes'] / GiB:.1f} GiB"
                 + (f" vs {p['device_bytes'] / GiB:.1f} GiB of GPU memory" if p.get("device_bytes") else "")
@@ -129,7 +130,9 @@ def memory_table(d: dict) -> str:
                 f"1 x {p.get('prefill', {}).get('seq')} at {_f(p.get('prefill', {}).get('tokens_per_s'), ',.0f')} "
                 f"tokens/s (peak {_f(p.get('prefill', {}).get('peak_gib'), '.1f')} GiB); decode "
                 f"{_f(dd.get('ms_per_step'), '.1f')} ms/token; largest batch "
-                f"{p.get('max_batch', {}).get('max')} x {p.get('prefill', {}).get('seq')}")
+                f"{mb.get('max')} x {p.get('prefill', {}).get('seq')}"
+                + (f" (search stopped by its time budget; {mb['first_failure']} fails)"
+                   if mb.get("capped") and mb.get("first_failure") else ""))
     return out
 
 
@@ -148,12 +151,93 @@ def breakdown_table(d: dict) -> str:
     return "\n".join(rows)
 
 
-def _range(xs, fmt="{:.2f}x"):
+def _range(xs, fmt="{:.2f}x", bold=False):
+    """lo-hi of xs; with ``bold``, the part below 1 (where samoyeds loses) in **bold**."""
     xs = [x for x in xs if x]
     if not xs:
         return "-"
     lo, hi = min(xs), max(xs)
-    return fmt.format(lo) if abs(hi - lo) < 0.005 else f"{fmt.format(lo)}-{fmt.format(hi)}"
+    b = lambda s, v: f"**{s}**" if bold and v < 1 else s  # noqa: E731
+    if abs(hi - lo) < 0.005:
+        return b(fmt.format(lo), lo)
+    if bold and hi < 1:
+        return f"**{fmt.format(lo)}-{fmt.format(hi)}**"
+    return f"{b(fmt.format(lo), lo)}-{fmt.format(hi)}"
+
+
+def _x(v: float) -> str:
+    """A ratio, in **bold** below 1."""
+    return f"**{v:.2f}x**" if v < 1 else f"{v:.2f}x"
+
+
+def accuracy_table(d: dict) -> str:
+    """Held-out perplexity per variant (before / after the masked fine-tune), the targets, the checkpoint."""
+    rows = ["| variant | sparsity | perplexity | after masked fine-tune |", "|---|---:|---:|---:|"]
+    for r in d.get("variants", []):
+        if "ppl" not in r:
+            rows.append(f"| {r.get('name')} | | error: {str(r.get('error', '?'))[:60]} | |")
+            continue
+        ft = (r.get("finetuned") or {}).get("ppl")
+        rows.append(f"| {r['name']} | {r.get('sparsity', 0):.0%} | {r['ppl']:.3f} | {f'{ft:.3f}' if ft else '-'} |")
+    out = "\n".join(rows)
+    t = d.get("targets") or {}
+    lines = []
+    a = t.get("calibrated_loses_at_most_half_of_magnitude")
+    if a:
+        lines.append(f"- calibrated ({a['method']}) pruning loses at most half of what magnitude pruning loses: "
+                     f"perplexity +{a['calibrated_ppl_increase']:.3f} vs +{a['magnitude_ppl_increase']:.3f} over "
+                     f"dense: {'met' if a.get('met') else 'NOT met'}")
+    b = t.get("finetuned_within_10pct_of_dense")
+    if b:
+        lines.append(f"- after the masked fine-tune within 10 % of dense: {b['ppl']:.3f} vs {b['dense_ppl']:.3f} "
+                     f"({b['ppl'] / b['dense_ppl'] - 1:+.1%}): {'met' if b.get('met') else 'NOT met'}")
+    c = t.get("finetuned_at_least_as_good_as_venom")
+    if c:
+        lines.append(f"- after the fine-tune at least as good as VENOM-style 75 % ({c.get('venom_method')}): "
+                     f"{c['samoyeds']:.3f} vs {c['venom']:.3f}: {'met' if c.get('met') else 'NOT met'}")
+    ck = (d.get("packed") or {}).get("checkpoint_bfloat16")
+    if ck:
+        p = d["packed"]
+        lines.append(f"- packed checkpoint ({ck['format']}, bf16): experts file {ck['experts_file_bytes']:,} B = "
+                     f"{ck['file_fraction']:.1%} of the dense expert bytes ({ck['dense_experts_bytes']:,} B); "
+                     f"reloaded perplexity {p.get('reloaded_ppl', float('nan')):.4f}, identical: "
+                     f"{p.get('reloaded_equal')}")
+    return out + ("\n\n" + "\n".join(lines) if lines else "")
+
+
+def decode_table(d: dict) -> str:
+    """The decode kernel: achieved bandwidth over the routed experts' packed bytes, and the block."""
+    rows = ["| model | projection | T | routed rows S | experts read | MB read | decode kernel | TB/s | of device copy "
+            "| mma.sp | wgmma.sp |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    blocks = ["| model | T | MoE block, impl auto | mma.sp | wgmma.sp | auto vs mma.sp |", "|---|---:|---:|---:|---:|---:|"]
+    for r in d.get("rows", []):
+        m = r.get("ms", {})
+        if r.get("proj") == "block":
+            if m.get("auto") and m.get("mma_sp"):
+                blocks.append(f"| {r['model']} | {r['T']} | {m['auto']:.3f} ms | {m['mma_sp']:.3f} ms | "
+                              f"{_f(m.get('wgmma_sp'), '.3f')} ms | {_x(m['mma_sp'] / m['auto'])} |")
+            continue
+        if "decode_ms" not in r:
+            continue
+        rows.append(f"| {r['model']} | {r['proj']} | {r['T']} | {r['S']} | {r['routed_experts']} | "
+                    f"{r['bytes'] / 1e6:.1f} | {r['decode_ms']:.3f} ms | {r['decode_tb_s']:.2f} | "
+                    f"{r['frac_of_copy']:.0%} | {_f(m.get('mma_sp'), '.3f')} ms | {_f(m.get('wgmma_sp'), '.3f')} ms |")
+    return "\n".join(rows) + "\n\n" + "\n".join(blocks)
+
+
+def ssmm_kernels_table(d: dict) -> str:
+    """mma.sp vs single-role wgmma.sp vs warp-specialised wgmma.sp vs cuBLAS, same inputs."""
+    rows = ["| format | case | E | R x C, S tokens | mma.sp | wgmma.sp | wgmma.sp warp-specialised | cuBLAS | "
+            "warp-spec. vs wgmma.sp | fastest ours vs cuBLAS |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in d.get("rows", []):
+        ours = [r.get(k) for k in ("mma_sp_ms", "wgmma_ms", "wgmma_ws_ms") if r.get(k)]
+        best = min(ours) if ours else None
+        ws = r["wgmma_ms"] / r["wgmma_ws_ms"] if r.get("wgmma_ms") and r.get("wgmma_ws_ms") else None
+        rows.append(f"| {r['fmt']} | {r['case']} | {r['E']} | {r['R']} x {r['C']}, {r['S']} | "
+                    f"{_f(r.get('mma_sp_ms'), '.3f')} ms | {_f(r.get('wgmma_ms'), '.3f')} ms | "
+                    f"{_f(r.get('wgmma_ws_ms'), '.3f')} ms | {_f(r.get('cublas_ms'), '.3f')} ms | "
+                    f"{_x(ws) if ws else '-'} | {_x(r['cublas_ms'] / best) if best and r.get('cublas_ms') else '-'} |")
+    return "\n".join(rows)
 
 
 def headline(gpu: str) -> str:
@@ -166,14 +250,14 @@ def headline(gpu: str) -> str:
         for c in d["cases"]:
             by_T.setdefault(c["T"], []).append(c["methods"].get("samoyeds", {}).get("speedup_vs_grouped_mm"))
         big = max(by_T)
-        rows.append(f"| MoE layer vs transformers' grouped_mm, T = 4096 | {_range(by_T.get(4096, []))} | {link('moe.json')} |")
-        rows.append(f"| MoE layer vs grouped_mm, T = {big} | {_range(by_T[big])} | {link('moe.json')} |")
+        rows.append(f"| MoE layer vs transformers' grouped_mm, T = 4096 | {_range(by_T.get(4096, []), bold=True)} | {link('moe.json')} |")
+        rows.append(f"| MoE layer vs grouped_mm, T = {big} | {_range(by_T[big], bold=True)} | {link('moe.json')} |")
         small = [x for T in by_T if T <= 16 for x in by_T[T]]
-        rows.append(f"| MoE layer vs grouped_mm, decode (T <= 16) | {_range(small)} | {link('moe.json')} |")
+        rows.append(f"| MoE layer vs grouped_mm, decode (T <= 16) | {_range(small, bold=True)} | {link('moe.json')} |")
         pk = [c["methods"]["grouped_mm"]["peak_mib"] / c["methods"]["samoyeds"]["peak_mib"] for c in d["cases"]
               if c["T"] >= 4096 and c["methods"].get("samoyeds", {}).get("peak_mib")
               and c["methods"].get("grouped_mm", {}).get("peak_mib")]
-        rows.append(f"| MoE layer peak activation memory, grouped_mm / samoyeds, T >= 4096 | {_range(pk)} | {link('moe.json')} |")
+        rows.append(f"| MoE layer peak activation memory, grouped_mm / samoyeds, T >= 4096 | {_range(pk, bold=True)} | {link('moe.json')} |")
         rows.append(f"| expert weight bytes, samoyeds / dense | "
                     f"{_range([c['expert_bytes_samoyeds'] / c['expert_bytes_dense'] for c in d['cases']], '{:.0%}')} | "
                     f"{link('moe.json')} |")
@@ -181,29 +265,29 @@ def headline(gpu: str) -> str:
     if d:
         for T in sorted({c["T"] for c in d["cases"]}):
             sp = [c["methods"].get("samoyeds-75", {}).get("speedup_vs_cublas") for c in d["cases"] if c["T"] == T]
-            rows.append(f"| kernel, one projection, 75 % vs cuBLAS, T = {T} | {_range(sp)} | {link('kernel.json')} |")
+            rows.append(f"| kernel, one projection, 75 % vs cuBLAS, T = {T} | {_range(sp, bold=True)} | {link('kernel.json')} |")
     d, _ = _load(gpu, "sweep.json")
     if d:
         sp = [c["methods"].get("samoyeds-75", {}).get("speedup_vs_cublas") for c in d["cases"]]
-        rows.append(f"| kernel sweep, one expert, 75 % vs cuBLAS (geomean; range) | {_geomean(sp):.2f}x; {_range(sp)} | "
+        rows.append(f"| kernel sweep, one expert, 75 % vs cuBLAS (geomean; range) | {_x(_geomean(sp))}; {_range(sp, bold=True)} | "
                     f"{link('sweep.json')} |")
     d, _ = _load(gpu, "e2e.json")
     if d:
         for phase in ("prefill", "decode"):
             sp = [r.get("speedup_vs_grouped_mm") for c in d["cases"] if "methods" in c
                   for r in c["methods"].get("samoyeds", {}).get(phase, [])]
-            rows.append(f"| whole model {phase} tokens/s vs grouped_mm | {_range(sp)} | {link('e2e.json')} |")
+            rows.append(f"| whole model {phase} tokens/s vs grouped_mm | {_range(sp, bold=True)} | {link('e2e.json')} |")
     d, _ = _load(gpu, "memory.json")
     if d:
         for c in d["cases"]:
             if c.get("samoyeds_over_grouped_mm"):
                 capped = c["methods"].get("samoyeds", {}).get("capped")
                 rows.append(f"| largest batch, {c['scope']} {c['model']}, vs grouped_mm | "
-                            f"{'>= ' if capped else ''}{c['samoyeds_over_grouped_mm']:.2f}x | {link('memory.json')} |")
+                            f"{'>= ' if capped else ''}{_x(c['samoyeds_over_grouped_mm'])} | {link('memory.json')} |")
             if c.get("scope") == "packed" and c.get("prefill"):
                 rows.append(f"| {c['model']} full depth ({c['params'] / 1e9:.1f} B parameters, "
-                            f"{c['dense_bytes'] / 2**30:.0f} GiB dense) on one GPU | runs in "
-                            f"{_f(c.get('allocated_after_build_gib'), '.0f')} GiB | {link('memory.json')} |")
+                            f"{c['dense_bytes'] / 2**30:.0f} GiB dense) on one GPU | runs, "
+                            f"{_f(c.get('allocated_after_build_gib'), '.1f')} GiB resident | {link('memory.json')} |")
     d, _ = _load(gpu, "breakdown.json")
     if d:
         for c in d["cases"]:
@@ -211,7 +295,24 @@ def headline(gpu: str) -> str:
             a, e = m.get("a_sparse_weights", {}).get("ms"), m.get("e_grouped_launch", {}).get("ms")
             if a and e:
                 rows.append(f"| breakdown {c['model']} T = {c['T']}: (e) full layer vs (a) sparse weights only | "
-                            f"{a / e:.2f}x | {link('breakdown.json')} |")
+                            f"{_x(a / e)} | {link('breakdown.json')} |")
+    port = os.path.join(HERE, "results", "portability.json")
+    if os.path.exists(port):
+        with open(port) as fh:
+            p = json.load(fh)
+        archs = p.get("archs", {})
+        ok = all(r.get("ok") for r in archs.values()) and p.get("package_build", {}).get("ok")
+        rows.append(f"| builds for {', '.join(archs)} (one binary) | {'yes' if ok else '**no**'} | "
+                    f"[portability.json](benchmarks/results/portability.json) |")
+    d, _ = _load(gpu, "accuracy.json")
+    if d and d.get("targets"):
+        t = d["targets"]
+        met = sum(bool(v.get("met")) for v in t.values())
+        b = t.get("finetuned_within_10pct_of_dense", {})
+        ppl = (f"perplexity {b['ppl']:.3f} vs dense {b['dense_ppl']:.3f}; " if b.get("ppl") and b.get("dense_ppl")
+               else "")
+        rows.append(f"| accuracy study ({d.get('mode')} mode), Samoyeds 75 % pruned + masked fine-tune | {ppl}"
+                    f"{met} of {len(t)} targets met | {link('accuracy.json')} |")
     return "\n".join(rows)
 
 
@@ -224,12 +325,14 @@ def main() -> None:
         print(headline(a.gpu))
         return
     for name, fn in (("moe.json", moe_table), ("kernel.json", kernel_table), ("sweep.json", sweep_table),
-                     ("e2e.json", e2e_table), ("memory.json", memory_table), ("breakdown.json", breakdown_table)):
+                     ("e2e.json", e2e_table), ("memory.json", memory_table), ("breakdown.json", breakdown_table),
+                     ("accuracy.json", accuracy_table), ("bench_decode.json", decode_table),
+                     ("ssmm_kernels.json", ssmm_kernels_table)):
         d, path = _load(a.gpu, name)
         if d is None:
             print(f"(no {path})")
             continue
-        env = d["env"]
+        env = d.get("env") or d.get("environment") or d
         print(f"\n{name}: {env.get('device')}, commit {env.get('commit', '?')[:10]}, {env.get('date')}, "
               f"torch {env.get('torch')}; `{env.get('command')}`\n")
         if d.get("ceilings"):
