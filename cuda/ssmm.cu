@@ -280,18 +280,17 @@ template <typename T, typename C> struct Loader {
     }
 };
 
-// Epilogue, second half: from the fp32 tile f[token][c] (c = local storage row
-// * M + its row of the group, so c runs over original rows in order): bias,
-// activation (gate column c pairs with up column 64*M + c), routing scale,
-// 16-byte stores of whole output rows.  Not unrolled: it stays small in the
-// instruction cache.
-template <typename T, typename C>
+// Epilogue, second half (every prefill kernel): from the fp32 tile f[token][c]
+// (c = local storage row * M + its row of the group, so c runs over original rows
+// in order) of a CTA of BMT storage rows: bias, activation (the gate column of a
+// GLU pair -- one pair per 128 storage rows, see the GLU layout -- pairs with the
+// up column 64*M further), routing scale, 16-byte stores of whole output rows.
+// Not unrolled: it stays small in the instruction cache.
+template <typename T, int M, int BMT, int BN, int THREADS, int FS>
 __device__ __forceinline__ void store_tile(const KParams &p, const float *ftile, const int32_t *tok_s, int e,
-                                           int64_t row0, int64_t s0, int tid) {
-    constexpr int M = C::M, BN = C::BN, THREADS = C::THREADS, FS = C::FS;
+                                              int64_t row0, int64_t s0, int tid) {
     const bool gated = p.act != SAM_ACT_NONE;
-    const int OC = gated ? 64 * M : BM * M;  // output columns of this CTA
-    // first output column: plain -> original row row0*M; GLU -> i of the chunk pair
+    const int OC = gated ? BMT / 2 * M : BMT * M;
     const int64_t col0 = gated ? (row0 / 128) * 64 * M : row0 * M;
     const int64_t bias_up = gated ? p.R / 2 : 0;
     T *out = static_cast<T *>(p.out);
@@ -301,10 +300,14 @@ __device__ __forceinline__ void store_tile(const KParams &p, const float *ftile,
     for (int id = tid; id < BN * chunks; id += THREADS) {
         const int ltok = id / chunks, ch = id % chunks;
         if (tok_s[ltok] < 0) continue;
+        const int oc = ch * 8;
+        const int64_t c0 = col0 + oc;
+        if (c0 >= p.out_cols) continue;
         const int64_t s = s0 + ltok;
         const float sc = p.scale ? p.scale[s] : 1.0f;
-        const int64_t c0 = col0 + ch * 8;
-        const float *src = ftile + ltok * FS + ch * 8;
+        // gate column of output column oc: pair oc / (64 M), 128 M columns per pair
+        const int src_c = gated ? (oc / (64 * M)) * 128 * M + oc % (64 * M) : oc;
+        const float *src = ftile + ltok * FS + src_c;
         alignas(16) T y8[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) {
@@ -500,7 +503,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
         }
     __syncthreads();
 
-    store_tile<T, C>(p, ftile, tok_s, e, row0, s0, tid);
+    store_tile<T, M, BM, C::BN, C::THREADS, C::FS>(p, ftile, tok_s, e, row0, s0, tid);
 }
 
 
@@ -653,7 +656,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
         }
     }
     __syncthreads();
-    store_tile<T, C>(p, ftile, tok_s, e, row0, s0, tid);
+    store_tile<T, M, BM, C::BN, C::THREADS, C::FS>(p, ftile, tok_s, e, row0, s0, tid);
 #else
     (void)p;
     __trap();

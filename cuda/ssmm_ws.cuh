@@ -1,5 +1,5 @@
 // ssmm_ws.cuh -- the warp-specialised Hopper kernel of ssmm (wgmma.mma_async.sp,
-// sm_90a).  Included by ssmm.cu inside its namespace: it shares KParams,
+// sm_90a).  Included by ssmm.cu inside its namespace: it shares KParams, store_tile,
 // cta_work and the shared-memory swizzles of the other two kernels there.
 //
 // Computes what every ssmm kernel computes (csrc/ssmm_ref.c):
@@ -99,60 +99,6 @@ template <int M_> struct WsCfg {
     }
     static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * 128 + ((ch ^ (row & 7)) << 4); }
 };
-
-// Epilogue from the fp32 tile f[token][c] (c = local storage row * M + its row
-// of the group) for a CTA of BMT storage rows: the same arithmetic as
-// store_tile, with GLU chunk pairs every 128 storage rows.
-template <typename T, int M, int BMT, int BN, int THREADS, int FS>
-__device__ __forceinline__ void store_tile_ws(const KParams &p, const float *ftile, const int32_t *tok_s, int e,
-                                              int64_t row0, int64_t s0, int tid) {
-    const bool gated = p.act != SAM_ACT_NONE;
-    const int OC = gated ? BMT / 2 * M : BMT * M;
-    const int64_t col0 = gated ? (row0 / 128) * 64 * M : row0 * M;
-    const int64_t bias_up = gated ? p.R / 2 : 0;
-    T *out = static_cast<T *>(p.out);
-    const int chunks = OC / 8;
-    const bool vec_ok = (p.ldo % 8 == 0) && ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0);
-#pragma unroll 1
-    for (int id = tid; id < BN * chunks; id += THREADS) {
-        const int ltok = id / chunks, ch = id % chunks;
-        if (tok_s[ltok] < 0) continue;
-        const int oc = ch * 8;
-        const int64_t c0 = col0 + oc;
-        if (c0 >= p.out_cols) continue;
-        const int64_t s = s0 + ltok;
-        const float sc = p.scale ? p.scale[s] : 1.0f;
-        // gate column of output column oc: pair oc / (64 M), 128 M columns per pair
-        const int src_c = gated ? (oc / (64 * M)) * 128 * M + oc % (64 * M) : oc;
-        const float *src = ftile + ltok * FS + src_c;
-        alignas(16) T y8[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int64_t col = c0 + k;
-            const bool in = col < p.out_cols;
-            float v = src[k];
-            if (p.bias && in) v += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + col);
-            if (gated) {
-                float u = src[64 * M + k];
-                if (p.bias && in) u += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
-                if (p.act == SAM_ACT_SWIGLU) {
-                    v = __fdividef(v, 1.0f + __expf(-v)) * u;
-                } else {
-                    const float gc = fminf(v, p.limit);
-                    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
-                    v = (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
-                }
-            }
-            y8[k] = Elem<T>::from_f(v * sc);
-        }
-        T *dst = out + s * p.ldo + c0;
-        if (vec_ok && c0 + 8 <= p.out_cols) {
-            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(y8);
-        } else {
-            for (int k = 0; k < 8 && c0 + k < p.out_cols; k++) dst[k] = y8[k];
-        }
-    }
-}
 
 template <typename T, typename C>
 __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p) {
@@ -363,7 +309,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p)
     }
     named_barrier_sync(1, C::THREADS);  // all copies landed, all wgmmas done: the ring becomes the fp32 tile
 
-    // ---- epilogue: accumulators -> fp32 tile [BN][FS] -> store_tile_ws
+    // ---- epilogue: accumulators -> fp32 tile [BN][FS] -> store_tile (ssmm.cu)
     constexpr int FS = C::FS;
     float *ftile = reinterpret_cast<float *>(smem);
 #pragma unroll
@@ -384,7 +330,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p)
             }
         }
     named_barrier_sync(2, 256);
-    store_tile_ws<T, M, BMT, BN, 256, FS>(p, ftile, tok_s, e, row0, s0, ctid);
+    store_tile<T, M, BMT, BN, 256, FS>(p, ftile, tok_s, e, row0, s0, ctid);
 #else
     (void)p;
     __trap();
