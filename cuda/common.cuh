@@ -131,6 +131,34 @@ template <> struct MmaSp<__half> {
     }
 };
 
+// ---- row selection (formats 1:M:V) ----------------------------------------------
+//
+// A condensed row keeps M accumulator sets, one per original row of its group;
+// the MMA always accumulates into set 0.  perm holds, 4 bits per set, which row
+// of the group each set is.  At a new column slice, bring the set of row `want`
+// into slot 0 (register selects, no dynamic indexing).  at(a, j, k) is the
+// accumulator of set a, n8 tile j, fragment element k; a thread's row hh owns
+// elements k = 2hh, 2hh+1 of every tile (mma.sp and wgmma layouts alike).
+template <int M, int NT, typename At>
+__device__ __forceinline__ void select_row_set(At at, uint32_t &perm, uint32_t want, int hh) {
+#pragma unroll
+    for (int a = 1; a < M; a++) {
+        const uint32_t pm = perm, f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
+        const bool sw = fa == want;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int k = 2 * hh; k < 2 * hh + 2; k++) {
+                float &x0 = at(0, j, k), &xa = at(a, j, k);
+                const float w0 = x0, wa = xa;
+                x0 = sw ? wa : w0;
+                xa = sw ? w0 : wa;
+            }
+        const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
+        perm = sw ? swapped : pm;
+    }
+}
+
 // ---- Hopper (sm_90a): warpgroup MMA ---------------------------------------------------
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -424,21 +424,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const uint32_t want = idx_s[wm * 64 + i * 16 + g + 8 * hh];
-#pragma unroll
-                for (int a = 1; a < M; a++) {
-                    const uint32_t pm = perm[i][hh], f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
-                    const bool sw = fa == want;
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int k = 2 * hh; k < 2 * hh + 2; k++) {
-                            const float w0 = acc[0][i][j][k], wa = acc[a][i][j][k];
-                            acc[0][i][j][k] = sw ? wa : w0;
-                            acc[a][i][j][k] = sw ? w0 : wa;
-                        }
-                    const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
-                    perm[i][hh] = sw ? swapped : pm;
-                }
+                select_row_set<M, NT>([&](int a, int j, int k) -> float & { return acc[a][i][j][k]; }, perm[i][hh],
+                                      want, hh);
             }
     };
 
@@ -579,21 +566,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const uint32_t want = idx_s[arow + g + 8 * hh];
-#pragma unroll
-            for (int a = 1; a < M; a++) {
-                const uint32_t pm = perm[hh], f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
-                const bool sw = fa == want;
-#pragma unroll
-                for (int j = 0; j < 16; j++)
-#pragma unroll
-                    for (int k = 2 * hh; k < 2 * hh + 2; k++) {
-                        const float w0 = acc[0][4 * j + k], wa = acc[a][4 * j + k];
-                        acc[0][4 * j + k] = sw ? wa : w0;
-                        acc[a][4 * j + k] = sw ? w0 : wa;
-                    }
-                const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
-                perm[hh] = sw ? swapped : pm;
-            }
+            select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
         }
     };
     auto step = [&](auto par_c, int kt) {

@@ -265,21 +265,8 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const uint32_t want = idx_s[i * 16 + g + 8 * hh];
-#pragma unroll
-                    for (int a = 1; a < M; a++) {
-                        const uint32_t pm = perm[i][hh], f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
-                        const bool sw = fa == want;
-#pragma unroll
-                        for (int jj = 0; jj < NT; jj++)
-#pragma unroll
-                            for (int k = 2 * hh; k < 2 * hh + 2; k++) {
-                                const float w0 = acc[0][i][jj][k], wa = acc[a][i][jj][k];
-                                acc[0][i][jj][k] = sw ? wa : w0;
-                                acc[a][i][jj][k] = sw ? w0 : wa;
-                            }
-                        const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
-                        perm[i][hh] = sw ? swapped : pm;
-                    }
+                    select_row_set<M, NT>([&](int a, int j, int k) -> float & { return acc[a][i][j][k]; },
+                                          perm[i][hh], want, hh);
                 }
         };
 

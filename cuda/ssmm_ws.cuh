@@ -24,8 +24,10 @@
 //                    6 stages of 34 KB; 128 fp32 accumulators per thread.
 //   1:M:V (M = 2):   BM = 128 storage rows (each consumer 1 x m64, 2 accumulator
 //                    sets) x 128 tokens, 8 stages of 26 KB.
-// The taller 2:4 tile halves the token bytes per issued FLOP against 128 x 128
-// (the shorter kernel moved 24 KB per 2.1 MFLOP out of L2, 5.7 TB/s in total).
+// The taller 2:4 tile halves the token bytes per issued FLOP against 128 x 128;
+// measured 1.19x the single-role kernel for 2:4 and 0.91x for 1:2 (whose set swaps
+// stall the consumer's own wgmma queue), so auto runs it for 2:4 only
+// (docs/PERFORMANCE.md, v6).
 //
 // Row selection as in the other kernels: M accumulator sets per condensed row;
 // wgmma writes set 0; at every V boundary the warpgroup drains its wgmmas and
@@ -55,18 +57,6 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
 }
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// cp.async.wait_group with a run-time count (the drain at the end of the loop)
-__device__ __forceinline__ void cp_async_wait_dyn(int n) {
-    switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    default: cp_async_wait<6>(); break;
-    }
 }
 #endif
 
@@ -252,21 +242,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const uint32_t want = idx_s[crow + warp * 16 + g + 8 * hh];
-#pragma unroll
-            for (int a = 1; a < M; a++) {
-                const uint32_t pm = perm[hh], f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
-                const bool sw = fa == want;
-#pragma unroll
-                for (int j = 0; j < 16; j++)
-#pragma unroll
-                    for (int k = 2 * hh; k < 2 * hh + 2; k++) {
-                        const float w0 = acc[0][4 * j + k], wa = acc[a][4 * j + k];
-                        acc[0][4 * j + k] = sw ? wa : w0;
-                        acc[a][4 * j + k] = sw ? w0 : wa;
-                    }
-                const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
-                perm[hh] = sw ? swapped : pm;
-            }
+            select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
         }
     };
     auto step = [&](auto par_c, int kt) {
