@@ -2,8 +2,9 @@
 //
 // Kernels and who runs them (sam_ssmm_cuda, impl = auto):
 //   S <= SAMOYEDS_DECODE_MAX_ROWS routed rows  -> ssmm_decode.cu (split K, weight-bandwidth bound)
-//   sm_90a build on an sm_90 device, 2:4       -> ssmm_ws.cuh (warp-specialised wgmma.sp)
-//   sm_90a build on an sm_90 device, 1:2:V     -> ssmm_wgmma_kernel below (single-role wgmma.sp)
+//   sm_90a build on an sm_90 device, 2:4 and 1:2:V (V % 128 == 0)
+//                                              -> ssmm_ws.cuh (warp-specialised wgmma.sp, weights by TMA)
+//     SAMOYEDS_WGMMA_KERNEL=1, or no TMA       -> ssmm_wgmma_kernel below (single-role wgmma.sp)
 //   otherwise (sm_80/86/89, 1:4:V)             -> ssmm_kernel below (mma.sp)
 // impl = mma_sp / wgmma_sp / decode forces one; docs/PERFORMANCE.md has the measurements.
 //
@@ -39,6 +40,7 @@
 // (a gated activation pairs gate row i with up row i of the same CTA, see the
 // GLU layout), routing scale -> coalesced 16-byte stores of whole output rows.  Tails in every dimension are predicated (zero-filled
 // loads, masked stores); invalid token ids read nothing and write nothing.
+#include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
 #include <stdlib.h>
 #include <string.h>
 
@@ -650,6 +652,56 @@ int wgmma_meta_remap() {
 
 enum Kernel { K_MMA_SP = 0, K_WGMMA = 1, K_WGMMA_WS = 2 };
 
+// cuTensorMapEncodeTiled, taken from the driver through the runtime: the build
+// links no libcuda.  nullptr where the driver has none.
+typedef CUresult (*TensorMapEncodeFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                      const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                      CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                      CUtensorMapFloatOOBfill);
+TensorMapEncodeFn tensor_map_encoder() {
+    static TensorMapEncodeFn fn = nullptr;
+    static bool tried = false;
+    if (!tried) {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+        const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                                 cudaEnableDefault, &q);
+#else
+        const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+        if (err == cudaSuccess && q == cudaDriverEntryPointSuccess) fn = reinterpret_cast<TensorMapEncodeFn>(f);
+        cudaGetLastError();
+        tried = true;
+    }
+    return fn;
+}
+
+// The warp-specialised kernel's TMA maps over the packed values and metadata
+// (layout in ssmm_ws.cuh).  False (and nothing launched) when the driver has no
+// encoder or the arrays are not 16-byte aligned: the caller runs another kernel.
+template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps, WsMaps &m) {
+    TensorMapEncodeFn enc = tensor_map_encoder();
+    if (!enc || (uintptr_t)ps->values % 16 != 0 || (uintptr_t)ps->meta % 16 != 0) return false;
+    const cuuint64_t cp = (cuuint64_t)ps->d.cp, rp = (cuuint64_t)ps->d.rp, E = (cuuint64_t)ps->d.E;
+    const cuuint32_t one[3] = {1, 1, 1};
+    const CUtensorMapDataType vt =
+        std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    const cuuint64_t a_dim[3] = {cp / 2, rp, E}, a_stride[2] = {cp, rp * cp};
+    const cuuint32_t a_box[3] = {(cuuint32_t)(C::BK / 2), (cuuint32_t)C::BMT, 1};
+    if (enc(&m.a, vt, 3, const_cast<void *>(ps->values), a_dim, a_stride, a_box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return false;
+    const cuuint64_t m_dim[3] = {cp / 2, rp / 16, E}, m_stride[2] = {cp * 2, (rp / 16) * cp * 2};
+    const cuuint32_t m_box[3] = {(cuuint32_t)(C::KS * 16), (cuuint32_t)(C::BMT / 16), 1};
+    if (enc(&m.meta, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<uint32_t *>(ps->meta), m_dim, m_stride, m_box,
+            one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return false;
+    return true;
+}
+
 template <typename T, typename C, int KIND = K_MMA_SP>
 sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     constexpr int M = C::M;
@@ -694,12 +746,23 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
         return SAM_STATUS_UNSUPPORTED;
     }
     k.meta_remap = wgmma_meta_remap();
-    void (*kernel)(const KParams);
-    if constexpr (KIND == K_WGMMA_WS) kernel = ssmm_ws_kernel<T, C>;
-    else if constexpr (KIND == K_WGMMA) kernel = ssmm_wgmma_kernel<T, C>;
-    else kernel = ssmm_kernel<T, C>;
-    SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM), "ssmm");
-    kernel<<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k);
+    if constexpr (KIND == K_WGMMA_WS) {
+        WsMaps maps;
+        if (!ws_tensor_maps<T, C>(ps, maps)) {
+            set_error("ssmm: could not describe the packed weights to the tensor memory accelerator (driver "
+                      "without cuTensorMapEncodeTiled, or values/meta not 16-byte aligned)");
+            return SAM_STATUS_UNSUPPORTED;
+        }
+        SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_ws_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
+                     "ssmm");
+        ssmm_ws_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
+    } else {
+        void (*kernel)(const KParams);
+        if constexpr (KIND == K_WGMMA) kernel = ssmm_wgmma_kernel<T, C>;
+        else kernel = ssmm_kernel<T, C>;
+        SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM), "ssmm");
+        kernel<<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k);
+    }
     return launch_status("ssmm");
 }
 
@@ -746,11 +809,14 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
     const bool want_wgmma = ps->impl == 2 || (ps->impl == 0 && env_int("SAMOYEDS_SSMM_WGMMA", 1) != 0);
     if (want_wgmma && wgmma_fits && device_has_wgmma()) {
         // SAMOYEDS_WGMMA_KERNEL: 1 single-role kernel, 2 warp-specialised; default: the
-        // faster of the two on an H100 (benchmarks/ssmm_kernels.py): warp-specialised
-        // 256-row tiles for 2:4 (1.19x), single-role for 1:M:V (the warp-specialised one
-        // is 0.91x there: its row-set swaps stall a consumer's own wgmma queue)
+        // warp-specialised one, 1.42-1.46x the single-role kernel for 2:4 and 1.05-1.17x
+        // for 1:2:128 on an H100 (benchmarks/ssmm_kernels.py)
         const int which = env_int("SAMOYEDS_WGMMA_KERNEL", 0);
-        if (which == 2 || (which == 0 && m == 1)) {
+        // the warp-specialised kernel streams the weights by TMA: a driver encoder and
+        // 16-byte-aligned arrays (always so for arrays the library allocates)
+        const bool ws_ok = tensor_map_encoder() != nullptr && (uintptr_t)ps->values % 16 == 0 &&
+                           (uintptr_t)ps->meta % 16 == 0;
+        if (ws_ok && which != 1) {
             if (m == 1) return launch<T, WsCfg<1>, K_WGMMA_WS>(ps, stream);
             return launch<T, WsCfg<2>, K_WGMMA_WS>(ps, stream);
         }

@@ -5,34 +5,44 @@
 // Computes what every ssmm kernel computes (csrc/ssmm_ref.c):
 //     out[s] = act(x[token_ids[s]] @ W_e^T + bias_e) * scale[s]
 //
-// CTA = 3 warpgroups.  Warpgroup 0 is the producer: it gathers the BN = 128
-// token rows of the tile straight from x by index and streams the packed values,
-// 2:4 metadata and row-selection indices with cp.async into an ST-stage ring of
-// shared-memory buffers; it keeps LAG stages of copies in flight, and when a
-// stage's copies have landed it fences them for the async proxy and arrives on
-// the stage's `full` mbarrier.  Warpgroups 1 and 2 are consumers: they wait on
-// `full`, load the packed values of their rows into registers (ldmatrix: the
-// sparse A operand of wgmma.sp comes from registers), issue the wgmmas of the
-// k-tile with the token tile read by the tensor cores through a 128-byte-swizzle
-// descriptor, keep one k-tile of wgmmas in flight, and arrive on the `empty`
-// mbarrier of a stage once the wgmmas that read it are done.  No CTA-wide barrier
-// inside the main loop; setmaxnreg gives the consumers 224 registers and the
-// producer 56.
+// CTA = 3 warpgroups.  Warpgroup 0 is the producer: one elected thread streams the
+// packed values and the 2:4 metadata of the tile with TMA (cp.async.bulk.tensor,
+// completing on the stage's `full` mbarrier by transaction bytes), and all 128
+// threads gather the BN = 128 token rows of the tile straight from x by index
+// with cp.async (TMA cannot gather rows on sm_90), each thread ending its stage
+// with cp.async.mbarrier.arrive.noinc, so a stage is marked full by the hardware
+// the moment its bytes have landed and the producer never waits on its own
+// copies: it only waits for a free stage (`empty`).  Warpgroups 1 and 2 are
+// consumers: they wait on `full`, load the packed values of their rows into
+// registers (ldmatrix: the sparse A operand of wgmma.sp comes from registers),
+// issue the wgmmas of the k-tile with the token tile read by the tensor cores
+// through a 128-byte-swizzle descriptor, keep one k-tile of wgmmas in flight,
+// and arrive on the `empty` mbarrier of a stage once the wgmmas that read it are
+// done.  No CTA-wide barrier inside the main loop; setmaxnreg gives the
+// consumers 216 registers and the producer 72.
 //
 // Tiles (BK = 64 dense columns per stage, NB m64 blocks per consumer):
 //   2:4 (M = 1):     BM = 256 storage rows (each consumer 2 x m64) x 128 tokens,
 //                    6 stages of 34 KB; 128 fp32 accumulators per thread.
 //   1:M:V (M = 2):   BM = 128 storage rows (each consumer 1 x m64, 2 accumulator
 //                    sets) x 128 tokens, 8 stages of 26 KB.
-// The taller 2:4 tile halves the token bytes per issued FLOP against 128 x 128;
-// measured 1.19x the single-role kernel for 2:4 and 0.91x for 1:2 (whose set swaps
-// stall the consumer's own wgmma queue), so auto runs it for 2:4 only
-// (docs/PERFORMANCE.md, v6).
+// The taller 2:4 tile halves the token bytes per issued FLOP against 128 x 128.
+// With the weights by TMA and the stages marked full by the copies themselves it
+// runs 1.42-1.46x the single-role kernel for 2:4 and 1.05-1.17x for 1:2:128 on an
+// H100 (docs/PERFORMANCE.md, v7); auto runs it for both.
 //
 // Row selection as in the other kernels: M accumulator sets per condensed row;
 // wgmma writes set 0; at every V boundary the warpgroup drains its wgmmas and
 // swaps set 0 with the set of the newly selected row (register selects).
 #pragma once
+
+// Tensor maps of one launch (host: ws_tensor_maps in ssmm.cu): the packed values
+// as [E][rp][cp/2] elements, boxes of BMT rows x 32 values (64 bytes, 64-byte
+// swizzle: the layout WsCfg::a_off reads), and the metadata as
+// [E][rp/16][cp/2] words, boxes of BMT/16 row tiles x (KS x 16) words.
+struct WsMaps {
+    CUtensorMap a, meta;
+};
 
 #ifdef SAM_HAS_WGMMA
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -55,6 +65,27 @@ template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
+// Expects `bytes` more transaction bytes on the barrier and arrives once.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Arrives on the barrier when every cp.async this thread issued so far has
+// landed; .noinc: the arrival is one of the counted ones.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// 3-d TMA tile load global -> shared, completing on `bar` by its byte count.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -75,7 +106,6 @@ template <int M_> struct WsCfg {
     static constexpr int IDX_BYTES = M > 1 ? BMT : 0;
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
     static constexpr int ST = M == 1 ? 6 : 8;          // stages
-    static constexpr int LAG = ST - 2;                 // stages of copies in flight per producer thread
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     static constexpr int FS = BMT * M + 4;             // fp32 epilogue tile row stride
     static constexpr int EPI_BYTES = BN * FS * 4;
@@ -91,11 +121,10 @@ template <int M_> struct WsCfg {
 };
 
 template <typename T, typename C>
-__global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p) {
+__global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p, const __grid_constant__ WsMaps tm) {
 #ifdef SAM_HAS_WGMMA
     constexpr int M = C::M, NB = C::NB, BMW = C::BMW, BMT = C::BMT, BN = C::BN, BK = C::BK, KS = C::KS,
-                  ST = C::ST, LAG = C::LAG, PT = C::PTHREADS;
-    static_assert(LAG >= 1 && LAG <= ST - 2, "producer lag: consumers must be able to free a stage");
+                  ST = C::ST, PT = C::PTHREADS;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = align_smem(smem_raw);
     int32_t *tok_s = reinterpret_cast<int32_t *>(smem + C::TOK_OFF);
@@ -112,10 +141,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p)
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            mbar_init(full_bar(s), PT);
+            mbar_init(full_bar(s), PT + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
             mbar_init(empty_bar(s), 2 * 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        tma_prefetch_map(&tm.a);
+        tma_prefetch_map(&tm.meta);
     }
     __syncthreads();
     auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
@@ -124,75 +155,52 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p)
     if (wg == 0) {
         // ---------------- producer ----------------
         setmaxnreg_dec<C::PREGS>();
-        const T *vals = static_cast<const T *>(p.values) + (int64_t)e * p.rp * (p.cp / 2);
-        const uint32_t *meta = p.meta + (int64_t)e * (p.rp / 16) * (p.cp / 32) * 16;
-        const uint8_t *idxg = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp : nullptr;
         const T *x = static_cast<const T *>(p.x);
-        const int64_t a_pitch = p.cp / 2;
-        // A: BMT rows x 4 chunks; thread -> chunk tid % 4, rows tid / 4 + 32 i
-        constexpr int A_CH = BMT * 4 / PT;
-        const int a_row = tid / 4, a_ch = tid % 4;
-        const T *a_src = vals + (row0 + a_row) * a_pitch + a_ch * 8;
-        unsigned a_ok = 0;
-#pragma unroll
-        for (int i = 0; i < A_CH; i++) a_ok |= (unsigned)(row0 + a_row + 32 * i < p.rp) << i;
         // B: 128 token rows x 8 chunks; thread -> chunk tid % 8, rows tid / 8 + 16 i
         constexpr int B_CH = BN * 8 / PT;
         const int b_row = tid / 8, b_ch = tid % 8;
-        uint32_t b_off[B_CH];
+        const T *b_src[B_CH];
         unsigned b_ok = 0;
 #pragma unroll
         for (int i = 0; i < B_CH; i++) {
             const int t = tok_s[b_row + 16 * i];
             b_ok |= (unsigned)(t >= 0) << i;
-            b_off[i] = t >= 0 ? (uint32_t)(((int64_t)t * p.ldx) / 8 + b_ch) : 0u;
+            b_src[i] = x + (t >= 0 ? (int64_t)t * p.ldx + b_ch * 8 : 0);
         }
-        // metadata: BMT/16 row tiles x KS x 4 chunks
-        constexpr int M_CH = BMT / 16 * KS * 4;
-        static_assert(M_CH <= PT, "one metadata chunk per producer thread");
-        const bool m_load = tid < M_CH;
-        const int64_t m_r16 = row0 / 16 + tid / (KS * 4);
-        const bool m_ok = m_load && m_r16 < p.rp / 16;
-        const uint32_t *m_src = meta + (m_ok ? m_r16 * (p.cp / 32) * 16 + (tid % (KS * 4)) * 4 : 0);
-        // indices: BMT bytes in 16-byte chunks
+        uint32_t b_dst[B_CH];
+#pragma unroll
+        for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
+        // row-selection indices (1:M:V): BMT bytes in 16-byte chunks
+        const uint8_t *idxg = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp : nullptr;
         const bool i_load = M > 1 && tid < BMT / 16;
         const bool i_ok = i_load && row0 + tid * 16 < p.rp;
         const uint8_t *i_src = M > 1 ? idxg + (i_ok ? row0 + tid * 16 : 0) : nullptr;
+        constexpr uint32_t TX = C::A_BYTES + C::META_BYTES;
 
         for (int kt = 0; kt < KT; kt++) {
             const int s = kt % ST;
             if (kt >= ST) mbar_wait(empty_bar(s), ((kt / ST) - 1) & 1);
             const uint32_t base = smem_u32(stage_ptr(s));
-            const T *as = a_src + (int64_t)kt * (BK / 2);
-#pragma unroll
-            for (int i = 0; i < A_CH; i++) {
-                const bool ok = (a_ok >> i) & 1;
-                cp_async16(base + C::a_off(a_row + 32 * i, a_ch), ok ? as + (int64_t)32 * i * a_pitch : vals, ok);
+            if (tid == 0) {
+                mbar_arrive_expect_tx(full_bar(s), TX);
+                tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
+                tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
+                            full_bar(s));
             }
             const int col = kt * BK + b_ch * 8;
             const bool col_ok = col < p.C;
-            const T *xs = x + kt * BK;
 #pragma unroll
             for (int i = 0; i < B_CH; i++) {
                 const bool ok = col_ok && ((b_ok >> i) & 1);
-                cp_async16(base + C::A_BYTES + C::b_off(b_row + 16 * i, b_ch), ok ? xs + (int64_t)b_off[i] * 8 : x,
-                           ok);
+                cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
             }
-            if (m_load) cp_async16(base + C::A_BYTES + C::B_BYTES + tid * 16, m_src + (int64_t)kt * KS * 16, m_ok);
             if (M > 1 && i_load)
                 cp_async16(base + C::A_BYTES + C::B_BYTES + C::META_BYTES + tid * 16,
                            i_src + (int64_t)(kt / kt_per_slice) * p.rp, i_ok);
-            cp_async_commit();
-            if (kt >= LAG) {
-                cp_async_wait<LAG>();
-                fence_proxy_async();
-                mbar_arrive(full_bar((kt - LAG) % ST));
-            }
+            cp_async_mbar_arrive(full_bar(s));
         }
         cp_async_wait<0>();
-        fence_proxy_async();
-        for (int kt = max(0, KT - LAG); kt < KT; kt++) mbar_arrive(full_bar(kt % ST));
-        named_barrier_sync(1, C::THREADS);  // every copy of this thread has landed
+        named_barrier_sync(1, C::THREADS);  // the consumers saw every stage full: all copies have landed
         return;                             // the consumers write the tile
     }
     // ---------------- consumers ----------------
@@ -249,6 +257,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p)
         constexpr int par = decltype(par_c)::value;
         const int st = kt % ST;
         mbar_wait(full_bar(st), (kt / ST) & 1);
+        fence_proxy_async();  // the token rows came through the generic proxy (cp.async)
         load_frags(par_c, st);
         if (M > 1 && kt % kt_per_slice == 0) {
             wgmma_wait<0>();
