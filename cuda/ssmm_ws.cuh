@@ -13,10 +13,10 @@
 // with cp.async.mbarrier.arrive.noinc, so a stage is marked full by the hardware
 // the moment its bytes have landed and the producer never waits on its own
 // copies: it only waits for a free stage (`empty`).  Warpgroups 1 and 2 are
-// consumers: they wait on `full`, load the packed values of their rows into
-// registers (ldmatrix: the sparse A operand of wgmma.sp comes from registers),
-// issue the wgmmas of the k-tile with the token tile read by the tensor cores
-// through a 128-byte-swizzle descriptor, keep one k-tile of wgmmas in flight,
+// consumers: they wait on `full`, load the k-tile's metadata words into registers
+// and issue its wgmma.sp with both operands read by the tensor cores from shared
+// memory through descriptors (the packed values in the 64-byte swizzle TMA wrote,
+// the tokens in the 128-byte swizzle), keep one k-tile of wgmmas in flight,
 // and arrive on the `empty` mbarrier of a stage once the wgmmas that read it are
 // done.  No CTA-wide barrier inside the main loop; setmaxnreg gives the
 // consumers 216 registers and the producer 72.
@@ -28,8 +28,8 @@
 //                    sets) x 128 tokens, 8 stages of 26 KB.
 // The taller 2:4 tile halves the token bytes per issued FLOP against 128 x 128.
 // With the weights by TMA and the stages marked full by the copies themselves it
-// runs 1.42-1.46x the single-role kernel for 2:4 and 1.05-1.17x for 1:2:128 on an
-// H100 (docs/PERFORMANCE.md, v7); auto runs it for both.
+// runs 1.5-1.6x the single-role kernel for 2:4 and 1.15x for 1:2:128 on an H100
+// (docs/PERFORMANCE.md, v7); auto runs it for both.
 //
 // Row selection as in the other kernels: M accumulator sets per condensed row;
 // wgmma writes set 0; at every V boundary the warpgroup drains its wgmmas and
@@ -38,7 +38,7 @@
 
 // Tensor maps of one launch (host: ws_tensor_maps in ssmm.cu): the packed values
 // as [E][rp][cp/2] elements, boxes of BMT rows x 32 values (64 bytes, 64-byte
-// swizzle: the layout WsCfg::a_off reads), and the metadata as
+// swizzle: the K-major layout wgmma reads through smem_desc_sw64), and the metadata as
 // [E][rp/16][cp/2] words, boxes of BMT/16 row tiles x (KS x 16) words.
 struct WsMaps {
     CUtensorMap a, meta;
@@ -113,10 +113,8 @@ template <int M_> struct WsCfg {
     static constexpr int BAR_OFF = MAIN_BYTES;         // 2 x ST mbarriers
     static constexpr int TOK_OFF = BAR_OFF + 2 * ST * 8;
     static constexpr int SMEM = TOK_OFF + BN * 4 + 1024;  // + alignment slack
-    // same swizzles as Cfg<.., 64, ..>: A rows of 64 bytes, B rows of 128 bytes (SW128)
-    static __device__ __forceinline__ uint32_t a_off(int row, int ch) {
-        return row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
-    }
+    // A (TMA, 64-byte swizzle, read by smem_desc_sw64): rows of 64 bytes; B: rows of
+    // 128 bytes in the 128-byte swizzle (smem_desc_sw128)
     static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * 128 + ((ch ^ (row & 7)) << 4); }
 };
 
@@ -225,25 +223,18 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
         perm[0] = perm[1] = init;
     }
-    uint32_t af[2][NB][KS][4], ef[2][NB][KS];
+    uint32_t ef[2][NB][KS];
     const int crow = c * BMW;  // first storage row of this consumer
 
-    auto load_frags = [&](auto par_c, int st) {
+    // the metadata words of the k-tile (the packed values stay in shared memory)
+    auto load_meta = [&](auto par_c, int st) {
         constexpr int par = decltype(par_c)::value;
-        unsigned char *base = stage_ptr(st);
-        const uint32_t sa = smem_u32(base);
-        const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(base + C::A_BYTES + C::B_BYTES);
+        const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(stage_ptr(st) + C::A_BYTES + C::B_BYTES);
 #pragma unroll
         for (int b = 0; b < NB; b++)
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                const int row = crow + b * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                const int ch = 2 * ks + (lane >> 4);
-                ldmatrix_x4(sa + C::a_off(row, ch), af[par][b][ks][0], af[par][b][ks][1], af[par][b][ks][2],
-                            af[par][b][ks][3]);
-                const int t16 = crow / 16 + b * 4 + warp;
-                ef[par][b][ks] = mt_s[(t16 * KS + ks) * 16 + 2 * g + (q & 1)];
-            }
+            for (int ks = 0; ks < KS; ks++)
+                ef[par][b][ks] = mt_s[((crow / 16 + b * 4 + warp) * KS + ks) * 16 + 2 * g + (q & 1)];
     };
     auto select_rows = [&](int st) {
         const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
@@ -258,7 +249,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         const int st = kt % ST;
         mbar_wait(full_bar(st), (kt / ST) & 1);
         fence_proxy_async();  // the token rows came through the generic proxy (cp.async)
-        load_frags(par_c, st);
+        load_meta(par_c, st);
         if (M > 1 && kt % kt_per_slice == 0) {
             wgmma_wait<0>();
 #pragma unroll
@@ -267,14 +258,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
             for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         }
-        const uint32_t sb = smem_u32(stage_ptr(st)) + C::A_BYTES;
+        const uint32_t sa = smem_u32(stage_ptr(st)), sb = sa + C::A_BYTES;
         wgmma_fence();
 #pragma unroll
         for (int b = 0; b < NB; b++)
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
-                WgmmaSp<T>::run(acc[b], af[par][b][ks], smem_desc_sw128(sb + ks * 64), ef[par][b][ks],
-                                zero_init || kt > 0 || ks > 0);
+                WgmmaSpSS<T>::run(acc[b], smem_desc_sw64(sa + (crow + b * 64) * 64 + ks * 32),
+                                  smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
         wgmma_commit();
         wgmma_wait<1>();
         if (kt > 0) mbar_arrive(empty_bar((kt - 1) % ST));
