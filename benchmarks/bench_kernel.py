@@ -11,7 +11,10 @@ same (masked) weights:
                 pre-gathered tokens
 The peers' gathers and activations are not timed.  Each method is captured in
 a CUDA graph and timed by replay with CUDA events (median).  Ceilings (dense
-bf16 matmul rate, copy bandwidth) are measured in the same run.
+bf16 matmul rate, copy bandwidth, the tensor cores' issue rate per instruction
+form) are measured in the same run; frac_wgmma_sp is a samoyeds case's executed
+sparse work against the wgmma.sp issue rate, the instruction its Hopper
+kernels run on.
 
   python benchmarks/bench_kernel.py [--quick] [--models a,b] [--tokens 256,4096] [--out DIR]
                                     [--tiny --device cpu]   (a CPU smoke run: shapes / 16, wall clock)
@@ -28,8 +31,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
-from common import (SHAPES, MoEShape, add_run_args, default_dtype, environment, free_memory,  # noqa: E402
-                    measure_ceilings, result_path, setup_run, time_graph, time_ms, write_json)
+from common import (SHAPES, MoEShape, add_run_args, ceilings_line, default_dtype, environment,  # noqa: E402
+                    free_memory, measure_ceilings, result_path, setup_run, time_graph, time_ms, write_json)
 
 FORMATS = {"samoyeds-75": "samoyeds-1:2:128", "samoyeds-50": "2:4"}
 
@@ -133,6 +136,7 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
         ceil = {"dense_bf16_tflops": float("nan"), "copy_tb_s": float("nan")}
     dense_rate = ceil["dense_bf16_tflops"] * 1e12
     bw = ceil["copy_tb_s"] * 1e12
+    wgmma_sp = ceil.get("wgmma_sp_tflops")  # None off sm_90 / without sm_90a
     for m, t in res["methods"].items():
         if "ms" not in t:
             continue
@@ -147,6 +151,7 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
             io_bytes = (T if proj == "gate_up" else S) * C * 2 + S * out_cols * 2
             t_floor = max(exec_flop / (2 * dense_rate), (w_bytes + io_bytes) / bw)
             t["frac_sparse_ceiling"] = exec_flop / (t["ms"] * 1e-3) / (2 * dense_rate)
+            t["frac_wgmma_sp"] = exec_flop / (t["ms"] * 1e-3) / (wgmma_sp * 1e12) if wgmma_sp else None
             t["time_floor_ms"] = t_floor * 1e3
             t["frac_floor"] = t_floor / (t["ms"] * 1e-3)
     base = res["methods"]
@@ -182,7 +187,7 @@ def main() -> None:
     ceil = None
     if device == "cuda":
         ceil = measure_ceilings()
-        print(f"ceilings: dense bf16 {ceil['dense_bf16_tflops']:.0f} TFLOP/s, copy {ceil['copy_tb_s']:.2f} TB/s")
+        print(ceilings_line(ceil))
     methods = args.methods.split(",")
     cases = []
     for name in args.models.split(","):
@@ -206,13 +211,18 @@ def _ms(res, m):
     return f"{t['ms']:8.3f}" if "ms" in t else "     err"
 
 
+def _num(v):
+    return math.nan if v is None else v
+
+
 def _print_row(res):
     ms = " ".join(f"{m}={_ms(res, m).strip()}" for m in res["methods"])
     print(f"{res['model']:>16} T={res['T']:>5} {res['proj']:>7}: {ms}", flush=True)
 
 
 def _print_table(cases):
-    print("\nmodel              T      proj     s75 ms  s50 ms  cublas  grp_mm  cslt   | s75/cub s75/grp s75/cslt s50/cub | s75 TF/s  frac-ceil frac-floor")
+    print("\nmodel              T      proj     s75 ms  s50 ms  cublas  grp_mm  cslt   | s75/cub s75/grp s75/cslt s50/cub "
+          "| s75 TF/s  frac-ceil frac-wgsp frac-floor")
     for c in cases:
         m = c["methods"]
         s75 = m.get("samoyeds-75", {})
@@ -225,7 +235,8 @@ def _print_table(cases):
               f"{_ms(c, 'cublas')}{_ms(c, 'grouped_mm')}{_ms(c, 'cusparselt')} |"
               f"{sp(s75, 'speedup_vs_cublas')} {sp(s75, 'speedup_vs_grouped_mm')} {sp(s75, 'speedup_vs_cusparselt')}"
               f" {sp(s50, 'speedup_vs_cublas')} | {s75.get('dense_equiv_tflops', math.nan):7.0f}"
-              f"   {s75.get('frac_sparse_ceiling', math.nan):6.2f}    {s75.get('frac_floor', math.nan):6.2f}")
+              f"   {s75.get('frac_sparse_ceiling', math.nan):6.2f}    {_num(s75.get('frac_wgmma_sp')):6.2f}"
+              f"    {s75.get('frac_floor', math.nan):6.2f}")
 
 
 if __name__ == "__main__":

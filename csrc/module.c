@@ -1,6 +1,6 @@
 /*
  * module.c -- samoyeds._C: module definition (multi-phase init, module state),
- * error mapping, and build/device information.
+ * error mapping, build/device information and the tensor-core issue rate.
  *
  * The ops themselves (argument checks, DLPack intake, dispatch to the C
  * reference or the CUDA launchers) are in ops.c.
@@ -62,6 +62,58 @@ static PyObject *py_cuda_device_capability(PyObject *self, PyObject *arg)
     return Py_BuildValue("(ii)", cc / 10, cc % 10);
 #else
     PyErr_SetString(PyExc_RuntimeError, "samoyeds was built without CUDA");
+    return NULL;
+#endif
+}
+
+static const char *const tc_kind_names[SAM_TC_KIND_COUNT] = SAM_TC_KIND_NAMES;
+
+/* The kinds as a tuple of names, in enum order. */
+static PyObject *tc_kinds_tuple(void)
+{
+    PyObject *t = PyTuple_New(SAM_TC_KIND_COUNT);
+    if (t == NULL) return NULL;
+    for (int i = 0; i < SAM_TC_KIND_COUNT; i++) {
+        PyObject *s = PyUnicode_FromString(tc_kind_names[i]);
+        if (s == NULL) { Py_DECREF(t); return NULL; }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+/* tensor_core_rate(kind, device=0) -> float: the issue rate of one tensor-core
+ * instruction form in dense-equivalent TFLOP/s (cuda/peak.cu).  The kind is
+ * checked in every build, so a typo is a ValueError with or without CUDA. */
+static PyObject *py_tensor_core_rate(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"kind", "device", NULL};
+    PyObject *o_kind = NULL;
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "U|i:tensor_core_rate", kwlist, &o_kind, &device)) return NULL;
+    const char *name = PyUnicode_AsUTF8(o_kind);
+    if (name == NULL) return NULL;
+    int kind = -1;
+    for (int i = 0; i < SAM_TC_KIND_COUNT; i++)
+        if (strcmp(name, tc_kind_names[i]) == 0) kind = i;
+    if (kind < 0) {
+        PyObject *kinds = tc_kinds_tuple();
+        if (kinds == NULL) return NULL;
+        PyErr_Format(PyExc_ValueError, "tensor_core_rate: kind: expected one of %R, got %R", kinds, o_kind);
+        Py_DECREF(kinds);
+        return NULL;
+    }
+#if SAM_WITH_CUDA
+    double tflops = 0.0;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = sam_tc_rate_cuda((sam_tc_kind)kind, device, &tflops);
+    Py_END_ALLOW_THREADS
+    if (status != SAM_STATUS_OK) return sam_raise_status(status, "tensor_core_rate", sam_cuda_last_error());
+    return PyFloat_FromDouble(tflops);
+#else
+    (void)device;
+    PyErr_SetString(PyExc_RuntimeError, "tensor_core_rate: samoyeds was built without CUDA");
     return NULL;
 #endif
 }
@@ -157,6 +209,9 @@ static PyMethodDef sam_methods[] = {
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without)."},
     {"cuda_device_capability", py_cuda_device_capability, METH_O, "(major, minor) of a device."},
+    {"tensor_core_rate", (PyCFunction)(void (*)(void))py_tensor_core_rate, METH_VARARGS | METH_KEYWORDS,
+     "tensor_core_rate(kind, device=0) -> float: issue rate of a tensor-core instruction form "
+     "(one of TENSOR_CORE_KINDS), dense-equivalent TFLOP/s."},
     {"set_fast_dlpack", py_set_fast_dlpack, METH_O,
      "Enable/disable the DLPack C exchange-API fast path; returns the old setting."},
     {"decode_meta", py_decode_meta, METH_O, "decode_meta(meta) -> uint8 ndarray [..., 8, 2] of positions."},
@@ -178,6 +233,11 @@ static int sam_exec(PyObject *m)
     if (PyModule_AddIntConstant(m, "GLU_CHUNK", SAM_GLU_CHUNK) < 0) return -1;
     if (PyModule_AddIntConstant(m, "MAX_M", SAM_MAX_M) < 0) return -1;
     if (PyModule_AddIntConstant(m, "WITH_CUDA", SAM_WITH_CUDA) < 0) return -1;
+    PyObject *kinds = tc_kinds_tuple();
+    if (kinds == NULL) return -1;
+    int added = PyModule_AddObjectRef(m, "TENSOR_CORE_KINDS", kinds);
+    Py_DECREF(kinds);
+    if (added < 0) return -1;
     if (PyModule_AddStringConstant(m, "__version__", SAM_VERSION) < 0) return -1;
     the_state = st;
     return 0;

@@ -152,6 +152,32 @@ sam_status sam_moe_combine_cuda(void *out, sam_dtype out_dtype, const void *y,
                                 int64_t T, int64_t K, int64_t H, int64_t ldy, int64_t S,
                                 void *stream);
 
+/* ---- tensor-core issue rate (cuda/peak.cu) -------------------------------- */
+
+/* One tensor-core instruction form, bf16 inputs and fp32 accumulation, as the
+ * kernels issue it: the dense and 2:4-sparse warp MMAs (sm_80 on) and the
+ * dense and sparse warpgroup MMAs with A from registers and B from shared
+ * memory (sm_90a builds on sm_90 devices only). */
+typedef enum sam_tc_kind {
+    SAM_TC_MMA = 0,      /* mma.sync m16n8k16 */
+    SAM_TC_MMA_SP = 1,   /* mma.sp::ordered_metadata.sync m16n8k32 */
+    SAM_TC_WGMMA = 2,    /* wgmma.mma_async m64n128k16 */
+    SAM_TC_WGMMA_SP = 3, /* wgmma.mma_async.sp m64n128k32 */
+    SAM_TC_KIND_COUNT = 4
+} sam_tc_kind;
+/* The kinds' names, in enum order (the Python API takes these). */
+#define SAM_TC_KIND_NAMES {"mma", "mma_sp", "wgmma", "wgmma_sp"}
+
+/* *tflops = the rate at which `device` executes instructions of `kind` when
+ * nothing but that instruction runs (operands in registers and shared memory,
+ * every SM full, independent accumulators), in dense-equivalent TFLOP/s: a
+ * sparse m16n8k32 counts 2*16*8*32 flop.  The ceiling of a kernel built on that
+ * instruction.  Blocks the calling thread for under a tenth of a second on the
+ * legacy default stream (so it waits for, and is not overlapped by, other
+ * blocking-stream work); makes `device` current only while it runs.
+ * SAM_STATUS_UNSUPPORTED for a kind the device or this build cannot run. */
+sam_status sam_tc_rate_cuda(sam_tc_kind kind, int device, double *tflops);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,7 +19,7 @@ __all__ = [
     "CudaError", "PRESETS", "PackedWeight", "Routing", "SparseFormat", "__version__", "build_info",
     "combine", "cuda_available", "from_pretrained", "gather_weights", "mask", "moe_forward", "pack", "patch_model",
     "route",
-    "save_pretrained", "sparsify_model", "ssmm", "to_dense", "unpack", "unpatch_model",
+    "save_pretrained", "sparsify_model", "ssmm", "tensor_core_rate", "to_dense", "unpack", "unpatch_model",
 ]
 
 # Loaded on first use, so that ``import samoyeds`` imports neither torch nor transformers.
@@ -52,3 +52,33 @@ def build_info() -> dict:
     info["cuda_available"] = cuda_available()
     info["cuda_devices"] = _C.cuda_device_count()
     return info
+
+
+def tensor_core_rate(kind: str, device: int = 0) -> float:
+    """The rate at which ``device`` issues one tensor-core instruction form, in
+    dense-equivalent TFLOP/s (bf16 inputs, fp32 accumulation).
+
+    This is the ceiling for a kernel built on that instruction, measured on
+    this device: every SM is kept busy with register-resident operands and
+    independent accumulators, so only the tensor pipe limits the rate.
+    ``kind`` is one of ``_C.TENSOR_CORE_KINDS``:
+
+    * ``"mma"``: ``mma.sync`` m16n8k16 (sm_80 and later)
+    * ``"mma_sp"``: ``mma.sp`` m16n8k32, 2:4 sparse A (sm_80 and later)
+    * ``"wgmma"``: ``wgmma.mma_async`` m64n128k16, A in registers, B in shared
+      memory (an sm_90 device and a build with sm_90a)
+    * ``"wgmma_sp"``: ``wgmma.mma_async.sp`` m64n128k32, as ``"wgmma"``
+
+    A sparse instruction counts the flops of its dense shape (m16n8k32 sparse:
+    2*16*8*32), so the sparse kinds compare directly with the dense ones and
+    with a sparse kernel's dense-equivalent TFLOP/s.  Takes under a tenth of a
+    second on the legacy default stream and blocks until done; run it while
+    the device is otherwise idle.
+
+    Raises:
+        ValueError: an unknown ``kind`` or ``device``.
+        NotImplementedError: the device or this build cannot run ``kind``.
+        RuntimeError: samoyeds was built without CUDA, or (``CudaError``) the
+            CUDA runtime failed, e.g. no usable GPU.
+    """
+    return _C.tensor_core_rate(kind, device)

@@ -1,0 +1,361 @@
+// peak.cu -- the issue rate of one tensor-core instruction form: the ceiling the
+// matmul kernels are measured against, taken on the same device in the same run.
+//
+// A cuBLAS matmul rate mixes the instruction's rate with a tile schedule, data
+// movement and clocks under that load; the number here has only the instruction.
+// Every kernel keeps its operands in registers (and, for wgmma, one B tile in
+// shared memory written once), so the loop is nothing but tensor-core
+// instructions on independent accumulators, enough of them in flight that the
+// tensor pipe, not the instruction latency, sets the pace:
+//   mma, mma_sp      256-thread CTAs, as many per SM as fit (the occupancy
+//                    query's count times the SM count: one full wave); each warp
+//                    cycles over CHAINS accumulator tiles, so CHAINS MMAs are
+//                    independent and a sub-partition holds several such warps.
+//   wgmma, wgmma_sp  one CTA of two warpgroups per SM (128 accumulator registers
+//                    per thread leave no room for a second); each warpgroup issues
+//                    WG_BATCH m64n128 MMAs per commit group, alternating between
+//                    two accumulators and over the B tile's k slices, and keeps
+//                    two groups in flight (wait_group 1), as a matmul main loop
+//                    does.  A comes from registers (the operand form of the
+//                    wgmma.sp kernels), B through a 128-byte-swizzle descriptor.
+// Operands are pseudo-random bf16 in [-1, 1): the tensor cores' power, and so the
+// clock they hold, depends on the data, and a matmul's data is not zeros.  The
+// accumulators are written out only under a flag the host never sets, which the
+// compiler cannot know.
+//
+// The host calibrates a launch to TARGET_MS, runs one untimed launch of that
+// length (clocks settle), then times TIMED launches with CUDA events and reports
+// the median.  Sparse instructions count as their dense-equivalent shape, the
+// way a sparse kernel's dense-equivalent TFLOP/s is counted.
+#include "common.cuh"
+
+#include <string.h>
+
+namespace sam {
+namespace {
+
+constexpr int MMA_THREADS = 256;
+constexpr int CHAINS = 8;              // independent accumulator tiles per warp
+constexpr int WG_THREADS = 256;        // two warpgroups
+constexpr int WG_BATCH = 4;            // wgmmas per commit group
+constexpr int B_TILE_BYTES = 128 * 128;  // 128 rows (n) x 128 bytes (k) of bf16, 128-byte swizzle
+constexpr uint32_t SP_META = 0x44444444u;  // every 4-group keeps elements 0 and 1: valid 2:4 metadata
+constexpr float TARGET_MS = 10.0f;
+constexpr int CALIB_STEPS = 256;
+constexpr int TIMED = 5;
+
+const char *const KIND_NAMES[] = SAM_TC_KIND_NAMES;
+
+__device__ __forceinline__ uint32_t mix(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+// Two bf16 in [-1, 1) from one hash.
+__device__ __forceinline__ uint32_t rand_bf16x2(uint32_t seed) {
+    const uint32_t h = mix(seed);
+    const float lo = (float)(int)(h & 0xffffu) * (1.0f / 32768.0f) - 1.0f;
+    const float hi = (float)(int)(h >> 16) * (1.0f / 32768.0f) - 1.0f;
+    return Elem<__nv_bfloat16>::pack2(lo, hi);
+}
+
+// D = A(16x16) * B(16x8) + D, bf16 inputs, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// D[64 x 128] = A(64 x 16, registers) * B(16 x 128, shared memory, K-major) +
+// (scale_d ? D : 0), bf16 inputs, fp32 accumulate.  Issued by a whole warpgroup;
+// the dense counterpart of WgmmaSp (common.cuh).
+#ifdef SAM_HAS_WGMMA
+__device__ __forceinline__ void wgmma_bf16_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc,
+                                                      int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+}
+#endif
+
+// `steps` rounds of CHAINS independent warp MMAs per warp.  Code compiled for
+// an architecture before sm_80 sets *missing instead of running.
+template <bool SPARSE>
+__global__ void __launch_bounds__(MMA_THREADS) mma_rate_kernel(int steps, int keep, float *sink, int *missing) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t seed = (blockIdx.x * MMA_THREADS + threadIdx.x) * 16u;
+    uint32_t a[4], b[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        a[i] = rand_bf16x2(seed + i);
+        b[i] = rand_bf16x2(seed + 4 + i);
+    }
+    float acc[CHAINS][4];
+#pragma unroll
+    for (int c = 0; c < CHAINS; c++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[c][i] = 0.0f;
+#pragma unroll 2
+    for (int s = 0; s < steps; s++) {
+#pragma unroll
+        for (int c = 0; c < CHAINS; c++) {
+            if constexpr (SPARSE) MmaSp<__nv_bfloat16>::run(acc[c], a, b, SP_META);
+            else mma_bf16_m16n8k16(acc[c], a, b);
+        }
+    }
+    if (keep) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int c = 0; c < CHAINS; c++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) sum += acc[c][i];
+        sink[blockIdx.x * MMA_THREADS + threadIdx.x] = sum;
+    }
+#else
+    (void)steps; (void)keep; (void)sink;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *missing = 1;
+#endif
+}
+
+// `steps` commit groups of WG_BATCH warpgroup MMAs per warpgroup.  Code
+// compiled for anything but sm_90a sets *missing instead of running (a trap
+// would leave the context unusable).
+template <bool SPARSE>
+__global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, int keep, float *sink, int *missing) {
+#ifdef SAM_HAS_WGMMA
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    // 128-byte-swizzle atoms are 1024 bytes: the tile starts on one (smem_desc_sw128)
+    unsigned char *tile = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    uint32_t *words = reinterpret_cast<uint32_t *>(tile);
+    for (int i = threadIdx.x; i < B_TILE_BYTES / 4; i += WG_THREADS) words[i] = rand_bf16x2(0x9e3779b9u + i);
+    fence_proxy_async();  // written through the generic proxy, read by wgmma through the async one
+    __syncthreads();
+
+    const uint32_t sb = smem_u32(tile);
+    const uint32_t seed = (blockIdx.x * WG_THREADS + threadIdx.x) * 8u;
+    uint32_t a[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) a[i] = rand_bf16x2(seed + i);
+    float acc[2][64];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[j][i] = 0.0f;
+
+    for (int s = 0; s < steps; s++) {
+        fence_regs(acc[0]);
+        fence_regs(acc[1]);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < WG_BATCH; j++) {
+            // k slices of the 128-byte rows: 4 of k16 (32 bytes), 2 of k32 (64 bytes)
+            if constexpr (SPARSE)
+                WgmmaSp<__nv_bfloat16>::run(acc[j & 1], a, smem_desc_sw128(sb + (j & 1) * 64), SP_META, 1);
+            else
+                wgmma_bf16_m64n128k16(acc[j & 1], a, smem_desc_sw128(sb + (j & 3) * 32), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+    fence_regs(acc[0]);
+    fence_regs(acc[1]);
+    if (keep) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 64; i++) sum += acc[0][i] + acc[1][i];
+        sink[blockIdx.x * WG_THREADS + threadIdx.x] = sum;
+    }
+#else
+    (void)steps; (void)keep; (void)sink;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *missing = 1;
+#endif
+}
+
+typedef void (*RateKernel)(int, int, float *, int *);
+
+struct Plan {
+    RateKernel kernel;
+    int threads;
+    int smem;
+    double flop_per_step;  // per CTA, dense-equivalent
+};
+
+Plan plan_for(sam_tc_kind kind) {
+    const double warps = MMA_THREADS / 32, wgs = WG_THREADS / 128;
+    const int wg_smem = B_TILE_BYTES + 1024;  // + room to align the tile
+    switch (kind) {
+    case SAM_TC_MMA: return {mma_rate_kernel<false>, MMA_THREADS, 0, warps * CHAINS * 2.0 * 16 * 8 * 16};
+    case SAM_TC_MMA_SP: return {mma_rate_kernel<true>, MMA_THREADS, 0, warps * CHAINS * 2.0 * 16 * 8 * 32};
+    case SAM_TC_WGMMA: return {wgmma_rate_kernel<false>, WG_THREADS, wg_smem, wgs * WG_BATCH * 2.0 * 64 * 128 * 16};
+    default: return {wgmma_rate_kernel<true>, WG_THREADS, wg_smem, wgs * WG_BATCH * 2.0 * 64 * 128 * 32};
+    }
+}
+
+// Device buffers and events of one measurement, released on every path.
+struct Scratch {
+    float *sink = nullptr;
+    int *missing = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Scratch() {
+        if (start) cudaEventDestroy(start);
+        if (stop) cudaEventDestroy(stop);
+        if (sink) cudaFree(sink);
+        if (missing) cudaFree(missing);
+    }
+};
+
+// A failed CUDA call of the measurement of `kind`.  No code for the device in
+// this build is a launch-configuration error (nothing sticky): it is reported
+// as unsupported, as a missing sm_90a kernel is.
+sam_status cuda_fail(cudaError_t err, const char *kind, const char *what) {
+    if (err == cudaErrorNoKernelImageForDevice) {
+        cudaGetLastError();
+        set_error("%s: this build (%s) has no code for the current device", kind, sam_cuda_archs());
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    char op[96];
+    snprintf(op, sizeof op, "%s: %s", kind, what);
+    return cuda_status(err, op);
+}
+
+#define PEAK_TRY(expr, kind, what)                                    \
+    do {                                                              \
+        cudaError_t err_ = (expr);                                    \
+        if (err_ != cudaSuccess) return cuda_fail(err_, kind, what);  \
+    } while (0)
+
+// One launch of `steps` on the legacy default stream; *ms its time.
+sam_status timed_launch(const Plan &p, const char *kind, int grid, int steps, Scratch &s, float *ms) {
+    PEAK_TRY(cudaEventRecord(s.start, 0), kind, "cudaEventRecord");
+    p.kernel<<<grid, p.threads, p.smem, 0>>>(steps, 0, s.sink, s.missing);
+    PEAK_TRY(cudaGetLastError(), kind, "launch");
+    PEAK_TRY(cudaEventRecord(s.stop, 0), kind, "cudaEventRecord");
+    PEAK_TRY(cudaEventSynchronize(s.stop), kind, "kernel");
+    PEAK_TRY(cudaEventElapsedTime(ms, s.start, s.stop), kind, "cudaEventElapsedTime");
+    return SAM_STATUS_OK;
+}
+
+sam_status measure(sam_tc_kind kind, int device, double *tflops) {
+    const char *name = KIND_NAMES[kind];
+    int cc_major = 0, cc_minor = 0, sms = 0;
+    PEAK_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device), name,
+             "cudaDeviceGetAttribute");
+    PEAK_TRY(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device), name,
+             "cudaDeviceGetAttribute");
+    PEAK_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), name, "cudaDeviceGetAttribute");
+    const bool wg = kind == SAM_TC_WGMMA || kind == SAM_TC_WGMMA_SP;
+    // sm_90a code runs on compute capability 9.0 only; wgmma exists nowhere else
+    if (wg && !(cc_major == 9 && cc_minor == 0)) {
+        set_error("%s needs an sm_90 (Hopper) device; device %d is sm_%d%d", name, device, cc_major, cc_minor);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (wg && strstr(sam_cuda_archs(), "sm_90a") == nullptr) {
+        set_error("%s needs sm_90a code and this build has %s (rebuild with 90a in SAMOYEDS_CUDA_ARCHS)", name,
+                  sam_cuda_archs());
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (cc_major < 8) {
+        set_error("%s needs compute capability 8.0 or later; device %d is sm_%d%d", name, device, cc_major,
+                  cc_minor);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+
+    const Plan p = plan_for(kind);
+    if (p.smem > 48 * 1024)
+        PEAK_TRY(cudaFuncSetAttribute(p.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.smem), name,
+                 "cudaFuncSetAttribute");
+    int per_sm = 0;
+    PEAK_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, p.kernel, p.threads, p.smem), name,
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    if (per_sm < 1) {
+        set_error("%s: the rate kernel does not fit on an SM of device %d", name, device);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    const int grid = per_sm * sms;  // one full wave: every SM busy until the end
+
+    Scratch s;
+    PEAK_TRY(cudaMalloc(&s.sink, sizeof(float) * (size_t)grid * p.threads), name, "cudaMalloc");
+    PEAK_TRY(cudaMalloc(&s.missing, sizeof(int)), name, "cudaMalloc");
+    PEAK_TRY(cudaMemset(s.missing, 0, sizeof(int)), name, "cudaMemset");
+    PEAK_TRY(cudaEventCreate(&s.start), name, "cudaEventCreate");
+    PEAK_TRY(cudaEventCreate(&s.stop), name, "cudaEventCreate");
+
+    // first launch: module loading, and whether the code the device got can issue this kind
+    float ms = 0.0f;
+    if (sam_status st = timed_launch(p, name, grid, 16, s, &ms)) return st;
+    int missing = 0;
+    PEAK_TRY(cudaMemcpy(&missing, s.missing, sizeof(int), cudaMemcpyDeviceToHost), name, "cudaMemcpy");
+    if (missing) {
+        set_error("%s: the code this build (%s) has for device %d (sm_%d%d) cannot issue it", name,
+                  sam_cuda_archs(), device, cc_major, cc_minor);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+
+    // calibration: steps for a launch of about TARGET_MS (a launch's fixed costs, a few
+    // microseconds, are then well under 1 %)
+    if (sam_status st = timed_launch(p, name, grid, CALIB_STEPS, s, &ms)) return st;
+    const double want = CALIB_STEPS * (double)TARGET_MS / std::max((double)ms, 1e-3);
+    const int steps = (int)std::min(std::max(want, (double)CALIB_STEPS), (double)(1 << 26));
+    if (sam_status st = timed_launch(p, name, grid, steps, s, &ms)) return st;  // clocks settle under load
+
+    float times[TIMED];
+    for (int i = 0; i < TIMED; i++)
+        if (sam_status st = timed_launch(p, name, grid, steps, s, &times[i])) return st;
+    std::sort(times, times + TIMED);
+    const double median_s = times[TIMED / 2] * 1e-3;
+    if (!(median_s > 0.0)) {
+        set_error("%s: the timed launches took no measurable time", name);
+        return SAM_STATUS_CUDA_ERROR;
+    }
+    *tflops = p.flop_per_step * grid * (double)steps / median_s / 1e12;
+    return SAM_STATUS_OK;
+}
+
+#undef PEAK_TRY
+
+}  // namespace
+}  // namespace sam
+
+extern "C" sam_status sam_tc_rate_cuda(sam_tc_kind kind, int device, double *tflops) {
+    *tflops = 0.0;
+    if ((int)kind < 0 || (int)kind >= SAM_TC_KIND_COUNT) {
+        sam::set_error("kind = %d; expected 0 <= kind < %d", (int)kind, SAM_TC_KIND_COUNT);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // no driver / no device: not sticky, do not leave it for the next launcher
+        return sam::cuda_status(err, "cudaGetDeviceCount");
+    }
+    if (device < 0 || device >= n) {
+        sam::set_error("device = %d; expected 0 <= device < %d (the CUDA devices visible)", device, n);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    int prev = 0;
+    if (sam_status st = sam_cuda_device_enter(device, &prev)) return st;
+    const sam_status st = sam::measure(kind, device, tflops);
+    sam_cuda_device_exit(prev);
+    return st;
+}

@@ -1,0 +1,82 @@
+"""samoyeds.tensor_core_rate: argument errors in every build, a clean error
+without CUDA, and on a GPU rates that are finite, positive, below the
+hardware's peak and ordered the way Hopper's tensor cores are."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import samoyeds
+from samoyeds import _C
+
+KINDS = ("mma", "mma_sp", "wgmma", "wgmma_sp")
+
+
+def _hopper_build() -> bool:
+    """An sm_90 device and sm_90a code: the wgmma kinds can run."""
+    if not samoyeds.cuda_available() or _C.cuda_device_capability(0) != (9, 0):
+        return False
+    return "sm_90a" in samoyeds.build_info()["cuda_archs"].split()
+
+
+def test_kinds():
+    assert _C.TENSOR_CORE_KINDS == KINDS
+
+
+@pytest.mark.parametrize("fn", [samoyeds.tensor_core_rate, _C.tensor_core_rate])
+def test_unknown_kind_is_a_value_error_naming_it(fn):
+    with pytest.raises(ValueError, match=r"kind: expected one of .*'wgmma_sp'.*got 'hgmma'"):
+        fn("hgmma")
+    with pytest.raises(ValueError, match="got 'MMA'"):  # names are exact
+        fn("MMA", 0)
+    with pytest.raises(TypeError):
+        fn(2)
+    with pytest.raises(TypeError):
+        fn("mma", "0")
+
+
+def test_without_cuda_is_a_runtime_error():
+    if samoyeds.cuda_available():
+        pytest.skip("a CUDA GPU is usable here")
+    for kind in KINDS:
+        with pytest.raises(RuntimeError, match="tensor_core_rate"):
+            samoyeds.tensor_core_rate(kind)
+    if not _C.WITH_CUDA:
+        with pytest.raises(RuntimeError, match="built without CUDA"):
+            samoyeds.tensor_core_rate("mma", device=0)
+
+
+@pytest.mark.gpu
+def test_bad_device_is_a_value_error():
+    with pytest.raises(ValueError, match="device = -1"):
+        samoyeds.tensor_core_rate("mma", -1)
+    with pytest.raises(ValueError, match=f"device = {_C.cuda_device_count()}"):
+        samoyeds.tensor_core_rate("mma", _C.cuda_device_count())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_rate_is_finite_and_positive(kind):
+    if kind.startswith("wgmma") and not _hopper_build():
+        with pytest.raises(NotImplementedError, match=kind):
+            samoyeds.tensor_core_rate(kind)
+        return
+    rate = samoyeds.tensor_core_rate(kind)
+    assert math.isfinite(rate) and rate > 0, rate
+    if _C.cuda_device_capability(0) == (9, 0):
+        # 132 SMs x 4096 dense bf16 flop per SM and clock x 1.98 GHz (H100 SXM / H200 at
+        # their top clock), doubled for sparse: more means flops counted that were never issued
+        dense_peak = 132 * 4096 * 1.98e9 / 1e12
+        assert rate < (2 if kind.endswith("_sp") else 1) * dense_peak * 1.05, (kind, rate)
+    # the device is usable afterwards
+    assert samoyeds.tensor_core_rate("mma") > 0
+
+
+@pytest.mark.gpu
+def test_hopper_ordering():
+    if not _hopper_build():
+        pytest.skip("needs an sm_90 device and a build with sm_90a")
+    r = {k: samoyeds.tensor_core_rate(k) for k in KINDS}
+    assert r["wgmma_sp"] > 1.5 * r["wgmma"], r
+    assert r["wgmma"] > r["mma"], r
