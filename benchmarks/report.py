@@ -25,7 +25,7 @@ def _f(v, fmt: str, missing: str = "-") -> str:
 
 
 def kernel_table(d: dict) -> str:
-    rows = ["| model | T | projection | samoyeds 75 % | vs cuBLAS | vs grouped_mm | vs cuSPARSELt | samoyeds 2:4 vs cuBLAS | dense-equiv. TFLOP/s | of sparse ceiling |",
+    rows = ["| model | T | projection | samoyeds 75 % | vs cuBLAS | vs grouped_mm | vs cuSPARSELt | samoyeds 2:4 vs cuBLAS | dense-equiv. TFLOP/s | of wgmma.sp rate (75 % / 2:4) |",
             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for c in d["cases"]:
         m = c["methods"]
@@ -38,7 +38,8 @@ def kernel_table(d: dict) -> str:
             return f"{v:.2f}x" if v else "-"
         rows.append(f"| {c['model']} | {c['T']} | {c['proj']} | {s75['ms']:.3f} ms | {r(s75, 'speedup_vs_cublas')} | "
                     f"{r(s75, 'speedup_vs_grouped_mm')} | {r(s75, 'speedup_vs_cusparselt')} | {r(s50, 'speedup_vs_cublas')} | "
-                    f"{_f(s75.get('dense_equiv_tflops'), '.0f')} | {_f(s75.get('frac_sparse_ceiling'), '.0%')} |")
+                    f"{_f(s75.get('dense_equiv_tflops'), '.0f')} | {_f(s75.get('frac_wgmma_sp'), '.0%')} / "
+                    f"{_f(s50.get('frac_wgmma_sp'), '.0%')} |")
     return "\n".join(rows)
 
 
@@ -266,6 +267,17 @@ def headline(gpu: str) -> str:
         for T in sorted({c["T"] for c in d["cases"]}):
             sp = [c["methods"].get("samoyeds-75", {}).get("speedup_vs_cublas") for c in d["cases"] if c["T"] == T]
             rows.append(f"| kernel, one projection, 75 % vs cuBLAS, T = {T} | {_range(sp, bold=True)} | {link('kernel.json')} |")
+        for T in sorted({c["T"] for c in d["cases"]}):
+            if T < 4096:
+                continue
+            sp = [c["methods"].get("samoyeds-50", {}).get("speedup_vs_cublas") for c in d["cases"] if c["T"] == T]
+            rows.append(f"| kernel, one projection, 2:4 vs cuBLAS, T = {T} | {_range(sp, bold=True)} | {link('kernel.json')} |")
+        rate = d.get("ceilings", {}).get("wgmma_sp_tflops")
+        if rate:
+            for fmt, name in (("samoyeds-75", "75 %"), ("samoyeds-50", "2:4")):
+                fr = [c["methods"].get(fmt, {}).get("frac_wgmma_sp") for c in d["cases"] if c["T"] >= 4096]
+                rows.append(f"| kernel, {name}, T >= 4096: fraction of the wgmma.sp issue rate ({rate:.0f} TFLOP/s, "
+                            f"same run) | {_range(fr, '{:.0%}')} | {link('kernel.json')} |")
     d, _ = _load(gpu, "sweep.json")
     if d:
         sp = [c["methods"].get("samoyeds-75", {}).get("speedup_vs_cublas") for c in d["cases"]]

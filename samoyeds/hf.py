@@ -151,7 +151,11 @@ def _run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
     p = mod._samoyeds
     H, I = p.hidden, p.intermediate
     down_bias = mod.down_proj_bias if p.bias else None
-    return torch.ops.samoyeds.moe_forward(
+    # eager inference skips the dispatcher (host time per call is what decode pays);
+    # compiled graphs and anything that may need a backward go through the op
+    direct = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad)
+    fn = torch_ops.moe_forward_eager if direct else torch.ops.samoyeds.moe_forward
+    return fn(
         x, top_k_index, top_k_weights,
         mod.samoyeds_gate_up_values, mod.samoyeds_gate_up_meta, mod.samoyeds_gate_up_idx, 2 * I, H,
         mod.samoyeds_down_values, mod.samoyeds_down_meta, mod.samoyeds_down_idx, H, I,

@@ -20,7 +20,7 @@ from .format import SparseFormat
 from .ops import ACTS
 from .packed import PackedWeight
 
-__all__ = ["ACT_IDS", "act_id", "moe_forward", "moe_forward_packed"]
+__all__ = ["ACT_IDS", "act_id", "moe_forward", "moe_forward_eager", "moe_forward_packed"]
 
 #: The activation names of :func:`samoyeds.moe.moe_forward` and the int the op takes.
 ACT_IDS = {"swiglu": ACTS["swiglu"], "gptoss": ACTS["gptoss"]}
@@ -65,6 +65,18 @@ def moe_forward(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch
     Returns:
         A new ``[T, H]`` tensor in x's dtype.
     """
+    return moe_forward_eager(x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx, gate_up_rows,
+                             gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v, act,
+                             gate_up_bias, down_bias, alpha, limit)
+
+
+def moe_forward_eager(x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx, gate_up_rows,
+                      gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v, act,
+                      gate_up_bias=None, down_bias=None, alpha=1.702, limit=7.0) -> torch.Tensor:
+    """The body of the op, callable without the dispatcher: same arguments and result as
+    :func:`moe_forward`.  Eager inference calls it directly (the custom-op layers cost
+    more host time per call than the whole MoE kernel sequence at decode sizes);
+    ``torch.compile`` and autograd go through the op."""
     if act not in _ACT_NAMES:
         raise ValueError(f"act: expected one of {sorted(_ACT_NAMES)} ({_ACT_NAMES}), got {act}")
     fmt = _format(n, m, v)
