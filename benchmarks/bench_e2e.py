@@ -116,8 +116,11 @@ def measure(model, args, device: str, gen: torch.Generator) -> dict:
                 return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                                       do_sample=False, pad_token_id=0)
             try:
-                generate(2)                                            # warm-up
-                t1 = statistics.median(_wall(lambda: generate(1), device) for _ in range(2))
+                # warm-up at full length: the first generate calls of a freshly patched model pay
+                # one-time costs (allocator growth, kernel loading) of up to seconds, which a
+                # single timed call would charge to whichever method is measured first
+                generate(args.new_tokens)
+                t1 = statistics.median(_wall(lambda: generate(1), device) for _ in range(3))
                 outs = []
                 tn = statistics.median(_wall(lambda: outs.append(generate(args.new_tokens)), device)
                                        for _ in range(args.decode_reps))
@@ -237,7 +240,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3, help="timed prefill forwards (median)")
-    ap.add_argument("--decode-reps", type=int, default=1, help="timed generate calls of N tokens (median)")
+    ap.add_argument("--decode-reps", type=int, default=3, help="timed generate calls of N tokens (median)")
     ap.add_argument("--reserve-gib", type=float, default=4.0,
                     help="memory kept free besides the activation estimate when choosing the depth")
     ap.add_argument("--hf-decode-switch", action="store_true",
