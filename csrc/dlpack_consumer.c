@@ -257,6 +257,25 @@ int sam_tensor_take(sam_call *call, sam_tensor *t, PyObject *obj, const char *na
         PyErr_SetString(PyExc_RuntimeError, "samoyeds: too many tensor arguments");
         return -1;
     }
+    /* Fast path: the producer's C exchange API gives a borrowed view, device
+     * included, without any Python call (the protocol below costs two per tensor,
+     * which at decode sizes is more host time than the kernels). */
+    const DLPackExchangeAPI *api = exchange_api_for(obj);
+    if (api != NULL) {
+        DLTensor view;
+        memset(&view, 0, sizeof(view));
+        if (api->dltensor_from_py_object_no_sync((void *)obj, &view) == 0) {
+            Py_INCREF(obj);
+            t->obj = obj;
+            t->present = 1;
+            call->tensors[call->n++] = t; /* from here on, sam_call_release cleans up */
+            const int vt = (int)view.device.device_type;
+            if (vt == kDLCUDA || vt == kDLCUDAManaged) resolve_stream(call, api, vt, (int)view.device.device_id);
+            return fill_from_dltensor(t, &view);
+        }
+        PyErr_Clear(); /* fall back to the protocol, which explains any refusal */
+    }
+
     int dev_type = 0, dev_id = 0;
     if (query_device(obj, name, &dev_type, &dev_id) < 0) return -1;
 
@@ -266,16 +285,7 @@ int sam_tensor_take(sam_call *call, sam_tensor *t, PyObject *obj, const char *na
     call->tensors[call->n++] = t; /* from here on, sam_call_release cleans up */
 
     int is_cuda = dev_type == kDLCUDA || dev_type == kDLCUDAManaged;
-    const DLPackExchangeAPI *api = exchange_api_for(obj);
     if (is_cuda) resolve_stream(call, api, dev_type, dev_id);
-
-    if (api != NULL) {
-        DLTensor view;
-        memset(&view, 0, sizeof(view));
-        if (api->dltensor_from_py_object_no_sync((void *)obj, &view) == 0)
-            return fill_from_dltensor(t, &view);
-        PyErr_Clear(); /* fall back to the protocol, which explains any refusal */
-    }
 
     int64_t stream_arg = (int64_t)(intptr_t)call->launch_stream;
     if (stream_arg == 0) stream_arg = 1; /* DLPack's name for the legacy default stream */
