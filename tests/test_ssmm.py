@@ -130,11 +130,14 @@ def _sm90() -> bool:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:256"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
-def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu):
-    """The Hopper wgmma.sp kernel and the mma.sp kernel on the same inputs: both
-    within the oracle tolerance, and close to each other."""
+@pytest.mark.parametrize("kernel", ["1", "2"])
+def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu, kernel, monkeypatch):
+    """Each Hopper wgmma.sp kernel (SAMOYEDS_WGMMA_KERNEL: 1 single-role, 2
+    warp-specialised with TMA) and the mma.sp kernel on the same inputs: both within
+    the oracle tolerance, and close to each other."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
+    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
     seed = torch.seed() % 2**31
     x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, act, glu, bias=glu, scale=True, seed=seed)
     a = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="wgmma_sp")
