@@ -139,6 +139,13 @@ template <> struct MmaSp<__half> {
 // into slot 0 (register selects, no dynamic indexing).  at(a, j, k) is the
 // accumulator of set a, n8 tile j, fragment element k; a thread's row hh owns
 // elements k = 2hh, 2hh+1 of every tile (mma.sp and wgmma layouts alike).
+// perm at the start: set a holds row a of the group.
+template <int M> __device__ __forceinline__ constexpr uint32_t identity_perm() {
+    uint32_t init = 0;
+    for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
+    return init;
+}
+
 template <int M, int NT, typename At>
 __device__ __forceinline__ void select_row_set(At at, uint32_t &perm, uint32_t want, int hh) {
 #pragma unroll
@@ -193,12 +200,16 @@ template <int N> __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle
-// layout (rows of 128 bytes, 8-row atoms 1024 bytes apart, 1024-byte aligned).
-__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
+// Shared-memory matrix descriptor of a K-major tile in a SW-byte swizzle layout:
+// rows of SW bytes, 8-row atoms 8 x SW bytes apart (and so aligned); layout type
+// 1 = 128-byte, 2 = 64-byte swizzle.  The start may step inside a row (k steps).
+template <int SW> __device__ __forceinline__ uint64_t smem_desc_swizzled(uint32_t addr) {
+    static_assert(SW == 128 || SW == 64, "128- or 64-byte swizzle");
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(8 * SW >> 4) << 32) |
+           ((uint64_t)(SW == 128 ? 1 : 2) << 62);
 }
+__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) { return smem_desc_swizzled<128>(addr); }
+__device__ __forceinline__ uint64_t smem_desc_sw64(uint32_t addr) { return smem_desc_swizzled<64>(addr); }
 
 // D[64 x 128] = A(sparse 64 x 32, registers, 2:4) * B(32 x 128, shared memory,
 // K-major) + (scale_d ? D : 0), fp32 accumulate; metadata selector 0.  Issued by
@@ -225,14 +236,6 @@ SAM_WGMMA_SP(__nv_bfloat16, "bf16")
 SAM_WGMMA_SP(__half, "f16")
 #undef SAM_WGMMA_SP
 #undef SAM_WGMMA_SP_ASM
-
-// Shared-memory matrix descriptor of a K-major tile in the 64-byte swizzle layout
-// (rows of 64 bytes, 8-row atoms 512 bytes apart, 512-byte aligned); the start
-// may step by 32 bytes inside a row (the second k32 step of a 64-byte row).
-__device__ __forceinline__ uint64_t smem_desc_sw64(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(512 >> 4) << 32) |
-           ((uint64_t)2 << 62);
-}
 
 // As WgmmaSp, with the packed A tile (64 rows x 16 values) read from shared memory
 // through a descriptor instead of registers.

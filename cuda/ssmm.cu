@@ -375,15 +375,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     // perm[mt][hh]: 4 bits per set a: which row of its group set a holds
     // (set 0 is the one mma writes: the row selected in the current slice)
     uint32_t perm[MT][2];
-    {
-        uint32_t init = 0;
 #pragma unroll
-        for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
-#pragma unroll
-        for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = init;
-    }
+    for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = identity_perm<M>();
 
-    // fragments, double-buffered across k-steps
     // fragments, double-buffered across k-steps where registers allow: A and B
     // for M = 1; B and metadata for M = 2 (A is then loaded right before use)
     constexpr int NA = M == 1 ? 2 : 1, NB = M <= 2 ? 2 : 1;
@@ -534,13 +528,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
     for (int a = 0; a < M; a++)
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
-    uint32_t perm[2];
-    {
-        uint32_t init = 0;
-#pragma unroll
-        for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
-        perm[0] = perm[1] = init;
-    }
+    uint32_t perm[2] = {identity_perm<M>(), identity_perm<M>()};
     uint32_t af[2][KS][4], ef[2][KS];
     const int arow = wg * 64 + w * 16;  // this warp's 16 rows
 
@@ -677,12 +665,17 @@ TensorMapEncodeFn tensor_map_encoder() {
     return fn;
 }
 
+// The warp-specialised kernel streams the weights by TMA: it needs the driver's
+// encoder and 16-byte-aligned arrays (always so for arrays the library allocates).
+bool ws_tma_usable(const sam_ssmm_params *ps) {
+    return tensor_map_encoder() != nullptr && (uintptr_t)ps->values % 16 == 0 && (uintptr_t)ps->meta % 16 == 0;
+}
+
 // The warp-specialised kernel's TMA maps over the packed values and metadata
-// (layout in ssmm_ws.cuh).  False (and nothing launched) when the driver has no
-// encoder or the arrays are not 16-byte aligned: the caller runs another kernel.
+// (layout in ssmm_ws.cuh); false when the encoder refuses them.  Callers check
+// ws_tma_usable first.
 template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps, WsMaps &m) {
     TensorMapEncodeFn enc = tensor_map_encoder();
-    if (!enc || (uintptr_t)ps->values % 16 != 0 || (uintptr_t)ps->meta % 16 != 0) return false;
     const cuuint64_t cp = (cuuint64_t)ps->d.cp, rp = (cuuint64_t)ps->d.rp, E = (cuuint64_t)ps->d.E;
     const cuuint32_t one[3] = {1, 1, 1};
     const CUtensorMapDataType vt =
@@ -749,8 +742,8 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;
         if (!ws_tensor_maps<T, C>(ps, maps)) {
-            set_error("ssmm: could not describe the packed weights to the tensor memory accelerator (driver "
-                      "without cuTensorMapEncodeTiled, or values/meta not 16-byte aligned)");
+            set_error("ssmm: cuTensorMapEncodeTiled refused the packed weights (E=%lld, rp=%lld, cp=%lld)",
+                      (long long)ps->d.E, (long long)ps->d.rp, (long long)ps->d.cp);
             return SAM_STATUS_UNSUPPORTED;
         }
         SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_ws_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
@@ -812,11 +805,7 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
         // warp-specialised one, 1.42-1.46x the single-role kernel for 2:4 and 1.05-1.17x
         // for 1:2:128 on an H100 (benchmarks/ssmm_kernels.py)
         const int which = env_int("SAMOYEDS_WGMMA_KERNEL", 0);
-        // the warp-specialised kernel streams the weights by TMA: a driver encoder and
-        // 16-byte-aligned arrays (always so for arrays the library allocates)
-        const bool ws_ok = tensor_map_encoder() != nullptr && (uintptr_t)ps->values % 16 == 0 &&
-                           (uintptr_t)ps->meta % 16 == 0;
-        if (ws_ok && which != 1) {
+        if (which != 1 && ws_tma_usable(ps)) {
             if (m == 1) return launch<T, WsCfg<1>, K_WGMMA_WS>(ps, stream);
             return launch<T, WsCfg<2>, K_WGMMA_WS>(ps, stream);
         }

@@ -251,13 +251,8 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
         // perm[i][hh]: 4 bits per set a: which row of its group set a holds
         // (set 0 is the one mma writes: the row selected in the current slice)
         uint32_t perm[MT][2];
-        {
-            uint32_t init = 0;
 #pragma unroll
-            for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
-#pragma unroll
-            for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = init;
-        }
+        for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = identity_perm<M>();
         auto select_rows = [&](const unsigned char *stage) {
             const uint8_t *idx_s = stage + Cf::IDX_OFF;
 #pragma unroll

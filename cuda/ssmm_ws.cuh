@@ -216,13 +216,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         if (a >= NB || zero_init)
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
-    uint32_t perm[2];
-    {
-        uint32_t init = 0;
-#pragma unroll
-        for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
-        perm[0] = perm[1] = init;
-    }
+    uint32_t perm[2] = {identity_perm<M>(), identity_perm<M>()};
     uint32_t ef[2][NB][KS];
     const int crow = c * BMW;  // first storage row of this consumer
 
