@@ -148,9 +148,6 @@ def time_graph(fn: Callable[[], None], *, inner: int = 1, min_reps: int = 10, bu
     return {"ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1], "reps": reps}
 
 
-TENSOR_CORE_KINDS = ("mma", "mma_sp", "wgmma", "wgmma_sp")
-
-
 def measure_ceilings() -> dict:
     """Dense bf16 matmul rate (8192^3, random data), device copy bandwidth, and
     the issue rate of each tensor-core instruction form (samoyeds.tensor_core_rate,
@@ -179,13 +176,13 @@ def tensor_core_rates(device: Optional[int] = None) -> Dict[str, Optional[float]
     """{"<kind>_tflops": rate} for every tensor-core instruction form; None (and a
     note on stderr) where it cannot run here: a wgmma kind off sm_90, a build
     without sm_90a or without CUDA."""
-    import samoyeds
+    import samoyeds as sm
     device = torch.cuda.current_device() if device is None else device
     torch.cuda.synchronize(device)
     out: Dict[str, Optional[float]] = {}
-    for kind in TENSOR_CORE_KINDS:
+    for kind in sm._C.TENSOR_CORE_KINDS:
         try:
-            out[f"{kind}_tflops"] = samoyeds.tensor_core_rate(kind, device)
+            out[f"{kind}_tflops"] = sm.tensor_core_rate(kind, device)
         except (NotImplementedError, RuntimeError) as exc:
             print(f"tensor-core rate {kind}: not measured ({error_text(exc)})", file=sys.stderr)
             out[f"{kind}_tflops"] = None
@@ -197,7 +194,8 @@ def ceilings_line(ceil: dict) -> str:
     def rate(k):
         v = ceil.get(f"{k}_tflops")
         return f"{v:.0f}" if v is not None and v == v else "-"
-    rates = ", ".join(f"{k} {rate(k)}" for k in TENSOR_CORE_KINDS)
+    import samoyeds as sm
+    rates = ", ".join(f"{k} {rate(k)}" for k in sm._C.TENSOR_CORE_KINDS)
     return (f"ceilings: dense bf16 {ceil['dense_bf16_tflops']:.0f} TFLOP/s, copy {ceil['copy_tb_s']:.2f} TB/s; "
             f"tensor-core issue rate (dense-equivalent TFLOP/s): {rates}")
 
