@@ -3,7 +3,7 @@
 # compute-sanitizer and the benchmarks; a short table last.  Full logs and the
 # results JSON go to $OUT (or ./gpu_out).
 #   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
-#                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [accuracy]
+#                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [test-ssmm] [accuracy]
 #                                [smoke-gpu] [demo] ...
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
@@ -28,6 +28,9 @@ for step in $steps; do
     test)
       $PY -m pytest tests -x -q -m gpu -p no:cacheprovider 2>&1 | tee "$OUT/test_gpu.log" | tail -25
       summary+=("gpu tests: $(tail -1 "$OUT/test_gpu.log")") ;;
+    test-ssmm)
+      $PY -m pytest tests/test_ssmm.py -x -q -m gpu -p no:cacheprovider 2>&1 | tee "$OUT/test_ssmm.log" | tail -25
+      summary+=("ssmm gpu tests: $(tail -1 "$OUT/test_ssmm.log")") ;;
     test-all)
       $PY -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$OUT/test_all.log" | tail -25
       summary+=("all tests: $(tail -1 "$OUT/test_all.log")") ;;

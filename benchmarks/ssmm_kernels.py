@@ -1,6 +1,7 @@
 """The GPU kernels of ssmm side by side on the same inputs: mma.sp, the
 single-role wgmma.sp kernel and the warp-specialised wgmma.sp kernel
-(SAMOYEDS_WGMMA_KERNEL=1 / 2), with cuBLAS on the same masked weights and the
+(SAMOYEDS_WGMMA_KERNEL=1), the warp-specialised one with one work item per CTA (=3)
+and on its persistent grid (=2, the default), with cuBLAS on the same masked weights and the
 same (gathered) tokens as the dense reference.  One expert holding all S tokens
 (the kernel's steady state) and whole MoE projections.  Each kernel's output is
 compared with the mma.sp kernel's (relative Frobenius difference).
@@ -17,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
 from common import environment, time_graph, write_json  # noqa: E402
 
-KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws", "wgmma_sp", "2")]
+KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1tile", "wgmma_sp", "3"),
+           ("wgmma_ws", "wgmma_sp", "2")]
 
 
 def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
@@ -91,8 +93,9 @@ def main():
             row = run_case(name, E, R, C, S, fmt, act, gen, routed=routed, top_k=8 if E == 128 else 2)
             rows.append(row)
             print(f"{fmt:17} {name:26} " + "  ".join(
-                f"{k} {row[k + '_ms']:.3f} ms" for k in ("mma_sp", "wgmma", "wgmma_ws", "cublas"))
+                f"{k} {row[k + '_ms']:.3f} ms" for k in ("mma_sp", "wgmma", "wgmma_ws_1tile", "wgmma_ws", "cublas"))
                 + f"  ws/cublas {row['cublas_ms'] / row['wgmma_ws_ms']:.2f}x  ws/wgmma {row['wgmma_ms'] / row['wgmma_ws_ms']:.2f}x"
+                + f"  persistent/1tile {row['wgmma_ws_1tile_ms'] / row['wgmma_ws_ms']:.2f}x"
                 + f"  err wgmma {row['wgmma_err']:.1e} ws {row['wgmma_ws_err']:.1e}", flush=True)
     if a.out:
         write_json(os.path.join(a.out, "ssmm_kernels.json"), {"environment": environment(), "rows": rows})

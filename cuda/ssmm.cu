@@ -115,82 +115,93 @@ __device__ __forceinline__ unsigned char *align_smem(unsigned char *raw) {
     return raw + (((a + 1023u) & ~1023u) - a);
 }
 
-// Finds this CTA's (expert e, row tile rt, first sorted row s0) from offsets[]
-// and fills tok_s[BN] with its token rows (-1: nothing to read or write).
-// Returns false for a CTA past the work (the grid is an upper bound).
+// Token tiles over all experts (warp-wide; every lane gets the sum).
+template <int BN> __device__ __forceinline__ int count_token_tiles(const KParams &p, int lane) {
+    int total = 0;
+    for (int e0 = 0; e0 < p.E; e0 += 32) {
+        const int e = e0 + lane;
+        int nt = 0;
+        if (e < p.E) nt = (max(0, p.offsets[e + 1] - p.offsets[e]) + BN - 1) / BN;
+#pragma unroll
+        for (int d = 16; d > 0; d >>= 1) nt += __shfl_xor_sync(0xffffffffu, nt, d);
+        total += nt;
+    }
+    return total;
+}
+
+// Work item L of total * nrt (warp-wide): expert e, row tile rt, token tile tt of e.
+// Items are rasterised in groups of GM row tiles so that consecutive items reuse
+// the same weight rows across many token tiles (L2).  e = -1 past the work.
+template <int BN>
+__device__ __forceinline__ void decode_tile(const KParams &p, int64_t L, int total, int lane, int &e_out, int &rt_out,
+                                            int &tt_out) {
+    e_out = -1;
+    rt_out = tt_out = 0;
+    if (L >= (int64_t)total * p.nrt) return;
+    const int group = (int)(L / (GM * total)), within = (int)(L % (GM * total));
+    const int gm_eff = min(GM, p.nrt - group * GM);
+    const int gt = within / gm_eff;
+    rt_out = group * GM + within % gm_eff;
+    int run = 0;
+    for (int e0 = 0; e0 < p.E; e0 += 32) {
+        const int e = e0 + lane;
+        int nt = 0;
+        if (e < p.E) nt = (max(0, p.offsets[e + 1] - p.offsets[e]) + BN - 1) / BN;
+        int incl = nt;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, d);
+            if (lane >= d) incl += v;
+        }
+        const int lo = run + incl - nt, hi = run + incl;
+        const unsigned hit = __ballot_sync(0xffffffffu, nt > 0 && gt >= lo && gt < hi);
+        if (hit) {
+            const int src = __ffs(hit) - 1;
+            e_out = e0 + src;
+            tt_out = gt - __shfl_sync(0xffffffffu, lo, src);
+            return;
+        }
+        run += __shfl_sync(0xffffffffu, incl, 31);
+    }
+}
+
+// First sorted row of token tile tt of expert e, and the token row of tile
+// position i (-1: nothing to read or write).
+template <int BN> __device__ __forceinline__ int64_t tile_s0(const KParams &p, int e, int tt) {
+    return (int64_t)max(0, p.offsets[e]) + (int64_t)tt * BN;
+}
+__device__ __forceinline__ int32_t tile_token(const KParams &p, int e, int64_t s0, int i) {
+    const int64_t s = s0 + i, s_end = min((int64_t)p.offsets[e + 1], p.S);
+    if (s >= s_end) return -1;
+    const int64_t v = p.token_ids ? (int64_t)p.token_ids[s] : s;
+    return (v >= 0 && v < p.T) ? (int32_t)v : -1;
+}
+
+// Finds this CTA's (expert e, row tile rt, first sorted row s0): work item
+// blockIdx.x, and fills tok_s[BN] with its token rows.  Returns false for a CTA
+// past the work (the grid is an upper bound).
 template <int BN, int THREADS>
 __device__ __forceinline__ bool cta_work(const KParams &p, int32_t *tok_s, int &e_out, int &rt_out, int64_t &s0_out) {
     __shared__ int sh_e, sh_rt, sh_tt;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (warp == 0) {
-        int total = 0;
-        for (int e0 = 0; e0 < p.E; e0 += 32) {
-            int e = e0 + lane, nt = 0;
-            if (e < p.E) {
-                int c = max(0, p.offsets[e + 1] - p.offsets[e]);
-                nt = (c + BN - 1) / BN;
-            }
-#pragma unroll
-            for (int d = 16; d > 0; d >>= 1) nt += __shfl_xor_sync(0xffffffffu, nt, d);
-            total += nt;
-        }
-        int L = blockIdx.x, found_e = -1, found_tt = 0, gt = -1;
-        if ((int64_t)L < (int64_t)total * p.nrt) {
-            int group = L / (GM * total), within = L % (GM * total);
-            int gm_eff = min(GM, p.nrt - group * GM);
-            gt = within / gm_eff;
-            if (lane == 0) sh_rt = group * GM + within % gm_eff;
-        }
-        if (gt >= 0) {
-            int run = 0;
-            for (int e0 = 0; e0 < p.E && found_e < 0; e0 += 32) {
-                int e = e0 + lane, nt = 0;
-                if (e < p.E) {
-                    int c = max(0, p.offsets[e + 1] - p.offsets[e]);
-                    nt = (c + BN - 1) / BN;
-                }
-                int incl = nt;
-#pragma unroll
-                for (int d = 1; d < 32; d <<= 1) {
-                    int v = __shfl_up_sync(0xffffffffu, incl, d);
-                    if (lane >= d) incl += v;
-                }
-                int lo = run + incl - nt, hi = run + incl;
-                unsigned hit = __ballot_sync(0xffffffffu, nt > 0 && gt >= lo && gt < hi);
-                if (hit) {
-                    int src = __ffs(hit) - 1;
-                    found_e = e0 + src;
-                    found_tt = gt - __shfl_sync(0xffffffffu, lo, src);
-                }
-                run += __shfl_sync(0xffffffffu, incl, 31);
-            }
-        }
+        const int total = count_token_tiles<BN>(p, lane);
+        int e, rt, tt;
+        decode_tile<BN>(p, blockIdx.x, total, lane, e, rt, tt);
         if (lane == 0) {
-            sh_e = found_e;
-            sh_tt = found_tt;
+            sh_e = e;
+            sh_rt = rt;
+            sh_tt = tt;
         }
     }
     __syncthreads();
     const int e = sh_e;
     if (e < 0) return false;
-    const int rt = sh_rt, tt = sh_tt;
-    const int64_t s_begin = max(0, p.offsets[e]);
-    const int64_t s0 = s_begin + (int64_t)tt * BN;
-    const int64_t s_end = min((int64_t)p.offsets[e + 1], p.S);
-    // token rows of this tile (-1: nothing to read or write)
-    for (int i = tid; i < BN; i += THREADS) {
-        const int64_t s = s0 + i;
-        int32_t t = -1;
-        if (s < s_end) {
-            int64_t v = p.token_ids ? (int64_t)p.token_ids[s] : s;
-            if (v >= 0 && v < p.T) t = (int32_t)v;
-        }
-        tok_s[i] = t;
-    }
+    const int64_t s0 = tile_s0<BN>(p, e, sh_tt);
+    for (int i = tid; i < BN; i += THREADS) tok_s[i] = tile_token(p, e, s0, i);
     __syncthreads();
-
     e_out = e;
-    rt_out = rt;
+    rt_out = sh_rt;
     s0_out = s0;
     return true;
 }
@@ -282,6 +293,15 @@ template <typename T, typename C> struct Loader {
     }
 };
 
+// The gated activation of gate v and up u (bias added), as every kernel and the C
+// reference compute it: SwiGLU silu(v) * u, or GPT-OSS's clamped variant.
+__device__ __forceinline__ float gated_act(const KParams &p, float v, float u) {
+    if (p.act == SAM_ACT_SWIGLU) return __fdividef(v, 1.0f + __expf(-v)) * u;
+    const float gc = fminf(v, p.limit);
+    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
+    return (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
+}
+
 // Epilogue, second half (every prefill kernel): from the fp32 tile f[token][c]
 // (c = local storage row * M + its row of the group, so c runs over original rows
 // in order) of a CTA of BMT storage rows: bias, activation (the gate column of a
@@ -320,13 +340,7 @@ __device__ __forceinline__ void store_tile(const KParams &p, const float *ftile,
             if (gated) {
                 float u = src[64 * M + k];
                 if (p.bias && in) u += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
-                if (p.act == SAM_ACT_SWIGLU) {
-                    v = __fdividef(v, 1.0f + __expf(-v)) * u;
-                } else {
-                    const float gc = fminf(v, p.limit);
-                    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
-                    v = (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
-                }
+                v = gated_act(p, v, u);
             }
             y8[k] = Elem<T>::from_f(v * sc);
         }
@@ -695,8 +709,27 @@ template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps,
     return true;
 }
 
+// Streaming multiprocessors of the current device (0 when unknown).
+int device_sm_count() {
+    static int cache[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (cache[dev] <= 0) {
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) n = 0;
+        cudaGetLastError();
+        cache[dev] = n;
+    }
+    return cache[dev];
+}
+
+// max_ctas > 0 (warp-specialised kernel only): a persistent grid of at most that
+// many CTAs, each walking the work items blockIdx.x, blockIdx.x + gridDim.x, ...
 template <typename T, typename C, int KIND = K_MMA_SP>
-sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
+sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas = 0) {
     constexpr int M = C::M;
     KParams k;
     k.x = ps->x;
@@ -732,7 +765,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
         set_error("ssmm: x holds %lld elements; the GPU kernel addresses at most 2**35", (long long)(ps->T * ps->ldx));
         return SAM_STATUS_UNSUPPORTED;
     }
-    const int64_t grid = (int64_t)k.nrt * (ceil_div(ps->S, C::BN) + ps->d.E);
+    int64_t grid = (int64_t)k.nrt * (ceil_div(ps->S, C::BN) + ps->d.E);  // work items: an upper bound
     if (grid == 0 || k.nrt == 0) return SAM_STATUS_OK;
     if (grid > INT32_MAX) {
         set_error("ssmm: problem too large for one launch (%lld CTAs)", (long long)grid);
@@ -748,6 +781,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
         }
         SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_ws_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
                      "ssmm");
+        if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
         ssmm_ws_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
     } else {
         void (*kernel)(const KParams);
@@ -801,13 +835,14 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
     const bool wgmma_fits = m <= 2 && (m == 1 || ps->f.v % 128 == 0);
     const bool want_wgmma = ps->impl == 2 || (ps->impl == 0 && env_int("SAMOYEDS_SSMM_WGMMA", 1) != 0);
     if (want_wgmma && wgmma_fits && device_has_wgmma()) {
-        // SAMOYEDS_WGMMA_KERNEL: 1 single-role kernel, 2 warp-specialised; default: the
-        // warp-specialised one, 1.42-1.46x the single-role kernel for 2:4 and 1.05-1.17x
-        // for 1:2:128 on an H100 (benchmarks/ssmm_kernels.py)
+        // SAMOYEDS_WGMMA_KERNEL: 1 single-role kernel; 2 warp-specialised, persistent
+        // (one CTA per SM); 3 warp-specialised, one work item per CTA.  Default 2
+        // (benchmarks/ssmm_kernels.py compares them on the same inputs).
         const int which = env_int("SAMOYEDS_WGMMA_KERNEL", 0);
         if (which != 1 && ws_tma_usable(ps)) {
-            if (m == 1) return launch<T, WsCfg<1>, K_WGMMA_WS>(ps, stream);
-            return launch<T, WsCfg<2>, K_WGMMA_WS>(ps, stream);
+            const int ctas = which == 3 ? 0 : device_sm_count();
+            if (m == 1) return launch<T, WsCfg<1>, K_WGMMA_WS>(ps, stream, ctas);
+            return launch<T, WsCfg<2>, K_WGMMA_WS>(ps, stream, ctas);
         }
         if (m == 1) return launch<T, Cfg<1, 64, 4, 6>, K_WGMMA>(ps, stream);
         return launch<T, Cfg<2, 64, 4, 6>, K_WGMMA>(ps, stream);

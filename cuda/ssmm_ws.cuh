@@ -99,7 +99,7 @@ template <int M_> struct WsCfg {
     static constexpr int BN = 128, BK = 64, KS = BK / 32;
     static constexpr int THREADS = 384, PTHREADS = 128;
     // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168)
-    static constexpr int PREGS = M == 1 ? 72 : 64, CREGS = M == 1 ? 216 : 216;
+    static constexpr int PREGS = M == 1 ? 72 : 64, CREGS = 216;
     static constexpr int A_BYTES = BMT * 64;           // BK/2 packed values x 2 bytes per row
     static constexpr int B_BYTES = BN * 128;
     static constexpr int META_BYTES = (BMT / 16) * KS * 64;
@@ -107,12 +107,16 @@ template <int M_> struct WsCfg {
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
     static constexpr int ST = M == 1 ? 6 : 8;          // stages
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
-    static constexpr int FS = BMT * M + 4;             // fp32 epilogue tile row stride
-    static constexpr int EPI_BYTES = BN * FS * 4;
-    static constexpr int MAIN_BYTES = PIPE_BYTES > EPI_BYTES ? PIPE_BYTES : EPI_BYTES;
-    static constexpr int BAR_OFF = MAIN_BYTES;         // 2 x ST mbarriers
-    static constexpr int TOK_OFF = BAR_OFF + 2 * ST * 8;
-    static constexpr int SMEM = TOK_OFF + BN * 4 + 1024;  // + alignment slack
+    // M > 1 with a gated activation: the gate rows of a CTA are consumer 0's, the up
+    // rows consumer 1's; consumer 1 hands its finished values over through an fp32
+    // tile of XT tokens x (BMW * M) columns
+    static constexpr int XT = 32, XS = BMW * M + 4;
+    static constexpr int XCH_OFF = PIPE_BYTES, XCH_BYTES = M > 1 ? XT * XS * 4 : 0;
+    // two work slots, each BN token rows + (e, rt, s0)
+    static constexpr int SLOT_OFF = XCH_OFF + XCH_BYTES, SLOT_BYTES = BN * 4 + 16;
+    static constexpr int BAR_OFF = SLOT_OFF + 2 * SLOT_BYTES;  // full[ST] empty[ST] tfull[2] tempty[2]
+    static constexpr int SMEM = BAR_OFF + (2 * ST + 4) * 8 + 1024;  // + alignment slack
+    static_assert(SMEM <= 227 * 1024, "shared memory");
     // A (TMA, 64-byte swizzle, read by smem_desc_sw64): rows of 64 bytes; B: rows of
     // 128 bytes in the 128-byte swizzle (smem_desc_sw128)
     static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * 128 + ((ch ^ (row & 7)) << 4); }
@@ -125,85 +129,110 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                   ST = C::ST, PT = C::PTHREADS;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = align_smem(smem_raw);
-    int32_t *tok_s = reinterpret_cast<int32_t *>(smem + C::TOK_OFF);
     const uint32_t bar0 = smem_u32(smem + C::BAR_OFF);
     auto full_bar = [&](int s) { return bar0 + 8u * s; };
     auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
+    auto tfull_bar = [&](int s) { return bar0 + 8u * (2 * ST + s); };
+    auto tempty_bar = [&](int s) { return bar0 + 8u * (2 * ST + 2 + s); };
+    // work slot: int32 tok[BN], then e, rt, and s0 as int64
+    auto slot_tok = [&](int s) { return reinterpret_cast<int32_t *>(smem + C::SLOT_OFF + s * C::SLOT_BYTES); };
+    auto slot_info = [&](int s) { return slot_tok(s) + BN; };
+    auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
     const int tid = threadIdx.x;
-
-    int e, rt;
-    int64_t s0;
-    if (!cta_work<BN, C::THREADS>(p, tok_s, e, rt, s0)) return;
-    const int64_t row0 = (int64_t)rt * BMT;
-    const int KT = (int)(p.cp / BK);
+    const int KT = (int)(p.cp / BK);  // even: columns are padded to 128
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(full_bar(s), PT + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
             mbar_init(empty_bar(s), 2 * 128);
         }
+        for (int s = 0; s < 2; s++) {
+            mbar_init(tfull_bar(s), 32);       // the lanes of producer warp 0
+            mbar_init(tempty_bar(s), 2 * 128);  // the consumers, after their epilogue
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         tma_prefetch_map(&tm.a);
         tma_prefetch_map(&tm.meta);
     }
     __syncthreads();
-    auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
 
     const int wg = tid / 128;
     if (wg == 0) {
         // ---------------- producer ----------------
         setmaxnreg_dec<C::PREGS>();
+        const int lane = tid & 31, warp = tid >> 5;
         const T *x = static_cast<const T *>(p.x);
         // B: 128 token rows x 8 chunks; thread -> chunk tid % 8, rows tid / 8 + 16 i
         constexpr int B_CH = BN * 8 / PT;
         const int b_row = tid / 8, b_ch = tid % 8;
-        const T *b_src[B_CH];
-        unsigned b_ok = 0;
-#pragma unroll
-        for (int i = 0; i < B_CH; i++) {
-            const int t = tok_s[b_row + 16 * i];
-            b_ok |= (unsigned)(t >= 0) << i;
-            b_src[i] = x + (t >= 0 ? (int64_t)t * p.ldx + b_ch * 8 : 0);
-        }
         uint32_t b_dst[B_CH];
 #pragma unroll
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
-        // row-selection indices (1:M:V): BMT bytes in 16-byte chunks
-        const uint8_t *idxg = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp : nullptr;
-        const bool i_load = M > 1 && tid < BMT / 16;
-        const bool i_ok = i_load && row0 + tid * 16 < p.rp;
-        const uint8_t *i_src = M > 1 ? idxg + (i_ok ? row0 + tid * 16 : 0) : nullptr;
+        const bool i_load = M > 1 && tid < BMT / 16;  // row-selection indices: BMT bytes in 16-byte chunks
         constexpr uint32_t TX = C::A_BYTES + C::META_BYTES;
-
-        for (int kt = 0; kt < KT; kt++) {
-            const int s = kt % ST;
-            if (kt >= ST) mbar_wait(empty_bar(s), ((kt / ST) - 1) & 1);
-            const uint32_t base = smem_u32(stage_ptr(s));
-            if (tid == 0) {
-                mbar_arrive_expect_tx(full_bar(s), TX);
-                tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
-                tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
-                            full_bar(s));
+        const int total = warp == 0 ? count_token_tiles<BN>(p, lane) : 0;
+        uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
+        for (int n = 0;; n++) {
+            const int slot = n & 1;
+            if (warp == 0) {  // work item n of this CTA into its slot, once the consumers are done with item n-2
+                if (n >= 2) mbar_wait(tempty_bar(slot), ((n >> 1) - 1) & 1);
+                int e, rt, tt;
+                decode_tile<BN>(p, (int64_t)blockIdx.x + (int64_t)n * gridDim.x, total, lane, e, rt, tt);
+                int32_t *tok = slot_tok(slot), *info = slot_info(slot);
+                const int64_t s0 = e >= 0 ? tile_s0<BN>(p, e, tt) : 0;
+                if (e >= 0)
+                    for (int i = lane; i < BN; i += 32) tok[i] = tile_token(p, e, s0, i);
+                if (lane == 0) {
+                    info[0] = e;
+                    info[1] = rt;
+                    *reinterpret_cast<int64_t *>(info + 2) = s0;
+                }
+                mbar_arrive(tfull_bar(slot));
             }
-            const int col = kt * BK + b_ch * 8;
-            const bool col_ok = col < p.C;
+            named_barrier_sync(3, PT);  // the slot is written (producer warpgroup)
+            const int32_t *tok = slot_tok(slot), *info = slot_info(slot);
+            const int e = info[0];
+            if (e < 0) break;
+            const int64_t row0 = (int64_t)info[1] * BMT;
+            const T *b_src[B_CH];
+            unsigned b_ok = 0;
 #pragma unroll
             for (int i = 0; i < B_CH; i++) {
-                const bool ok = col_ok && ((b_ok >> i) & 1);
-                cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
+                const int t = tok[b_row + 16 * i];
+                b_ok |= (unsigned)(t >= 0) << i;
+                b_src[i] = x + (t >= 0 ? (int64_t)t * p.ldx + b_ch * 8 : 0);
             }
-            if (M > 1 && i_load)
-                cp_async16(base + C::A_BYTES + C::B_BYTES + C::META_BYTES + tid * 16,
-                           i_src + (int64_t)(kt / kt_per_slice) * p.rp, i_ok);
-            cp_async_mbar_arrive(full_bar(s));
+            const bool i_ok = i_load && row0 + tid * 16 < p.rp;
+            const uint8_t *i_src = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp + (i_ok ? row0 + tid * 16 : 0) : nullptr;
+            for (int kt = 0; kt < KT; kt++, it++) {
+                const int s = it % ST;
+                if (it >= ST) mbar_wait(empty_bar(s), ((it / ST) - 1) & 1);
+                const uint32_t base = smem_u32(stage_ptr(s));
+                if (tid == 0) {
+                    mbar_arrive_expect_tx(full_bar(s), TX);
+                    tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
+                    tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
+                                full_bar(s));
+                }
+                const int col = kt * BK + b_ch * 8;
+                const bool col_ok = col < p.C;
+#pragma unroll
+                for (int i = 0; i < B_CH; i++) {
+                    const bool ok = col_ok && ((b_ok >> i) & 1);
+                    cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
+                }
+                if (M > 1 && i_load)
+                    cp_async16(base + C::A_BYTES + C::B_BYTES + C::META_BYTES + tid * 16,
+                               i_src + (int64_t)(kt / kt_per_slice) * p.rp, i_ok);
+                cp_async_mbar_arrive(full_bar(s));
+            }
         }
         cp_async_wait<0>();
-        named_barrier_sync(1, C::THREADS);  // the consumers saw every stage full: all copies have landed
-        return;                             // the consumers write the tile
+        return;
     }
     // ---------------- consumers ----------------
     setmaxnreg_inc<C::CREGS>();
-    const int c = wg - 1, ctid = tid - 128, warp = (tid >> 5) & 3, lane = tid & 31;  // warp of its warpgroup
+    const int c = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31;  // warp of its warpgroup
     const int g = lane >> 2, q = lane & 3;
     // M = 1: two m64 blocks, M = 2: two accumulator sets.  What wgmma writes is
     // not zero-filled: the first k-tile's wgmmas start from zero (scale-d = 0), so no
@@ -211,12 +240,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     float acc[2][64];
     // M > 1: the first slice boundary swaps sets before any wgmma, so every set starts at zero
     constexpr bool zero_init = M > 1;
-#pragma unroll
-    for (int a = 0; a < 2; a++)
-        if (a >= NB || zero_init)
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
-    uint32_t perm[2] = {identity_perm<M>(), identity_perm<M>()};
+    uint32_t perm[2];
     uint32_t ef[2][NB][KS];
     const int crow = c * BMW;  // first storage row of this consumer
 
@@ -238,10 +262,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
         }
     };
-    auto step = [&](auto par_c, int kt) {
+    // k-tile kt of the item, ring position it
+    auto step = [&](auto par_c, int kt, uint32_t it) {
         constexpr int par = decltype(par_c)::value;
-        const int st = kt % ST;
-        mbar_wait(full_bar(st), (kt / ST) & 1);
+        const int st = it % ST;
+        mbar_wait(full_bar(st), (it / ST) & 1);
         fence_proxy_async();  // the token rows came through the generic proxy (cp.async)
         load_meta(par_c, st);
         if (M > 1 && kt % kt_per_slice == 0) {
@@ -262,47 +287,191 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                                   smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
         wgmma_commit();
         wgmma_wait<1>();
-        if (kt > 0) mbar_arrive(empty_bar((kt - 1) % ST));
+        if (kt > 0) mbar_arrive(empty_bar((it - 1) % ST));
     };
-    for (int kt = 0; kt < KT; kt += 2) {  // KT is even: columns are padded to 128
-        step(std::integral_constant<int, 0>{}, kt);
-        step(std::integral_constant<int, 1>{}, kt + 1);
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int a = 0; a < 2; a++) fence_regs(acc[a]);
-    if (KT == 0) {  // no columns: nothing was accumulated
-#pragma unroll
-        for (int a = 0; a < NB; a++)
-#pragma unroll
-            for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
-    }
-    named_barrier_sync(1, C::THREADS);  // all copies landed, all wgmmas done: the ring becomes the fp32 tile
 
-    // ---- epilogue: accumulators -> fp32 tile [BN][FS] -> store_tile (ssmm.cu)
-    constexpr int FS = C::FS;
-    float *ftile = reinterpret_cast<float *>(smem);
+    T *out = static_cast<T *>(p.out);
+    const bool gated = p.act != SAM_ACT_NONE;
+    const bool vec2 = p.ldo % 2 == 0 && (reinterpret_cast<uintptr_t>(p.out) & 3) == 0;
+    auto bias_at = [&](int64_t i) { return load_as_float(p.bias, p.bias_dtype, i); };
+    // two adjacent output columns col, col + 1 of sorted row s
+    auto store2 = [&](int64_t s, int64_t col, float y0, float y1) {
+        T *dst = out + s * p.ldo + col;
+        if (vec2 && col + 1 < p.out_cols) {
+            *reinterpret_cast<uint32_t *>(dst) = Elem<T>::pack2(y0, y1);
+        } else {
+            if (col < p.out_cols) dst[0] = Elem<T>::from_f(y0);
+            if (col + 1 < p.out_cols) dst[1] = Elem<T>::from_f(y1);
+        }
+    };
+    float *xch = reinterpret_cast<float *>(smem + C::XCH_OFF);
+
+    uint32_t it = 0;
+    for (int n = 0;; n++) {
+        const int slot = n & 1;
+        mbar_wait(tfull_bar(slot), (n >> 1) & 1);
+        const int32_t *tok = slot_tok(slot), *info = slot_info(slot);
+        const int e = info[0];
+        if (e < 0) break;
+        const int64_t row0 = (int64_t)info[1] * BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
+        if (zero_init || KT == 0) {
 #pragma unroll
-    for (int b = 0; b < NB; b++)
+            for (int a = 0; a < 2; a++)
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int lrow = crow + b * 64 + warp * 16 + g + 8 * hh;
+                for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
+        }
+        perm[0] = perm[1] = identity_perm<M>();
+        for (int kt = 0; kt < KT; kt += 2, it += 2) {
+            step(std::integral_constant<int, 0>{}, kt, it);
+            step(std::integral_constant<int, 1>{}, kt + 1, it + 1);
+        }
+        wgmma_wait<0>();
 #pragma unroll
-            for (int a = 0; a < M; a++) {
-                const float *src = acc[M == 1 ? b : a];
-                const int col = lrow * M + (int)((perm[hh] >> (4 * a)) & 15u);
+        for (int a = 0; a < 2; a++) fence_regs(acc[a]);
+        if (KT > 0) mbar_arrive(empty_bar((it - 1) % ST));
+
+        // ---- epilogue, straight from the accumulators: thread (warp, g, q) holds
+        // storage rows crow + b*64 + warp*16 + g + 8hh and tokens j*8 + 2q + t at
+        // acc[.][4j + 2hh + t].  Bias, activation and scale in the order of store_tile.
+        if constexpr (M == 1) {
+            // gated: a GLU pair is 128 storage rows, so this consumer's block 0 is the
+            // gate and block 1 the up rows of the same 64 output columns
+            const int64_t colg = (row0 / 128) * 64 + c * 64 + warp * 16 + g;  // gated, hh = 0
+            const int64_t colp = row0 + crow + warp * 16 + g;                 // plain, b = 0, hh = 0
+            float bg[2][2];  // gated: [hh][gate, up]; plain: [hh][b]
 #pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    const int ltok = j * 8 + 2 * q;
-                    ftile[ltok * FS + col] = src[4 * j + 2 * hh];
-                    ftile[(ltok + 1) * FS + col] = src[4 * j + 2 * hh + 1];
+            for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    const int64_t col = gated ? colg + 8 * hh : colp + b * 64 + 8 * hh;
+                    bg[hh][b] = p.bias && col < p.out_cols
+                                    ? bias_at((int64_t)e * p.R + (gated ? b * (p.R / 2) : 0) + col) : 0.0f;
+                }
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int t = 0; t < 2; t++) {
+                    const int ltok = j * 8 + 2 * q + t;
+                    if (tok[ltok] < 0) continue;
+                    const int64_t s = s0 + ltok;
+                    const float sc = p.scale ? p.scale[s] : 1.0f;
+                    T *orow = out + s * p.ldo;
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int i = 4 * j + 2 * hh + t;
+                        if (gated) {
+                            const int64_t col = colg + 8 * hh;
+                            if (col >= p.out_cols) continue;
+                            float v = acc[0][i], u = acc[1][i];
+                            if (p.bias) {
+                                v += bg[hh][0];
+                                u += bg[hh][1];
+                            }
+                            orow[col] = Elem<T>::from_f(gated_act(p, v, u) * sc);
+                        } else {
+#pragma unroll
+                            for (int b = 0; b < 2; b++) {
+                                const int64_t col = colp + b * 64 + 8 * hh;
+                                if (col >= p.out_cols) continue;
+                                float v = acc[b][i];
+                                if (p.bias) v += bg[hh][b];
+                                orow[col] = Elem<T>::from_f(v * sc);
+                            }
+                        }
+                    }
+                }
+        } else {
+            // M = 2: storage row r holds output columns 2r and 2r + 1; set a holds
+            // column 2r + ((perm >> 4a) & 15)
+            const int lr = warp * 16 + g;  // + 8 hh: storage row within this consumer's 64
+            float bb[2][2][2];             // [hh][gate, up][column 0, 1]
+            const int64_t col_base = gated ? (row0 / 128) * 64 * M : row0 * M + crow * M;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                for (int u = 0; u < 2; u++)
+#pragma unroll
+                    for (int k = 0; k < 2; k++) {
+                        const int64_t col = col_base + (lr + 8 * hh) * 2 + k;
+                        bb[hh][u][k] = p.bias && col < p.out_cols && (gated || u == 0)
+                                           ? bias_at((int64_t)e * p.R + u * (p.R / 2) + col) : 0.0f;
+                    }
+            if (!gated) {
+#pragma unroll
+                for (int j = 0; j < 16; j++)
+#pragma unroll
+                    for (int t = 0; t < 2; t++) {
+                        const int ltok = j * 8 + 2 * q + t;
+                        if (tok[ltok] < 0) continue;
+                        const int64_t s = s0 + ltok;
+                        const float sc = p.scale ? p.scale[s] : 1.0f;
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            const int i = 4 * j + 2 * hh + t;
+                            const bool sw = (perm[hh] & 15u) != 0;  // set 0 holds column 1
+                            float v0 = sw ? acc[1][i] : acc[0][i], v1 = sw ? acc[0][i] : acc[1][i];
+                            if (p.bias) {
+                                v0 += bb[hh][0][0];
+                                v1 += bb[hh][0][1];
+                            }
+                            store2(s, col_base + (lr + 8 * hh) * 2, v0 * sc, v1 * sc);
+                        }
+                    }
+            } else {
+                // consumer 1 (up rows) hands over XT tokens at a time, column-ordered
+#pragma unroll
+                for (int ch = 0; ch < 16 / (C::XT / 8); ch++) {
+                    constexpr int JC = C::XT / 8;
+                    if (c == 1) {
+#pragma unroll
+                        for (int jj = 0; jj < JC; jj++)
+#pragma unroll
+                            for (int t = 0; t < 2; t++)
+#pragma unroll
+                                for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                                    for (int a = 0; a < 2; a++) {
+                                        const int col = (lr + 8 * hh) * 2 + (int)((perm[hh] >> (4 * a)) & 15u);
+                                        xch[(jj * 8 + 2 * q + t) * C::XS + col] = acc[a][4 * (ch * JC + jj) + 2 * hh + t];
+                                    }
+                    }
+                    named_barrier_sync(2, 256);
+                    if (c == 0) {
+#pragma unroll
+                        for (int jj = 0; jj < JC; jj++)
+#pragma unroll
+                            for (int t = 0; t < 2; t++) {
+                                const int j = ch * JC + jj, ltok = j * 8 + 2 * q + t;
+                                if (tok[ltok] < 0) continue;
+                                const int64_t s = s0 + ltok;
+                                const float sc = p.scale ? p.scale[s] : 1.0f;
+#pragma unroll
+                                for (int hh = 0; hh < 2; hh++) {
+                                    const int i = 4 * j + 2 * hh + t;
+                                    const bool sw = (perm[hh] & 15u) != 0;
+                                    float v0 = sw ? acc[1][i] : acc[0][i], v1 = sw ? acc[0][i] : acc[1][i];
+                                    const float *xu = xch + (jj * 8 + 2 * q + t) * C::XS + (lr + 8 * hh) * 2;
+                                    float u0 = xu[0], u1 = xu[1];
+                                    if (p.bias) {
+                                        v0 += bb[hh][0][0];
+                                        u0 += bb[hh][1][0];
+                                        v1 += bb[hh][0][1];
+                                        u1 += bb[hh][1][1];
+                                    }
+                                    store2(s, col_base + (lr + 8 * hh) * 2, gated_act(p, v0, u0) * sc,
+                                           gated_act(p, v1, u1) * sc);
+                                }
+                            }
+                    }
+                    named_barrier_sync(2, 256);
                 }
             }
         }
-    named_barrier_sync(2, 256);
-    store_tile<T, M, BMT, BN, 256, FS>(p, ftile, tok_s, e, row0, s0, ctid);
+        mbar_arrive(tempty_bar(slot));
+    }
 #else
     (void)p;
+    (void)tm;
     __trap();
 #endif
 }

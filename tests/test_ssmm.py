@@ -130,11 +130,12 @@ def _sm90() -> bool:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:256"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
-@pytest.mark.parametrize("kernel", ["1", "2"])
+@pytest.mark.parametrize("kernel", ["1", "2", "3"])
 def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu, kernel, monkeypatch):
     """Each Hopper wgmma.sp kernel (SAMOYEDS_WGMMA_KERNEL: 1 single-role, 2
-    warp-specialised with TMA) and the mma.sp kernel on the same inputs: both within
-    the oracle tolerance, and close to each other."""
+    warp-specialised with TMA on a persistent grid, 3 the same with one work item
+    per CTA) and the mma.sp kernel on the same inputs: both within the oracle
+    tolerance, and close to each other."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
     monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
