@@ -105,15 +105,20 @@ template <int M_> struct WsCfg {
     static constexpr int META_BYTES = (BMT / 16) * KS * 64;
     static constexpr int IDX_BYTES = M > 1 ? BMT : 0;
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
-    static constexpr int ST = M == 1 ? 6 : 8;          // stages
+    static constexpr int ST = M == 1 ? 6 : 7;          // stages
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
+    // Epilogue staging, one area per consumer: a chunk of the tile's output (tokens x
+    // the consumer's output columns, in T, 16-byte pieces XOR-swizzled by token row),
+    // written from the accumulators and stored as whole 16-byte pieces of output rows.
     // M > 1 with a gated activation: the gate rows of a CTA are consumer 0's, the up
-    // rows consumer 1's; consumer 1 hands its finished values over through an fp32
-    // tile of XT tokens x (BMW * M) columns
+    // rows consumer 1's; consumer 1 hands its values over through an fp32 tile of XT
+    // tokens x (BMW * M) columns in its own staging area.
+    static constexpr int STG_BYTES = 8192;
     static constexpr int XT = 32, XS = BMW * M + 4;
-    static constexpr int XCH_OFF = PIPE_BYTES, XCH_BYTES = M > 1 ? XT * XS * 4 : 0;
-    // two work slots, each BN token rows + (e, rt, s0)
-    static constexpr int SLOT_OFF = XCH_OFF + XCH_BYTES, SLOT_BYTES = BN * 4 + 16;
+    static constexpr int STG_OFF = PIPE_BYTES, XCH_OFF = STG_OFF + STG_BYTES;
+    static constexpr int EPI_BYTES = STG_BYTES + (M > 1 && XT * XS * 4 > STG_BYTES ? XT * XS * 4 : STG_BYTES);
+    // two work slots, each: BN token rows, BN routing scales, (e, rt, s0)
+    static constexpr int SLOT_OFF = STG_OFF + EPI_BYTES, SLOT_BYTES = BN * 8 + 16;
     static constexpr int BAR_OFF = SLOT_OFF + 2 * SLOT_BYTES;  // full[ST] empty[ST] tfull[2] tempty[2]
     static constexpr int SMEM = BAR_OFF + (2 * ST + 4) * 8 + 1024;  // + alignment slack
     static_assert(SMEM <= 227 * 1024, "shared memory");
@@ -134,9 +139,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
     auto tfull_bar = [&](int s) { return bar0 + 8u * (2 * ST + s); };
     auto tempty_bar = [&](int s) { return bar0 + 8u * (2 * ST + 2 + s); };
-    // work slot: int32 tok[BN], then e, rt, and s0 as int64
+    // work slot: int32 tok[BN], float scale[BN], then e, rt, and s0 as int64
     auto slot_tok = [&](int s) { return reinterpret_cast<int32_t *>(smem + C::SLOT_OFF + s * C::SLOT_BYTES); };
-    auto slot_info = [&](int s) { return slot_tok(s) + BN; };
+    auto slot_scale = [&](int s) { return reinterpret_cast<float *>(slot_tok(s) + BN); };
+    auto slot_info = [&](int s) { return slot_tok(s) + 2 * BN; };
     auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
     const int tid = threadIdx.x;
     const int KT = (int)(p.cp / BK);  // even: columns are padded to 128
@@ -180,8 +186,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 decode_tile<BN>(p, (int64_t)blockIdx.x + (int64_t)n * gridDim.x, total, lane, e, rt, tt);
                 int32_t *tok = slot_tok(slot), *info = slot_info(slot);
                 const int64_t s0 = e >= 0 ? tile_s0<BN>(p, e, tt) : 0;
+                float *scl = slot_scale(slot);
                 if (e >= 0)
-                    for (int i = lane; i < BN; i += 32) tok[i] = tile_token(p, e, s0, i);
+                    for (int i = lane; i < BN; i += 32) {
+                        const int32_t t = tile_token(p, e, s0, i);
+                        tok[i] = t;
+                        scl[i] = p.scale && t >= 0 ? p.scale[s0 + i] : 1.0f;
+                    }
                 if (lane == 0) {
                     info[0] = e;
                     info[1] = rt;
@@ -291,26 +302,140 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     };
 
     T *out = static_cast<T *>(p.out);
-    const bool gated = p.act != SAM_ACT_NONE;
-    const bool vec2 = p.ldo % 2 == 0 && (reinterpret_cast<uintptr_t>(p.out) & 3) == 0;
+    const bool vec_ok = p.ldo % 8 == 0 && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0;
+    const int wtid = tid & 127;  // thread of its warpgroup
     auto bias_at = [&](int64_t i) { return load_as_float(p.bias, p.bias_dtype, i); };
-    // two adjacent output columns col, col + 1 of sorted row s
-    auto store2 = [&](int64_t s, int64_t col, float y0, float y1) {
-        T *dst = out + s * p.ldo + col;
-        if (vec2 && col + 1 < p.out_cols) {
-            *reinterpret_cast<uint32_t *>(dst) = Elem<T>::pack2(y0, y1);
-        } else {
-            if (col < p.out_cols) dst[0] = Elem<T>::from_f(y0);
-            if (col + 1 < p.out_cols) dst[1] = Elem<T>::from_f(y1);
+    float *xch = reinterpret_cast<float *>(smem + C::XCH_OFF);
+    unsigned char *stg = smem + C::STG_OFF + c * C::STG_BYTES;
+
+    // ---- epilogue, from the accumulators: thread (warp, g, q) holds storage rows
+    // crow + b*64 + warp*16 + g + 8hh and tokens j*8 + 2q + t at acc[.][4j + 2hh + t].
+    // Bias, activation and routing scale in fp32 in the order of store_tile, rounded
+    // once; then whole 16-byte pieces of output rows, chunk by chunk.
+    auto epilogue = [&](auto gated_c, const int32_t *tok, const float *scl, int e, int64_t row0, int64_t s0) {
+        constexpr bool GATED = decltype(gated_c)::value;
+        constexpr bool HANDOVER = M > 1 && GATED;                 // consumer 1 -> consumer 0 via xch
+        constexpr int OCW = M == 1 && GATED ? 64 : 128;           // output columns of a consumer
+        constexpr int PR = OCW / 8;                               // 16-byte pieces per staged row
+        constexpr int TC = C::STG_BYTES / (OCW * 2), JC = TC / 8;  // tokens per chunk
+        static_assert(!HANDOVER || TC == C::XT, "hand-over chunk");
+        const bool writes = !HANDOVER || c == 0;
+        const int64_t ocol0 = M == 1 ? (GATED ? (row0 / 128) * 64 + c * 64 : row0 + crow)
+                                     : (GATED ? row0 : (row0 + crow) * 2);
+        const int lr = warp * 16 + g;  // + 8 hh
+        // this thread's output columns within the consumer's OCW, as [hh][x]:
+        // M = 1 gated: x = 0; M = 1 plain: x = block b; M = 2: x = column k of the pair
+        auto colw = [&](int hh, int x) { return M == 1 ? x * 64 + lr + 8 * hh : (lr + 8 * hh) * 2 + x; };
+        float bz[2][2][2] = {};  // [hh][x][gate, up]
+        if (p.bias && writes) {
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                for (int x = 0; x < (M == 1 && GATED ? 1 : 2); x++)
+#pragma unroll
+                    for (int u = 0; u < (GATED ? 2 : 1); u++) {
+                        const int64_t col = ocol0 + colw(hh, x);
+                        if (col < p.out_cols) bz[hh][x][u] = bias_at((int64_t)e * p.R + u * (p.R / 2) + col);
+                    }
+        }
+        auto stg_at = [&](int tl, int cw) {  // staged element (token tl of the chunk, column cw)
+            return stg + tl * (OCW * 2) + ((((cw >> 3) ^ (tl & 7)) << 4) | ((cw & 7) * 2));
+        };
+        auto consumer_sync = [&]() {
+            if (HANDOVER) named_barrier_sync(2, 256);
+            else named_barrier_sync(4 + c, 128);
+        };
+#pragma unroll
+        for (int ch = 0; ch < BN / TC; ch++) {
+            if (HANDOVER && c == 1) {
+#pragma unroll
+                for (int jj = 0; jj < JC; jj++)
+#pragma unroll
+                    for (int t = 0; t < 2; t++)
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                            for (int a = 0; a < 2; a++) {
+                                const int col = (lr + 8 * hh) * 2 + (int)((perm[hh] >> (4 * a)) & 15u);
+                                xch[(jj * 8 + 2 * q + t) * C::XS + col] = acc[a][4 * (ch * JC + jj) + 2 * hh + t];
+                            }
+            }
+            if (HANDOVER) consumer_sync();
+            if (writes) {
+#pragma unroll
+                for (int jj = 0; jj < JC; jj++)
+#pragma unroll
+                    for (int t = 0; t < 2; t++) {
+                        const int tl = jj * 8 + 2 * q + t, j = ch * JC + jj;
+                        const float sc = scl[ch * TC + tl];
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            const int i = 4 * j + 2 * hh + t;
+                            if constexpr (M == 1) {
+                                if constexpr (GATED) {
+                                    float v = acc[0][i], u = acc[1][i];
+                                    if (p.bias) {
+                                        v += bz[hh][0][0];
+                                        u += bz[hh][0][1];
+                                    }
+                                    *reinterpret_cast<T *>(stg_at(tl, colw(hh, 0))) = Elem<T>::from_f(gated_act(p, v, u) * sc);
+                                } else {
+#pragma unroll
+                                    for (int b = 0; b < 2; b++) {
+                                        float v = acc[b][i];
+                                        if (p.bias) v += bz[hh][b][0];
+                                        *reinterpret_cast<T *>(stg_at(tl, colw(hh, b))) = Elem<T>::from_f(v * sc);
+                                    }
+                                }
+                            } else {
+                                const bool sw = (perm[hh] & 15u) != 0;  // set 0 holds column 1 of the pair
+                                float v0 = sw ? acc[1][i] : acc[0][i], v1 = sw ? acc[0][i] : acc[1][i];
+                                if (p.bias) {
+                                    v0 += bz[hh][0][0];
+                                    v1 += bz[hh][1][0];
+                                }
+                                if constexpr (GATED) {
+                                    const float *xu = xch + tl * C::XS + (lr + 8 * hh) * 2;
+                                    float u0 = xu[0], u1 = xu[1];
+                                    if (p.bias) {
+                                        u0 += bz[hh][0][1];
+                                        u1 += bz[hh][1][1];
+                                    }
+                                    v0 = gated_act(p, v0, u0);
+                                    v1 = gated_act(p, v1, u1);
+                                }
+                                *reinterpret_cast<uint32_t *>(stg_at(tl, colw(hh, 0))) = Elem<T>::pack2(v0 * sc, v1 * sc);
+                            }
+                        }
+                    }
+            }
+            consumer_sync();  // the chunk is staged
+            if (writes) {
+#pragma unroll
+                for (int r = 0; r < TC * PR / 128; r++) {
+                    const int id = wtid + 128 * r, tl = id / PR, pc = id % PR, ltok = ch * TC + tl;
+                    if (tok[ltok] < 0) continue;
+                    const int64_t col = ocol0 + pc * 8;
+                    if (col >= p.out_cols) continue;
+                    const uint4 v = *reinterpret_cast<const uint4 *>(stg + tl * (OCW * 2) + ((pc ^ (tl & 7)) << 4));
+                    T *dst = out + (s0 + ltok) * p.ldo + col;
+                    if (vec_ok && col + 8 <= p.out_cols) {
+                        *reinterpret_cast<uint4 *>(dst) = v;
+                    } else {
+                        const T *y = reinterpret_cast<const T *>(&v);
+                        for (int k = 0; k < 8 && col + k < p.out_cols; k++) dst[k] = y[k];
+                    }
+                }
+            }
+            consumer_sync();  // the staging area (and the hand-over tile) may be overwritten
         }
     };
-    float *xch = reinterpret_cast<float *>(smem + C::XCH_OFF);
 
     uint32_t it = 0;
     for (int n = 0;; n++) {
         const int slot = n & 1;
         mbar_wait(tfull_bar(slot), (n >> 1) & 1);
-        const int32_t *tok = slot_tok(slot), *info = slot_info(slot);
+        const int32_t *info = slot_info(slot);
         const int e = info[0];
         if (e < 0) break;
         const int64_t row0 = (int64_t)info[1] * BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
@@ -330,143 +455,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         if (KT > 0) mbar_arrive(empty_bar((it - 1) % ST));
 
-        // ---- epilogue, straight from the accumulators: thread (warp, g, q) holds
-        // storage rows crow + b*64 + warp*16 + g + 8hh and tokens j*8 + 2q + t at
-        // acc[.][4j + 2hh + t].  Bias, activation and scale in the order of store_tile.
-        if constexpr (M == 1) {
-            // gated: a GLU pair is 128 storage rows, so this consumer's block 0 is the
-            // gate and block 1 the up rows of the same 64 output columns
-            const int64_t colg = (row0 / 128) * 64 + c * 64 + warp * 16 + g;  // gated, hh = 0
-            const int64_t colp = row0 + crow + warp * 16 + g;                 // plain, b = 0, hh = 0
-            float bg[2][2];  // gated: [hh][gate, up]; plain: [hh][b]
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                for (int b = 0; b < 2; b++) {
-                    const int64_t col = gated ? colg + 8 * hh : colp + b * 64 + 8 * hh;
-                    bg[hh][b] = p.bias && col < p.out_cols
-                                    ? bias_at((int64_t)e * p.R + (gated ? b * (p.R / 2) : 0) + col) : 0.0f;
-                }
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-#pragma unroll
-                for (int t = 0; t < 2; t++) {
-                    const int ltok = j * 8 + 2 * q + t;
-                    if (tok[ltok] < 0) continue;
-                    const int64_t s = s0 + ltok;
-                    const float sc = p.scale ? p.scale[s] : 1.0f;
-                    T *orow = out + s * p.ldo;
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int i = 4 * j + 2 * hh + t;
-                        if (gated) {
-                            const int64_t col = colg + 8 * hh;
-                            if (col >= p.out_cols) continue;
-                            float v = acc[0][i], u = acc[1][i];
-                            if (p.bias) {
-                                v += bg[hh][0];
-                                u += bg[hh][1];
-                            }
-                            orow[col] = Elem<T>::from_f(gated_act(p, v, u) * sc);
-                        } else {
-#pragma unroll
-                            for (int b = 0; b < 2; b++) {
-                                const int64_t col = colp + b * 64 + 8 * hh;
-                                if (col >= p.out_cols) continue;
-                                float v = acc[b][i];
-                                if (p.bias) v += bg[hh][b];
-                                orow[col] = Elem<T>::from_f(v * sc);
-                            }
-                        }
-                    }
-                }
-        } else {
-            // M = 2: storage row r holds output columns 2r and 2r + 1; set a holds
-            // column 2r + ((perm >> 4a) & 15)
-            const int lr = warp * 16 + g;  // + 8 hh: storage row within this consumer's 64
-            float bb[2][2][2];             // [hh][gate, up][column 0, 1]
-            const int64_t col_base = gated ? (row0 / 128) * 64 * M : row0 * M + crow * M;
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                for (int u = 0; u < 2; u++)
-#pragma unroll
-                    for (int k = 0; k < 2; k++) {
-                        const int64_t col = col_base + (lr + 8 * hh) * 2 + k;
-                        bb[hh][u][k] = p.bias && col < p.out_cols && (gated || u == 0)
-                                           ? bias_at((int64_t)e * p.R + u * (p.R / 2) + col) : 0.0f;
-                    }
-            if (!gated) {
-#pragma unroll
-                for (int j = 0; j < 16; j++)
-#pragma unroll
-                    for (int t = 0; t < 2; t++) {
-                        const int ltok = j * 8 + 2 * q + t;
-                        if (tok[ltok] < 0) continue;
-                        const int64_t s = s0 + ltok;
-                        const float sc = p.scale ? p.scale[s] : 1.0f;
-#pragma unroll
-                        for (int hh = 0; hh < 2; hh++) {
-                            const int i = 4 * j + 2 * hh + t;
-                            const bool sw = (perm[hh] & 15u) != 0;  // set 0 holds column 1
-                            float v0 = sw ? acc[1][i] : acc[0][i], v1 = sw ? acc[0][i] : acc[1][i];
-                            if (p.bias) {
-                                v0 += bb[hh][0][0];
-                                v1 += bb[hh][0][1];
-                            }
-                            store2(s, col_base + (lr + 8 * hh) * 2, v0 * sc, v1 * sc);
-                        }
-                    }
-            } else {
-                // consumer 1 (up rows) hands over XT tokens at a time, column-ordered
-#pragma unroll
-                for (int ch = 0; ch < 16 / (C::XT / 8); ch++) {
-                    constexpr int JC = C::XT / 8;
-                    if (c == 1) {
-#pragma unroll
-                        for (int jj = 0; jj < JC; jj++)
-#pragma unroll
-                            for (int t = 0; t < 2; t++)
-#pragma unroll
-                                for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                                    for (int a = 0; a < 2; a++) {
-                                        const int col = (lr + 8 * hh) * 2 + (int)((perm[hh] >> (4 * a)) & 15u);
-                                        xch[(jj * 8 + 2 * q + t) * C::XS + col] = acc[a][4 * (ch * JC + jj) + 2 * hh + t];
-                                    }
-                    }
-                    named_barrier_sync(2, 256);
-                    if (c == 0) {
-#pragma unroll
-                        for (int jj = 0; jj < JC; jj++)
-#pragma unroll
-                            for (int t = 0; t < 2; t++) {
-                                const int j = ch * JC + jj, ltok = j * 8 + 2 * q + t;
-                                if (tok[ltok] < 0) continue;
-                                const int64_t s = s0 + ltok;
-                                const float sc = p.scale ? p.scale[s] : 1.0f;
-#pragma unroll
-                                for (int hh = 0; hh < 2; hh++) {
-                                    const int i = 4 * j + 2 * hh + t;
-                                    const bool sw = (perm[hh] & 15u) != 0;
-                                    float v0 = sw ? acc[1][i] : acc[0][i], v1 = sw ? acc[0][i] : acc[1][i];
-                                    const float *xu = xch + (jj * 8 + 2 * q + t) * C::XS + (lr + 8 * hh) * 2;
-                                    float u0 = xu[0], u1 = xu[1];
-                                    if (p.bias) {
-                                        v0 += bb[hh][0][0];
-                                        u0 += bb[hh][1][0];
-                                        v1 += bb[hh][0][1];
-                                        u1 += bb[hh][1][1];
-                                    }
-                                    store2(s, col_base + (lr + 8 * hh) * 2, gated_act(p, v0, u0) * sc,
-                                           gated_act(p, v1, u1) * sc);
-                                }
-                            }
-                    }
-                    named_barrier_sync(2, 256);
-                }
-            }
-        }
+        if (p.act != SAM_ACT_NONE) epilogue(std::true_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
+        else epilogue(std::false_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
         mbar_arrive(tempty_bar(slot));
     }
 #else
