@@ -1,35 +1,48 @@
 // ssmm_ws.cuh -- the warp-specialised Hopper kernel of ssmm (wgmma.mma_async.sp,
-// sm_90a).  Included by ssmm.cu inside its namespace: it shares KParams, store_tile,
-// cta_work and the shared-memory swizzles of the other two kernels there.
+// sm_90a).  Included by ssmm.cu inside its namespace: it shares KParams, the work
+// decoding (count_token_tiles, decode_tile, tile_s0) and gated_act of the other
+// two kernels there.
 //
 // Computes what every ssmm kernel computes (csrc/ssmm_ref.c):
 //     out[s] = act(x[token_ids[s]] @ W_e^T + bias_e) * scale[s]
 //
-// CTA = 3 warpgroups.  Warpgroup 0 is the producer: one elected thread streams the
-// packed values and the 2:4 metadata of the tile with TMA (cp.async.bulk.tensor,
-// completing on the stage's `full` mbarrier by transaction bytes), and all 128
-// threads gather the BN = 128 token rows of the tile straight from x by index
-// with cp.async (TMA cannot gather rows on sm_90), each thread ending its stage
-// with cp.async.mbarrier.arrive.noinc, so a stage is marked full by the hardware
-// the moment its bytes have landed and the producer never waits on its own
-// copies: it only waits for a free stage (`empty`).  Warpgroups 1 and 2 are
-// consumers: they wait on `full`, load the k-tile's metadata words into registers
-// and issue its wgmma.sp with both operands read by the tensor cores from shared
-// memory through descriptors (the packed values in the 64-byte swizzle TMA wrote,
-// the tokens in the 128-byte swizzle), keep one k-tile of wgmmas in flight,
-// and arrive on the `empty` mbarrier of a stage once the wgmmas that read it are
-// done.  No CTA-wide barrier inside the main loop; setmaxnreg gives the
-// consumers 216 registers and the producer 72.
+// CTA = 3 warpgroups on a persistent grid (one CTA per SM; SAMOYEDS_WGMMA_KERNEL=3
+// launches one CTA per work item instead).  A CTA walks the work items blockIdx.x,
+// blockIdx.x + gridDim.x, ... in the rasterised order of cta_work (ssmm.cu), each
+// item BMT storage rows x BN = 128 tokens of one expert, through two work slots in
+// shared memory (token rows, routing scales, expert / row tile / first sorted row):
+// the producer fills slot n % 2 once the consumers have released item n - 2, so
+// it streams item n + 1 while the consumers finish and store item n.
+//
+// Warpgroup 0 is the producer: warp 0 decodes the next item, every thread loads
+// one token row and scale of it; then one elected thread streams the packed values
+// and the 2:4 metadata of each k-tile with TMA (cp.async.bulk.tensor, completing
+// on the stage's `full` mbarrier by transaction bytes), and all 128 threads gather
+// the BN token rows straight from x by index with cp.async (TMA cannot gather rows
+// on sm_90), each thread ending its stage with cp.async.mbarrier.arrive.noinc, so
+// a stage is marked full by the hardware the moment its bytes have landed and the
+// producer never waits on its own copies: it only waits for a free stage (`empty`).
+// Warpgroups 1 and 2 are consumers: they wait on `full`, load the k-tile's metadata
+// words into registers and issue its wgmma.sp with both operands read by the tensor
+// cores from shared memory through descriptors (the packed values in the 64-byte
+// swizzle TMA wrote, the tokens in the 128-byte swizzle), keep one k-tile of wgmmas
+// in flight, and arrive on the `empty` mbarrier of a stage once the wgmmas that
+// read it are done.  No CTA-wide barrier anywhere; setmaxnreg gives the consumers
+// 216 registers and the producer 72.
+//
+// Epilogue, per consumer warpgroup and outside the ring (so it overlaps the
+// producer's next item): bias, activation and routing scale on the accumulators
+// in fp32, one rounding to T into an 8 KB staging chunk, then whole 16-byte pieces
+// of output rows.  For 1:M:V with a gated activation the gate rows are consumer
+// 0's and the up rows consumer 1's: consumer 1 hands its values over in fp32.
 //
 // Tiles (BK = 64 dense columns per stage, NB m64 blocks per consumer):
 //   2:4 (M = 1):     BM = 256 storage rows (each consumer 2 x m64) x 128 tokens,
 //                    6 stages of 34 KB; 128 fp32 accumulators per thread.
 //   1:M:V (M = 2):   BM = 128 storage rows (each consumer 1 x m64, 2 accumulator
-//                    sets) x 128 tokens, 8 stages of 26 KB.
+//                    sets) x 128 tokens, 7 stages of 26 KB.
 // The taller 2:4 tile halves the token bytes per issued FLOP against 128 x 128.
-// With the weights by TMA and the stages marked full by the copies themselves it
-// runs 1.5-1.6x the single-role kernel for 2:4 and 1.15x for 1:2:128 on an H100
-// (docs/PERFORMANCE.md, v7); auto runs it for both.
+// docs/PERFORMANCE.md has the measurements (v7: weights by TMA; v9: persistent).
 //
 // Row selection as in the other kernels: M accumulator sets per condensed row;
 // wgmma writes set 0; at every V boundary the warpgroup drains its wgmmas and
@@ -153,7 +166,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             mbar_init(empty_bar(s), 2 * 128);
         }
         for (int s = 0; s < 2; s++) {
-            mbar_init(tfull_bar(s), 32);       // the lanes of producer warp 0
+            mbar_init(tfull_bar(s), PT);        // the producer threads, each after its token row
             mbar_init(tempty_bar(s), 2 * 128);  // the consumers, after their epilogue
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -180,30 +193,36 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
         for (int n = 0;; n++) {
             const int slot = n & 1;
+            int32_t *tok = slot_tok(slot), *info = slot_info(slot);
             if (warp == 0) {  // work item n of this CTA into its slot, once the consumers are done with item n-2
                 if (n >= 2) mbar_wait(tempty_bar(slot), ((n >> 1) - 1) & 1);
                 int e, rt, tt;
                 decode_tile<BN>(p, (int64_t)blockIdx.x + (int64_t)n * gridDim.x, total, lane, e, rt, tt);
-                int32_t *tok = slot_tok(slot), *info = slot_info(slot);
-                const int64_t s0 = e >= 0 ? tile_s0<BN>(p, e, tt) : 0;
-                float *scl = slot_scale(slot);
-                if (e >= 0)
-                    for (int i = lane; i < BN; i += 32) {
-                        const int32_t t = tile_token(p, e, s0, i);
-                        tok[i] = t;
-                        scl[i] = p.scale && t >= 0 ? p.scale[s0 + i] : 1.0f;
-                    }
                 if (lane == 0) {
                     info[0] = e;
                     info[1] = rt;
-                    *reinterpret_cast<int64_t *>(info + 2) = s0;
+                    *reinterpret_cast<int64_t *>(info + 2) = e >= 0 ? tile_s0<BN>(p, e, tt) : 0;
                 }
+            }
+            named_barrier_sync(3, PT);  // the item is decoded (producer warpgroup)
+            const int e = info[0];
+            {  // token row and routing scale of tile position tid (BN == PT), one load round
+                static_assert(BN == PT, "one token row per producer thread");
+                int32_t t = -1;
+                float sc = 1.0f;
+                if (e >= 0) {
+                    const int64_t s0 = *reinterpret_cast<const int64_t *>(info + 2), s = s0 + tid;
+                    const bool in = s < min((int64_t)p.offsets[e + 1], p.S);
+                    const int64_t v = in ? (p.token_ids ? (int64_t)p.token_ids[s] : s) : -1;
+                    if (v >= 0 && v < p.T) t = (int32_t)v;
+                    if (p.scale && in) sc = p.scale[s];
+                }
+                tok[tid] = t;
+                slot_scale(slot)[tid] = sc;
                 mbar_arrive(tfull_bar(slot));
             }
-            named_barrier_sync(3, PT);  // the slot is written (producer warpgroup)
-            const int32_t *tok = slot_tok(slot), *info = slot_info(slot);
-            const int e = info[0];
             if (e < 0) break;
+            named_barrier_sync(3, PT);  // every token row of the slot is written
             const int64_t row0 = (int64_t)info[1] * BMT;
             const T *b_src[B_CH];
             unsigned b_ok = 0;

@@ -148,6 +148,30 @@ def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu, kernel, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [
+    (2000, 2, 8, 1024, 256, "skewed"),   # more work items than SMs: each CTA of the persistent grid takes several
+    (700, 2, 300, 256, 192, "uniform"),  # E > 256: work items decoded from offsets[] instead of registers
+    (900, 3, 40, 512, 128, "one"),       # one expert holding most rows, a KT of 2 (shorter than the ring)
+])
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
+@pytest.mark.parametrize("kernel", ["2", "3"])
+def test_warp_specialised_work_items(shape, fmt, act, glu, kernel, monkeypatch):
+    """The warp-specialised kernel's work distribution (persistent grid, 2, or one
+    item per CTA, 3) against the C reference, the float64 oracle and the mma.sp
+    kernel, with bias and routing scales: every item computed once, nothing else written."""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
+    seed = torch.seed() % 2**31
+    x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, act, glu, bias=True, scale=True, seed=seed)
+    a = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="wgmma_sp")
+    m = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="mma_sp")
+    n = int(r.offsets[-1])
+    assert rel_err(a[:n], m[:n].double()) < 1e-2
+
+
+@pytest.mark.gpu
 def test_wgmma_refuses_what_it_cannot_run():
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
