@@ -780,11 +780,10 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
                       (long long)ps->d.E, (long long)ps->d.rp, (long long)ps->d.cp);
             return SAM_STATUS_UNSUPPORTED;
         }
-        void (*kernel)(const KParams, const WsMaps) =
-            k.act != SAM_ACT_NONE ? ssmm_ws_kernel<T, C, true> : ssmm_ws_kernel<T, C, false>;
-        SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM), "ssmm");
+        SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_ws_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
+                     "ssmm");
         if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
-        kernel<<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
+        ssmm_ws_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
     } else {
         void (*kernel)(const KParams);
         if constexpr (KIND == K_WGMMA) kernel = ssmm_wgmma_kernel<T, C>;

@@ -111,8 +111,8 @@ template <int M_> struct WsCfg {
     static constexpr int BMT = 2 * BMW;                // storage rows per CTA
     static constexpr int BN = 128, BK = 64, KS = BK / 32;
     static constexpr int THREADS = 384, PTHREADS = 128;
-    // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 65536; no spill in either role)
-    static constexpr int PREGS = M == 1 ? 72 : 64, CREGS = M == 1 ? 216 : 224;
+    // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168)
+    static constexpr int PREGS = M == 1 ? 72 : 64, CREGS = 216;
     static constexpr int A_BYTES = BMT * 64;           // BK/2 packed values x 2 bytes per row
     static constexpr int B_BYTES = BN * 128;
     static constexpr int META_BYTES = (BMT / 16) * KS * 64;
@@ -140,9 +140,7 @@ template <int M_> struct WsCfg {
     static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * 128 + ((ch ^ (row & 7)) << 4); }
 };
 
-// GATED: p.act is a gated activation (one kernel per epilogue keeps each binary small:
-// the epilogue is unrolled over the accumulators)
-template <typename T, typename C, bool GATED>
+template <typename T, typename C>
 __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p, const __grid_constant__ WsMaps tm) {
 #ifdef SAM_HAS_WGMMA
     constexpr int M = C::M, NB = C::NB, BMW = C::BMW, BMT = C::BMT, BN = C::BN, BK = C::BK, KS = C::KS,
@@ -333,7 +331,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     // crow + b*64 + warp*16 + g + 8hh and tokens j*8 + 2q + t at acc[.][4j + 2hh + t].
     // Bias, activation and routing scale in fp32 in the order of store_tile, rounded
     // once; then whole 16-byte pieces of output rows, chunk by chunk.
-    auto epilogue = [&](const int32_t *tok, const float *scl, int e, int64_t row0, int64_t s0) {
+    auto epilogue = [&](auto gated_c, const int32_t *tok, const float *scl, int e, int64_t row0, int64_t s0) {
+        constexpr bool GATED = decltype(gated_c)::value;
         constexpr bool HANDOVER = M > 1 && GATED;                 // consumer 1 -> consumer 0 via xch
         constexpr int OCW = M == 1 && GATED ? 64 : 128;           // output columns of a consumer
         constexpr int PR = OCW / 8;                               // 16-byte pieces per staged row
@@ -475,7 +474,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         if (KT > 0) mbar_arrive(empty_bar((it - 1) % ST));
 
-        epilogue(slot_tok(slot), slot_scale(slot), e, row0, s0);
+        if (p.act != SAM_ACT_NONE) epilogue(std::true_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
+        else epilogue(std::false_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
         mbar_arrive(tempty_bar(slot));
     }
 #else
