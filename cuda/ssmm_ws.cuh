@@ -113,6 +113,9 @@ template <int M_> struct WsCfg {
     static constexpr int THREADS = 384, PTHREADS = 128;
     // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168)
     static constexpr int PREGS = M == 1 ? 72 : 64, CREGS = 216;
+    // setmaxnreg.inc only takes registers the producer's .dec gave back to the CTA's pool
+    // (THREADS x 168 at launch, __launch_bounds__(384, 1)); asking for more never returns
+    static_assert(PTHREADS * PREGS + (THREADS - PTHREADS) * CREGS <= THREADS * 168, "setmaxnreg register pool");
     static constexpr int A_BYTES = BMT * 64;           // BK/2 packed values x 2 bytes per row
     static constexpr int B_BYTES = BN * 128;
     static constexpr int META_BYTES = (BMT / 16) * KS * 64;
