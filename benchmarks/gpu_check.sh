@@ -23,59 +23,40 @@ echo "build: $(( $(date +%s) - t0 )) s"
 $PY -c "import samoyeds, json; print(json.dumps(samoyeds.build_info()))"
 
 summary=()
+# run LOG LINES CMD...: CMD's output into $OUT/LOG.log, its last LINES lines shown, and
+# its exit status with the log's last line in the summary
+run() {
+  local log=$1 lines=$2
+  shift 2
+  "$@" 2>&1 | tee "$OUT/$log.log" | tail -"$lines"
+  summary+=("$log: rc=${PIPESTATUS[0]} $(tail -1 "$OUT/$log.log")")
+}
 for step in $steps; do
   case $step in
-    test)
-      $PY -m pytest tests -x -q -m gpu -p no:cacheprovider 2>&1 | tee "$OUT/test_gpu.log" | tail -25
-      summary+=("gpu tests: $(tail -1 "$OUT/test_gpu.log")") ;;
-    test-ssmm)
-      $PY -m pytest tests/test_ssmm.py -x -q -m gpu -p no:cacheprovider 2>&1 | tee "$OUT/test_ssmm.log" | tail -25
-      summary+=("ssmm gpu tests: $(tail -1 "$OUT/test_ssmm.log")") ;;
-    test-all)
-      $PY -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$OUT/test_all.log" | tail -25
-      summary+=("all tests: $(tail -1 "$OUT/test_all.log")") ;;
+    test) run test_gpu 25 $PY -m pytest tests -x -q -m gpu -p no:cacheprovider ;;
+    test-ssmm) run test_ssmm 25 $PY -m pytest tests/test_ssmm.py -x -q -m gpu -p no:cacheprovider ;;
+    test-all) run test_all 25 $PY -m pytest tests -q -p no:cacheprovider ;;
     sanitize)
       for tool in memcheck racecheck; do
         compute-sanitizer --tool $tool --error-exitcode 9 $PY benchmarks/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
         summary+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)")
       done ;;
-    bench)
-      $PY benchmarks/bench_kernel.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernel.log" | tail -60
-      summary+=("bench_kernel: see table above") ;;
-    bench-quick)
-      $PY benchmarks/bench_kernel.py --quick --out "$OUT" 2>&1 | tee "$OUT/bench_kernel.log" | tail -60 ;;
-    bench-moe)
-      $PY benchmarks/bench_moe.py --out "$OUT" 2>&1 | tee "$OUT/bench_moe.log" | tail -30
-      summary+=("bench_moe: see table above") ;;
-    bench-sweep)
-      $PY benchmarks/bench_sweep.py --out "$OUT" 2>&1 | tee "$OUT/bench_sweep.log" | tail -8
-      summary+=("bench_sweep: rc=${PIPESTATUS[0]}") ;;
-    bench-breakdown)
-      $PY benchmarks/bench_breakdown.py --out "$OUT" 2>&1 | tee "$OUT/bench_breakdown.log" | tail -22
-      summary+=("bench_breakdown: rc=${PIPESTATUS[0]}") ;;
-    bench-e2e)
-      $PY benchmarks/bench_e2e.py --out "$OUT" 2>&1 | tee "$OUT/bench_e2e.log" | tail -22
-      summary+=("bench_e2e: rc=${PIPESTATUS[0]}") ;;
-    bench-memory)
-      $PY benchmarks/bench_memory.py --out "$OUT" 2>&1 | tee "$OUT/bench_memory.log" | tail -12
-      summary+=("bench_memory: rc=${PIPESTATUS[0]}") ;;
-    accuracy)
-      $PY benchmarks/accuracy.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/accuracy.log" | tail -25
-      summary+=("accuracy: rc=${PIPESTATUS[0]}") ;;
-    bench-decode)
-      $PY benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log" | tail -25
-      summary+=("bench_decode: rc=${PIPESTATUS[0]}") ;;
-    ssmm-kernels)
-      $PY benchmarks/ssmm_kernels.py --out "$OUT" 2>&1 | tee "$OUT/ssmm_kernels.log" | tail -12
-      summary+=("ssmm_kernels: rc=${PIPESTATUS[0]}") ;;
+    bench) run bench_kernel 60 $PY benchmarks/bench_kernel.py --out "$OUT" ;;
+    bench-quick) run bench_kernel 60 $PY benchmarks/bench_kernel.py --quick --out "$OUT" ;;
+    bench-moe) run bench_moe 30 $PY benchmarks/bench_moe.py --out "$OUT" ;;
+    bench-sweep) run bench_sweep 8 $PY benchmarks/bench_sweep.py --out "$OUT" ;;
+    bench-breakdown) run bench_breakdown 22 $PY benchmarks/bench_breakdown.py --out "$OUT" ;;
+    bench-e2e) run bench_e2e 22 $PY benchmarks/bench_e2e.py --out "$OUT" ;;
+    bench-memory) run bench_memory 12 $PY benchmarks/bench_memory.py --out "$OUT" ;;
+    accuracy) run accuracy 25 $PY benchmarks/accuracy.py --device cuda --out "$OUT" ;;
+    bench-decode) run bench_decode 25 $PY benchmarks/bench_decode.py --out "$OUT" ;;
+    ssmm-kernels) run ssmm_kernels 12 $PY benchmarks/ssmm_kernels.py --out "$OUT" ;;
     smoke-gpu)
       # every benchmark's --tiny mode on the GPU (toy shapes): the CUDA code paths in about a minute
       $PY benchmarks/run_all.py --tiny --device cuda --only kernel,sweep,moe,e2e,memory,breakdown \
         --out "$OUT/tiny" > "$OUT/smoke_gpu.log" 2>&1
       summary+=("smoke-gpu: rc=$? $(tail -8 "$OUT/smoke_gpu.log" | tr '\n' ';')") ;;
-    demo)
-      $PY -m samoyeds demo --device cuda --json "$OUT/demo.json" 2>&1 | tee "$OUT/demo.log" | tail -30
-      summary+=("demo: rc=$?") ;;
+    demo) run demo 30 $PY -m samoyeds demo --device cuda --json "$OUT/demo.json" ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -34,6 +34,12 @@ inline sam_status launch_status(const char *op) { return cuda_status(cudaGetLast
         if (err_ != cudaSuccess) return sam::cuda_status(err_, op); \
     } while (0)
 
+// Integer from the environment (launch-time kernel choices); dflt when unset or empty.
+int env_int(const char *name, int dflt);
+
+// Streaming multiprocessors of the current device, cached per device (0 when unknown).
+int device_sm_count();
+
 // ---- element types ----------------------------------------------------------------
 
 template <typename T> struct Elem;
@@ -133,6 +139,75 @@ template <> struct MmaSp<__half> {
 
 // ---- row selection (formats 1:M:V) ----------------------------------------------
 //
+// What every ssmm kernel reads of a launch (the kernels' parameter structs extend it).
+struct SsmmArgs {
+    const void *x;
+    int64_t T, ldx, C, cp, rp, slices, R;
+    const void *values;
+    const uint32_t *meta;
+    const uint8_t *idx;
+    int glu;
+    const int32_t *offsets;
+    const int32_t *token_ids;
+    int64_t S;
+    int E;
+    int act;
+    const void *bias;
+    sam_dtype bias_dtype;
+    const float *scale;
+    float alpha, limit;
+    void *out;
+    int64_t ldo, out_cols;
+};
+
+inline SsmmArgs ssmm_args(const sam_ssmm_params *ps) {
+    SsmmArgs a;
+    a.x = ps->x;
+    a.T = ps->T;
+    a.ldx = ps->ldx;
+    a.C = ps->d.C;
+    a.cp = ps->d.cp;
+    a.rp = ps->d.rp;
+    a.slices = ps->d.slices;
+    a.R = ps->d.R;
+    a.values = ps->values;
+    a.meta = ps->meta;
+    a.idx = ps->idx;
+    a.glu = ps->f.glu;
+    a.offsets = ps->offsets;
+    a.token_ids = ps->token_ids;
+    a.S = ps->S;
+    a.E = (int)ps->d.E;
+    a.act = ps->act;
+    a.bias = ps->bias;
+    a.bias_dtype = ps->bias_dtype;
+    a.scale = ps->scale;
+    a.alpha = ps->alpha;
+    a.limit = ps->limit;
+    a.out = ps->out;
+    a.ldo = ps->ldo;
+    a.out_cols = ps->act == SAM_ACT_NONE ? ps->d.R : ps->d.R / 2;
+    return a;
+}
+
+// The gated activation of gate v and up u (bias added), as every kernel and the C
+// reference compute it: SwiGLU silu(v) * u, or GPT-OSS's clamped variant.
+__device__ __forceinline__ float gated_act(const SsmmArgs &p, float v, float u) {
+    if (p.act == SAM_ACT_SWIGLU) return __fdividef(v, 1.0f + __expf(-v)) * u;
+    const float gc = fminf(v, p.limit);
+    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
+    return (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
+}
+
+// Runs f(T{}) with T the tensor-core element type of dt (bfloat16 or float16).
+template <typename F> sam_status with_tc_dtype(sam_dtype dt, F &&f) {
+    switch (dt) {
+    case SAM_BF16: return f(__nv_bfloat16());
+    case SAM_F16: return f(__half());
+    default: set_error("ssmm: the GPU kernel takes bfloat16 or float16"); return SAM_STATUS_UNSUPPORTED;
+    }
+}
+
 // A condensed row keeps M accumulator sets, one per original row of its group;
 // the MMA always accumulates into set 0.  perm holds, 4 bits per set, which row
 // of the group each set is.  At a new column slice, bring the set of row `want`
@@ -144,6 +219,21 @@ template <int M> __device__ __forceinline__ constexpr uint32_t identity_perm() {
     uint32_t init = 0;
     for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
     return init;
+}
+
+// mma.sp fragments of MT x NT tiles: every accumulator set at zero, set a on row a.
+template <int M, int MT, int NT>
+__device__ __forceinline__ void init_row_sets(float (&acc)[M][MT][NT][4], uint32_t (&perm)[MT][2]) {
+#pragma unroll
+    for (int a = 0; a < M; a++)
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[a][i][j][k] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = identity_perm<M>();
 }
 
 template <int M, int NT, typename At>

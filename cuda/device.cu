@@ -1,4 +1,6 @@
 // device.cu -- device queries and the launchers' error reporting.
+#include <stdlib.h>
+
 #include "common.cuh"
 
 #ifndef SAM_ARCHS
@@ -20,6 +22,27 @@ sam_status cuda_status(cudaError_t err, const char *op) {
     if (err == cudaSuccess) return SAM_STATUS_OK;
     set_error("%s: CUDA error %d (%s): %s", op, (int)err, cudaGetErrorName(err), cudaGetErrorString(err));
     return SAM_STATUS_CUDA_ERROR;
+}
+
+int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+int device_sm_count() {
+    static int cache[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (cache[dev] <= 0) {
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) n = 0;
+        cudaGetLastError();
+        cache[dev] = n;
+    }
+    return cache[dev];
 }
 
 }  // namespace sam

@@ -86,25 +86,8 @@ template <int M_, int BK_, int WN_, int ST_> struct Cfg {
     static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * B_ROW + ((ch ^ (row & 7)) << 4); }
 };
 
-struct KParams {
-    const void *x;
-    int64_t T, ldx, C, cp, rp, slices, half_rows, half_rp, R;
-    const void *values;
-    const uint32_t *meta;
-    const uint8_t *idx;
-    int V;
-    int glu;
-    const int32_t *offsets;
-    const int32_t *token_ids;
-    int64_t S;
-    int E;
-    int act;
-    const void *bias;
-    sam_dtype bias_dtype;
-    const float *scale;
-    float alpha, limit;
-    void *out;
-    int64_t ldo, out_cols;
+struct KParams : SsmmArgs {
+    int V;                      // slice length (BK without row selection)
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
 };
@@ -166,13 +149,15 @@ __device__ __forceinline__ void decode_tile(const KParams &p, int64_t L, int tot
     }
 }
 
-// First sorted row of token tile tt of expert e, and the token row of tile
-// position i (-1: nothing to read or write).
+// First sorted row of token tile tt of expert e, the end of e's sorted rows, and
+// the token row of sorted row s < s_end (-1: nothing to read or write).
 template <int BN> __device__ __forceinline__ int64_t tile_s0(const KParams &p, int e, int tt) {
     return (int64_t)max(0, p.offsets[e]) + (int64_t)tt * BN;
 }
-__device__ __forceinline__ int32_t tile_token(const KParams &p, int e, int64_t s0, int i) {
-    const int64_t s = s0 + i, s_end = min((int64_t)p.offsets[e + 1], p.S);
+__device__ __forceinline__ int64_t expert_s_end(const KParams &p, int e) {
+    return min((int64_t)p.offsets[e + 1], p.S);
+}
+__device__ __forceinline__ int32_t row_token(const KParams &p, int64_t s, int64_t s_end) {
     if (s >= s_end) return -1;
     const int64_t v = p.token_ids ? (int64_t)p.token_ids[s] : s;
     return (v >= 0 && v < p.T) ? (int32_t)v : -1;
@@ -198,8 +183,8 @@ __device__ __forceinline__ bool cta_work(const KParams &p, int32_t *tok_s, int &
     __syncthreads();
     const int e = sh_e;
     if (e < 0) return false;
-    const int64_t s0 = tile_s0<BN>(p, e, sh_tt);
-    for (int i = tid; i < BN; i += THREADS) tok_s[i] = tile_token(p, e, s0, i);
+    const int64_t s0 = tile_s0<BN>(p, e, sh_tt), s_end = expert_s_end(p, e);
+    for (int i = tid; i < BN; i += THREADS) tok_s[i] = row_token(p, s0 + i, s_end);
     __syncthreads();
     e_out = e;
     rt_out = sh_rt;
@@ -294,15 +279,6 @@ template <typename T, typename C> struct Loader {
     }
 };
 
-// The gated activation of gate v and up u (bias added), as every kernel and the C
-// reference compute it: SwiGLU silu(v) * u, or GPT-OSS's clamped variant.
-__device__ __forceinline__ float gated_act(const KParams &p, float v, float u) {
-    if (p.act == SAM_ACT_SWIGLU) return __fdividef(v, 1.0f + __expf(-v)) * u;
-    const float gc = fminf(v, p.limit);
-    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
-    return (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
-}
-
 // Epilogue, second half (every prefill kernel): from the fp32 tile f[token][c]
 // (c = local storage row * M + its row of the group, so c runs over original rows
 // in order) of a CTA of BMT storage rows: bias, activation (the gate column of a
@@ -377,21 +353,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     auto load_stage = [&](int st, int kt) { loader.issue(smem_u32(stage_ptr(st)), kt); };
     const int kt_per_slice = loader.kt_per_slice;
 
-    // accumulators: set 0 is written by mma; sets 1..M-1 hold the other rows
-    float acc[M][MT][NT][4];
-#pragma unroll
-    for (int a = 0; a < M; a++)
-#pragma unroll
-        for (int i = 0; i < MT; i++)
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) acc[a][i][j][k] = 0.0f;
+    // accumulators: set 0 is written by mma; sets 1..M-1 hold the other rows.
     // perm[mt][hh]: 4 bits per set a: which row of its group set a holds
     // (set 0 is the one mma writes: the row selected in the current slice)
+    float acc[M][MT][NT][4];
     uint32_t perm[MT][2];
-#pragma unroll
-    for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = identity_perm<M>();
+    init_row_sets(acc, perm);
 
     // fragments, double-buffered across k-steps where registers allow: A and B
     // for M = 1; B and metadata for M = 2 (A is then loaded right before use)
@@ -643,10 +610,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
 
 #include "ssmm_ws.cuh"
 
-int env_int(const char *name, int dflt) {
-    const char *v = getenv(name);
-    return v ? atoi(v) : dflt;
-}
 int wgmma_meta_remap() {
     static int v = -1;
     if (v < 0) v = env_int("SAMOYEDS_WGMMA_META", 0);
@@ -710,57 +673,14 @@ template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps,
     return true;
 }
 
-// Streaming multiprocessors of the current device (0 when unknown).
-int device_sm_count() {
-    static int cache[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        cudaGetLastError();
-        return 0;
-    }
-    if (cache[dev] <= 0) {
-        int n = 0;
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) n = 0;
-        cudaGetLastError();
-        cache[dev] = n;
-    }
-    return cache[dev];
-}
-
 // max_ctas > 0 (warp-specialised kernel only): a persistent grid of at most that
 // many CTAs, each walking the work items blockIdx.x, blockIdx.x + gridDim.x, ...
 template <typename T, typename C, int KIND = K_MMA_SP>
 sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas = 0) {
     constexpr int M = C::M;
     KParams k;
-    k.x = ps->x;
-    k.T = ps->T;
-    k.ldx = ps->ldx;
-    k.C = ps->d.C;
-    k.cp = ps->d.cp;
-    k.rp = ps->d.rp;
-    k.slices = ps->d.slices;
-    k.half_rows = ps->d.half_rows;
-    k.half_rp = ps->d.half_rp;
-    k.R = ps->d.R;
-    k.values = ps->values;
-    k.meta = ps->meta;
-    k.idx = ps->idx;
+    static_cast<SsmmArgs &>(k) = ssmm_args(ps);
     k.V = M > 1 ? ps->f.v : C::BK;
-    k.glu = ps->f.glu;
-    k.offsets = ps->offsets;
-    k.token_ids = ps->token_ids;
-    k.S = ps->S;
-    k.E = (int)ps->d.E;
-    k.act = ps->act;
-    k.bias = ps->bias;
-    k.bias_dtype = ps->bias_dtype;
-    k.scale = ps->scale;
-    k.alpha = ps->alpha;
-    k.limit = ps->limit;
-    k.out = ps->out;
-    k.ldo = ps->ldo;
-    k.out_cols = ps->act == SAM_ACT_NONE ? ps->d.R : ps->d.R / 2;
     k.nrt = (int)ceil_div(ps->d.rp, C::BMT);
     if ((ps->T * ps->ldx) / 8 >= ((int64_t)1 << 32)) {
         set_error("ssmm: x holds %lld elements; the GPU kernel addresses at most 2**35", (long long)(ps->T * ps->ldx));
@@ -887,10 +807,5 @@ extern "C" sam_status sam_ssmm_cuda(const sam_ssmm_params *ps, void *stream) {
     // decode / small-T: split-K kernel of cuda/ssmm_decode.cu (threshold: docs/PERFORMANCE.md)
     if (ps->impl == 3 || (ps->impl == 0 && ps->S <= sam_ssmm_decode_max_rows()))
         return sam_ssmm_decode_cuda(ps, stream);
-    cudaStream_t s = (cudaStream_t)stream;
-    switch (ps->dtype) {
-    case SAM_BF16: return sam::launch_m<__nv_bfloat16>(ps, s);
-    case SAM_F16: return sam::launch_m<__half>(ps, s);
-    default: sam::set_error("ssmm: the GPU kernel takes bfloat16 or float16"); return SAM_STATUS_UNSUPPORTED;
-    }
+    return sam::with_tc_dtype(ps->dtype, [&](auto t) { return sam::launch_m<decltype(t)>(ps, (cudaStream_t)stream); });
 }

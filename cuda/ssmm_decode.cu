@@ -79,25 +79,8 @@ template <int M_, int MT_, int NT_, int W_, int ST_, bool IL_ = true> struct DCf
     static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * 128 + ((ch ^ (row & 7)) << 4); }
 };
 
-struct DParams {
-    const void *x;
-    int64_t T, ldx, C, cp, rp, R, slices;
-    const void *values;
-    const uint32_t *meta;
-    const uint8_t *idx;
+struct DParams : SsmmArgs {
     int kps;  // k-tiles (64 columns) per slice; 1 << 30 without row selection
-    int glu;
-    const int32_t *offsets;
-    const int32_t *token_ids;
-    int64_t S;
-    int E;
-    int act;
-    const void *bias;
-    sam_dtype bias_dtype;
-    const float *scale;
-    float alpha, limit;
-    void *out;
-    int64_t ldo, out_cols;
     int nrt;  // row tiles per expert
 };
 
@@ -239,20 +222,11 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
                 cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)(kt / p.kps) * p.rp, true);
         };
 
-        float acc[M][MT][NT][4];
-#pragma unroll
-        for (int a = 0; a < M; a++)
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int jj = 0; jj < NT; jj++)
-#pragma unroll
-                    for (int k = 0; k < 4; k++) acc[a][i][jj][k] = 0.0f;
         // perm[i][hh]: 4 bits per set a: which row of its group set a holds
         // (set 0 is the one mma writes: the row selected in the current slice)
+        float acc[M][MT][NT][4];
         uint32_t perm[MT][2];
-#pragma unroll
-        for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = identity_perm<M>();
+        init_row_sets(acc, perm);
         auto select_rows = [&](const unsigned char *stage) {
             const uint8_t *idx_s = stage + Cf::IDX_OFF;
 #pragma unroll
@@ -364,13 +338,7 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
                 if (gated) {
                     float uu = u[k];
                     if (p.bias && in) uu += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
-                    if (p.act == SAM_ACT_SWIGLU) {
-                        y = __fdividef(y, 1.0f + __expf(-y)) * uu;
-                    } else {
-                        const float gc = fminf(y, p.limit);
-                        const float uc = fmaxf(fminf(uu, p.limit), -p.limit);
-                        y = (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
-                    }
+                    y = gated_act(p, y, uu);
                 }
                 y8[k] = y * sc;
             }
@@ -392,39 +360,10 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
     }
 }
 
-int env_int(const char *name, int dflt) {
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : dflt;
-}
-
 template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     DParams k;
-    k.x = ps->x;
-    k.T = ps->T;
-    k.ldx = ps->ldx;
-    k.C = ps->d.C;
-    k.cp = ps->d.cp;
-    k.rp = ps->d.rp;
-    k.R = ps->d.R;
-    k.slices = ps->d.slices;
-    k.values = ps->values;
-    k.meta = ps->meta;
-    k.idx = ps->idx;
+    static_cast<SsmmArgs &>(k) = ssmm_args(ps);
     k.kps = Cf::M > 1 ? ps->f.v / 64 : (1 << 30);
-    k.glu = ps->f.glu;
-    k.offsets = ps->offsets;
-    k.token_ids = ps->token_ids;
-    k.S = ps->S;
-    k.E = (int)ps->d.E;
-    k.act = ps->act;
-    k.bias = ps->bias;
-    k.bias_dtype = ps->bias_dtype;
-    k.scale = ps->scale;
-    k.alpha = ps->alpha;
-    k.limit = ps->limit;
-    k.out = ps->out;
-    k.ldo = ps->ldo;
-    k.out_cols = ps->act == SAM_ACT_NONE ? ps->d.R : ps->d.R / 2;
     k.nrt = (int)(ps->d.rp / Cf::ROWS);
     const int64_t routed = std::min<int64_t>(ps->d.E, ps->S);  // experts that can own a row
     const int64_t grid = (int64_t)k.nrt * routed;
@@ -459,22 +398,12 @@ bool smem_fits(int bytes) {
     return bytes <= optin;
 }
 
-int sm_count() {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return 132;
-    }
-    return n;
-}
-
 template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *ps, cudaStream_t s, int variant) {
     using V1 = DCfg<M, 4, NT, 8, 3>;
     using V2 = DCfg<M, 2, NT, 8, 4>;
     if (variant < 0) {
         const int64_t ctas = ps->d.rp / 64 * std::min<int64_t>(ps->d.E, ps->S);
-        variant = ctas < 2 * (int64_t)sm_count() ? 1 : 0;
+        variant = ctas < 2 * (int64_t)device_sm_count() ? 1 : 0;
     }
     if (variant == 1 && smem_fits(V1::SMEM)) return launch<T, V1>(ps, s);
     if (variant == 2 && smem_fits(V2::SMEM)) return launch<T, V2>(ps, s);
@@ -511,10 +440,5 @@ extern "C" int sam_ssmm_decode_max_rows(void) {
 // The format/epilogue checks of sam_ssmm_cuda (n = 1, V % 64, glu <-> act,
 // C % 8) have run before this is called.
 extern "C" sam_status sam_ssmm_decode_cuda(const sam_ssmm_params *ps, void *stream) {
-    cudaStream_t s = (cudaStream_t)stream;
-    switch (ps->dtype) {
-    case SAM_BF16: return sam::launch_m<__nv_bfloat16>(ps, s);
-    case SAM_F16: return sam::launch_m<__half>(ps, s);
-    default: sam::set_error("ssmm: the GPU kernel takes bfloat16 or float16"); return SAM_STATUS_UNSUPPORTED;
-    }
+    return sam::with_tc_dtype(ps->dtype, [&](auto t) { return sam::launch_m<decltype(t)>(ps, (cudaStream_t)stream); });
 }

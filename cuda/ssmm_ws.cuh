@@ -1,7 +1,7 @@
 // ssmm_ws.cuh -- the warp-specialised Hopper kernel of ssmm (wgmma.mma_async.sp,
-// sm_90a).  Included by ssmm.cu inside its namespace: it shares KParams, the work
-// decoding (count_token_tiles, decode_tile, tile_s0) and gated_act of the other
-// two kernels there.
+// sm_90a).  Included by ssmm.cu inside its namespace: it shares KParams and the work
+// decoding (count_token_tiles, decode_tile, tile_s0, row_token) of the other two
+// kernels there.
 //
 // Computes what every ssmm kernel computes (csrc/ssmm_ref.c):
 //     out[s] = act(x[token_ids[s]] @ W_e^T + bias_e) * scale[s]
@@ -214,11 +214,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 int32_t t = -1;
                 float sc = 1.0f;
                 if (e >= 0) {
-                    const int64_t s0 = *reinterpret_cast<const int64_t *>(info + 2), s = s0 + tid;
-                    const bool in = s < min((int64_t)p.offsets[e + 1], p.S);
-                    const int64_t v = in ? (p.token_ids ? (int64_t)p.token_ids[s] : s) : -1;
-                    if (v >= 0 && v < p.T) t = (int32_t)v;
-                    if (p.scale && in) sc = p.scale[s];
+                    const int64_t s = *reinterpret_cast<const int64_t *>(info + 2) + tid, s_end = expert_s_end(p, e);
+                    t = row_token(p, s, s_end);
+                    if (p.scale && s < s_end) sc = p.scale[s];
                 }
                 tok[tid] = t;
                 slot_scale(slot)[tid] = sc;

@@ -126,6 +126,21 @@ def _sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+def _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias):
+    """wgmma.sp kernel `kernel` (SAMOYEDS_WGMMA_KERNEL) and the mma.sp kernel on the same
+    fresh inputs (routing scales on): each within the oracle tolerance of _check_cuda,
+    and close to each other."""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
+    seed = torch.seed() % 2**31
+    x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, act, glu, bias=bias, scale=True, seed=seed)
+    a = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="wgmma_sp")
+    m = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="mma_sp")
+    n = int(r.offsets[-1])
+    assert rel_err(a[:n], m[:n].double()) < 1e-2
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:256"])
@@ -136,15 +151,7 @@ def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu, kernel, monkeypatch)
     warp-specialised with TMA on a persistent grid, 3 the same with one work item
     per CTA) and the mma.sp kernel on the same inputs: both within the oracle
     tolerance, and close to each other."""
-    if not _sm90():
-        pytest.skip("wgmma.sp runs on sm_90 only")
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
-    seed = torch.seed() % 2**31
-    x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, act, glu, bias=glu, scale=True, seed=seed)
-    a = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="wgmma_sp")
-    m = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="mma_sp")
-    n = int(r.offsets[-1])
-    assert rel_err(a[:n], m[:n].double()) < 1e-2
+    _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias=glu)
 
 
 @pytest.mark.gpu
@@ -160,15 +167,7 @@ def test_warp_specialised_work_items(shape, fmt, act, glu, kernel, monkeypatch):
     """The warp-specialised kernel's work distribution (persistent grid, 2, or one
     item per CTA, 3) against the C reference, the float64 oracle and the mma.sp
     kernel, with bias and routing scales: every item computed once, nothing else written."""
-    if not _sm90():
-        pytest.skip("wgmma.sp runs on sm_90 only")
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
-    seed = torch.seed() % 2**31
-    x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, act, glu, bias=True, scale=True, seed=seed)
-    a = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="wgmma_sp")
-    m = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="mma_sp")
-    n = int(r.offsets[-1])
-    assert rel_err(a[:n], m[:n].double()) < 1e-2
+    _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias=True)
 
 
 @pytest.mark.gpu
