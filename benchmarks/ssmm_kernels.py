@@ -1,7 +1,7 @@
 """The GPU kernels of ssmm side by side on the same inputs: mma.sp, the
 single-role wgmma.sp kernel and the warp-specialised wgmma.sp kernel
-(SAMOYEDS_WGMMA_KERNEL=1), the warp-specialised one with one work item per CTA (=3)
-and on its persistent grid (=2, the default), with cuBLAS on the same masked weights and the
+(SAMOYEDS_WGMMA_KERNEL=1), the warp-specialised one with one work item per CTA (=3),
+on its persistent grid (=2, the default) and, for 2:4, with ping-pong consumers (=4), with cuBLAS on the same masked weights and the
 same (gathered) tokens as the dense reference.  One expert holding all S tokens
 (the kernel's steady state) and whole MoE projections.  Each kernel's output is
 compared with the mma.sp kernel's (relative Frobenius difference).
@@ -19,7 +19,12 @@ import samoyeds as sm  # noqa: E402
 from common import environment, time_graph, write_json  # noqa: E402
 
 KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1tile", "wgmma_sp", "3"),
-           ("wgmma_ws", "wgmma_sp", "2")]
+           ("wgmma_ws", "wgmma_sp", "2"), ("wgmma_ws_pingpong", "wgmma_sp", "4")]
+
+
+def kernels(fmt):
+    """The kernels that run `fmt` (ping-pong consumers: 2:4 only)."""
+    return [k for k in KERNELS if fmt == "2:4" or k[0] != "wgmma_ws_pingpong"]
 
 
 def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
@@ -41,7 +46,7 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
     cols = R // 2 if glu else R
     row = {"case": name, "E": E, "R": R, "C": C, "S": S, "fmt": fmt, "act": act}
     ref = None
-    for kname, impl, env in KERNELS:
+    for kname, impl, env in kernels(fmt):
         if env is not None:
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = env
         out = torch.full((S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -70,7 +75,7 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
                 torch.mm(xs[a:a + n], wd[e].t(), out=yd[a:a + n])
     row["cublas_ms"] = time_graph(dense)["ms"]
     dense_flop = 2.0 * S * R * C
-    for k, _, _ in KERNELS + [("cublas", None, None)]:
+    for k, _, _ in kernels(fmt) + [("cublas", None, None)]:
         row[f"{k}_tflops_dense_equiv"] = dense_flop / (row[f"{k}_ms"] * 1e-3) / 1e12
     return row
 
@@ -96,6 +101,8 @@ def main():
                 f"{k} {row[k + '_ms']:.3f} ms" for k in ("mma_sp", "wgmma", "wgmma_ws_1tile", "wgmma_ws", "cublas"))
                 + f"  ws/cublas {row['cublas_ms'] / row['wgmma_ws_ms']:.2f}x  ws/wgmma {row['wgmma_ms'] / row['wgmma_ws_ms']:.2f}x"
                 + f"  persistent/1tile {row['wgmma_ws_1tile_ms'] / row['wgmma_ws_ms']:.2f}x"
+                + (f"  pingpong {row['wgmma_ws_pingpong_ms']:.3f} ms ({row['wgmma_ws_ms'] / row['wgmma_ws_pingpong_ms']:.2f}x,"
+                   f" err {row['wgmma_ws_pingpong_err']:.1e})" if "wgmma_ws_pingpong_ms" in row else "")
                 + f"  err wgmma {row['wgmma_err']:.1e} ws {row['wgmma_ws_err']:.1e}", flush=True)
     if a.out:
         write_json(os.path.join(a.out, "ssmm_kernels.json"), {"environment": environment(), "rows": rows})

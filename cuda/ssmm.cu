@@ -757,11 +757,13 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
     const bool want_wgmma = ps->impl == 2 || (ps->impl == 0 && env_int("SAMOYEDS_SSMM_WGMMA", 1) != 0);
     if (want_wgmma && wgmma_fits && device_has_wgmma()) {
         // SAMOYEDS_WGMMA_KERNEL: 1 single-role kernel; 2 warp-specialised, persistent
-        // (one CTA per SM); 3 warp-specialised, one work item per CTA.  Default 2
+        // (one CTA per SM); 3 warp-specialised, one work item per CTA; 4 warp-specialised,
+        // persistent, ping-pong consumers (2:4; 1:M:V runs 2).  Default 2
         // (benchmarks/ssmm_kernels.py compares them on the same inputs).
         const int which = env_int("SAMOYEDS_WGMMA_KERNEL", 0);
         if (which != 1 && ws_tma_usable(ps)) {
             const int ctas = which == 3 ? 0 : device_sm_count();
+            if (m == 1 && which == 4) return launch<T, WsCfg<1, true>, K_WGMMA_WS>(ps, stream, ctas);
             if (m == 1) return launch<T, WsCfg<1>, K_WGMMA_WS>(ps, stream, ctas);
             return launch<T, WsCfg<2>, K_WGMMA_WS>(ps, stream, ctas);
         }

@@ -104,11 +104,19 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 #endif
 
-template <int M_> struct WsCfg {
+// PP = false: cooperative, both consumers on one item (BMT = 2 x BMW rows).  PP = true
+// (2:4 only): ping-pong, each consumer a whole item of BMW = 128 rows, the two taking
+// alternate items, so one's epilogue runs while the other's wgmmas keep the tensor
+// cores busy.
+template <int M_, bool PP_ = false> struct WsCfg {
     static constexpr int M = M_;
+    static constexpr bool PP = PP_;
+    static_assert(!PP || M == 1, "ping-pong consumers: 2:4 only (1:M:V needs both consumers' registers per item)");
     static constexpr int NB = M == 1 ? 2 : 1;          // m64 blocks per consumer warpgroup
     static constexpr int BMW = 64 * NB;                // storage rows per consumer
-    static constexpr int BMT = 2 * BMW;                // storage rows per CTA
+    static constexpr int BMT = PP ? BMW : 2 * BMW;     // storage rows per work item
+    static constexpr int CPI = PP ? 1 : 2;             // consumers per work item
+    static constexpr int NSLOT = PP ? 4 : 2;           // work slots
     static constexpr int BN = 128, BK = 64, KS = BK / 32;
     static constexpr int THREADS = 384, PTHREADS = 128;
     // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168)
@@ -121,7 +129,7 @@ template <int M_> struct WsCfg {
     static constexpr int META_BYTES = (BMT / 16) * KS * 64;
     static constexpr int IDX_BYTES = M > 1 ? BMT : 0;
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
-    static constexpr int ST = M == 1 ? 6 : 7;          // stages
+    static constexpr int ST = PP ? 8 : M == 1 ? 6 : 7;  // stages
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     // Epilogue staging, one area per consumer: a chunk of the tile's output (tokens x
     // the consumer's output columns, in T, 16-byte pieces XOR-swizzled by token row),
@@ -133,10 +141,10 @@ template <int M_> struct WsCfg {
     static constexpr int XT = 32, XS = BMW * M + 4;
     static constexpr int STG_OFF = PIPE_BYTES, XCH_OFF = STG_OFF + STG_BYTES;
     static constexpr int EPI_BYTES = STG_BYTES + (M > 1 && XT * XS * 4 > STG_BYTES ? XT * XS * 4 : STG_BYTES);
-    // two work slots, each: BN token rows, BN routing scales, (e, rt, s0)
+    // NSLOT work slots, each: BN token rows, BN routing scales, (e, rt, s0)
     static constexpr int SLOT_OFF = STG_OFF + EPI_BYTES, SLOT_BYTES = BN * 8 + 16;
-    static constexpr int BAR_OFF = SLOT_OFF + 2 * SLOT_BYTES;  // full[ST] empty[ST] tfull[2] tempty[2]
-    static constexpr int SMEM = BAR_OFF + (2 * ST + 4) * 8 + 1024;  // + alignment slack
+    static constexpr int BAR_OFF = SLOT_OFF + NSLOT * SLOT_BYTES;  // full[ST] empty[ST] tfull[NSLOT] tempty[NSLOT]
+    static constexpr int SMEM = BAR_OFF + (2 * ST + 2 * NSLOT) * 8 + 1024;  // + alignment slack
     static_assert(SMEM <= 227 * 1024, "shared memory");
     // A (TMA, 64-byte swizzle, read by smem_desc_sw64): rows of 64 bytes; B: rows of
     // 128 bytes in the 128-byte swizzle (smem_desc_sw128)
@@ -147,14 +155,15 @@ template <typename T, typename C>
 __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p, const __grid_constant__ WsMaps tm) {
 #ifdef SAM_HAS_WGMMA
     constexpr int M = C::M, NB = C::NB, BMW = C::BMW, BMT = C::BMT, BN = C::BN, BK = C::BK, KS = C::KS,
-                  ST = C::ST, PT = C::PTHREADS;
+                  ST = C::ST, PT = C::PTHREADS, NSLOT = C::NSLOT;
+    constexpr bool PP = C::PP;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = align_smem(smem_raw);
     const uint32_t bar0 = smem_u32(smem + C::BAR_OFF);
     auto full_bar = [&](int s) { return bar0 + 8u * s; };
     auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
     auto tfull_bar = [&](int s) { return bar0 + 8u * (2 * ST + s); };
-    auto tempty_bar = [&](int s) { return bar0 + 8u * (2 * ST + 2 + s); };
+    auto tempty_bar = [&](int s) { return bar0 + 8u * (2 * ST + NSLOT + s); };
     // work slot: int32 tok[BN], float scale[BN], then e, rt, and s0 as int64
     auto slot_tok = [&](int s) { return reinterpret_cast<int32_t *>(smem + C::SLOT_OFF + s * C::SLOT_BYTES); };
     auto slot_scale = [&](int s) { return reinterpret_cast<float *>(slot_tok(s) + BN); };
@@ -166,11 +175,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(full_bar(s), PT + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
-            mbar_init(empty_bar(s), 2 * 128);
+            mbar_init(empty_bar(s), C::CPI * 128);  // the item's consumers
         }
-        for (int s = 0; s < 2; s++) {
-            mbar_init(tfull_bar(s), PT);        // the producer threads, each after its token row
-            mbar_init(tempty_bar(s), 2 * 128);  // the consumers, after their epilogue
+        for (int s = 0; s < NSLOT; s++) {
+            mbar_init(tfull_bar(s), PT);               // the producer threads, each after its token row
+            mbar_init(tempty_bar(s), C::CPI * 128);  // the item's consumers, after their epilogue
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         tma_prefetch_map(&tm.a);
@@ -194,11 +203,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         constexpr uint32_t TX = C::A_BYTES + C::META_BYTES;
         const int total = warp == 0 ? count_token_tiles<BN>(p, lane) : 0;
         uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
+        int ends = 0;     // end-of-work records written (ping-pong: one per consumer)
         for (int n = 0;; n++) {
-            const int slot = n & 1;
+            const int slot = n % NSLOT;
             int32_t *tok = slot_tok(slot), *info = slot_info(slot);
-            if (warp == 0) {  // work item n of this CTA into its slot, once the consumers are done with item n-2
-                if (n >= 2) mbar_wait(tempty_bar(slot), ((n >> 1) - 1) & 1);
+            if (warp == 0) {  // work item n of this CTA into its slot, once its consumers are done with item n-NSLOT
+                if (n >= NSLOT) mbar_wait(tempty_bar(slot), ((n / NSLOT) - 1) & 1);
                 int e, rt, tt;
                 decode_tile<BN>(p, (int64_t)blockIdx.x + (int64_t)n * gridDim.x, total, lane, e, rt, tt);
                 if (lane == 0) {
@@ -222,7 +232,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 slot_scale(slot)[tid] = sc;
                 mbar_arrive(tfull_bar(slot));
             }
-            if (e < 0) break;
+            if (e < 0) {
+                if (++ends == (PP ? 2 : 1)) break;  // an end record for each consumer's item sequence
+                continue;
+            }
             named_barrier_sync(3, PT);  // every token row of the slot is written
             const int64_t row0 = (int64_t)info[1] * BMT;
             const T *b_src[B_CH];
@@ -273,7 +286,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     constexpr bool zero_init = M > 1;
     uint32_t perm[2];
     uint32_t ef[2][NB][KS];
-    const int crow = c * BMW;  // first storage row of this consumer
+    const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
 
     // the metadata words of the k-tile (the packed values stay in shared memory)
     auto load_meta = [&](auto par_c, int st) {
@@ -340,7 +353,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         constexpr int TC = C::STG_BYTES / (OCW * 2), JC = TC / 8;  // tokens per chunk
         static_assert(!HANDOVER || TC == C::XT, "hand-over chunk");
         const bool writes = !HANDOVER || c == 0;
-        const int64_t ocol0 = M == 1 ? (GATED ? (row0 / 128) * 64 + c * 64 : row0 + crow)
+        const int64_t ocol0 = M == 1 ? (GATED ? ((row0 + crow) / 128) * 64 : row0 + crow)
                                      : (GATED ? row0 : (row0 + crow) * 2);
         const int lr = warp * 16 + g;  // + 8 hh
         // this thread's output columns within the consumer's OCW, as [hh][x]:
@@ -451,13 +464,16 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         }
     };
 
+    // cooperative: every item, ring positions running on; ping-pong: items c, c + 2, ...,
+    // item n's k-tiles at ring positions n * KT on (every item has KT k-tiles)
     uint32_t it = 0;
-    for (int n = 0;; n++) {
-        const int slot = n & 1;
-        mbar_wait(tfull_bar(slot), (n >> 1) & 1);
+    for (int n = PP ? c : 0;; n += PP ? 2 : 1) {
+        const int slot = n % NSLOT;
+        mbar_wait(tfull_bar(slot), (n / NSLOT) & 1);
         const int32_t *info = slot_info(slot);
         const int e = info[0];
         if (e < 0) break;
+        if (PP) it = (uint32_t)n * (uint32_t)KT;
         const int64_t row0 = (int64_t)info[1] * BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
         if (zero_init || KT == 0) {
 #pragma unroll
