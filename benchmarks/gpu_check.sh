@@ -24,11 +24,11 @@ $PY -c "import samoyeds, json; print(json.dumps(samoyeds.build_info()))"
 
 summary=()
 # run LOG LINES CMD...: CMD's output into $OUT/LOG.log, its last LINES lines shown, and
-# its exit status with the log's last line in the summary
+# its exit status with the log's last line in the summary; STEP_TIMEOUT (s) bounds each step
 run() {
   local log=$1 lines=$2
   shift 2
-  "$@" 2>&1 | tee "$OUT/$log.log" | tail -"$lines"
+  timeout "${STEP_TIMEOUT:-0}" "$@" 2>&1 | tee "$OUT/$log.log" | tail -"$lines"
   summary+=("$log: rc=${PIPESTATUS[0]} $(tail -1 "$OUT/$log.log")")
 }
 for step in $steps; do
@@ -38,7 +38,7 @@ for step in $steps; do
     test-all) run test_all 25 $PY -m pytest tests -q -p no:cacheprovider ;;
     sanitize)
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool $tool --error-exitcode 9 $PY benchmarks/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+        timeout "${STEP_TIMEOUT:-0}" compute-sanitizer --tool $tool --error-exitcode 9 $PY benchmarks/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
         summary+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)")
       done ;;
     bench) run bench_kernel 60 $PY benchmarks/bench_kernel.py --out "$OUT" ;;

@@ -2,6 +2,8 @@
 compute-sanitizer (memcheck, racecheck): odd shapes, tails, empty experts,
 every epilogue, both dtypes, every matmul kernel (mma.sp, wgmma.sp, the decode
 split-K kernel) and every row-group size (M = 1, 2, 4)."""
+import os
+
 import torch
 
 import samoyeds as sm
@@ -32,6 +34,20 @@ def main() -> None:
         bias = torch.randn(E, R, generator=gen).to(dtype).cuda()
         y = sm.ssmm(x, p, r.offsets, r.token_ids, act=act, bias=bias, scale=sc, impl=impl)
         sm.combine(y, r.pos) if not glu else None
+    # the warp-specialised kernel's other work distributions (SAMOYEDS_WGMMA_KERNEL): ping-pong
+    # consumers (4, 2:4 only) and clusters of two sharing the weights by multicast (5), with
+    # more items than the grid holds and experts with odd token-tile counts
+    if torch.cuda.get_device_capability() == (9, 0):
+        for kernel, fmt in [("4", "2:4"), ("5", "2:4"), ("5", "samoyeds-1:2:128")]:
+            os.environ["SAMOYEDS_WGMMA_KERNEL"] = kernel
+            T, K, E, H, I = 1500, 2, 3, 256, 640
+            x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+            w = torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda()
+            p = sm.pack(w, fmt, glu=True)
+            r = sm.route(torch.randint(0, E, (T, K), generator=gen).cuda(), E)
+            sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
+            sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", scale=sc, impl="wgmma_sp")
+        os.environ.pop("SAMOYEDS_WGMMA_KERNEL")
     torch.cuda.synchronize()
     print("sanitize cases done")
 

@@ -659,13 +659,14 @@ template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps,
     const CUtensorMapDataType vt =
         std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     const cuuint64_t a_dim[3] = {cp / 2, rp, E}, a_stride[2] = {cp, rp * cp};
-    const cuuint32_t a_box[3] = {(cuuint32_t)(C::BK / 2), (cuuint32_t)C::BMT, 1};
+    // clusters: each CTA loads (and multicasts) 1 / CL of the item's rows
+    const cuuint32_t a_box[3] = {(cuuint32_t)(C::BK / 2), (cuuint32_t)(C::BMT / C::CL), 1};
     if (enc(&m.a, vt, 3, const_cast<void *>(ps->values), a_dim, a_stride, a_box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
             CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return false;
     const cuuint64_t m_dim[3] = {cp / 2, rp / 16, E}, m_stride[2] = {cp * 2, (rp / 16) * cp * 2};
-    const cuuint32_t m_box[3] = {(cuuint32_t)(C::KS * 16), (cuuint32_t)(C::BMT / 16), 1};
+    const cuuint32_t m_box[3] = {(cuuint32_t)(C::KS * 16), (cuuint32_t)(C::BMT / 16 / C::CL), 1};
     if (enc(&m.meta, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<uint32_t *>(ps->meta), m_dim, m_stride, m_box,
             one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
@@ -702,8 +703,40 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
         }
         SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_ws_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
                      "ssmm");
-        if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
-        ssmm_ws_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
+        if constexpr (C::CL > 1) {
+            // clusters of CL CTAs, as many as fit at once (one CTA per SM; a GPC with an
+            // odd number of free SMs leaves one idle)
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = C::CL;
+            attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+            cfg.blockDim = dim3(C::THREADS);
+            cfg.dynamicSmemBytes = C::SMEM;
+            cfg.stream = stream;
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+            static int clusters[64] = {};
+            int dev = 0;
+            SAM_CUDA_TRY(cudaGetDevice(&dev), "ssmm");
+            if (dev < 0 || dev >= 64 || clusters[dev] == 0) {
+                int n = 0;
+                cfg.gridDim = dim3((unsigned)(C::CL * max(1, device_sm_count() / C::CL)));
+                SAM_CUDA_TRY(cudaOccupancyMaxActiveClusters(&n, ssmm_ws_kernel<T, C>, &cfg), "ssmm");
+                if (n < 1) {
+                    set_error("ssmm: no cluster of %d CTAs of the warp-specialised kernel fits on this device", C::CL);
+                    return SAM_STATUS_UNSUPPORTED;
+                }
+                if (dev >= 0 && dev < 64) clusters[dev] = n;
+                else clusters[0] = n;
+            }
+            const int64_t pairs = ceil_div(grid, (int64_t)C::CL);
+            cfg.gridDim = dim3((unsigned)(C::CL * std::min<int64_t>(pairs, clusters[(dev >= 0 && dev < 64) ? dev : 0])));
+            SAM_CUDA_TRY(cudaLaunchKernelEx(&cfg, ssmm_ws_kernel<T, C>, k, maps), "ssmm");
+        } else {
+            if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
+            ssmm_ws_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
+        }
     } else {
         void (*kernel)(const KParams);
         if constexpr (KIND == K_WGMMA) kernel = ssmm_wgmma_kernel<T, C>;
@@ -758,11 +791,16 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
     if (want_wgmma && wgmma_fits && device_has_wgmma()) {
         // SAMOYEDS_WGMMA_KERNEL: 1 single-role kernel; 2 warp-specialised, persistent
         // (one CTA per SM); 3 warp-specialised, one work item per CTA; 4 warp-specialised,
-        // persistent, ping-pong consumers (2:4; 1:M:V runs 2).  Default 2
+        // persistent, ping-pong consumers (2:4; 1:M:V runs 2); 5 warp-specialised,
+        // persistent, clusters of two CTAs sharing the weights by TMA multicast.  Default 2
         // (benchmarks/ssmm_kernels.py compares them on the same inputs).
         const int which = env_int("SAMOYEDS_WGMMA_KERNEL", 0);
         if (which != 1 && ws_tma_usable(ps)) {
             const int ctas = which == 3 ? 0 : device_sm_count();
+            if (which == 5) {
+                if (m == 1) return launch<T, WsCfg<1, false, 2>, K_WGMMA_WS>(ps, stream, ctas);
+                return launch<T, WsCfg<2, false, 2>, K_WGMMA_WS>(ps, stream, ctas);
+            }
             if (m == 1 && which == 4) return launch<T, WsCfg<1, true>, K_WGMMA_WS>(ps, stream, ctas);
             if (m == 1) return launch<T, WsCfg<1>, K_WGMMA_WS>(ps, stream, ctas);
             return launch<T, WsCfg<2>, K_WGMMA_WS>(ps, stream, ctas);

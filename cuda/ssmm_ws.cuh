@@ -96,6 +96,40 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
+// The same, multicast: the box lands at `dst` in every CTA of `mask` (cluster ranks),
+// each completing on its own barrier at the offset `bar`.
+__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                               uint32_t bar, uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+        "{%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+        : "memory");
+}
+// Arrives on the barrier at offset `bar` of cluster rank `cta`'s shared memory.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(cta));
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t cluster_id() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t cluster_count() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+    return r;
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -108,15 +142,23 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 // (2:4 only): ping-pong, each consumer a whole item of BMW = 128 rows, the two taking
 // alternate items, so one's epilogue runs while the other's wgmmas keep the tensor
 // cores busy.
-template <int M_, bool PP_ = false> struct WsCfg {
+//
+// CL = 2: clusters of two CTAs on the persistent grid, each cluster walking pairs of
+// work items of one expert and row tile and consecutive token tiles (rank r takes the
+// pair's token tile r); each CTA's TMA thread loads half of the packed values and
+// metadata of a k-tile and multicasts it to both, so the weights come out of L2 once
+// per pair.  A stage's `empty` barrier then counts the consumer warps of both CTAs.
+template <int M_, bool PP_ = false, int CL_ = 1> struct WsCfg {
     static constexpr int M = M_;
     static constexpr bool PP = PP_;
+    static constexpr int CL = CL_;
     static_assert(!PP || M == 1, "ping-pong consumers: 2:4 only (1:M:V needs both consumers' registers per item)");
+    static_assert(CL == 1 || (CL == 2 && !PP), "clusters of 2, cooperative consumers");
     static constexpr int NB = M == 1 ? 2 : 1;          // m64 blocks per consumer warpgroup
     static constexpr int BMW = 64 * NB;                // storage rows per consumer
     static constexpr int BMT = PP ? BMW : 2 * BMW;     // storage rows per work item
     static constexpr int CPI = PP ? 1 : 2;             // consumers per work item
-    static constexpr int NSLOT = PP ? 4 : 2;           // work slots
+    static constexpr int NSLOT_LOG2 = PP ? 2 : 1, NSLOT = 1 << NSLOT_LOG2;  // work slots
     static constexpr int BN = 128, BK = 64, KS = BK / 32;
     static constexpr int THREADS = 384, PTHREADS = 128;
     // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168)
@@ -155,7 +197,7 @@ template <typename T, typename C>
 __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p, const __grid_constant__ WsMaps tm) {
 #ifdef SAM_HAS_WGMMA
     constexpr int M = C::M, NB = C::NB, BMW = C::BMW, BMT = C::BMT, BN = C::BN, BK = C::BK, KS = C::KS,
-                  ST = C::ST, PT = C::PTHREADS, NSLOT = C::NSLOT;
+                  ST = C::ST, PT = C::PTHREADS, NSLOT = C::NSLOT, CL = C::CL;
     constexpr bool PP = C::PP;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = align_smem(smem_raw);
@@ -170,12 +212,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     auto slot_info = [&](int s) { return slot_tok(s) + 2 * BN; };
     auto stage_ptr = [&](int st) { return smem + st * C::STAGE_BYTES; };
     const int tid = threadIdx.x;
+    const uint32_t rank = CL == 1 ? 0u : cluster_rank();
     const int KT = (int)(p.cp / BK);  // even: columns are padded to 128
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(full_bar(s), PT + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
-            mbar_init(empty_bar(s), C::CPI * 128);  // the item's consumers
+            // the item's consumer threads; clusters: the consumer warps of both CTAs
+            mbar_init(empty_bar(s), CL == 1 ? C::CPI * 128 : CL * 8);
         }
         for (int s = 0; s < NSLOT; s++) {
             mbar_init(tfull_bar(s), PT);               // the producer threads, each after its token row
@@ -185,7 +229,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         tma_prefetch_map(&tm.a);
         tma_prefetch_map(&tm.meta);
     }
-    __syncthreads();
+    if (CL == 1) __syncthreads();
+    else cluster_sync();  // the peer multicasts into this CTA's stages from now on
 
     const int wg = tid / 128;
     if (wg == 0) {
@@ -201,20 +246,23 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
         const bool i_load = M > 1 && tid < BMT / 16;  // row-selection indices: BMT bytes in 16-byte chunks
         constexpr uint32_t TX = C::A_BYTES + C::META_BYTES;
-        const int total = warp == 0 ? count_token_tiles<BN>(p, lane) : 0;
+        const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
         uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
         int ends = 0;     // end-of-work records written (ping-pong: one per consumer)
         for (int n = 0;; n++) {
-            const int slot = n % NSLOT;
+            const int slot = n & (NSLOT - 1);
             int32_t *tok = slot_tok(slot), *info = slot_info(slot);
             if (warp == 0) {  // work item n of this CTA into its slot, once its consumers are done with item n-NSLOT
-                if (n >= NSLOT) mbar_wait(tempty_bar(slot), ((n / NSLOT) - 1) & 1);
+                if (n >= NSLOT) mbar_wait(tempty_bar(slot), ((n >> C::NSLOT_LOG2) - 1) & 1);
                 int e, rt, tt;
-                decode_tile<BN>(p, (int64_t)blockIdx.x + (int64_t)n * gridDim.x, total, lane, e, rt, tt);
+                const int64_t L = CL == 1 ? (int64_t)blockIdx.x + (int64_t)n * gridDim.x
+                                          : (int64_t)cluster_id() + (int64_t)n * cluster_count();
+                decode_tile<BN * CL>(p, L, total, lane, e, rt, tt);
                 if (lane == 0) {
                     info[0] = e;
                     info[1] = rt;
-                    *reinterpret_cast<int64_t *>(info + 2) = e >= 0 ? tile_s0<BN>(p, e, tt) : 0;
+                    // clusters: token tile 2 tt + rank (past the expert's rows for an odd tile count: no tokens)
+                    *reinterpret_cast<int64_t *>(info + 2) = e >= 0 ? tile_s0<BN * CL>(p, e, tt) + rank * BN : 0;
                 }
             }
             named_barrier_sync(3, PT);  // the item is decoded (producer warpgroup)
@@ -253,10 +301,19 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 if (it >= ST) mbar_wait(empty_bar(s), ((it / ST) - 1) & 1);
                 const uint32_t base = smem_u32(stage_ptr(s));
                 if (tid == 0) {
-                    mbar_arrive_expect_tx(full_bar(s), TX);
-                    tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
-                    tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
-                                full_bar(s));
+                    mbar_arrive_expect_tx(full_bar(s), TX);  // clusters: both halves land here
+                    if constexpr (CL == 1) {
+                        tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
+                        tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
+                                    full_bar(s));
+                    } else {  // this rank's half of the rows, to both CTAs
+                        constexpr int HR = BMT / CL;
+                        tma_load_3d_mc(base + rank * (C::A_BYTES / CL), &tm.a, kt * (BK / 2), (int)row0 + rank * HR, e,
+                                       full_bar(s), (uint16_t)((1u << CL) - 1));
+                        tma_load_3d_mc(base + C::A_BYTES + C::B_BYTES + rank * (C::META_BYTES / CL), &tm.meta,
+                                       kt * KS * 16, (int)(row0 / 16) + rank * (HR / 16), e, full_bar(s),
+                                       (uint16_t)((1u << CL) - 1));
+                    }
                 }
                 const int col = kt * BK + b_ch * 8;
                 const bool col_ok = col < p.C;
@@ -272,6 +329,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
         }
         cp_async_wait<0>();
+        if (CL > 1) cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers
         return;
     }
     // ---------------- consumers ----------------
@@ -306,6 +364,19 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
         }
     };
+    // the wgmmas that read stage st are done: one arrival per thread, or (clusters) one
+    // per warp on the stage's barrier in both CTAs, whose producers both write it
+    auto release = [&](int st) {
+        if constexpr (CL == 1) {
+            mbar_arrive(empty_bar(st));
+        } else {
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(empty_bar(st));
+                mbar_arrive_cluster(empty_bar(st), rank ^ 1u);
+            }
+        }
+    };
     // k-tile kt of the item, ring position it
     auto step = [&](auto par_c, int kt, uint32_t it) {
         constexpr int par = decltype(par_c)::value;
@@ -331,7 +402,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                                   smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
         wgmma_commit();
         wgmma_wait<1>();
-        if (kt > 0) mbar_arrive(empty_bar((it - 1) % ST));
+        if (kt > 0) release((it - 1) % ST);
     };
 
     T *out = static_cast<T *>(p.out);
@@ -353,7 +424,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         constexpr int TC = C::STG_BYTES / (OCW * 2), JC = TC / 8;  // tokens per chunk
         static_assert(!HANDOVER || TC == C::XT, "hand-over chunk");
         const bool writes = !HANDOVER || c == 0;
-        const int64_t ocol0 = M == 1 ? (GATED ? ((row0 + crow) / 128) * 64 : row0 + crow)
+        const int64_t ocol0 = M == 1 ? (GATED ? (row0 / 128) * 64 + (PP ? 0 : c * 64) : row0 + crow)
                                      : (GATED ? row0 : (row0 + crow) * 2);
         const int lr = warp * 16 + g;  // + 8 hh
         // this thread's output columns within the consumer's OCW, as [hh][x]:
@@ -468,8 +539,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     // item n's k-tiles at ring positions n * KT on (every item has KT k-tiles)
     uint32_t it = 0;
     for (int n = PP ? c : 0;; n += PP ? 2 : 1) {
-        const int slot = n % NSLOT;
-        mbar_wait(tfull_bar(slot), (n / NSLOT) & 1);
+        const int slot = n & (NSLOT - 1);
+        mbar_wait(tfull_bar(slot), (n >> C::NSLOT_LOG2) & 1);
         const int32_t *info = slot_info(slot);
         const int e = info[0];
         if (e < 0) break;
@@ -489,12 +560,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         wgmma_wait<0>();
 #pragma unroll
         for (int a = 0; a < 2; a++) fence_regs(acc[a]);
-        if (KT > 0) mbar_arrive(empty_bar((it - 1) % ST));
+        if (KT > 0) release((it - 1) % ST);
 
         if (p.act != SAM_ACT_NONE) epilogue(std::true_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
         else epilogue(std::false_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
         mbar_arrive(tempty_bar(slot));
     }
+    if (CL > 1) cluster_sync();
 #else
     (void)p;
     (void)tm;
