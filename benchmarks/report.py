@@ -227,17 +227,24 @@ def decode_table(d: dict) -> str:
 
 
 def ssmm_kernels_table(d: dict) -> str:
-    """mma.sp vs single-role wgmma.sp vs warp-specialised wgmma.sp vs cuBLAS, same inputs."""
-    rows = ["| format | case | E | R x C, S tokens | mma.sp | wgmma.sp | wgmma.sp warp-specialised | cuBLAS | "
-            "warp-spec. vs wgmma.sp | fastest ours vs cuBLAS |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    """The GPU kernels of ssmm and cuBLAS on the same inputs: mma.sp, single-role wgmma.sp, the
+    warp-specialised one with one item per CTA, on its persistent grid (auto's), with ping-pong
+    consumers (2:4) and in clusters sharing the weights by multicast."""
+    rows = ["| format | case | E | R x C, S tokens | mma.sp | wgmma.sp | warp-spec., one item per CTA | "
+            "warp-spec., persistent | cuBLAS | ping-pong | clusters of 2 | persistent vs one item per CTA | "
+            "ping-pong / clusters vs persistent | persistent vs cuBLAS |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in d.get("rows", []):
-        ours = [r.get(k) for k in ("mma_sp_ms", "wgmma_ms", "wgmma_ws_ms") if r.get(k)]
-        best = min(ours) if ours else None
-        ws = r["wgmma_ms"] / r["wgmma_ws_ms"] if r.get("wgmma_ms") and r.get("wgmma_ws_ms") else None
+        ws = r.get("wgmma_ws_ms")
+        rel = lambda k: _x(ws / r[k]) if ws and r.get(k) else "-"  # noqa: E731
         rows.append(f"| {r['fmt']} | {r['case']} | {r['E']} | {r['R']} x {r['C']}, {r['S']} | "
                     f"{_f(r.get('mma_sp_ms'), '.3f')} ms | {_f(r.get('wgmma_ms'), '.3f')} ms | "
-                    f"{_f(r.get('wgmma_ws_ms'), '.3f')} ms | {_f(r.get('cublas_ms'), '.3f')} ms | "
-                    f"{_x(ws) if ws else '-'} | {_x(r['cublas_ms'] / best) if best and r.get('cublas_ms') else '-'} |")
+                    f"{_f(r.get('wgmma_ws_1tile_ms'), '.3f')} ms | {_f(ws, '.3f')} ms | "
+                    f"{_f(r.get('cublas_ms'), '.3f')} ms | {_f(r.get('wgmma_ws_pingpong_ms'), '.3f', '- ')} ms | "
+                    f"{_f(r.get('wgmma_ws_cluster_ms'), '.3f')} ms | "
+                    f"{_x(r['wgmma_ws_1tile_ms'] / ws) if ws and r.get('wgmma_ws_1tile_ms') else '-'} | "
+                    f"{rel('wgmma_ws_pingpong_ms')} / {rel('wgmma_ws_cluster_ms')} | "
+                    f"{_x(r['cublas_ms'] / ws) if ws and r.get('cublas_ms') else '-'} |")
     return "\n".join(rows)
 
 

@@ -4,7 +4,9 @@
 //   S <= SAMOYEDS_DECODE_MAX_ROWS routed rows  -> ssmm_decode.cu (split K, weight-bandwidth bound)
 //   sm_90a build on an sm_90 device, 2:4 and 1:2:V (V % 128 == 0)
 //                                              -> ssmm_ws.cuh (warp-specialised wgmma.sp, weights by TMA,
-//                                                 persistent grid; SAMOYEDS_WGMMA_KERNEL=3: one CTA per item)
+//                                                 persistent grid; SAMOYEDS_WGMMA_KERNEL=3: one CTA per item,
+//                                                 4: ping-pong consumers (2:4), 5: clusters of two, weights
+//                                                 multicast)
 //     SAMOYEDS_WGMMA_KERNEL=1, or no TMA       -> ssmm_wgmma_kernel below (single-role wgmma.sp)
 //   otherwise (sm_80/86/89, 1:4:V)             -> ssmm_kernel below (mma.sp)
 // impl = mma_sp / wgmma_sp / decode forces one; docs/PERFORMANCE.md has the measurements.

@@ -7,7 +7,8 @@
 //     out[s] = act(x[token_ids[s]] @ W_e^T + bias_e) * scale[s]
 //
 // CTA = 3 warpgroups on a persistent grid (one CTA per SM; SAMOYEDS_WGMMA_KERNEL=3
-// launches one CTA per work item instead).  A CTA walks the work items blockIdx.x,
+// launches one CTA per work item instead; 4 and 5 select the ping-pong and cluster
+// variants of WsCfg below, measured in docs/PERFORMANCE.md and not run by auto).  A CTA walks the work items blockIdx.x,
 // blockIdx.x + gridDim.x, ... in the rasterised order of cta_work (ssmm.cu), each
 // item BMT storage rows x BN = 128 tokens of one expert, through two work slots in
 // shared memory (token rows, routing scales, expert / row tile / first sorted row):
