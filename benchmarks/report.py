@@ -229,11 +229,11 @@ def decode_table(d: dict) -> str:
 def ssmm_kernels_table(d: dict) -> str:
     """The GPU kernels of ssmm and cuBLAS on the same inputs: mma.sp, single-role wgmma.sp, the
     warp-specialised one with one item per CTA, on its persistent grid (auto's), with ping-pong
-    consumers (2:4) and in clusters sharing the weights by multicast."""
+    consumers (2:4), in clusters sharing the weights by multicast and with a work counter."""
     rows = ["| format | case | E | R x C, S tokens | mma.sp | wgmma.sp | warp-spec., one item per CTA | "
-            "warp-spec., persistent | cuBLAS | ping-pong | clusters of 2 | persistent vs one item per CTA | "
-            "ping-pong / clusters vs persistent | persistent vs cuBLAS |",
-            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "warp-spec., persistent | cuBLAS | ping-pong | clusters of 2 | work counter | persistent vs one item per CTA | "
+            "ping-pong / clusters / counter vs persistent | persistent vs cuBLAS |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in d.get("rows", []):
         ws = r.get("wgmma_ws_ms")
         rel = lambda k: _x(ws / r[k]) if ws and r.get(k) else "-"  # noqa: E731
@@ -241,9 +241,9 @@ def ssmm_kernels_table(d: dict) -> str:
                     f"{_f(r.get('mma_sp_ms'), '.3f')} ms | {_f(r.get('wgmma_ms'), '.3f')} ms | "
                     f"{_f(r.get('wgmma_ws_1tile_ms'), '.3f')} ms | {_f(ws, '.3f')} ms | "
                     f"{_f(r.get('cublas_ms'), '.3f')} ms | {_f(r.get('wgmma_ws_pingpong_ms'), '.3f', '- ')} ms | "
-                    f"{_f(r.get('wgmma_ws_cluster_ms'), '.3f')} ms | "
+                    f"{_f(r.get('wgmma_ws_cluster_ms'), '.3f')} ms | {_f(r.get('wgmma_ws_dynamic_ms'), '.3f')} ms | "
                     f"{_x(r['wgmma_ws_1tile_ms'] / ws) if ws and r.get('wgmma_ws_1tile_ms') else '-'} | "
-                    f"{rel('wgmma_ws_pingpong_ms')} / {rel('wgmma_ws_cluster_ms')} | "
+                    f"{rel('wgmma_ws_pingpong_ms')} / {rel('wgmma_ws_cluster_ms')} / {rel('wgmma_ws_dynamic_ms')} | "
                     f"{_x(r['cublas_ms'] / ws) if ws and r.get('cublas_ms') else '-'} |")
     return "\n".join(rows)
 

@@ -35,10 +35,11 @@ def main() -> None:
         y = sm.ssmm(x, p, r.offsets, r.token_ids, act=act, bias=bias, scale=sc, impl=impl)
         sm.combine(y, r.pos) if not glu else None
     # the warp-specialised kernel's other work distributions (SAMOYEDS_WGMMA_KERNEL): ping-pong
-    # consumers (4, 2:4 only) and clusters of two sharing the weights by multicast (5), with
+    # consumers (4, 2:4 only), clusters of two sharing the weights by multicast (5) and items
+    # from a counter (6), with
     # more items than the grid holds and experts with odd token-tile counts
     if torch.cuda.get_device_capability() == (9, 0):
-        for kernel, fmt in [("4", "2:4"), ("5", "2:4"), ("5", "samoyeds-1:2:128")]:
+        for kernel, fmt in [("4", "2:4"), ("5", "2:4"), ("5", "samoyeds-1:2:128"), ("6", "2:4")]:
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = kernel
             T, K, E, H, I = 1500, 2, 3, 256, 640
             x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()

@@ -2,7 +2,8 @@
 single-role wgmma.sp kernel and the warp-specialised wgmma.sp kernel
 (SAMOYEDS_WGMMA_KERNEL=1), the warp-specialised one with one work item per CTA (=3),
 on its persistent grid (=2, the default), for 2:4 with ping-pong consumers (=4), and in
-clusters of two CTAs sharing the weights by TMA multicast (=5), with cuBLAS on the same masked weights and the
+clusters of two CTAs sharing the weights by TMA multicast (=5), and taking the items from a
+counter in global memory (=6), with cuBLAS on the same masked weights and the
 same (gathered) tokens as the dense reference.  One expert holding all S tokens
 (the kernel's steady state) and whole MoE projections.  Each kernel's output is
 compared with the mma.sp kernel's (relative Frobenius difference).
@@ -21,7 +22,7 @@ from common import environment, time_graph, write_json  # noqa: E402
 
 KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1tile", "wgmma_sp", "3"),
            ("wgmma_ws", "wgmma_sp", "2"), ("wgmma_ws_pingpong", "wgmma_sp", "4"),
-           ("wgmma_ws_cluster", "wgmma_sp", "5")]
+           ("wgmma_ws_cluster", "wgmma_sp", "5"), ("wgmma_ws_dynamic", "wgmma_sp", "6")]
 
 
 def kernels(fmt):
@@ -107,6 +108,8 @@ def main():
                    f" err {row['wgmma_ws_pingpong_err']:.1e})" if "wgmma_ws_pingpong_ms" in row else "")
                 + f"  cluster {row['wgmma_ws_cluster_ms']:.3f} ms ({row['wgmma_ws_ms'] / row['wgmma_ws_cluster_ms']:.2f}x,"
                 f" err {row['wgmma_ws_cluster_err']:.1e})"
+                + f"  dynamic {row['wgmma_ws_dynamic_ms']:.3f} ms ({row['wgmma_ws_ms'] / row['wgmma_ws_dynamic_ms']:.2f}x,"
+                f" err {row['wgmma_ws_dynamic_err']:.1e})"
                 + f"  err wgmma {row['wgmma_err']:.1e} ws {row['wgmma_ws_err']:.1e}", flush=True)
     if a.out:
         write_json(os.path.join(a.out, "ssmm_kernels.json"), {"environment": environment(), "rows": rows})

@@ -6,7 +6,7 @@
 //                                              -> ssmm_ws.cuh (warp-specialised wgmma.sp, weights by TMA,
 //                                                 persistent grid; SAMOYEDS_WGMMA_KERNEL=3: one CTA per item,
 //                                                 4: ping-pong consumers (2:4), 5: clusters of two, weights
-//                                                 multicast)
+//                                                 multicast, 6: a work counter)
 //     SAMOYEDS_WGMMA_KERNEL=1, or no TMA       -> ssmm_wgmma_kernel below (single-role wgmma.sp)
 //   otherwise (sm_80/86/89, 1:4:V)             -> ssmm_kernel below (mma.sp)
 // impl = mma_sp / wgmma_sp / decode forces one; docs/PERFORMANCE.md has the measurements.
@@ -92,6 +92,7 @@ struct KParams : SsmmArgs {
     int V;                      // slice length (BK without row selection)
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
+    unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
 };
 
 
@@ -696,6 +697,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
         return SAM_STATUS_UNSUPPORTED;
     }
     k.meta_remap = wgmma_meta_remap();
+    k.work = nullptr;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;
         if (!ws_tensor_maps<T, C>(ps, maps)) {
@@ -735,6 +737,17 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
             const int64_t pairs = ceil_div(grid, (int64_t)C::CL);
             cfg.gridDim = dim3((unsigned)(C::CL * std::min<int64_t>(pairs, clusters[(dev >= 0 && dev < 64) ? dev : 0])));
             SAM_CUDA_TRY(cudaLaunchKernelEx(&cfg, ssmm_ws_kernel<T, C>, k, maps), "ssmm");
+        } else if constexpr (C::DYN) {
+            // a counter of this launch alone (stream-ordered, so concurrent launches and
+            // CUDA graphs each get their own)
+            if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
+            SAM_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void **>(&k.work), sizeof(unsigned long long), stream),
+                         "ssmm");
+            SAM_CUDA_TRY(cudaMemsetAsync(k.work, 0, sizeof(unsigned long long), stream), "ssmm");
+            ssmm_ws_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
+            const cudaError_t launched = cudaGetLastError();
+            SAM_CUDA_TRY(cudaFreeAsync(k.work, stream), "ssmm");
+            SAM_CUDA_TRY(launched, "ssmm");
         } else {
             if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
             ssmm_ws_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
@@ -794,7 +807,8 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
         // SAMOYEDS_WGMMA_KERNEL: 1 single-role kernel; 2 warp-specialised, persistent
         // (one CTA per SM); 3 warp-specialised, one work item per CTA; 4 warp-specialised,
         // persistent, ping-pong consumers (2:4; 1:M:V runs 2); 5 warp-specialised,
-        // persistent, clusters of two CTAs sharing the weights by TMA multicast.  Default 2
+        // persistent, clusters of two CTAs sharing the weights by TMA multicast; 6 as 2 with
+        // the items taken from a counter in global memory (dynamic order).  Default 2
         // (benchmarks/ssmm_kernels.py compares them on the same inputs).
         const int which = env_int("SAMOYEDS_WGMMA_KERNEL", 0);
         if (which != 1 && ws_tma_usable(ps)) {
@@ -802,6 +816,10 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             if (which == 5) {
                 if (m == 1) return launch<T, WsCfg<1, false, 2>, K_WGMMA_WS>(ps, stream, ctas);
                 return launch<T, WsCfg<2, false, 2>, K_WGMMA_WS>(ps, stream, ctas);
+            }
+            if (which == 6) {
+                if (m == 1) return launch<T, WsCfg<1, false, 1, true>, K_WGMMA_WS>(ps, stream, ctas);
+                return launch<T, WsCfg<2, false, 1, true>, K_WGMMA_WS>(ps, stream, ctas);
             }
             if (m == 1 && which == 4) return launch<T, WsCfg<1, true>, K_WGMMA_WS>(ps, stream, ctas);
             if (m == 1) return launch<T, WsCfg<1>, K_WGMMA_WS>(ps, stream, ctas);

@@ -7,8 +7,8 @@
 //     out[s] = act(x[token_ids[s]] @ W_e^T + bias_e) * scale[s]
 //
 // CTA = 3 warpgroups on a persistent grid (one CTA per SM; SAMOYEDS_WGMMA_KERNEL=3
-// launches one CTA per work item instead; 4 and 5 select the ping-pong and cluster
-// variants of WsCfg below, measured in docs/PERFORMANCE.md and not run by auto).  A CTA walks the work items blockIdx.x,
+// launches one CTA per work item instead; 4, 5 and 6 select the ping-pong, cluster and
+// work-counter variants of WsCfg below, measured in docs/PERFORMANCE.md, not run by auto).  A CTA walks the work items blockIdx.x,
 // blockIdx.x + gridDim.x, ... in the rasterised order of cta_work (ssmm.cu), each
 // item BMT storage rows x BN = 128 tokens of one expert, through two work slots in
 // shared memory (token rows, routing scales, expert / row tile / first sorted row):
@@ -149,10 +149,15 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 // pair's token tile r); each CTA's TMA thread loads half of the packed values and
 // metadata of a k-tile and multicasts it to both, so the weights come out of L2 once
 // per pair.  A stage's `empty` barrier then counts the consumer warps of both CTAs.
-template <int M_, bool PP_ = false, int CL_ = 1> struct WsCfg {
+//
+// DYN: the CTAs take the work items in the same rasterised order from a counter in global
+// memory (KParams::work) instead of blockIdx.x + n * gridDim.x.
+template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false> struct WsCfg {
     static constexpr int M = M_;
     static constexpr bool PP = PP_;
     static constexpr int CL = CL_;
+    static constexpr bool DYN = DYN_;
+    static_assert(!DYN || CL == 1, "the work counter hands out single items");
     static_assert(!PP || M == 1, "ping-pong consumers: 2:4 only (1:M:V needs both consumers' registers per item)");
     static_assert(CL == 1 || (CL == 2 && !PP), "clusters of 2, cooperative consumers");
     static constexpr int NB = M == 1 ? 2 : 1;          // m64 blocks per consumer warpgroup
@@ -256,8 +261,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             if (warp == 0) {  // work item n of this CTA into its slot, once its consumers are done with item n-NSLOT
                 if (n >= NSLOT) mbar_wait(tempty_bar(slot), ((n >> C::NSLOT_LOG2) - 1) & 1);
                 int e, rt, tt;
-                const int64_t L = CL == 1 ? (int64_t)blockIdx.x + (int64_t)n * gridDim.x
-                                          : (int64_t)cluster_id() + (int64_t)n * cluster_count();
+                int64_t L = CL == 1 ? (int64_t)blockIdx.x + (int64_t)n * gridDim.x
+                                    : (int64_t)cluster_id() + (int64_t)n * cluster_count();
+                if constexpr (C::DYN) {
+                    unsigned long long w = 0;
+                    if (lane == 0) w = atomicAdd(p.work, 1ull);
+                    L = (int64_t)__shfl_sync(0xffffffffu, w, 0);
+                }
                 decode_tile<BN * CL>(p, L, total, lane, e, rt, tt);
                 if (lane == 0) {
                     info[0] = e;

@@ -145,12 +145,13 @@ def _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:256"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
-@pytest.mark.parametrize("kernel", ["1", "2", "3", "4", "5"])
+@pytest.mark.parametrize("kernel", ["1", "2", "3", "4", "5", "6"])
 def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu, kernel, monkeypatch):
     """Each Hopper wgmma.sp kernel (SAMOYEDS_WGMMA_KERNEL: 1 single-role, 2
     warp-specialised with TMA on a persistent grid, 3 the same with one work item
     per CTA, 4 persistent with ping-pong consumers, 5 persistent in clusters of two
-    sharing the weights by TMA multicast) and the mma.sp kernel on the same inputs: both within the oracle tolerance, and close to each other."""
+    sharing the weights by TMA multicast, 6 persistent taking items from a counter) and the
+    mma.sp kernel on the same inputs: both within the oracle tolerance, and close to each other."""
     _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias=glu)
 
 
@@ -162,11 +163,12 @@ def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu, kernel, monkeypatch)
 ])
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-@pytest.mark.parametrize("kernel", ["2", "3", "4", "5"])
+@pytest.mark.parametrize("kernel", ["2", "3", "4", "5", "6"])
 def test_warp_specialised_work_items(shape, fmt, act, glu, kernel, monkeypatch):
     """The warp-specialised kernel's work distribution (persistent grid, 2, one
     item per CTA, 3, ping-pong consumers taking alternate items, 4, or clusters of two
-    taking pairs of token tiles, an odd tile count leaving one CTA without tokens, 5) against the C reference, the float64 oracle and the mma.sp
+    taking pairs of token tiles, an odd tile count leaving one CTA without tokens, 5, or
+    items taken from a counter in global memory, 6) against the C reference, the float64 oracle and the mma.sp
     kernel, with bias and routing scales: every item computed once, nothing else written."""
     _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias=True)
 
