@@ -421,8 +421,15 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     constexpr bool DB = NB == 2;
     int rd = 0, wr = STAGES - 1;
     if (DB && KT > 0) load_frags(0, 0, 0);
+    int to_slice = 0;  // k-tiles left in the current slice (a countdown: no division per k-tile)
     for (int kt = 0; kt < KT; kt++) {
-        if (M > 1 && kt % kt_per_slice == 0) select_rows(rd);
+        if (M > 1) {
+            if (to_slice == 0) {
+                select_rows(rd);
+                to_slice = kt_per_slice;
+            }
+            to_slice--;
+        }
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             if (!DB) {
@@ -544,7 +551,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
             select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
         }
     };
-    auto step = [&](auto par_c, int kt) {
+    auto step = [&](auto par_c, int kt, bool boundary) {  // boundary: the first k-tile of a slice
         cp_async_wait<STAGES - 3>();  // k-tile kt has landed (this thread's copies)
         fence_proxy_async();
         __syncthreads();              // ... everyone's; and k-tile kt-2's wgmmas are done everywhere
@@ -552,7 +559,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
         cp_async_commit();
         const int st = kt % STAGES;
         load_frags(par_c, st);
-        if (M > 1 && kt % kt_per_slice == 0) {
+        if (M > 1 && boundary) {
             wgmma_wait<0>();
 #pragma unroll
             for (int a = 0; a < M; a++) fence_regs(acc[a]);
@@ -576,9 +583,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
         if (st < KT) loader.issue(smem_u32(stage_ptr(st)), st);
         cp_async_commit();
     }
+    int to_slice = 0;  // k-tiles left in the current slice (a countdown: no division per k-tile)
     for (int kt = 0; kt < KT; kt += 2) {
-        step(std::integral_constant<int, 0>{}, kt);
-        step(std::integral_constant<int, 1>{}, kt + 1);
+        const bool b0 = to_slice == 0;
+        to_slice = (b0 ? kt_per_slice : to_slice) - 1;
+        step(std::integral_constant<int, 0>{}, kt, b0);
+        const bool b1 = to_slice == 0;
+        to_slice = (b1 ? kt_per_slice : to_slice) - 1;
+        step(std::integral_constant<int, 1>{}, kt + 1, b1);
     }
     wgmma_wait<0>();
 #pragma unroll

@@ -307,6 +307,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
             const bool i_ok = i_load && row0 + tid * 16 < p.rp;
             const uint8_t *i_src = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp + (i_ok ? row0 + tid * 16 : 0) : nullptr;
+            int slice = 0, slice_left = kt_per_slice;  // (M > 1: the k-tile's slice, without a division)
             for (int kt = 0; kt < KT; kt++, it++) {
                 const int s = it % ST;
                 if (it >= ST) mbar_wait(empty_bar(s), ((it / ST) - 1) & 1);
@@ -335,7 +336,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 }
                 if (M > 1 && i_load)
                     cp_async16(base + C::A_BYTES + C::B_BYTES + C::META_BYTES + tid * 16,
-                               i_src + (int64_t)(kt / kt_per_slice) * p.rp, i_ok);
+                               i_src + (int64_t)slice * p.rp, i_ok);
+                if (M > 1 && --slice_left == 0) {
+                    slice++;
+                    slice_left = kt_per_slice;
+                }
                 cp_async_mbar_arrive(full_bar(s));
             }
         }
@@ -388,14 +393,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
         }
     };
-    // k-tile kt of the item, ring position it
-    auto step = [&](auto par_c, int kt, uint32_t it) {
+    // k-tile kt of the item, ring position it; `boundary`: the first k-tile of a slice
+    auto step = [&](auto par_c, int kt, uint32_t it, bool boundary) {
         constexpr int par = decltype(par_c)::value;
         const int st = it % ST;
         mbar_wait(full_bar(st), (it / ST) & 1);
         fence_proxy_async();  // the token rows came through the generic proxy (cp.async)
         load_meta(par_c, st);
-        if (M > 1 && kt % kt_per_slice == 0) {
+        if (M > 1 && boundary) {
             wgmma_wait<0>();
 #pragma unroll
             for (int a = 0; a < 2; a++) fence_regs(acc[a]);
@@ -564,9 +569,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
         }
         perm[0] = perm[1] = identity_perm<M>();
+        int to_slice = 0;  // k-tiles left in the current slice (a countdown: no division per k-tile)
         for (int kt = 0; kt < KT; kt += 2, it += 2) {
-            step(std::integral_constant<int, 0>{}, kt, it);
-            step(std::integral_constant<int, 1>{}, kt + 1, it + 1);
+            const bool b0 = to_slice == 0;
+            to_slice = (b0 ? kt_per_slice : to_slice) - 1;
+            step(std::integral_constant<int, 0>{}, kt, it, b0);
+            const bool b1 = to_slice == 0;
+            to_slice = (b1 ? kt_per_slice : to_slice) - 1;
+            step(std::integral_constant<int, 1>{}, kt + 1, it + 1, b1);
         }
         wgmma_wait<0>();
 #pragma unroll
