@@ -4,7 +4,7 @@
 # results JSON go to $OUT (or ./gpu_out).
 #   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
 #                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [test-ssmm] [accuracy]
-#                                [smoke-gpu] [demo] ...
+#                                [smoke-gpu] [demo] [profile] ...
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -57,6 +57,21 @@ for step in $steps; do
         --out "$OUT/tiny" > "$OUT/smoke_gpu.log" 2>&1
       summary+=("smoke-gpu: rc=$? $(tail -8 "$OUT/smoke_gpu.log" | tr '\n' ';')") ;;
     demo) run demo 30 $PY -m samoyeds demo --device cuda --json "$OUT/demo.json" ;;
+    profile)
+      # ncu (clocks as they are) on one launch of the default kernel per format, Mixtral-8x7B
+      # gate_up at 8192 tokens: the details page and the top warp-stall sites per SASS line
+      for fmt in samoyeds-1:2:128 2:4; do
+        tag=${fmt//:/_}
+        timeout "${STEP_TIMEOUT:-0}" ncu --clock-control none -k regex:ssmm --launch-skip 3 --launch-count 1 \
+          --section SpeedOfLight --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis \
+          --section SchedulerStats -f -o "$OUT/profile_$tag" $PY benchmarks/profile_ssmm.py --fmt $fmt --T 8192 \
+          > "$OUT/profile_$tag.log" 2>&1
+        ncu -i "$OUT/profile_$tag.ncu-rep" --page details > "$OUT/profile_${tag}_details.txt" 2>&1
+        ncu -i "$OUT/profile_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/profile_${tag}_src.csv" 2>&1
+        $PY benchmarks/ncu_top.py "$OUT/profile_${tag}_src.csv" --top 40 > "$OUT/profile_${tag}_top.txt" 2>&1
+        rm -f "$OUT/profile_$tag.ncu-rep" "$OUT/profile_${tag}_src.csv"
+        summary+=("profile $fmt: $(head -2 "$OUT/profile_${tag}_top.txt" | tail -1 | cut -c1-160)")
+      done ;;
     *) echo "unknown step $step" ;;
   esac
 done
