@@ -49,6 +49,9 @@ def main() -> None:
             sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
             sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", scale=sc, impl="wgmma_sp")
         os.environ.pop("SAMOYEDS_WGMMA_KERNEL")
+    # routing of more pairs than one CTA takes (counts, scan, rows in blocks)
+    r = sm.route(torch.randint(0, 9, (3001, 2), generator=gen).cuda(), 8)
+    sm.gather_weights(torch.rand(3001, 2, generator=gen).cuda(), r)
     torch.cuda.synchronize()
     print("sanitize cases done")
 

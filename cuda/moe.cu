@@ -22,14 +22,26 @@ __device__ __forceinline__ int64_t load_idx(const void *p, sam_dtype t, int64_t 
     return t == SAM_I64 ? static_cast<const int64_t *>(p)[i] : (int64_t) static_cast<const int32_t *>(p)[i];
 }
 
+// Routing, deterministic: the sorted rows of an expert are its (token, k) pairs in
+// increasing pair index i = t * K + k.  One CTA (n = T * K small) or, for large n, blocks
+// of rb pairs: route_kernel(mode 1) counts each block's pairs per expert, route_scan_kernel
+// turns the counts into each block's first row per expert (and the offsets), and
+// route_kernel(mode 2) writes each block's rows from there, in the same order.
+constexpr int64_t RB = 2048;      // pairs per block of the multi-block path (at least)
+constexpr int64_t RB_BLOCKS = 256;  // blocks at most (the scan walks them per expert)
+
+// mode 0: the whole routing in one CTA; 1: this block's counts per expert into blk[b][e];
+// 2: this block's rows, starting at blk[b][e] (absolute) for expert e.
 __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, int64_t K, int32_t E,
-                             int32_t *offsets, int32_t *token_ids, int32_t *perm, int32_t *pos) {
+                             int32_t *offsets, int32_t *token_ids, int32_t *perm, int32_t *pos, int mode,
+                             int32_t *blk, int64_t rb) {
     extern __shared__ int32_t sm[];  // cnt[warps][E], then tot[E + 1]
     const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int32_t *cnt = sm, *tot = sm + warps * E;
     const int64_t n = T * K;
-    const int64_t chunk = (n + warps - 1) / warps;
-    const int64_t begin = min(n, (int64_t)warp * chunk), end = min(n, begin + chunk);
+    const int64_t lo = mode == 0 ? 0 : min(n, (int64_t)blockIdx.x * rb), hi = mode == 0 ? n : min(n, lo + rb);
+    const int64_t chunk = (hi - lo + warps - 1) / warps;
+    const int64_t begin = min(hi, lo + (int64_t)warp * chunk), end = min(hi, begin + chunk);
     for (int i = threadIdx.x; i < warps * E; i += blockDim.x) cnt[i] = 0;
     __syncthreads();
     const unsigned lt = (1u << lane) - 1u;
@@ -46,9 +58,17 @@ __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, i
         __syncwarp();
     }
     __syncthreads();
-    // pass 2: per expert, exclusive over warps; then over experts
+    if (mode == 1) {
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            int32_t run = 0;
+            for (int w = 0; w < warps; w++) run += cnt[w * E + e];
+            blk[(int64_t)blockIdx.x * E + e] = run;
+        }
+        return;
+    }
+    // pass 2: per expert, exclusive over warps (from the block's first row of e)
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int32_t run = 0;
+        int32_t run = mode == 2 ? blk[(int64_t)blockIdx.x * E + e] : 0;
         for (int w = 0; w < warps; w++) {
             int32_t c = cnt[w * E + e];
             cnt[w * E + e] = run;
@@ -57,19 +77,21 @@ __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, i
         tot[e] = run;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t run = 0;
-        for (int e = 0; e < E; e++) {
-            int32_t c = tot[e];
-            tot[e] = run;
-            run += c;
+    if (mode == 0) {  // then over experts: the offsets
+        if (threadIdx.x == 0) {
+            int32_t run = 0;
+            for (int e = 0; e < E; e++) {
+                int32_t c = tot[e];
+                tot[e] = run;
+                run += c;
+            }
+            tot[E] = run;
         }
-        tot[E] = run;
+        __syncthreads();
+        for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = tot[e];
+        for (int i = threadIdx.x; i < warps * E; i += blockDim.x) cnt[i] += tot[i % E];
+        __syncthreads();
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = tot[e];
-    for (int i = threadIdx.x; i < warps * E; i += blockDim.x) cnt[i] += tot[i % E];
-    __syncthreads();
     // pass 3: ranks
     for (int64_t b = begin; b < end; b += 32) {
         const int64_t i = b + lane;
@@ -92,7 +114,44 @@ __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, i
         }
         __syncwarp();
     }
+    if (mode == 0) {
+        __syncthreads();
+        for (int64_t s = tot[E] + threadIdx.x; s < n; s += blockDim.x) {
+            token_ids[s] = 0;
+            perm[s] = -1;
+        }
+    }
+}
+
+// Multi-block routing, between the two route_kernel passes: blk[b][e] (block b's count of
+// expert e) becomes block b's first sorted row of e; the offsets; the rows past the routed
+// ones (placeholder pairs) filled as the one-CTA path fills them.
+__global__ void route_scan_kernel(int32_t *blk, int64_t B, int32_t E, int64_t n, int32_t *offsets,
+                                  int32_t *token_ids, int32_t *perm) {
+    extern __shared__ int32_t tot[];  // [E + 1]
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t run = 0;
+#pragma unroll 8
+        for (int64_t b = 0; b < B; b++) {
+            const int32_t c = blk[b * E + e];
+            blk[b * E + e] = run;
+            run += c;
+        }
+        tot[e] = run;
+    }
     __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t run = 0;
+        for (int e = 0; e < E; e++) {
+            const int32_t c = tot[e];
+            tot[e] = run;
+            run += c;
+        }
+        tot[E] = run;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = tot[e];
+    for (int64_t i = threadIdx.x; i < B * E; i += blockDim.x) blk[i] += tot[i % E];
     for (int64_t s = tot[E] + threadIdx.x; s < n; s += blockDim.x) {
         token_ids[s] = 0;
         perm[s] = -1;
@@ -140,11 +199,66 @@ __global__ void combine_kernel(TO *out, const TY *y, const int32_t *pos, int64_t
     if (two) out[t * H + h + 1] = Elem<TO>::from_f(b);
 }
 
+// The same, 8 columns per thread with 16-byte loads (2-byte y, H and ldy multiples of 8,
+// 16-byte aligned y and out): one CTA per token row, up to four of its rows' loads in
+// flight, added in k order as above (bit-identical results).
+template <typename TY, typename TO>
+__global__ void combine_kernel_v8(TO *out, const TY *y, const int32_t *pos, int64_t K, int64_t H, int64_t ldy,
+                                  int64_t S) {
+    static_assert(sizeof(TY) == 2, "2-byte y");
+    const int64_t t = blockIdx.x;
+    for (int64_t h = (int64_t)threadIdx.x * 8; h < H; h += (int64_t)blockDim.x * 8) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t k0 = 0; k0 < K; k0 += 4) {
+            uint4 v[4];
+            bool ok[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int64_t k = k0 + u;
+                const int32_t s = k < K ? pos[t * K + k] : -1;
+                ok[u] = s >= 0 && s < S;
+                v[u] = ok[u] ? *reinterpret_cast<const uint4 *>(y + (int64_t)s * ldy + h) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (!ok[u]) continue;
+                const TY *e = reinterpret_cast<const TY *>(&v[u]);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[j] += Elem<TY>::to_f(e[j]);
+            }
+        }
+        TO *dst = out + t * H + h;
+        if constexpr (sizeof(TO) == 2) {
+            uint4 o;
+            TO *oe = reinterpret_cast<TO *>(&o);
+#pragma unroll
+            for (int j = 0; j < 8; j++) oe[j] = Elem<TO>::from_f(acc[j]);
+            *reinterpret_cast<uint4 *>(dst) = o;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) dst[j] = Elem<TO>::from_f(acc[j]);
+        }
+    }
+}
+
 template <typename TY>
 sam_status combine_out(void *out, sam_dtype ot, const TY *y, const int32_t *pos, int64_t T, int64_t K, int64_t H,
                        int64_t ldy, int64_t S, cudaStream_t stream) {
     const int64_t n = T * ((H + 1) / 2);
     if (n == 0) return SAM_STATUS_OK;
+    if constexpr (sizeof(TY) == 2) {
+        if (H % 8 == 0 && ldy % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0 &&
+            (reinterpret_cast<uintptr_t>(out) & 15) == 0 && T <= INT32_MAX) {
+            const unsigned threads = (unsigned)std::min<int64_t>(256, std::max<int64_t>(32, H / 8));
+            switch (ot) {
+            case SAM_BF16: combine_kernel_v8<TY, __nv_bfloat16><<<(unsigned)T, threads, 0, stream>>>((__nv_bfloat16 *)out, y, pos, K, H, ldy, S); break;
+            case SAM_F16: combine_kernel_v8<TY, __half><<<(unsigned)T, threads, 0, stream>>>((__half *)out, y, pos, K, H, ldy, S); break;
+            case SAM_F32: combine_kernel_v8<TY, float><<<(unsigned)T, threads, 0, stream>>>((float *)out, y, pos, K, H, ldy, S); break;
+            default: set_error("moe_combine: unsupported output dtype"); return SAM_STATUS_UNSUPPORTED;
+            }
+            return launch_status("moe_combine");
+        }
+    }
     const unsigned blocks = (unsigned)ceil_div(n, 256);
     switch (ot) {
     case SAM_BF16: combine_kernel<TY, __nv_bfloat16><<<blocks, 256, 0, stream>>>((__nv_bfloat16 *)out, y, pos, T, K, H, ldy, S); break;
@@ -171,8 +285,25 @@ extern "C" sam_status sam_moe_route_cuda(const void *top_k_index, sam_dtype inde
     const size_t smem = sizeof(int32_t) * (size_t)(warps * E + E + 1);
     SAM_CUDA_TRY(cudaFuncSetAttribute(sam::route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "moe_route");
-    sam::route_kernel<<<1, warps * 32, smem, s>>>(top_k_index, index_dtype, T, K, (int32_t)E, offsets, token_ids,
-                                                  perm, pos);
+    const int64_t n = T * K;
+    if (n <= 2 * sam::RB) {  // one CTA
+        sam::route_kernel<<<1, warps * 32, smem, s>>>(top_k_index, index_dtype, T, K, (int32_t)E, offsets,
+                                                      token_ids, perm, pos, 0, nullptr, 0);
+        return sam::launch_status("moe_route");
+    }
+    const int64_t rb = std::max(sam::RB, sam::ceil_div(n, sam::RB_BLOCKS)), B = sam::ceil_div(n, rb);
+    // blocks of RB pairs: counts, scan, rows (a [B][E] scratch of this launch alone, stream-ordered)
+    int32_t *blk = nullptr;
+    SAM_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void **>(&blk), sizeof(int32_t) * (size_t)(B * E), s), "moe_route");
+    sam::route_kernel<<<(unsigned)B, warps * 32, smem, s>>>(top_k_index, index_dtype, T, K, (int32_t)E, offsets,
+                                                            token_ids, perm, pos, 1, blk, rb);
+    sam::route_scan_kernel<<<1, 1024, sizeof(int32_t) * (size_t)(E + 1), s>>>(blk, B, (int32_t)E, n, offsets,
+                                                                              token_ids, perm);
+    sam::route_kernel<<<(unsigned)B, warps * 32, smem, s>>>(top_k_index, index_dtype, T, K, (int32_t)E, offsets,
+                                                            token_ids, perm, pos, 2, blk, rb);
+    const cudaError_t launched = cudaGetLastError();
+    SAM_CUDA_TRY(cudaFreeAsync(blk, s), "moe_route");
+    SAM_CUDA_TRY(launched, "moe_route");
     return sam::launch_status("moe_route");
 }
 
