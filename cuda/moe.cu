@@ -30,6 +30,29 @@ __device__ __forceinline__ int64_t load_idx(const void *p, sam_dtype t, int64_t 
 constexpr int64_t RB = 2048;      // pairs per block of the multi-block path (at least)
 constexpr int64_t RB_BLOCKS = 256;  // blocks at most (the scan walks them per expert)
 
+// tot[0..E) (the routed rows per expert) -> exclusive offsets in tot[0..E], also written to
+// offsets[]; then the CTA is synchronised.
+__device__ __forceinline__ void expert_offsets(int32_t *tot, int32_t E, int32_t *offsets) {
+    if (threadIdx.x == 0) {
+        int32_t run = 0;
+        for (int e = 0; e < E; e++) {
+            const int32_t c = tot[e];
+            tot[e] = run;
+            run += c;
+        }
+        tot[E] = run;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = tot[e];
+}
+// Sorted rows [routed, n) hold no pair: token 0, perm -1.
+__device__ __forceinline__ void fill_unrouted(int32_t routed, int64_t n, int32_t *token_ids, int32_t *perm) {
+    for (int64_t s = routed + threadIdx.x; s < n; s += blockDim.x) {
+        token_ids[s] = 0;
+        perm[s] = -1;
+    }
+}
+
 // mode 0: the whole routing in one CTA; 1: this block's counts per expert into blk[b][e];
 // 2: this block's rows, starting at blk[b][e] (absolute) for expert e.
 __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, int64_t K, int32_t E,
@@ -78,17 +101,7 @@ __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, i
     }
     __syncthreads();
     if (mode == 0) {  // then over experts: the offsets
-        if (threadIdx.x == 0) {
-            int32_t run = 0;
-            for (int e = 0; e < E; e++) {
-                int32_t c = tot[e];
-                tot[e] = run;
-                run += c;
-            }
-            tot[E] = run;
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = tot[e];
+        expert_offsets(tot, E, offsets);
         for (int i = threadIdx.x; i < warps * E; i += blockDim.x) cnt[i] += tot[i % E];
         __syncthreads();
     }
@@ -116,10 +129,7 @@ __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, i
     }
     if (mode == 0) {
         __syncthreads();
-        for (int64_t s = tot[E] + threadIdx.x; s < n; s += blockDim.x) {
-            token_ids[s] = 0;
-            perm[s] = -1;
-        }
+        fill_unrouted(tot[E], n, token_ids, perm);
     }
 }
 
@@ -140,22 +150,9 @@ __global__ void route_scan_kernel(int32_t *blk, int64_t B, int32_t E, int64_t n,
         tot[e] = run;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t run = 0;
-        for (int e = 0; e < E; e++) {
-            const int32_t c = tot[e];
-            tot[e] = run;
-            run += c;
-        }
-        tot[E] = run;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = tot[e];
+    expert_offsets(tot, E, offsets);
     for (int64_t i = threadIdx.x; i < B * E; i += blockDim.x) blk[i] += tot[i % E];
-    for (int64_t s = tot[E] + threadIdx.x; s < n; s += blockDim.x) {
-        token_ids[s] = 0;
-        perm[s] = -1;
-    }
+    fill_unrouted(tot[E], n, token_ids, perm);
 }
 
 __global__ void gather_weights_kernel(float *out, const void *w, sam_dtype wt, const int32_t *perm,
