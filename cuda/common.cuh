@@ -221,6 +221,17 @@ template <int M> __device__ __forceinline__ constexpr uint32_t identity_perm() {
     return init;
 }
 
+// The first k-tile of each slice of kps k-tiles, k-tile by k-tile, by a countdown
+// (no division on the k loop).
+struct SliceStart {
+    int left = 0;
+    __device__ __forceinline__ bool next(int kps) {
+        const bool first = left == 0;
+        left = (first ? kps : left) - 1;
+        return first;
+    }
+};
+
 // mma.sp fragments of MT x NT tiles: every accumulator set at zero, set a on row a.
 template <int M, int MT, int NT>
 __device__ __forceinline__ void init_row_sets(float (&acc)[M][MT][NT][4], uint32_t (&perm)[MT][2]) {

@@ -102,13 +102,16 @@ __device__ __forceinline__ unsigned char *align_smem(unsigned char *raw) {
     return raw + (((a + 1023u) & ~1023u) - a);
 }
 
+// Token tiles of expert e (0 past the experts).
+template <int BN> __device__ __forceinline__ int expert_token_tiles(const KParams &p, int e) {
+    return e < p.E ? (max(0, p.offsets[e + 1] - p.offsets[e]) + BN - 1) / BN : 0;
+}
+
 // Token tiles over all experts (warp-wide; every lane gets the sum).
 template <int BN> __device__ __forceinline__ int count_token_tiles(const KParams &p, int lane) {
     int total = 0;
     for (int e0 = 0; e0 < p.E; e0 += 32) {
-        const int e = e0 + lane;
-        int nt = 0;
-        if (e < p.E) nt = (max(0, p.offsets[e + 1] - p.offsets[e]) + BN - 1) / BN;
+        int nt = expert_token_tiles<BN>(p, e0 + lane);
 #pragma unroll
         for (int d = 16; d > 0; d >>= 1) nt += __shfl_xor_sync(0xffffffffu, nt, d);
         total += nt;
@@ -131,9 +134,7 @@ __device__ __forceinline__ void decode_tile(const KParams &p, int64_t L, int tot
     rt_out = group * GM + within % gm_eff;
     int run = 0;
     for (int e0 = 0; e0 < p.E; e0 += 32) {
-        const int e = e0 + lane;
-        int nt = 0;
-        if (e < p.E) nt = (max(0, p.offsets[e + 1] - p.offsets[e]) + BN - 1) / BN;
+        const int nt = expert_token_tiles<BN>(p, e0 + lane);
         int incl = nt;
 #pragma unroll
         for (int d = 1; d < 32; d <<= 1) {
@@ -421,7 +422,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     constexpr bool DB = NB == 2;
     int rd = 0, wr = STAGES - 1;
     if (DB && KT > 0) load_frags(0, 0, 0);
-    int to_slice = 0;  // k-tiles left in the current slice (a countdown: no division per k-tile)
+    int to_slice = 0;  // k-tiles left in the current slice (SliceStart's countdown, written out)
     for (int kt = 0; kt < KT; kt++) {
         if (M > 1) {
             if (to_slice == 0) {
@@ -583,14 +584,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
         if (st < KT) loader.issue(smem_u32(stage_ptr(st)), st);
         cp_async_commit();
     }
-    int to_slice = 0;  // k-tiles left in the current slice (a countdown: no division per k-tile)
+    SliceStart slice;
     for (int kt = 0; kt < KT; kt += 2) {
-        const bool b0 = to_slice == 0;
-        to_slice = (b0 ? kt_per_slice : to_slice) - 1;
-        step(std::integral_constant<int, 0>{}, kt, b0);
-        const bool b1 = to_slice == 0;
-        to_slice = (b1 ? kt_per_slice : to_slice) - 1;
-        step(std::integral_constant<int, 1>{}, kt + 1, b1);
+        step(std::integral_constant<int, 0>{}, kt, slice.next(kt_per_slice));
+        step(std::integral_constant<int, 1>{}, kt + 1, slice.next(kt_per_slice));
     }
     wgmma_wait<0>();
 #pragma unroll

@@ -8,9 +8,10 @@
 //
 // CTA = 3 warpgroups on a persistent grid (one CTA per SM; SAMOYEDS_WGMMA_KERNEL=3
 // launches one CTA per work item instead; 4, 5 and 6 select the ping-pong, cluster and
-// work-counter variants of WsCfg below, measured in docs/PERFORMANCE.md, not run by auto).  A CTA walks the work items blockIdx.x,
-// blockIdx.x + gridDim.x, ... in the rasterised order of cta_work (ssmm.cu), each
-// item BMT storage rows x BN = 128 tokens of one expert, through two work slots in
+// work-counter variants of WsCfg below, measured in docs/PERFORMANCE.md, not run by
+// auto).  A CTA walks the work items blockIdx.x, blockIdx.x + gridDim.x, ... in the
+// rasterised order of cta_work (ssmm.cu), each item BMT storage rows x BN = 128 tokens
+// of one expert, through two work slots in
 // shared memory (token rows, routing scales, expert / row tile / first sorted row):
 // the producer fills slot n % 2 once the consumers have released item n - 2, so
 // it streams item n + 1 while the consumers finish and store item n.
@@ -569,14 +570,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
         }
         perm[0] = perm[1] = identity_perm<M>();
-        int to_slice = 0;  // k-tiles left in the current slice (a countdown: no division per k-tile)
+        SliceStart slice;
         for (int kt = 0; kt < KT; kt += 2, it += 2) {
-            const bool b0 = to_slice == 0;
-            to_slice = (b0 ? kt_per_slice : to_slice) - 1;
-            step(std::integral_constant<int, 0>{}, kt, it, b0);
-            const bool b1 = to_slice == 0;
-            to_slice = (b1 ? kt_per_slice : to_slice) - 1;
-            step(std::integral_constant<int, 1>{}, kt + 1, it + 1, b1);
+            step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
+            step(std::integral_constant<int, 1>{}, kt + 1, it + 1, slice.next(kt_per_slice));
         }
         wgmma_wait<0>();
 #pragma unroll
