@@ -36,8 +36,8 @@ def main() -> None:
         sm.combine(y, r.pos) if not glu else None
     # the warp-specialised kernel's other work distributions (SAMOYEDS_WGMMA_KERNEL): ping-pong
     # consumers (4, 2:4 only), clusters of two sharing the weights by multicast (5) and items
-    # from a counter (6), with
-    # more items than the grid holds and experts with odd token-tile counts
+    # from a counter (6), with more items than the grid holds and experts with odd token-tile
+    # counts
     if torch.cuda.get_device_capability() == (9, 0):
         for kernel, fmt in [("4", "2:4"), ("5", "2:4"), ("5", "samoyeds-1:2:128"), ("6", "2:4")]:
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = kernel

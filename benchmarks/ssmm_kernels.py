@@ -1,9 +1,9 @@
 """The GPU kernels of ssmm side by side on the same inputs: mma.sp, the
 single-role wgmma.sp kernel and the warp-specialised wgmma.sp kernel
 (SAMOYEDS_WGMMA_KERNEL=1), the warp-specialised one with one work item per CTA (=3),
-on its persistent grid (=2, the default), for 2:4 with ping-pong consumers (=4), and in
-clusters of two CTAs sharing the weights by TMA multicast (=5), and taking the items from a
-counter in global memory (=6), with cuBLAS on the same masked weights and the
+on its persistent grid (=2, the default), for 2:4 with ping-pong consumers (=4), in clusters
+of two CTAs sharing the weights by TMA multicast (=5) and taking the items from a counter in
+global memory (=6), with cuBLAS on the same masked weights and the
 same (gathered) tokens as the dense reference.  One expert holding all S tokens
 (the kernel's steady state) and whole MoE projections.  Each kernel's output is
 compared with the mma.sp kernel's (relative Frobenius difference).
