@@ -204,6 +204,12 @@ static PyMethodDef sam_methods[] = {
      METH_VARARGS | METH_KEYWORDS, "moe_gather_weights(out, w, perm, offsets, stream=None)."},
     {"moe_combine", (PyCFunction)(void (*)(void))sam_py_moe_combine, METH_VARARGS | METH_KEYWORDS,
      "moe_combine(out, y, pos, stream=None)."},
+    {"moe_forward", (PyCFunction)(void (*)(void))sam_py_moe_forward, METH_VARARGS | METH_KEYWORDS,
+     "moe_forward(out, workspace, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx, "
+     "down_values, down_meta, down_idx, intermediate, n, m, v, act=1, gate_up_bias=None, down_bias=None, "
+     "alpha=1.702, limit=7.0, impl=0, stream=None): route, gate_up, down and combine in one call."},
+    {"moe_workspace_bytes", (PyCFunction)(void (*)(void))sam_py_moe_workspace_bytes, METH_VARARGS | METH_KEYWORDS,
+     "moe_workspace_bytes(T, K, E, H, I, itemsize) -> int: the workspace moe_forward needs."},
     {"tensor_info", (PyCFunction)(void (*)(void))sam_py_tensor_info, METH_VARARGS | METH_KEYWORDS,
      "tensor_info(t, stream=None) -> dict: what the DLPack consumer sees of t."},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict."},

@@ -162,6 +162,31 @@ static int check_cuda_alignment(op_ctx *c, const sam_tensor *t, int align)
     return 0;
 }
 
+/* x [T, >= C] as the kernels read it: C columns of unit stride, rows that do not
+ * overlap, on the GPU 16-byte rows at a 16-byte aligned address.  *ldx: elements
+ * between rows. */
+static int check_x_rows(op_ctx *c, sam_tensor *x, int64_t C, int64_t *ldx)
+{
+    if (x->shape[1] != C) {
+        PyErr_Format(PyExc_ValueError, "%s: x: expected %lld columns (the weight's), got %lld", c->op,
+                     (long long)C, (long long)x->shape[1]);
+        return -1;
+    }
+    if ((x->shape[1] > 1 && x->strides[1] != 1) || (x->shape[0] > 1 && x->strides[0] < C)) {
+        PyErr_Format(PyExc_ValueError, "%s: x: rows must be contiguous and not overlap (strides (%lld, %lld))",
+                     c->op, (long long)x->strides[0], (long long)x->strides[1]);
+        return -1;
+    }
+    *ldx = x->shape[0] > 1 ? x->strides[0] : C;
+    if (c->cuda && (*ldx % 8 != 0 || check_cuda_alignment(c, x, 16) < 0)) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "%s: x: the row stride (%lld elements) must be a multiple of 8 "
+                         "on the GPU (16-byte rows)", c->op, (long long)*ldx);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- format_mask ------------------------------------------------------------------ */
 
 PyObject *sam_py_format_mask(PyObject *self, PyObject *args, PyObject *kw)
@@ -423,23 +448,8 @@ PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw)
                      sam_dtype_name(values.dtype), sam_dtype_name(x.dtype));
         return fail(&c);
     }
-    if (x.shape[1] != C) {
-        PyErr_Format(PyExc_ValueError, "ssmm: x: expected %lld columns (the weight's), got %lld",
-                     (long long)C, (long long)x.shape[1]);
-        return fail(&c);
-    }
-    if ((x.shape[1] > 1 && x.strides[1] != 1) || (x.shape[0] > 1 && x.strides[0] < C)) {
-        PyErr_Format(PyExc_ValueError, "ssmm: x: rows must be contiguous and not overlap (strides (%lld, %lld))",
-                     (long long)x.strides[0], (long long)x.strides[1]);
-        return fail(&c);
-    }
-    const int64_t ldx = x.shape[0] > 1 ? x.strides[0] : C;
-    if (c.cuda && (ldx % 8 != 0 || check_cuda_alignment(&c, &x, 16) < 0)) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "ssmm: x: the row stride (%lld elements) must be a multiple of 8 "
-                         "on the GPU (16-byte rows)", (long long)ldx);
-        return fail(&c);
-    }
+    int64_t ldx;
+    if (check_x_rows(&c, &x, C, &ldx) < 0) return fail(&c);
     /* routing */
     int64_t os[1] = {E + 1};
     if (sam_check_dtype(&offsets, SAM_DT(SAM_I32)) < 0 || sam_check_shape(&offsets, 1, os) < 0 ||
@@ -699,6 +709,301 @@ PyObject *sam_py_moe_combine(PyObject *self, PyObject *args, PyObject *kw)
     } else {
         REF_RUN(status, sam_moe_combine_ref(out.data, out.dtype, y.data, y.dtype, (const int32_t *)pos.data,
                                             T, K, H, ldy, S));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
+/* ---- the whole MoE forward in one call ------------------------------------------- */
+
+/* Byte offsets of the intermediates in a moe_forward workspace (each 256-byte
+ * aligned), for T tokens, K experts per token, E experts, hidden H, expert
+ * width I and elem-byte activations; S = T*K sorted rows. */
+typedef struct moe_ws {
+    size_t offsets, token_ids, perm, pos, scale, h, y, total;
+} moe_ws;
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static void moe_ws_layout(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, size_t elem, moe_ws *w)
+{
+    const size_t S = (size_t)(T * K);
+    size_t at = 0;
+    w->offsets = at;   at = align256(at + sizeof(int32_t) * (size_t)(E + 1));
+    w->token_ids = at; at = align256(at + sizeof(int32_t) * S);
+    w->perm = at;      at = align256(at + sizeof(int32_t) * S);
+    w->pos = at;       at = align256(at + sizeof(int32_t) * S);
+    w->scale = at;     at = align256(at + sizeof(float) * S);
+    w->h = at;         at = align256(at + elem * S * (size_t)I);   /* act(gate_up(x)) of every sorted row */
+    w->y = at;         at = align256(at + elem * S * (size_t)H);   /* scale * down(h) */
+    w->total = at;
+}
+
+/* The sizes moe_forward accepts (the workspace layout's products stay far from overflow). */
+static int moe_sizes_ok(const char *op, long long T, long long K, long long E, long long H, long long I)
+{
+    if (T < 0 || K < 0 || E < 1 || H < 0 || I < 0 || E >= INT32_MAX || H > INT32_MAX || I > INT32_MAX ||
+        (K > 0 && T > INT32_MAX / K)) {
+        PyErr_Format(PyExc_ValueError, "%s: T = %lld, K = %lld, E = %lld, H = %lld, I = %lld; expected "
+                     "T*K < 2**31, 1 <= E < 2**31 - 1 and H, I below 2**31", op, T, K, E, H, I);
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *sam_py_moe_workspace_bytes(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"T", "K", "E", "H", "I", "itemsize", NULL};
+    long long T, K, E, H, I;
+    int elem;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLLLi:moe_workspace_bytes", kwlist, &T, &K, &E, &H, &I, &elem))
+        return NULL;
+    if (moe_sizes_ok("moe_workspace_bytes", T, K, E, H, I) < 0) return NULL;
+    if (elem != 2 && elem != 4) {
+        PyErr_Format(PyExc_ValueError, "moe_workspace_bytes: itemsize = %d; expected 2 or 4", elem);
+        return NULL;
+    }
+    moe_ws w;
+    moe_ws_layout(T, K, E, H, I, (size_t)elem, &w);
+    return PyLong_FromSize_t(w.total);
+}
+
+/* One MoE forward: the steps of route, gather_weights, ssmm (gate_up, gated
+ * activation), ssmm (down, routing weight) and combine, on buffers carved from
+ * the workspace. */
+typedef struct moe_plan {
+    const void *index;
+    sam_dtype index_dtype;
+    const void *weights;
+    sam_dtype weights_dtype;
+    int64_t T, K, E, H;
+    int32_t *offsets, *token_ids, *perm, *pos;
+    float *scale;
+    sam_ssmm_params gate_up, down;
+    void *out;
+    sam_dtype out_dtype;
+} moe_plan;
+
+#define MOE_STEP(expr) do { const sam_status st_ = (expr); if (st_ != SAM_STATUS_OK) return st_; } while (0)
+
+static sam_status moe_run_ref(const moe_plan *p)
+{
+    const int64_t S = p->T * p->K;
+    MOE_STEP(sam_moe_route_ref(p->index, p->index_dtype, p->T, p->K, p->E, p->offsets, p->token_ids, p->perm,
+                               p->pos));
+    MOE_STEP(sam_moe_gather_weights_ref(p->scale, p->weights, p->weights_dtype, p->perm, p->offsets, p->E, S));
+    MOE_STEP(sam_ssmm_ref(&p->gate_up));
+    MOE_STEP(sam_ssmm_ref(&p->down));
+    return sam_moe_combine_ref(p->out, p->out_dtype, p->down.out, p->down.dtype, p->pos, p->T, p->K, p->H,
+                               p->down.ldo, S);
+}
+
+#if SAM_WITH_CUDA
+static sam_status moe_run_cuda(const moe_plan *p, void *stream)
+{
+    const int64_t S = p->T * p->K;
+    MOE_STEP(sam_moe_route_cuda(p->index, p->index_dtype, p->T, p->K, p->E, p->offsets, p->token_ids, p->perm,
+                                p->pos, stream));
+    MOE_STEP(sam_moe_gather_weights_cuda(p->scale, p->weights, p->weights_dtype, p->perm, p->offsets, p->E, S,
+                                         stream));
+    MOE_STEP(sam_ssmm_cuda(&p->gate_up, stream));
+    MOE_STEP(sam_ssmm_cuda(&p->down, stream));
+    return sam_moe_combine_cuda(p->out, p->out_dtype, p->down.out, p->down.dtype, p->pos, p->T, p->K, p->H,
+                                p->down.ldo, S, stream);
+}
+#endif
+
+/* A packed weight of the MoE: 3-d values, dims from (E, rows, cols), the packed
+ * arrays' shapes, the activations' dtype. */
+static int moe_weight(op_ctx *c, const char *name, sam_tensor *values, sam_tensor *meta, sam_tensor *idx,
+                      sam_format f, int64_t E, int64_t rows, int64_t cols, sam_dtype dtype, sam_dims *d)
+{
+    if (sam_check_ndim(values, 3) < 0) return -1;
+    if (values->shape[0] != E) {
+        PyErr_Format(PyExc_ValueError, "%s: %s: expected %lld experts (gate_up's), got %lld", c->op,
+                     values->name, (long long)E, (long long)values->shape[0]);
+        return -1;
+    }
+    if (make_dims(c->op, name, f, E, rows, cols, d) < 0 || check_packed(c, values, meta, idx, f, d, 0) < 0)
+        return -1;
+    if (values->dtype != dtype) {
+        PyErr_Format(PyExc_TypeError, "%s: %s: expected dtype %s (that of gate_up_values), got %s", c->op,
+                     values->name, sam_dtype_name(dtype), sam_dtype_name(values->dtype));
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *sam_py_moe_forward(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"out", "workspace", "x", "top_k_index", "top_k_weights", "gate_up_values",
+                             "gate_up_meta", "gate_up_idx", "down_values", "down_meta", "down_idx",
+                             "intermediate", "n", "m", "v", "act", "gate_up_bias", "down_bias", "alpha",
+                             "limit", "impl", "stream", NULL};
+    PyObject *o_out, *o_ws, *o_x, *o_index, *o_weights, *o_gv, *o_gm, *o_gi, *o_dv, *o_dm, *o_di,
+             *o_gbias = Py_None, *o_dbias = Py_None, *o_stream = Py_None;
+    long long inter;
+    int n, m, v, act = SAM_ACT_SWIGLU, impl = 0;
+    float alpha = 1.702f, limit = 7.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOOOLiii|iOOffiO:moe_forward", kwlist, &o_out, &o_ws,
+                                     &o_x, &o_index, &o_weights, &o_gv, &o_gm, &o_gi, &o_dv, &o_dm, &o_di,
+                                     &inter, &n, &m, &v, &act, &o_gbias, &o_dbias, &alpha, &limit, &impl,
+                                     &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "moe_forward", stream);
+    if (act != SAM_ACT_SWIGLU && act != SAM_ACT_GPTOSS) {
+        PyErr_Format(PyExc_ValueError, "moe_forward: act = %d; expected 1 (swiglu) or 2 (gptoss)", act);
+        return NULL;
+    }
+    if (impl < 0 || impl > 3) {
+        PyErr_Format(PyExc_ValueError, "moe_forward: impl = %d; expected 0 (auto), 1 (mma.sp), 2 (wgmma.sp) or "
+                     "3 (decode)", impl);
+        return NULL;
+    }
+    if (inter < 0 || inter > INT32_MAX / 2) {
+        PyErr_Format(PyExc_ValueError, "moe_forward: intermediate = %lld; expected 0 <= intermediate < 2**30",
+                     inter);
+        return NULL;
+    }
+    sam_format fg, fd;
+    if (parse_format(c.op, n, m, v, 1, &fg) < 0 || parse_format(c.op, n, m, v, 0, &fd) < 0) return NULL;
+    sam_tensor out, ws, x, index, weights, gv, gm, gi, dv, dm, di, gbias, dbias;
+    if (sam_tensor_take(&c.call, &out, o_out, "out", 0) < 0 ||
+        sam_tensor_take(&c.call, &ws, o_ws, "workspace", 0) < 0 ||
+        sam_tensor_take(&c.call, &x, o_x, "x", 0) < 0 ||
+        sam_tensor_take(&c.call, &index, o_index, "top_k_index", 0) < 0 ||
+        sam_tensor_take(&c.call, &weights, o_weights, "top_k_weights", 0) < 0 ||
+        sam_tensor_take(&c.call, &gv, o_gv, "gate_up_values", 0) < 0 ||
+        sam_tensor_take(&c.call, &gm, o_gm, "gate_up_meta", 0) < 0 ||
+        sam_tensor_take(&c.call, &gi, o_gi, "gate_up_idx", 1) < 0 ||
+        sam_tensor_take(&c.call, &dv, o_dv, "down_values", 0) < 0 ||
+        sam_tensor_take(&c.call, &dm, o_dm, "down_meta", 0) < 0 ||
+        sam_tensor_take(&c.call, &di, o_di, "down_idx", 1) < 0 ||
+        sam_tensor_take(&c.call, &gbias, o_gbias, "gate_up_bias", 1) < 0 ||
+        sam_tensor_take(&c.call, &dbias, o_dbias, "down_bias", 1) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    /* x [T, H] */
+    if (sam_check_dtype(&x, c.cuda ? SAM_DT_HALF : SAM_DT_FLOAT) < 0 || sam_check_ndim(&x, 2) < 0)
+        return fail(&c);
+    const int64_t T = x.shape[0], H = x.shape[1];
+    int64_t ldx;
+    if (check_x_rows(&c, &x, H, &ldx) < 0) return fail(&c);
+    /* the two weights */
+    if (sam_check_ndim(&gv, 3) < 0) return fail(&c);
+    const int64_t E = gv.shape[0];
+    if (sam_check_dtype(&gv, SAM_DT_FLOAT) < 0) return fail(&c);
+    if (x.dtype != gv.dtype) {
+        PyErr_Format(PyExc_TypeError, "moe_forward: x: expected dtype %s (that of the packed weights), got %s",
+                     sam_dtype_name(gv.dtype), sam_dtype_name(x.dtype));
+        return fail(&c);
+    }
+    sam_dims dg, dd;
+    if (moe_weight(&c, "gate_up", &gv, &gm, &gi, fg, E, 2 * inter, H, gv.dtype, &dg) < 0 ||
+        moe_weight(&c, "down", &dv, &dm, &di, fd, E, H, inter, gv.dtype, &dd) < 0)
+        return fail(&c);
+    if (c.cuda && inter % 8 != 0) {
+        PyErr_Format(PyExc_ValueError, "moe_forward: intermediate = %lld; the GPU kernels need a multiple of 8",
+                     inter);
+        return fail(&c);
+    }
+    /* routing [T, K] */
+    if (sam_check_dtype(&index, SAM_DT_INDEX) < 0 || sam_check_ndim(&index, 2) < 0 ||
+        sam_check_contiguous(&index) < 0)
+        return fail(&c);
+    if (index.shape[0] != T) {
+        PyErr_Format(PyExc_ValueError, "moe_forward: top_k_index: expected %lld rows (x's), got %lld",
+                     (long long)T, (long long)index.shape[0]);
+        return fail(&c);
+    }
+    const int64_t K = index.shape[1];
+    if (moe_sizes_ok(c.op, T, K, E, H, inter) < 0) return fail(&c);
+    if (sam_check_dtype(&weights, SAM_DT_FLOAT) < 0 || sam_check_contiguous(&weights) < 0) return fail(&c);
+    if (sam_tensor_numel(&weights) != T * K) {
+        PyErr_Format(PyExc_ValueError, "moe_forward: top_k_weights: expected %lld entries (top_k_index's [T, K]), "
+                     "got %lld", (long long)(T * K), (long long)sam_tensor_numel(&weights));
+        return fail(&c);
+    }
+    int64_t gbs[2] = {E, 2 * inter}, dbs[2] = {E, H};
+    if ((gbias.present && (sam_check_dtype(&gbias, SAM_DT_FLOAT) < 0 || sam_check_shape(&gbias, 2, gbs) < 0 ||
+                           sam_check_contiguous(&gbias) < 0)) ||
+        (dbias.present && (sam_check_dtype(&dbias, SAM_DT_FLOAT) < 0 || sam_check_shape(&dbias, 2, dbs) < 0 ||
+                           sam_check_contiguous(&dbias) < 0)))
+        return fail(&c);
+    /* out [T, H], workspace */
+    int64_t os[2] = {T, H};
+    if (sam_check_dtype(&out, SAM_DT_FLOAT) < 0 || sam_check_shape(&out, 2, os) < 0 ||
+        sam_check_contiguous(&out) < 0 || sam_check_writable(&out) < 0)
+        return fail(&c);
+    moe_ws L;
+    moe_ws_layout(T, K, E, H, inter, sam_dtype_size(x.dtype), &L);
+    if (sam_check_dtype(&ws, SAM_DT(SAM_U8)) < 0 || sam_check_ndim(&ws, 1) < 0 ||
+        sam_check_contiguous(&ws) < 0 || sam_check_writable(&ws) < 0 || check_cuda_alignment(&c, &ws, 16) < 0)
+        return fail(&c);
+    if ((size_t)ws.shape[0] < L.total) {
+        PyErr_Format(PyExc_ValueError, "moe_forward: workspace: expected at least %zu bytes "
+                     "(moe_workspace_bytes(%lld, %lld, %lld, %lld, %lld, %d)), got %lld", L.total, (long long)T,
+                     (long long)K, (long long)E, (long long)H, inter, (int)sam_dtype_size(x.dtype),
+                     (long long)ws.shape[0]);
+        return fail(&c);
+    }
+    sam_tensor *ins[] = {&x, &index, &weights, &gv, &gm, &gi, &dv, &dm, &di, &gbias, &dbias};
+    for (size_t i = 0; i < sizeof(ins) / sizeof(ins[0]); i++)
+        if (sam_check_no_overlap(&out, ins[i]) < 0 || sam_check_no_overlap(&ws, ins[i]) < 0) return fail(&c);
+    if (sam_check_no_overlap(&out, &ws) < 0) return fail(&c);
+
+    char *base = ws.data;
+    moe_plan p;
+    memset(&p, 0, sizeof p);
+    p.index = index.data;
+    p.index_dtype = index.dtype;
+    p.weights = weights.data;
+    p.weights_dtype = weights.dtype;
+    p.T = T; p.K = K; p.E = E; p.H = H;
+    p.offsets = (int32_t *)(base + L.offsets);
+    p.token_ids = (int32_t *)(base + L.token_ids);
+    p.perm = (int32_t *)(base + L.perm);
+    p.pos = (int32_t *)(base + L.pos);
+    p.scale = (float *)(base + L.scale);
+    p.out = out.data;
+    p.out_dtype = out.dtype;
+    const int64_t S = T * K;
+    sam_ssmm_params *g = &p.gate_up, *d = &p.down;
+    g->x = x.data; g->T = T; g->ldx = ldx; g->dtype = x.dtype;
+    g->values = gv.data; g->meta = (const uint32_t *)gm.data;
+    g->idx = sam_format_has_selection(fg) ? (const uint8_t *)gi.data : NULL;
+    g->f = fg; g->d = dg;
+    g->offsets = p.offsets; g->token_ids = p.token_ids; g->S = S;
+    g->act = (sam_act)act;
+    g->bias = gbias.present ? gbias.data : NULL;
+    g->bias_dtype = gbias.present ? gbias.dtype : SAM_F32;
+    g->alpha = alpha; g->limit = limit;
+    g->out = base + L.h; g->ldo = inter;
+    g->impl = impl;
+    d->x = base + L.h; d->T = S; d->ldx = inter; d->dtype = x.dtype;
+    d->values = dv.data; d->meta = (const uint32_t *)dm.data;
+    d->idx = sam_format_has_selection(fd) ? (const uint8_t *)di.data : NULL;
+    d->f = fd; d->d = dd;
+    d->offsets = p.offsets; d->token_ids = NULL; d->S = S;
+    d->act = SAM_ACT_NONE;
+    d->bias = dbias.present ? dbias.data : NULL;
+    d->bias_dtype = dbias.present ? dbias.dtype : SAM_F32;
+    d->scale = p.scale;
+    d->alpha = alpha; d->limit = limit;
+    d->out = base + L.y; d->ldo = H;
+    d->impl = impl;
+    int status;
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, moe_run_cuda(&p, c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, moe_run_ref(&p));
     }
     return finish(&c, status, last_error(c.cuda));
 }

@@ -31,6 +31,8 @@ PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sam_py_moe_route(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sam_py_moe_gather_weights(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sam_py_moe_combine(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *sam_py_moe_forward(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *sam_py_moe_workspace_bytes(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sam_py_tensor_info(PyObject *self, PyObject *args, PyObject *kw);
 
 #endif /* SAM_MODULE_H */

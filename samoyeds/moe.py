@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ._array import for_c
-from .ops import combine, gather_weights, route, ssmm
+from . import _C
+from ._array import current_stream, dtype_name, empty, for_c, tensor_arg
+from .ops import ACTS, IMPLS
 from .packed import PackedWeight
 
 
@@ -27,7 +28,10 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
     Returns:
         ``[T, H]`` in x's dtype: ``sum_k w[t,k] * down_e(act(gate_up_e(x[t])))``.
 
-    No host synchronisation; deterministic (the combine adds in a fixed order).
+    The steps of :func:`samoyeds.route`, :func:`samoyeds.gather_weights`, two
+    :func:`samoyeds.ssmm` and :func:`samoyeds.combine`, in one call into the
+    extension.  No host synchronisation; deterministic (the combine adds in a
+    fixed order).
     """
     for name, pw in (("gate_up", gate_up), ("down", down)):
         if not isinstance(pw, PackedWeight):
@@ -40,10 +44,47 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
     if down.cols != gate_up.rows // 2 or down.rows != gate_up.cols:
         raise ValueError(f"down: expected shape [E, {gate_up.cols}, {gate_up.rows // 2}] to match gate_up "
                          f"{list(gate_up.shape3)}, got {list(down.shape3)}")
-    x = for_c(x)
-    routing = route(top_k_index, E)
-    scale = gather_weights(top_k_weights, routing)
-    h = ssmm(x, gate_up, routing.offsets, routing.token_ids, act=act, bias=gate_up_bias, alpha=alpha,
-             limit=limit, impl=impl, check=False)   # the routing is valid by construction
-    y = ssmm(h, down, routing.offsets, None, bias=down_bias, scale=scale, impl=impl, check=False)
-    return combine(y, routing.pos, out=out)
+    x = tensor_arg(x, "x")
+    if x.ndim == 2 and x.shape[1] != gate_up.cols:
+        raise ValueError(f"x: expected {gate_up.cols} columns (gate_up's), got {x.shape[1]}")
+    n, m, v = gate_up.fmt.c_args()
+    if down.fmt != gate_up.fmt:
+        raise ValueError(f"down: expected the format of gate_up ({gate_up.fmt.name}), got {down.fmt.name}")
+    if act not in ("swiglu", "gptoss"):
+        raise ValueError(f"act: expected one of ['gptoss', 'swiglu'], got {act!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {sorted(IMPLS)}, got {impl!r}")
+    return forward_arrays(x, top_k_index, top_k_weights, gate_up.values, gate_up.meta, gate_up.idx,
+                          down.values, down.meta, down.idx, down.cols, n, m, v, ACTS[act],
+                          gate_up_bias, down_bias, alpha, limit, IMPLS[impl], out)
+
+
+def forward_arrays(x: Any, top_k_index: Any, top_k_weights: Any, gate_up_values: Any, gate_up_meta: Any,
+                   gate_up_idx: Optional[Any], down_values: Any, down_meta: Any, down_idx: Optional[Any],
+                   intermediate: int, n: int, m: int, v: int, act: int, gate_up_bias: Optional[Any] = None,
+                   down_bias: Optional[Any] = None, alpha: float = 1.702, limit: float = 7.0, impl: int = 0,
+                   out: Optional[Any] = None) -> Any:
+    """:func:`moe_forward` on the packed arrays themselves (what a patched model holds):
+    one workspace for the routing and both matmuls' outputs, and one call into the
+    extension, which checks every argument and launches the five steps.
+
+    ``intermediate`` is ``I`` (down's columns); ``n, m, v`` the format of both weights
+    (``v`` 0 for plain 2:4); ``act`` 1 (SwiGLU) or 2 (GPT-OSS); ``impl`` an
+    :data:`samoyeds.ops.IMPLS` value.
+    """
+    x = tensor_arg(x, "x")
+    top_k_index = tensor_arg(top_k_index, "top_k_index")
+    shape = tuple(top_k_index.shape)
+    if len(shape) != 2:
+        raise ValueError(f"top_k_index: expected a 2-d [T, K] tensor, got shape {shape}")
+    if x.ndim != 2:
+        raise ValueError(f"x: expected a 2-d [T, H] tensor, got shape {tuple(x.shape)}")
+    T, H = x.shape
+    nbytes = _C.moe_workspace_bytes(T, shape[1], gate_up_values.shape[0], H, intermediate, x.dtype.itemsize)
+    workspace = empty(x, (nbytes,), "uint8")
+    if out is None:
+        out = empty(x, (T, H), dtype_name(x))
+    _C.moe_forward(out, workspace, x, top_k_index, for_c(top_k_weights), gate_up_values, gate_up_meta,
+                   gate_up_idx, down_values, down_meta, down_idx, intermediate, n, m, v, act,
+                   for_c(gate_up_bias), for_c(down_bias), alpha, limit, impl, current_stream(x))
+    return out

@@ -16,7 +16,6 @@ from typing import Optional
 import torch
 
 from . import moe as _moe
-from .format import SparseFormat
 from .ops import ACTS
 from .packed import PackedWeight
 
@@ -32,10 +31,6 @@ def act_id(act: str) -> int:
     if act not in ACT_IDS:
         raise ValueError(f"act: expected one of {sorted(ACT_IDS)}, got {act!r}")
     return ACT_IDS[act]
-
-
-def _format(n: int, m: int, v: int) -> SparseFormat:
-    return SparseFormat(n, m, v if v > 0 else None)
 
 
 @torch.library.custom_op("samoyeds::moe_forward", mutates_args=())
@@ -79,14 +74,14 @@ def moe_forward_eager(x, top_k_index, top_k_weights, gate_up_values, gate_up_met
     ``torch.compile`` and autograd go through the op."""
     if act not in _ACT_NAMES:
         raise ValueError(f"act: expected one of {sorted(_ACT_NAMES)} ({_ACT_NAMES}), got {act}")
-    fmt = _format(n, m, v)
-    E = gate_up_values.shape[0]
-    gate_up = PackedWeight(gate_up_values, gate_up_meta, gate_up_idx, fmt, (E, gate_up_rows, gate_up_cols),
-                           glu=True)
-    down = PackedWeight(down_values, down_meta, down_idx, fmt, (E, down_rows, down_cols))
-    return _moe.moe_forward(x.contiguous(), top_k_index.contiguous(), top_k_weights.contiguous(), gate_up, down,
-                            act=_ACT_NAMES[act], gate_up_bias=gate_up_bias, down_bias=down_bias,
-                            alpha=alpha, limit=limit)
+    if x.dim() != 2 or x.shape[1] != gate_up_cols:
+        raise ValueError(f"x: expected a [T, {gate_up_cols}] tensor (gate_up's columns), got shape {tuple(x.shape)}")
+    if gate_up_rows != 2 * down_cols or gate_up_cols != down_rows:
+        raise ValueError(f"down_rows, down_cols: expected ({gate_up_cols}, {gate_up_rows // 2}) to match gate_up's "
+                         f"({gate_up_rows}, {gate_up_cols}), got ({down_rows}, {down_cols})")
+    return _moe.forward_arrays(x.contiguous(), top_k_index.contiguous(), top_k_weights.contiguous(),
+                               gate_up_values, gate_up_meta, gate_up_idx, down_values, down_meta, down_idx,
+                               down_cols, n, m, v, act, gate_up_bias, down_bias, alpha, limit)
 
 
 @moe_forward.register_fake

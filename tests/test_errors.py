@@ -591,12 +591,73 @@ class TestBadInput:
             moe_forward(x, topk, tw.tolist(), gate_up, down)
         with pytest.raises(TypeError, match=r"^x: expected a tensor supporting DLPack"):
             moe_forward(x.tolist(), topk, tw, gate_up, down)
-        with pytest.raises(TypeError, match=r"ssmm: x: expected dtype float32 \(that of the packed weight\)"):
+        with pytest.raises(TypeError, match=r"moe_forward: x: expected dtype float32 \(that of the packed weights\)"):
             moe_forward(x.astype(np.float16), topk, tw, gate_up, down)
-        with pytest.raises(ValueError, match=r"ssmm: x: expected 64 columns"):
+        with pytest.raises(ValueError, match=r"^x: expected 64 columns \(gate_up's\), got 32"):
             moe_forward(x[:, :32], topk, tw, gate_up, down)
         with pytest.raises(ValueError, match=r"^act: expected one of"):
             moe_forward(x, topk, tw, gate_up, down, act="gelu")
+
+    def test_moe_forward_raw_op(self, rng):
+        """The extension's one-call MoE forward checks every argument before it writes anything."""
+        gate_up, down = self._moe(rng)
+        T, K, E, H, I = 7, 2, 3, 64, 64
+        x = _randn(rng, T, H)
+        topk = rng.integers(0, E, (T, K))
+        tw = rng.random((T, K)).astype(np.float32)
+        n, m, v = gate_up.fmt.c_args()
+        nbytes = _C.moe_workspace_bytes(T, K, E, H, I, 4)
+        assert nbytes >= 4 * (E + 1 + 4 * T * K) + 4 * T * K * (I + H)
+        ws = np.zeros(nbytes, np.uint8)
+
+        def call(out=None, workspace=ws, x=x, topk=topk, tw=tw, inter=I, **kw):
+            out = np.full((T, H), NAN, np.float32) if out is None else out
+            args = dict(gate_up_values=gate_up.values, gate_up_meta=gate_up.meta, gate_up_idx=gate_up.idx,
+                        down_values=down.values, down_meta=down.meta, down_idx=down.idx)
+            args.update({k: kw.pop(k) for k in list(kw) if k in args})
+            _C.moe_forward(out, workspace, x, topk, tw, args["gate_up_values"], args["gate_up_meta"],
+                           args["gate_up_idx"], args["down_values"], args["down_meta"], args["down_idx"],
+                           inter, n, m, v, **kw)
+            return out
+
+        np.testing.assert_array_equal(call(), moe_forward(x, topk, tw, gate_up, down))
+        poisoned = np.full((T, H), NAN, np.float32)
+        with pytest.raises(ValueError, match=r"^moe_forward: workspace: expected at least \d+ bytes "
+                                             r"\(moe_workspace_bytes\(7, 2, 3, 64, 64, 4\)\), got \d+"):
+            call(out=poisoned, workspace=ws[:nbytes - 1])
+        with pytest.raises(TypeError, match=r"^workspace: expected dtype uint8"):
+            call(out=poisoned, workspace=ws.view(np.int32))
+        with pytest.raises(ValueError, match=r"^moe_forward: act = 0; expected 1 \(swiglu\) or 2 \(gptoss\)"):
+            call(out=poisoned, act=0)
+        with pytest.raises(ValueError, match=r"^moe_forward: impl = 7"):
+            call(out=poisoned, impl=7)
+        with pytest.raises(ValueError, match=r"^moe_forward: top_k_index: expected 7 rows \(x's\), got 6"):
+            call(out=poisoned, topk=topk[:6])
+        with pytest.raises(ValueError, match=r"^moe_forward: top_k_weights: expected 14 entries"):
+            call(out=poisoned, tw=tw[:, :1].copy())
+        with pytest.raises(ValueError, match=r"^gate_up_values: expected shape"):
+            call(out=poisoned, inter=256)
+        with pytest.raises(ValueError, match=r"^moe_forward: down_values: expected 3 experts \(gate_up's\), got 2"):
+            call(out=poisoned, down_values=down.values[:2], down_meta=down.meta[:2], down_idx=down.idx[:2])
+        with pytest.raises(TypeError, match=r"^moe_forward: x: expected dtype float32 \(that of the packed weights\)"):
+            call(out=poisoned, x=x.astype(np.float16))
+        with pytest.raises(ValueError, match=r"^gate_up_bias: expected shape \(3, 128\)"):
+            call(out=poisoned, gate_up_bias=np.zeros((3, 64), np.float32))
+        with pytest.raises(ValueError, match=r"^out: expected shape \(7, 64\)"):
+            call(out=np.full((7, 32), NAN, np.float32))
+        with pytest.raises(ValueError, match=r"^workspace: shares memory with x"):
+            buf = np.zeros(T * H + nbytes // 4, np.float32)
+            buf[:T * H] = x.reshape(-1)
+            call(out=poisoned, x=buf[:T * H].reshape(T, H), workspace=buf.view(np.uint8))
+        with pytest.raises(ValueError, match=r"^out: shares memory with workspace"):
+            call(out=ws[:T * H * 4].view(np.float32).reshape(T, H))
+        with pytest.raises(ValueError, match=r"^moe_forward: intermediate = -1; expected 0 <= intermediate < 2\*\*30"):
+            call(out=poisoned, inter=-1)
+        with pytest.raises(ValueError, match=r"^moe_workspace_bytes: itemsize = 3; expected 2 or 4"):
+            _C.moe_workspace_bytes(T, K, E, H, I, 3)
+        with pytest.raises(ValueError, match=r"^moe_workspace_bytes: T = 4294967296, K = 1"):
+            _C.moe_workspace_bytes(2**32, 1, E, H, I, 2)
+        assert np.isnan(poisoned).all()
 
     def test_moe_forward_nan_propagates(self, rng):
         gate_up, down = self._moe(rng, fmt="2:4")  # every row kept: a NaN token poisons all its outputs

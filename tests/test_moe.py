@@ -102,6 +102,59 @@ def test_moe_forward_cuda_graph():
     assert torch.equal(y, moe_forward(x, idx, w, gu, dn))
 
 
+def _composed(x, idx, w, gu, dn, act="swiglu", gu_bias=None, dn_bias=None, impl="auto"):
+    """moe_forward's steps as separate public ops (route, gather_weights, ssmm x2, combine)."""
+    r = sm.route(idx, gu.num_experts)
+    scale = sm.gather_weights(w, r)
+    h = sm.ssmm(x, gu, r.offsets, r.token_ids, act=act, bias=gu_bias, impl=impl, check=False)
+    y = sm.ssmm(h, dn, r.offsets, None, bias=dn_bias, scale=scale, impl=impl, check=False)
+    return sm.combine(y, r.pos)
+
+
+def _poisoned(like):
+    return torch.full(like.shape, float("nan"), dtype=like.dtype, device=like.device)
+
+
+@pytest.mark.parametrize("fmt", ["samoyeds-1:2:64", "2:4"])
+@pytest.mark.parametrize("T,pattern", [(0, "uniform"), (1, "one"), (23, "placeholder"), (40, "skewed")])
+@pytest.mark.parametrize("act,bias", [("swiglu", False), ("gptoss", True)])
+def test_fused_equals_composed_ops(fmt, T, pattern, act, bias):
+    """One call into the extension gives, bit for bit, what the five public ops give."""
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    K, E, H, I = 3, 5, 64, 128
+    gu, dn = _layer(E, H, I, torch.float32, gen, fmt)
+    x = torch.randn(T, H, generator=gen)
+    idx = random_topk(T, K, E, pattern, gen)
+    w = torch.rand(T, K, generator=gen)
+    gb = torch.randn(E, 2 * I, generator=gen) if bias else None
+    db = torch.randn(E, H, generator=gen) if bias else None
+    out = _poisoned(x)
+    got = moe_forward(x, idx, w, gu, dn, act=act, gate_up_bias=gb, down_bias=db, out=out)
+    assert got is out
+    want = _composed(x, idx, w, gu, dn, act, gb, db)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "2:4"])
+@pytest.mark.parametrize("T", [0, 3, 300])
+@pytest.mark.parametrize("impl", ["auto", "mma_sp", "decode"])
+def test_fused_equals_composed_ops_cuda(fmt, T, impl):
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    K, E, H, I = 4, 12, 256, 384
+    gu, dn = _layer(E, H, I, torch.bfloat16, gen, fmt)
+    gu, dn = gu.to("cuda"), dn.to("cuda")
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+    idx = random_topk(T, K, E, "placeholder", gen).cuda()
+    w = torch.rand(T, K, generator=gen).cuda()
+    gb = torch.randn(E, 2 * I, generator=gen).to(torch.bfloat16).cuda()
+    out = _poisoned(x)
+    got = moe_forward(x, idx, w, gu, dn, act="gptoss", gate_up_bias=gb, impl=impl, out=out)
+    want = _composed(x, idx, w, gu, dn, "gptoss", gb, None, impl)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+
+
 def test_top_level_export():
     import samoyeds.moe
 
