@@ -13,6 +13,7 @@ GPU memory of one forward is reported per method next to the expert-weight bytes
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -87,8 +88,11 @@ def _set_impl(holder: Holder, impl: str) -> None:
 BUDGET_S = 0.4  # seconds of timed calls per case (--tiny: 0.02)
 
 
-def _time(fn, device: str, budget_s: float = None, min_iters: int = 5, max_iters: int = 50) -> float:
-    budget_s = BUDGET_S if budget_s is None else budget_s
+ROUNDS = 5    # the methods' timings interleave in this many rounds per case
+
+
+def _times(fn, device: str, budget_s: float, min_iters: int = 2, max_iters: int = 50) -> list:
+    """ms of single calls, each started from an idle GPU (after two warm-up calls)."""
     for _ in range(2):
         fn()
     if device == "cuda":
@@ -107,7 +111,13 @@ def _time(fn, device: str, budget_s: float = None, min_iters: int = 5, max_iters
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+def _time(fn, device: str, budget_s: float = None, min_iters: int = 5, max_iters: int = 50) -> float:
+    """Median ms of single calls started from an idle GPU."""
+    budget_s = BUDGET_S if budget_s is None else budget_s
+    return statistics.median(_times(fn, device, budget_s, min_iters, max_iters))
 
 
 def _time_stream(fn, device: str, per_call_ms: float, budget_s: float = None) -> float:
@@ -157,38 +167,53 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
     packed_bytes = sm.hf.experts_weight_nbytes(holder)
     sm.unpatch_model(holder)
     dense_bytes = sm.hf.experts_weight_nbytes(holder)
+    # one holder per kind of weights: the dense one switches between the dense methods
+    holders = {}
+    for method in methods:
+        if method == "samoyeds":
+            holders[method] = copy.deepcopy(holder)
+            sm.patch_model(holders[method], fmt, progress=False)
+        else:
+            holders[method] = holder
+
+    def run(method, x):
+        if method != "samoyeds":
+            _set_impl(holder, method)
+        return holders[method](x)
+
     H = cfg.hidden_size
-    rows = []
-    for T in tokens:
-        gen = torch.Generator(device=device).manual_seed(seed + T)
-        x = torch.randn(1, T, H, device=device, generator=gen).to(dtype)
-        res = {"model": name, "T": T, "format": fmt, "expert_bytes_dense": dense_bytes,
-               "expert_bytes_samoyeds": packed_bytes, "methods": {}}
-        rows.append(res)
-    outs = {}
+    rows, outs = [], {}
     with torch.inference_mode():
-        for method in methods:
-            if method == "samoyeds":
-                sm.patch_model(holder, fmt, progress=False)
-            else:
-                if sm.hf.is_patched(holder):
-                    sm.unpatch_model(holder)
-                _set_impl(holder, method)
-            for res in rows:
-                T = res["T"]
-                gen = torch.Generator(device=device).manual_seed(seed + T)
-                x = torch.randn(1, T, H, device=device, generator=gen).to(dtype)
+        for T in tokens:
+            gen = torch.Generator(device=device).manual_seed(seed + T)
+            x = torch.randn(1, T, H, device=device, generator=gen).to(dtype)
+            res = {"model": name, "T": T, "format": fmt, "expert_bytes_dense": dense_bytes,
+                   "expert_bytes_samoyeds": packed_bytes, "methods": {}}
+            rows.append(res)
+            live = []
+            for method in methods:
                 try:
-                    y = holder(x)
-                    outs[(method, T)] = y.float().cpu()
-                    ms = _time(lambda: holder(x), device)
-                    ms_stream = _time_stream(lambda: holder(x), device, ms)
-                    peak = _peak(lambda: holder(x), device)
-                    res["methods"][method] = {"ms": ms, "ms_stream": ms_stream, "peak_mib": peak}
+                    outs[(method, T)] = run(method, x).float().cpu()
+                    live.append(method)
                 except Exception as exc:  # a method that cannot run this size is reported
                     res["methods"][method] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+            # the methods take turns, ROUNDS times: a drift of the machine's state
+            # (clocks, host load) reaches every method alike
+            lat = {m: [] for m in live}
+            stream = {m: [] for m in live}
+            for _ in range(ROUNDS):
+                for method in live:
+                    fn = lambda: run(method, x)  # noqa: E731
+                    lat[method] += _times(fn, device, BUDGET_S / ROUNDS)
+                    stream[method].append(_time_stream(fn, device, statistics.median(lat[method]),
+                                                       BUDGET_S / ROUNDS))
+            for method in live:
+                res["methods"][method] = {"ms": statistics.median(lat[method]),
+                                          "ms_stream": statistics.median(stream[method]),
+                                          "calls": len(lat[method]),
+                                          "peak_mib": _peak(lambda: run(method, x), device)}
+            if device == "cuda":
+                torch.cuda.empty_cache()
     for res in rows:
         T, m = res["T"], res["methods"]
         ref = outs.get(("grouped_mm", T), outs.get(("eager", T)))
@@ -199,7 +224,7 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
             if "ms" in m.get("samoyeds", {}) and "ms" in m.get(peer, {}):
                 m["samoyeds"][f"speedup_vs_{peer}"] = m[peer]["ms"] / m["samoyeds"]["ms"]
                 m["samoyeds"][f"speedup_stream_vs_{peer}"] = m[peer]["ms_stream"] / m["samoyeds"]["ms_stream"]
-    del holder, block
+    del holder, holders, block
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows

@@ -52,6 +52,18 @@ def main() -> None:
     # routing of more pairs than one CTA takes (counts, scan, rows in blocks)
     r = sm.route(torch.randint(0, 9, (3001, 2), generator=gen).cuda(), 8)
     sm.gather_weights(torch.rand(3001, 2, generator=gen).cuda(), r)
+    # the whole forward in one call (buffers carved from one workspace): decode-sized, empty,
+    # and large enough for the multi-block routing and the wgmma.sp kernel
+    for T in (5, 0, 2100):
+        K, E, H, I = 2, 6, 128, 136
+        gu = sm.pack(torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda(), "samoyeds-1:2:128",
+                     glu=True)
+        dn = sm.pack(torch.randn(E, H, I, generator=gen).to(torch.bfloat16).cuda(), "samoyeds-1:2:128")
+        x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+        idx = torch.randint(0, E + 1, (T, K), generator=gen).cuda()
+        sm.moe_forward(x, idx, torch.rand(T, K, generator=gen).cuda(), gu, dn, act="gptoss",
+                       gate_up_bias=torch.randn(E, 2 * I, generator=gen).cuda(),
+                       down_bias=torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda())
     torch.cuda.synchronize()
     print("sanitize cases done")
 
