@@ -44,8 +44,8 @@ def kernel_table(d: dict) -> str:
 
 
 def moe_table(d: dict) -> str:
-    rows = ["| model | T | eager | grouped_mm | samoyeds | vs grouped_mm | vs eager | peak MiB grouped_mm / samoyeds | expert weights |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| model | T | eager | grouped_mm | samoyeds | vs grouped_mm | vs eager | vs grouped_mm, back to back | peak MiB grouped_mm / samoyeds | expert weights |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in d["cases"]:
         m = c["methods"]
 
@@ -56,7 +56,7 @@ def moe_table(d: dict) -> str:
         wb = f"{c['expert_bytes_dense'] / 2**30:.2f} → {c['expert_bytes_samoyeds'] / 2**30:.2f} GiB"
         rows.append(f"| {c['model']} | {c['T']} | {ms('eager')} | {ms('grouped_mm')} | {ms('samoyeds')} | "
                     f"{_f(s.get('speedup_vs_grouped_mm'), '.2f')}x | {_f(s.get('speedup_vs_eager'), '.2f')}x | "
-                    f"{peak} | {wb} |")
+                    f"{_f(s.get('speedup_stream_vs_grouped_mm'), '.2f')}x | {peak} | {wb} |")
     return "\n".join(rows)
 
 
@@ -254,14 +254,17 @@ def headline(gpu: str) -> str:
     rows = ["| what | samoyeds vs peer | from |", "|---|---:|---|"]
     d, _ = _load(gpu, "moe.json")
     if d:
-        by_T = {}
-        for c in d["cases"]:
-            by_T.setdefault(c["T"], []).append(c["methods"].get("samoyeds", {}).get("speedup_vs_grouped_mm"))
-        big = max(by_T)
-        rows.append(f"| MoE layer vs transformers' grouped_mm, T = 4096 | {_range(by_T.get(4096, []), bold=True)} | {link('moe.json')} |")
-        rows.append(f"| MoE layer vs grouped_mm, T = {big} | {_range(by_T[big], bold=True)} | {link('moe.json')} |")
-        small = [x for T in by_T if T <= 16 for x in by_T[T]]
-        rows.append(f"| MoE layer vs grouped_mm, decode (T <= 16) | {_range(small, bold=True)} | {link('moe.json')} |")
+        for key, how in (("speedup_vs_grouped_mm", ""), ("speedup_stream_vs_grouped_mm", ", back to back")):
+            by_T = {}
+            for c in d["cases"]:
+                by_T.setdefault(c["T"], []).append(c["methods"].get("samoyeds", {}).get(key))
+            if not any(v for vs in by_T.values() for v in vs):
+                continue  # files from before the back-to-back timing
+            big = max(by_T)
+            rows.append(f"| MoE layer vs transformers' grouped_mm{how}, T = 4096 | {_range(by_T.get(4096, []), bold=True)} | {link('moe.json')} |")
+            rows.append(f"| MoE layer vs grouped_mm{how}, T = {big} | {_range(by_T[big], bold=True)} | {link('moe.json')} |")
+            small = [x for T in by_T if T <= 16 for x in by_T[T]]
+            rows.append(f"| MoE layer vs grouped_mm{how}, decode (T <= 16) | {_range(small, bold=True)} | {link('moe.json')} |")
         pk = [c["methods"]["grouped_mm"]["peak_mib"] / c["methods"]["samoyeds"]["peak_mib"] for c in d["cases"]
               if c["T"] >= 4096 and c["methods"].get("samoyeds", {}).get("peak_mib")
               and c["methods"].get("grouped_mm", {}).get("peak_mib")]
