@@ -729,22 +729,23 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
             cfg.stream = stream;
             cfg.attrs = attr;
             cfg.numAttrs = 1;
+            // clusters resident at once, asked once per device (devices 0-63 cached)
             static int clusters[64] = {};
             int dev = 0;
             SAM_CUDA_TRY(cudaGetDevice(&dev), "ssmm");
-            if (dev < 0 || dev >= 64 || clusters[dev] == 0) {
-                int n = 0;
+            const bool cached = dev >= 0 && dev < 64;
+            int fit = cached ? clusters[dev] : 0;
+            if (fit == 0) {
                 cfg.gridDim = dim3((unsigned)(C::CL * max(1, device_sm_count() / C::CL)));
-                SAM_CUDA_TRY(cudaOccupancyMaxActiveClusters(&n, ssmm_ws_kernel<T, C>, &cfg), "ssmm");
-                if (n < 1) {
+                SAM_CUDA_TRY(cudaOccupancyMaxActiveClusters(&fit, ssmm_ws_kernel<T, C>, &cfg), "ssmm");
+                if (fit < 1) {
                     set_error("ssmm: no cluster of %d CTAs of the warp-specialised kernel fits on this device", C::CL);
                     return SAM_STATUS_UNSUPPORTED;
                 }
-                if (dev >= 0 && dev < 64) clusters[dev] = n;
-                else clusters[0] = n;
+                if (cached) clusters[dev] = fit;
             }
             const int64_t pairs = ceil_div(grid, (int64_t)C::CL);
-            cfg.gridDim = dim3((unsigned)(C::CL * std::min<int64_t>(pairs, clusters[(dev >= 0 && dev < 64) ? dev : 0])));
+            cfg.gridDim = dim3((unsigned)(C::CL * std::min<int64_t>(pairs, fit)));
             SAM_CUDA_TRY(cudaLaunchKernelEx(&cfg, ssmm_ws_kernel<T, C>, k, maps), "ssmm");
         } else if constexpr (C::DYN) {
             // a counter of this launch alone (stream-ordered, so concurrent launches and

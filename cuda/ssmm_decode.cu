@@ -106,6 +106,22 @@ __device__ __forceinline__ int routed_expert(const DParams &p, int j, int lane) 
     return -1;
 }
 
+// The slice of the k-tiles kt0, kt0 + step, kt0 + 2 step, ... (kps k-tiles per slice)
+// without a division per k-tile: start() at kt0, then next() moves one k-tile on and
+// says whether its slice differs from the previous one's.
+struct SliceWalk {
+    int slice, rem;  // the current k-tile is slice * kps + rem
+    __device__ __forceinline__ void start(int kt, int kps) {
+        slice = kt / kps;
+        rem = kt - slice * kps;
+    }
+    __device__ __forceinline__ bool next(int step, int kps) {
+        const int before = slice;
+        for (rem += step; rem >= kps; rem -= kps) slice++;
+        return slice != before;
+    }
+};
+
 template <typename T, typename Cf>
 __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DParams p) {
     constexpr int M = Cf::M, MT = Cf::MT, NT = Cf::NT, W = Cf::W, ST = Cf::ST, BN = Cf::BN, ROWS = Cf::ROWS,
@@ -152,8 +168,9 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
     const int kt0 = Cf::IL ? warp : warp * KT / W;
     const int n_it = Cf::IL ? (warp < KT ? (KT - warp + W - 1) / W : 0) : (warp + 1) * KT / W - kt0;
     const int kt_end = kt0 + n_it * KSTEP;
-    // a k-tile whose slice differs from the warp's previous one selects rows anew
-    auto new_slice = [&](int kt) { return kt == kt0 || kt / p.kps != (kt - KSTEP) / p.kps; };
+    // a k-tile whose slice differs from the warp's previous one selects rows anew; the
+    // slices of the k-tiles copied (cp) and computed (mm) are walked without a division
+    SliceWalk cp_walk, mm_walk;
 
     // per-lane copy plan (fixed for the CTA)
     // A: lane copies chunk lane%4 of local rows 8i + lane/4, i < 2*MT
@@ -202,7 +219,8 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
             b_src[i] = t >= 0 ? x + (int64_t)t * p.ldx + bch * 8 : nullptr;
         }
 
-        auto issue = [&](int st, int kt) {
+        // k-tile kt into stage st; `fresh`: its slice differs from the previous copy's
+        auto issue = [&](int st, int kt, bool fresh) {
             const uint32_t base = wbase_u + st * Cf::STAGE;
             const int64_t ka = (int64_t)kt * 32;
 #pragma unroll
@@ -218,8 +236,8 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
                 cp_async16(base + Cf::B_OFF + Cf::b_off(brow + 4 * i, bch), ok ? b_src[i] + kt * 64 : x, ok);
             }
             if (m_load) cp_async16(base + Cf::META_OFF + mi * 128 + mc * 16, m_src + (int64_t)kt * 32, true);
-            if (M > 1 && i_load && new_slice(kt))
-                cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)(kt / p.kps) * p.rp, true);
+            if (M > 1 && i_load && fresh)
+                cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)cp_walk.slice * p.rp, true);
         };
 
         // perm[i][hh]: 4 bits per set a: which row of its group set a holds
@@ -240,9 +258,11 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
         };
 
         // ---- this warp's K range through its own pipeline
+        cp_walk.start(kt0, p.kps);
+        mm_walk.start(kt0, p.kps);
 #pragma unroll
         for (int s = 0; s < ST - 1; s++) {
-            if (s < n_it) issue(s, kt0 + s * KSTEP);
+            if (s < n_it) issue(s, kt0 + s * KSTEP, s == 0 || cp_walk.next(KSTEP, p.kps));
             cp_async_commit();
         }
         int rd = 0;
@@ -252,11 +272,11 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
             __syncwarp();  // every lane's copies of k-tile kt landed; the slot refilled below is free
             {
                 const int nk = kt + (ST - 1) * KSTEP;
-                if (nk < kt_end) issue(rd == 0 ? ST - 1 : rd - 1, nk);
+                if (nk < kt_end) issue(rd == 0 ? ST - 1 : rd - 1, nk, cp_walk.next(KSTEP, p.kps));
                 cp_async_commit();
             }
             const unsigned char *stage = wbase + rd * Cf::STAGE;
-            if (M > 1 && new_slice(kt)) select_rows(stage);
+            if (M > 1 && (kt == kt0 || mm_walk.next(KSTEP, p.kps))) select_rows(stage);
             const uint32_t sa = smem_u32(stage);
             const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(stage + Cf::META_OFF);
 #pragma unroll

@@ -262,12 +262,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             if (warp == 0) {  // work item n of this CTA into its slot, once its consumers are done with item n-NSLOT
                 if (n >= NSLOT) mbar_wait(tempty_bar(slot), ((n >> C::NSLOT_LOG2) - 1) & 1);
                 int e, rt, tt;
-                int64_t L = CL == 1 ? (int64_t)blockIdx.x + (int64_t)n * gridDim.x
-                                    : (int64_t)cluster_id() + (int64_t)n * cluster_count();
+                int64_t L;
                 if constexpr (C::DYN) {
                     unsigned long long w = 0;
                     if (lane == 0) w = atomicAdd(p.work, 1ull);
                     L = (int64_t)__shfl_sync(0xffffffffu, w, 0);
+                } else {
+                    L = CL == 1 ? (int64_t)blockIdx.x + (int64_t)n * gridDim.x
+                                : (int64_t)cluster_id() + (int64_t)n * cluster_count();
                 }
                 decode_tile<BN * CL>(p, L, total, lane, e, rt, tt);
                 if (lane == 0) {

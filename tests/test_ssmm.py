@@ -129,12 +129,21 @@ def _sm90() -> bool:
 def _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias):
     """wgmma.sp kernel `kernel` (SAMOYEDS_WGMMA_KERNEL) and the mma.sp kernel on the same
     fresh inputs (routing scales on): each within the oracle tolerance of _check_cuda,
-    and close to each other."""
+    and close to each other.  Kernel 4 on a 1:M:V format: the cooperative kernel's
+    result, bit for bit (its documented fallback)."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
     seed = torch.seed() % 2**31
     x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, act, glu, bias=bias, scale=True, seed=seed)
+    if kernel == "4" and fmt != "2:4":
+        # ping-pong consumers run 2:4 only; 1:M:V falls back to the cooperative kernel (2)
+        outs = []
+        for k in ("4", "2"):
+            monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", k)
+            outs.append(_check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="wgmma_sp"))
+        assert torch.equal(outs[0], outs[1]), "SAMOYEDS_WGMMA_KERNEL=4 on 1:M:V must run the cooperative kernel"
+        return
+    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
     a = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="wgmma_sp")
     m = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="mma_sp")
     n = int(r.offsets[-1])
