@@ -27,7 +27,8 @@ from common import environment, gpu_dir, measure_ceilings, time_graph, write_jso
 FMT = "samoyeds-1:2:128"
 CASES = [  # model, E, H, I, K, T values (all variants and the block), T values of the threshold sweep
     ("mixtral-8x7b", 8, 4096, 14336, 2, [1, 16], [32, 64, 128]),
-    ("qwen3-30b-a3b", 128, 2048, 768, 8, [1, 16], [8, 32]),
+    ("qwen3-30b-a3b", 128, 2048, 768, 8, [1, 16, 128], [8, 32, 64, 256, 512]),
+    ("olmoe", 64, 2048, 1024, 8, [1, 16, 128], [32, 64, 256]),
 ]
 
 
@@ -95,7 +96,7 @@ def main() -> None:
                 continue
             # the whole block: auto (decode for small S) vs the prefill kernels
             blk = {}
-            for impl in ["auto", "mma_sp"] + (["wgmma_sp"] if sm90 else []):
+            for impl in ["auto", "decode", "mma_sp"] + (["wgmma_sp"] if sm90 else []):
                 def fb(impl=impl):
                     moe_forward(x, topk, w, gu, dn, impl=impl)
                 blk[impl] = time_graph(fb, budget_s=0.2)["ms"]
