@@ -114,20 +114,25 @@ typedef struct sam_ssmm_params {
     /* output: out[S][ldo], R columns (R/2 with an activation) */
     void *out;
     int64_t ldo;
-    int impl;                /* 0: best for the device (the decode kernel when S <=
-                                sam_ssmm_decode_max_rows()); 1: mma.sp; 2: wgmma.sp
+    int impl;                /* 0: best for the device (the decode kernel when
+                                sam_ssmm_use_decode(p)); 1: mma.sp; 2: wgmma.sp
                                 (sm_90a); 3: decode (split-K, cuda/ssmm_decode.cu) */
 } sam_ssmm_params;
 
 sam_status sam_ssmm_cuda(const sam_ssmm_params *p, void *stream);
 
 /* The decode / small-T kernel (cuda/ssmm_decode.cu), called by sam_ssmm_cuda
- * after its format checks for impl 3, and for impl 0 when p->S is at most
- * sam_ssmm_decode_max_rows() (SAMOYEDS_DECODE_MAX_ROWS, default
- * SAM_DECODE_MAX_ROWS). */
-#define SAM_DECODE_MAX_ROWS 128 /* Qwen3-30B-A3B T=16 (S=128): decode 118 us vs 248 (docs/PERFORMANCE.md) */
+ * after its format checks for impl 3, and for impl 0 when sam_ssmm_use_decode(p):
+ * p->S at most sam_ssmm_decode_max_rows() (SAMOYEDS_DECODE_MAX_ROWS, default
+ * SAM_DECODE_MAX_ROWS), or at most sam_ssmm_decode_rows_per_expert() rows per
+ * expert on average (SAMOYEDS_DECODE_ROWS_PER_EXPERT, default
+ * SAM_DECODE_ROWS_PER_EXPERT).  Measurements: docs/PERFORMANCE.md. */
+#define SAM_DECODE_MAX_ROWS 128       /* Mixtral-8x7B: decode wins to S = 128, wgmma.sp from 256 */
+#define SAM_DECODE_ROWS_PER_EXPERT 8  /* Qwen3-30B-A3B S = 1024 (E = 128): block 183 us vs 299 */
 sam_status sam_ssmm_decode_cuda(const sam_ssmm_params *p, void *stream);
 int sam_ssmm_decode_max_rows(void);
+int sam_ssmm_decode_rows_per_expert(void);
+int sam_ssmm_use_decode(const sam_ssmm_params *p);
 
 /* ---- MoE routing and combine (cuda/moe.cu) -------------------------------- */
 

@@ -875,7 +875,7 @@ extern "C" sam_status sam_ssmm_cuda(const sam_ssmm_params *ps, void *stream) {
         return SAM_STATUS_UNSUPPORTED;
     }
     // decode / small-T: split-K kernel of cuda/ssmm_decode.cu (threshold: docs/PERFORMANCE.md)
-    if (ps->impl == 3 || (ps->impl == 0 && ps->S <= sam_ssmm_decode_max_rows()))
+    if (ps->impl == 3 || (ps->impl == 0 && sam_ssmm_use_decode(ps)))
         return sam_ssmm_decode_cuda(ps, stream);
     return sam::with_tc_dtype(ps->dtype, [&](auto t) { return sam::launch_m<decltype(t)>(ps, (cudaStream_t)stream); });
 }

@@ -457,6 +457,16 @@ extern "C" int sam_ssmm_decode_max_rows(void) {
     return sam::env_int("SAMOYEDS_DECODE_MAX_ROWS", SAM_DECODE_MAX_ROWS);
 }
 
+extern "C" int sam_ssmm_decode_rows_per_expert(void) {
+    return sam::env_int("SAMOYEDS_DECODE_ROWS_PER_EXPERT", SAM_DECODE_ROWS_PER_EXPERT);
+}
+
+// What impl 0 runs: the decode kernel while it reads each routed expert's weights in
+// one pass or close to it (few rows in all, or few per expert on average).
+extern "C" int sam_ssmm_use_decode(const sam_ssmm_params *p) {
+    return p->S <= sam_ssmm_decode_max_rows() || p->S <= (int64_t)sam_ssmm_decode_rows_per_expert() * p->d.E;
+}
+
 // The format/epilogue checks of sam_ssmm_cuda (n = 1, V % 64, glu <-> act,
 // C % 8) have run before this is called.
 extern "C" sam_status sam_ssmm_decode_cuda(const sam_ssmm_params *ps, void *stream) {

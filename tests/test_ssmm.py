@@ -283,6 +283,7 @@ def test_auto_picks_decode_for_small_s(fmt, monkeypatch):
     """auto runs the decode kernel when S <= SAMOYEDS_DECODE_MAX_ROWS (default 128):
     bit-identical to impl="decode", within tolerance of impl="mma_sp"."""
     monkeypatch.delenv("SAMOYEDS_DECODE_MAX_ROWS", raising=False)
+    monkeypatch.delenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", raising=False)
     seed = torch.seed() % 2**31
     x, p, r, b, sc = _gpu_case((16, 2, 8, 256, 1024, "uniform"), fmt, torch.bfloat16, "none", False,
                                bias=False, scale=True, seed=seed)
@@ -293,7 +294,29 @@ def test_auto_picks_decode_for_small_s(fmt, monkeypatch):
     n = int(r.offsets[-1])
     assert torch.equal(auto[:n], dec[:n])
     assert rel_err(auto[:n], mma[:n].double()) < 1e-2
-    # the threshold is an environment override: 0 sends auto to the prefill kernels
+    # the thresholds are environment overrides: 0 and 0 send auto to the prefill kernels
     monkeypatch.setenv("SAMOYEDS_DECODE_MAX_ROWS", "0")
+    monkeypatch.setenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", "0")
     pre = _check_cuda(x, p, r, b, sc, "none", torch.bfloat16, impl="auto")
+    assert rel_err(pre[:n], dec[:n].double()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
+def test_auto_picks_decode_for_few_rows_per_expert(act, glu, monkeypatch):
+    """Above SAMOYEDS_DECODE_MAX_ROWS, auto still runs the decode kernel while the rows
+    average at most SAMOYEDS_DECODE_ROWS_PER_EXPERT (default 8) per expert: here
+    S = 40 x 4 = 160 rows over E = 64 experts."""
+    monkeypatch.delenv("SAMOYEDS_DECODE_MAX_ROWS", raising=False)
+    monkeypatch.delenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", raising=False)
+    seed = torch.seed() % 2**31
+    x, p, r, b, sc = _gpu_case((40, 4, 64, 256, 512, "skewed"), "samoyeds-1:2:128", torch.bfloat16, act, glu,
+                               bias=glu, scale=True, seed=seed)
+    assert 128 < r.token_ids.shape[0] <= 8 * 64
+    auto = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="auto")
+    dec = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="decode")
+    n = int(r.offsets[-1])
+    assert torch.equal(auto[:n], dec[:n])
+    monkeypatch.setenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", "2")  # 160 > 2 x 64: the prefill kernels
+    pre = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="auto")
     assert rel_err(pre[:n], dec[:n].double()) < 1e-2
