@@ -7,7 +7,7 @@ and, as ms_stream, the mean of calls enqueued back to back (one block's share of
 a model's forward, where launches overlap the previous block's GPU work); peak
 GPU memory of one forward is reported per method next to the expert-weight bytes.
 
-  python benchmarks/bench_moe.py [--models a,b] [--tokens 1,16,256,4096,16384] [--format samoyeds-1:2:128]
+  python benchmarks/bench_moe.py [--models a,b] [--tokens 1,16,64,256,4096,16384] [--format samoyeds-1:2:128]
                                  [--out DIR] [--tiny --device cpu]   (a CPU smoke run)
 """
 from __future__ import annotations
@@ -262,7 +262,7 @@ def bench_rounding(name: str, tokens, fmt: str, device: str, dtype, tiny: bool, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b,olmoe,deepseek-v2-lite,gpt-oss-20b")
-    ap.add_argument("--tokens", default="1,16,256,4096,16384")
+    ap.add_argument("--tokens", default="1,16,64,256,4096,16384")
     ap.add_argument("--methods", default="eager,grouped_mm,samoyeds")
     ap.add_argument("--format", default="samoyeds-1:2:128")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
