@@ -1,11 +1,14 @@
 """MoE layer benchmark: transformers' own MoE blocks (router, experts, shared
 experts) at real model sizes, run with the "eager" and "grouped_mm" experts
 implementations and with samoyeds (patch_model), on the same inputs and the
-same (masked) weights.  Times are medians of CUDA-event timings of whole block
-forwards started from an idle GPU (launches included: the latency of one block),
-and, as ms_stream, the mean of calls enqueued back to back (one block's share of
-a model's forward, where launches overlap the previous block's GPU work); peak
-GPU memory of one forward is reported per method next to the expert-weight bytes.
+same (masked) weights.  Three CUDA-event timings of whole block forwards: ms, the
+median of calls started from an idle GPU (the latency of one block, the host's
+enqueue time included); ms_stream, the mean of calls enqueued back to back (one
+block's share of a model's forward, where launches overlap the previous block's GPU
+work); ms_gpu, the median of calls enqueued while a spin kernel keeps the GPU busy
+(the block's kernels back to back without waiting for the host: what a CUDA-graph
+replay sees).  The methods take turns in ROUNDS rounds per case.  Peak GPU memory of
+one forward is reported per method next to the expert-weight bytes.
 
   python benchmarks/bench_moe.py [--models a,b] [--tokens 1,16,64,256,4096,16384] [--format samoyeds-1:2:128]
                                  [--out DIR] [--tiny --device cpu]   (a CPU smoke run)
@@ -142,6 +145,49 @@ def _time_stream(fn, device: str, per_call_ms: float, budget_s: float = None) ->
     return a.elapsed_time(b) / n
 
 
+_CYCLES_PER_MS = None
+
+
+def _spin_cycles_per_ms() -> float:
+    """Clock cycles per ms of torch.cuda._sleep on this GPU (measured once)."""
+    global _CYCLES_PER_MS
+    if _CYCLES_PER_MS is None:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # clocks up
+        a.record()
+        torch.cuda._sleep(10_000_000)
+        b.record()
+        b.synchronize()
+        _CYCLES_PER_MS = 1e7 / a.elapsed_time(b)
+    return _CYCLES_PER_MS
+
+
+def _times_gpu(fn, device: str, budget_s: float, min_iters: int = 2, max_iters: int = 50) -> list:
+    """ms of the GPU's work of single calls, each enqueued while a spin kernel keeps the GPU
+    busy for twice the host's enqueue time: the events around the call then time the block's
+    kernels back to back, without the wait for the host (what a CUDA-graph replay, or a host
+    running ahead of the GPU, sees).  Empty on the CPU."""
+    if device != "cuda" or not hasattr(torch.cuda, "_sleep"):
+        return []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    cycles = int((2 * host_ms + 0.2) * _spin_cycles_per_ms())
+    times = []
+    t_end = time.perf_counter() + budget_s
+    while len(times) < min_iters or (len(times) < max_iters and time.perf_counter() < t_end):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return times
+
+
 def _peak(fn, device: str) -> float:
     if device != "cuda":
         return float("nan")
@@ -201,15 +247,19 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
             # (clocks, host load) reaches every method alike
             lat = {m: [] for m in live}
             stream = {m: [] for m in live}
+            gpu = {m: [] for m in live}
             for _ in range(ROUNDS):
                 for method in live:
                     fn = lambda: run(method, x)  # noqa: E731
                     lat[method] += _times(fn, device, BUDGET_S / ROUNDS)
                     stream[method].append(_time_stream(fn, device, statistics.median(lat[method]),
                                                        BUDGET_S / ROUNDS))
+                    if method != "eager":  # (eager's expert loop waits for the GPU: no host ahead)
+                        gpu[method] += _times_gpu(fn, device, BUDGET_S / ROUNDS)
             for method in live:
                 res["methods"][method] = {"ms": statistics.median(lat[method]),
                                           "ms_stream": statistics.median(stream[method]),
+                                          "ms_gpu": statistics.median(gpu[method]) if gpu[method] else None,
                                           "calls": len(lat[method]),
                                           "peak_mib": _peak(lambda: run(method, x), device)}
             if device == "cuda":
@@ -224,6 +274,8 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
             if "ms" in m.get("samoyeds", {}) and "ms" in m.get(peer, {}):
                 m["samoyeds"][f"speedup_vs_{peer}"] = m[peer]["ms"] / m["samoyeds"]["ms"]
                 m["samoyeds"][f"speedup_stream_vs_{peer}"] = m[peer]["ms_stream"] / m["samoyeds"]["ms_stream"]
+                if m[peer]["ms_gpu"] and m["samoyeds"]["ms_gpu"]:
+                    m["samoyeds"][f"speedup_gpu_vs_{peer}"] = m[peer]["ms_gpu"] / m["samoyeds"]["ms_gpu"]
     del holder, holders, block
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -291,7 +343,7 @@ def main() -> None:
     if path:
         write_json(path, {"env": environment(), "cases": rows, "token_rounding": rounding})
     print("\nmodel              T    " + "".join(f"{m:>12} ms" for m in methods) +
-          "  sam/grp  sam/eager  sam/grp back-to-back   peak MiB (" + "/".join(methods) + ")   rel err")
+          "  sam/grp  sam/eager  sam/grp back-to-back  sam/grp GPU time   peak MiB (" + "/".join(methods) + ")   rel err")
     for r in rows:
         _print_row(r, methods)
 
@@ -303,6 +355,7 @@ def _print_row(r, methods) -> None:
     peaks = "/".join(f"{m[k].get('peak_mib', float('nan')):.0f}" for k in methods if k in m)
     print(f"{r['model']:<16}{r['T']:>6}{cells}  {s.get('speedup_vs_grouped_mm', float('nan')):7.2f}"
           f"  {s.get('speedup_vs_eager', float('nan')):8.2f}  {s.get('speedup_stream_vs_grouped_mm', float('nan')):20.2f}"
+          f"  {s.get('speedup_gpu_vs_grouped_mm', float('nan')):16.2f}"
           f"   {peaks:>18}   {r.get('rel_err_vs_dense_masked', float('nan')):.1e}",
           flush=True)
 

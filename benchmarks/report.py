@@ -44,8 +44,9 @@ def kernel_table(d: dict) -> str:
 
 
 def moe_table(d: dict) -> str:
-    rows = ["| model | T | eager | grouped_mm | samoyeds | vs grouped_mm | vs eager | vs grouped_mm, back to back | peak MiB grouped_mm / samoyeds | expert weights |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| model | T | eager | grouped_mm | samoyeds | vs grouped_mm | vs eager | vs grouped_mm, back to back | "
+            "vs grouped_mm, GPU time | peak MiB grouped_mm / samoyeds | expert weights |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in d["cases"]:
         m = c["methods"]
 
@@ -56,7 +57,8 @@ def moe_table(d: dict) -> str:
         wb = f"{c['expert_bytes_dense'] / 2**30:.2f} → {c['expert_bytes_samoyeds'] / 2**30:.2f} GiB"
         rows.append(f"| {c['model']} | {c['T']} | {ms('eager')} | {ms('grouped_mm')} | {ms('samoyeds')} | "
                     f"{_f(s.get('speedup_vs_grouped_mm'), '.2f')}x | {_f(s.get('speedup_vs_eager'), '.2f')}x | "
-                    f"{_f(s.get('speedup_stream_vs_grouped_mm'), '.2f')}x | {peak} | {wb} |")
+                    f"{_f(s.get('speedup_stream_vs_grouped_mm'), '.2f')}x | {_f(s.get('speedup_gpu_vs_grouped_mm'), '.2f')}x | "
+                    f"{peak} | {wb} |")
     return "\n".join(rows)
 
 
@@ -255,7 +257,8 @@ def headline(gpu: str) -> str:
     rows = ["| what | samoyeds vs peer | from |", "|---|---:|---|"]
     d, _ = _load(gpu, "moe.json")
     if d:
-        for key, how in (("speedup_vs_grouped_mm", ""), ("speedup_stream_vs_grouped_mm", ", back to back")):
+        for key, how in (("speedup_vs_grouped_mm", ""), ("speedup_stream_vs_grouped_mm", ", back to back"),
+                         ("speedup_gpu_vs_grouped_mm", ", GPU time")):
             by_T = {}
             for c in d["cases"]:
                 by_T.setdefault(c["T"], []).append(c["methods"].get("samoyeds", {}).get(key))
