@@ -1,6 +1,6 @@
 """The decode / small-T ssmm kernel (cuda/ssmm_decode.cu) against the prefill kernels
 on the same inputs and routed token sets, and against a device copy measured in the
-same run.
+same run; the threshold sweep with uniform and with skewed routing.
 
 For every (model, projection, T): the routed experts' packed bytes (values + meta +
 idx of each expert that gets at least one token) / the kernel time = achieved weight
@@ -30,6 +30,19 @@ CASES = [  # model, E, H, I, K, T values (all variants and the block), T values 
     ("qwen3-30b-a3b", 128, 2048, 768, 8, [1, 16, 128], [8, 32, 64, 256, 512]),
     ("olmoe", 64, 2048, 1024, 8, [1, 16, 128], [32, 64, 256]),
 ]
+# the threshold sweep again with skewed routing: expert e drawn with weight (e + 1) ** -SKEW
+# (Gumbel top-k): the busiest expert gets 3-4x the mean rows (uniform routing: ~2x)
+SKEW = 0.4
+SKEWED = [("qwen3-30b-a3b", 128, 2048, 768, 8, [64, 128, 256]), ("olmoe", 64, 2048, 1024, 8, [64, 128, 256])]
+
+
+def route_top_k(T: int, E: int, K: int, skew: float, dev: str) -> torch.Tensor:
+    """[T, K] expert ids: uniform (skew 0) or with expert e weighted (e + 1) ** -skew."""
+    scores = torch.rand(T, E, device=dev)
+    if skew:
+        gumbel = -torch.log(-torch.log(scores.clamp_min(1e-20)))
+        scores = gumbel - skew * torch.log(torch.arange(1, E + 1, device=dev, dtype=torch.float32))
+    return scores.topk(K, dim=1).indices
 
 
 def packed_bytes(p: sm.PackedWeight, experts: torch.Tensor) -> int:
@@ -55,14 +68,15 @@ def main() -> None:
     variants = [int(v) for v in args.variants.split(",") if v != ""]
     sm90 = torch.cuda.get_device_capability() == (9, 0)
     rows = []
+    skewed = {m: ts for m, *_, ts in SKEWED}
     for model, E, H, I, K, Ts, sweep in CASES:
         gu = sm.pack((torch.randn(E, 2 * I, H, device=dev) * H ** -0.5).to(dt), FMT, glu=True)
         dn = sm.pack((torch.randn(E, H, I, device=dev) * I ** -0.5).to(dt), FMT)
         torch.cuda.empty_cache()
-        for T in Ts + sweep:
-            full = T in Ts
+        for T, skew in [(t, 0.0) for t in Ts + sweep] + [(t, SKEW) for t in skewed.get(model, [])]:
+            full = T in Ts and not skew
             x = torch.randn(T, H, device=dev, dtype=dt)
-            topk = torch.rand(T, E, device=dev).topk(K, dim=1).indices
+            topk = route_top_k(T, E, K, skew, dev)
             w = torch.softmax(torch.randn(T, K, device=dev), dim=1)
             r = sm.route(topk, E)
             sc = sm.gather_weights(w, r)
@@ -84,12 +98,14 @@ def main() -> None:
                         sm.ssmm(inp, p, r.offsets, ids, out=out, act=act, scale=scale, impl=impl, check=False)
                     res[name] = time_graph(fn, budget_s=0.2)["ms"]
                     os.environ.pop("SAMOYEDS_DECODE_VARIANT", None)
+                counts = torch.bincount(topk.reshape(-1), minlength=E)
                 row = dict(model=model, proj=proj, T=T, K=K, E=E, S=T * K, routed_experts=int(used.numel()),
-                           bytes=nbytes, ms=res, decode_ms=res["decode"],
+                           skew=skew, max_rows=int(counts.max()), bytes=nbytes, ms=res, decode_ms=res["decode"],
                            decode_tb_s=nbytes / (res["decode"] * 1e-3) / 1e12)
                 row["frac_of_copy"] = row["decode_tb_s"] / copy
                 rows.append(row)
-                print(f"{model:14s} {proj:7s} T={T:3d} S={T * K:4d} routed={row['routed_experts']:3d} "
+                print(f"{model:14s} {proj:7s} T={T:3d}{' skewed' if skew else ''} S={T * K:4d} "
+                      f"routed={row['routed_experts']:3d} max rows={row['max_rows']:3d} "
                       f"{nbytes / 1e6:7.1f} MB  " + "  ".join(f"{k} {v * 1e3:7.1f}us" for k, v in res.items())
                       + f"  -> {row['decode_tb_s']:.2f} TB/s ({100 * row['frac_of_copy']:.0f} % of copy)")
             if not full:
