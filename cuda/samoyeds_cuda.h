@@ -128,7 +128,7 @@ sam_status sam_ssmm_cuda(const sam_ssmm_params *p, void *stream);
  * expert on average (SAMOYEDS_DECODE_ROWS_PER_EXPERT, default
  * SAM_DECODE_ROWS_PER_EXPERT).  Measurements: docs/PERFORMANCE.md. */
 #define SAM_DECODE_MAX_ROWS 128       /* Mixtral-8x7B: decode wins to S = 128, wgmma.sp from 256 */
-#define SAM_DECODE_ROWS_PER_EXPERT 8  /* Qwen3-30B-A3B S = 1024 (E = 128): block 177 us vs 295 */
+#define SAM_DECODE_ROWS_PER_EXPERT 16 /* Qwen3-30B-A3B/OLMoE at 16 per expert, skewed routing: 1.27x/1.16x */
 sam_status sam_ssmm_decode_cuda(const sam_ssmm_params *p, void *stream);
 int sam_ssmm_decode_max_rows(void);
 int sam_ssmm_decode_rows_per_expert(void);

@@ -41,7 +41,7 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
         scale: ``[S]`` float32 multiplied after it (e.g. routing weights).
         impl: GPU kernel: ``"auto"`` (``"decode"`` when ``S`` is at most
            ``SAMOYEDS_DECODE_MAX_ROWS``, default 128, or at most
-           ``SAMOYEDS_DECODE_ROWS_PER_EXPERT`` (default 8) times ``E``; else ``wgmma.sp`` on sm_90 for
+           ``SAMOYEDS_DECODE_ROWS_PER_EXPERT`` (default 16) times ``E``; else ``wgmma.sp`` on sm_90 for
            2:4 and 1:2:v with v a multiple of 128, else ``mma.sp``), ``"mma_sp"``,
            ``"wgmma_sp"`` or ``"decode"`` (split-K over the routed experts' weights for
            a few tokens per expert: every SM streams part of them; any S works,
