@@ -120,3 +120,30 @@ def test_run_all(tmp_path):
     assert (tmp_path / "sweep.json").exists() and (tmp_path / "sweep.log").exists()
     p = _run([os.path.join(BENCH, "run_all.py"), "--only", "nope", "--out", str(tmp_path)])
     assert p.returncode != 0 and "unknown steps" in p.stderr
+
+
+def test_moe_bench_times_every_method_in_turns(monkeypatch):
+    """bench_moe on the CPU (toy shapes): every method timed in each of the ROUNDS turns,
+    the three timings recorded (GPU time only on CUDA), the ratios from the medians, and
+    the report's tables built from the result."""
+    import bench_moe
+    import report
+
+    monkeypatch.setattr(bench_moe, "BUDGET_S", 0.01)
+    rows = bench_moe.bench_model("olmoe", [1, 5], "samoyeds-1:2:128", ["grouped_mm", "samoyeds"], "cpu",
+                                 torch.float32, tiny=True, seed=0)
+    assert [r["T"] for r in rows] == [1, 5]
+    for r in rows:
+        g, s = r["methods"]["grouped_mm"], r["methods"]["samoyeds"]
+        for m in (g, s):
+            assert m["ms"] > 0 and m["ms_stream"] > 0 and m["ms_gpu"] is None
+            assert m["calls"] >= 2 * bench_moe.ROUNDS  # at least two timed calls per turn
+        assert s["speedup_vs_grouped_mm"] == pytest.approx(g["ms"] / s["ms"])
+        assert s["speedup_stream_vs_grouped_mm"] == pytest.approx(g["ms_stream"] / s["ms_stream"])
+        assert "speedup_gpu_vs_grouped_mm" not in s
+        assert r["rel_err_vs_dense_masked"] < 1e-4  # fp32 on the CPU: the same masked weights
+    table = report.moe_table({"cases": rows})
+    assert table.count("\n") == 1 + len(rows)
+    first = table.split("\n")[2]
+    assert f"| {rows[0]['methods']['samoyeds']['speedup_vs_grouped_mm']:.2f}x |" in first
+    assert "| -x |" in first  # no GPU time on the CPU: shown as missing, not as a number
