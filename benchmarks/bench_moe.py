@@ -94,9 +94,9 @@ BUDGET_S = 0.4  # seconds of timed calls per case (--tiny: 0.02)
 ROUNDS = 5    # the methods' timings interleave in this many rounds per case
 
 
-def _times(fn, device: str, budget_s: float, min_iters: int = 2, max_iters: int = 50) -> list:
-    """ms of single calls, each started from an idle GPU (after two warm-up calls)."""
-    for _ in range(2):
+def _times(fn, device: str, budget_s: float, min_iters: int = 2, max_iters: int = 50, warmup: int = 2) -> list:
+    """ms of single calls, each started from an idle GPU (after `warmup` untimed calls)."""
+    for _ in range(warmup):
         fn()
     if device == "cuda":
         torch.cuda.synchronize()
@@ -248,10 +248,11 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
             lat = {m: [] for m in live}
             stream = {m: [] for m in live}
             gpu = {m: [] for m in live}
-            for _ in range(ROUNDS):
+            for rnd in range(ROUNDS):
                 for method in live:
                     fn = lambda: run(method, x)  # noqa: E731
-                    lat[method] += _times(fn, device, BUDGET_S / ROUNDS)
+                    # (warm-up calls in the first round only: later rounds follow timed calls)
+                    lat[method] += _times(fn, device, BUDGET_S / ROUNDS, warmup=2 if rnd == 0 else 0)
                     stream[method].append(_time_stream(fn, device, statistics.median(lat[method]),
                                                        BUDGET_S / ROUNDS))
                     if method != "eager":  # (eager's expert loop waits for the GPU: no host ahead)

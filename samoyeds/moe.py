@@ -50,8 +50,8 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
     n, m, v = gate_up.fmt.c_args()
     if down.fmt != gate_up.fmt:
         raise ValueError(f"down: expected the format of gate_up ({gate_up.fmt.name}), got {down.fmt.name}")
-    if act not in ("swiglu", "gptoss"):
-        raise ValueError(f"act: expected one of ['gptoss', 'swiglu'], got {act!r}")
+    if not ACTS.get(act):  # the gated activations (not "none")
+        raise ValueError(f"act: expected one of {sorted(k for k, v in ACTS.items() if v)}, got {act!r}")
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {sorted(IMPLS)}, got {impl!r}")
     return forward_arrays(x, top_k_index, top_k_weights, gate_up.values, gate_up.meta, gate_up.idx,

@@ -155,6 +155,16 @@ def test_fused_equals_composed_ops_cuda(fmt, T, impl):
     assert torch.equal(got, want)
 
 
+def test_silu_names_swiglu():
+    """"silu" is ssmm's other name of the SwiGLU epilogue, and moe_forward takes it too."""
+    gen = torch.Generator().manual_seed(5)
+    gu, dn = _layer(4, 64, 64, torch.float32, gen, "2:4")
+    x, idx, w = torch.randn(9, 64, generator=gen), random_topk(9, 2, 4, "uniform", gen), torch.rand(9, 2, generator=gen)
+    assert torch.equal(moe_forward(x, idx, w, gu, dn, act="silu"), moe_forward(x, idx, w, gu, dn, act="swiglu"))
+    with pytest.raises(ValueError, match=r"^act: expected one of \['gptoss', 'silu', 'swiglu'\], got 'none'"):
+        moe_forward(x, idx, w, gu, dn, act="none")
+
+
 def test_top_level_export():
     import samoyeds.moe
 
