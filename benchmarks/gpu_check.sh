@@ -4,7 +4,7 @@
 # results JSON go to $OUT (or ./gpu_out).
 #   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
 #                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [test-ssmm] [accuracy]
-#                                [smoke-gpu] [demo] [profile] ...
+#                                [smoke-gpu] [demo] [profile] [test-k: PYTEST_K=expr] ...
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -36,6 +36,7 @@ for step in $steps; do
     test) run test_gpu 25 $PY -m pytest tests -x -q -m gpu -p no:cacheprovider ;;
     test-ssmm) run test_ssmm 25 $PY -m pytest tests/test_ssmm.py -x -q -m gpu -p no:cacheprovider ;;
     test-all) run test_all 25 $PY -m pytest tests -q -p no:cacheprovider ;;
+    test-k) run test_k 25 $PY -m pytest tests -x -q -m gpu -p no:cacheprovider -k "${PYTEST_K:?set PYTEST_K}" ;;
     sanitize)
       for tool in memcheck racecheck; do
         timeout "${STEP_TIMEOUT:-0}" compute-sanitizer --tool $tool --error-exitcode 9 $PY benchmarks/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1

@@ -8,6 +8,11 @@ same (gathered) tokens as the dense reference.  One expert holding all S tokens
 (the kernel's steady state) and whole MoE projections.  Each kernel's output is
 compared with the mma.sp kernel's (relative Frobenius difference).
 
+The gate_up cases read x by token index; the down cases read it without a row map
+(token_ids None), as a MoE layer's down projection reads its intermediate rows, which
+the warp-specialised kernel loads as TMA boxes; wgmma_ws_gather is the same kernel with
+the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).
+
   python benchmarks/ssmm_kernels.py [--S 8192] [--out DIR]
 """
 import argparse
@@ -22,7 +27,8 @@ from common import environment, time_graph, write_json  # noqa: E402
 
 KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1tile", "wgmma_sp", "3"),
            ("wgmma_ws", "wgmma_sp", "2"), ("wgmma_ws_pingpong", "wgmma_sp", "4"),
-           ("wgmma_ws_cluster", "wgmma_sp", "5"), ("wgmma_ws_dynamic", "wgmma_sp", "6")]
+           ("wgmma_ws_cluster", "wgmma_sp", "5"), ("wgmma_ws_dynamic", "wgmma_sp", "6"),
+           ("wgmma_ws_gather", "wgmma_sp", "2")]
 
 
 def kernels(fmt):
@@ -40,18 +46,22 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
         T = S // top_k
         idx = torch.rand(T, E, generator=gen, device="cuda").topk(top_k, -1).indices
         r = sm.route(idx, E)
-        x = torch.randn(T, C, generator=gen, device="cuda", dtype=torch.bfloat16)
         offs, tok = r.offsets, r.token_ids
     else:
-        x = torch.randn(S, C, generator=gen, device="cuda", dtype=torch.bfloat16)
         offs = torch.tensor([0, S], dtype=torch.int32, device="cuda")
         tok = torch.arange(S, device="cuda", dtype=torch.int32)
+    if glu:
+        x = torch.randn(S // top_k if routed else S, C, generator=gen, device="cuda", dtype=torch.bfloat16)
+    else:  # down: the intermediate rows, in expert order
+        x = torch.randn(S, C, generator=gen, device="cuda", dtype=torch.bfloat16)
+        tok = None
     cols = R // 2 if glu else R
     row = {"case": name, "E": E, "R": R, "C": C, "S": S, "fmt": fmt, "act": act}
     ref = None
     for kname, impl, env in kernels(fmt):
         if env is not None:
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = env
+        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname == "wgmma_ws_gather" else "1"
         out = torch.full((S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)
         sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl)
         torch.cuda.synchronize()
@@ -62,9 +72,10 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
             row[f"{kname}_err"] = float((out.float() - ref).norm() / ref.norm())
         row[f"{kname}_ms"] = time_graph(lambda: sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl))["ms"]
     os.environ.pop("SAMOYEDS_WGMMA_KERNEL", None)
+    os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA", None)
     # cuBLAS: every expert's tokens gathered, dense masked weights (no activation)
     counts = (offs[1:] - offs[:-1]).tolist()
-    xs = x[tok.long()]
+    xs = x[tok.long()] if tok is not None else x
     chunks = []
     s0 = 0
     for e, n in enumerate(counts):
@@ -110,6 +121,7 @@ def main():
                 f" err {row['wgmma_ws_cluster_err']:.1e})"
                 + f"  dynamic {row['wgmma_ws_dynamic_ms']:.3f} ms ({row['wgmma_ws_ms'] / row['wgmma_ws_dynamic_ms']:.2f}x,"
                 f" err {row['wgmma_ws_dynamic_err']:.1e})"
+                + f"  gather {row['wgmma_ws_gather_ms']:.3f} ms (TMA rows {row['wgmma_ws_gather_ms'] / row['wgmma_ws_ms']:.2f}x)"
                 + f"  err wgmma {row['wgmma_err']:.1e} ws {row['wgmma_ws_err']:.1e}", flush=True)
     if a.out:
         write_json(os.path.join(a.out, "ssmm_kernels.json"), {"environment": environment(), "rows": rows})

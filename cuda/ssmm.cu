@@ -93,6 +93,7 @@ struct KParams : SsmmArgs {
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
+    int b_tma;                  // warp-specialised kernel: token rows by TMA (WsMaps::b), see ws_tensor_maps
 };
 
 
@@ -686,6 +687,25 @@ template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps,
     return true;
 }
 
+// The token rows by TMA as well (WsMaps::b) where x is read without a row map (token_ids
+// null: an expert's rows are contiguous, as the down projection's intermediate rows are)
+// and its rows are 16-byte aligned.  False (the cp.async gather) where it cannot be, or
+// where the encoder refuses the map.
+template <typename T, typename C> bool ws_tokens_map(const sam_ssmm_params *ps, WsMaps &m) {
+    if (ps->token_ids != nullptr || (uintptr_t)ps->x % 16 != 0 || (ps->ldx * (int64_t)sizeof(T)) % 16 != 0 ||
+        ps->S >= INT32_MAX || ps->T >= INT32_MAX || ps->T == 0)
+        return false;
+    TensorMapEncodeFn enc = tensor_map_encoder();
+    const cuuint32_t one[2] = {1, 1};
+    const CUtensorMapDataType vt =
+        std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    const cuuint64_t dim[2] = {(cuuint64_t)ps->d.C, (cuuint64_t)ps->T}, stride[1] = {(cuuint64_t)ps->ldx * sizeof(T)};
+    const cuuint32_t box[2] = {(cuuint32_t)C::BK, (cuuint32_t)C::BN};
+    return enc(&m.b, vt, 2, const_cast<void *>(ps->x), dim, stride, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // max_ctas > 0 (warp-specialised kernel only): a persistent grid of at most that
 // many CTAs, each walking the work items blockIdx.x, blockIdx.x + gridDim.x, ...
 template <typename T, typename C, int KIND = K_MMA_SP>
@@ -707,11 +727,21 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
     }
     k.meta_remap = wgmma_meta_remap();
     k.work = nullptr;
+    k.b_tma = 0;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;
         if (!ws_tensor_maps<T, C>(ps, maps)) {
             set_error("ssmm: cuTensorMapEncodeTiled refused the packed weights (E=%lld, rp=%lld, cp=%lld)",
                       (long long)ps->d.E, (long long)ps->d.rp, (long long)ps->d.cp);
+            return SAM_STATUS_UNSUPPORTED;
+        }
+        // SAMOYEDS_WGMMA_TOKENS_TMA: 1 (default) where it can, 0 never (the gather, for
+        // comparisons), 2 required (an error where it cannot)
+        const int want_b_tma = env_int("SAMOYEDS_WGMMA_TOKENS_TMA", 1);
+        k.b_tma = want_b_tma != 0 && ws_tokens_map<T, C>(ps, maps) ? 1 : 0;
+        if (want_b_tma == 2 && !k.b_tma) {
+            set_error("ssmm: SAMOYEDS_WGMMA_TOKENS_TMA=2, but the token rows cannot be read by TMA (they need "
+                      "token_ids None, x and its row stride 16-byte aligned, fewer than 2**31 rows)");
             return SAM_STATUS_UNSUPPORTED;
         }
         SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_ws_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),

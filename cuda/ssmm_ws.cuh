@@ -55,8 +55,11 @@
 // as [E][rp][cp/2] elements, boxes of BMT rows x 32 values (64 bytes, 64-byte
 // swizzle: the K-major layout wgmma reads through smem_desc_sw64), and the metadata as
 // [E][rp/16][cp/2] words, boxes of BMT/16 row tiles x (KS x 16) words.
+// With KParams::b_tma set, also the token rows x as [T][C] elements, boxes of BN rows x
+// 64 columns (128 bytes, 128-byte swizzle: the layout wgmma reads through smem_desc_sw128),
+// for an identity row map (token_ids null: the rows of an expert are contiguous in x).
 struct WsMaps {
-    CUtensorMap a, meta;
+    CUtensorMap a, meta, b;
 };
 
 #ifdef SAM_HAS_WGMMA
@@ -88,6 +91,14 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 // landed; .noinc: the arrival is one of the counted ones.
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// 2-d TMA tile load global -> shared, completing on `bar` by its byte count.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
 }
 // 3-d TMA tile load global -> shared, completing on `bar` by its byte count.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
@@ -222,9 +233,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     const uint32_t rank = CL == 1 ? 0u : cluster_rank();
     const int KT = (int)(p.cp / BK);  // even: columns are padded to 128
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
+    // b_tma: the token rows of a k-tile come as one TMA box, so only the threads that
+    // load row-selection indices (M > 1) arrive on `full` besides the TMA thread
+    const bool b_tma = p.b_tma != 0;
+    constexpr int IDX_THREADS = M > 1 ? BMT / 16 : 0;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            mbar_init(full_bar(s), PT + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
+            // 128 cp.async arrivals (b_tma: the index loaders') + the TMA thread's expect_tx
+            mbar_init(full_bar(s), (b_tma ? IDX_THREADS : PT) + 1);
             // the item's consumer threads; clusters: the consumer warps of both CTAs
             mbar_init(empty_bar(s), CL == 1 ? C::CPI * 128 : CL * 8);
         }
@@ -235,6 +251,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         tma_prefetch_map(&tm.a);
         tma_prefetch_map(&tm.meta);
+        if (b_tma) tma_prefetch_map(&tm.b);
     }
     if (CL == 1) __syncthreads();
     else cluster_sync();  // the peer multicasts into this CTA's stages from now on
@@ -251,8 +268,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         uint32_t b_dst[B_CH];
 #pragma unroll
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
-        const bool i_load = M > 1 && tid < BMT / 16;  // row-selection indices: BMT bytes in 16-byte chunks
-        constexpr uint32_t TX = C::A_BYTES + C::META_BYTES;
+        const bool i_load = M > 1 && tid < IDX_THREADS;  // row-selection indices: BMT bytes in 16-byte chunks
+        const uint32_t TX = C::A_BYTES + C::META_BYTES + (b_tma ? C::B_BYTES : 0);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
         uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
         int ends = 0;     // end-of-work records written (ping-pong: one per consumer)
@@ -300,6 +317,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
             named_barrier_sync(3, PT);  // every token row of the slot is written
             const int64_t row0 = (int64_t)info[1] * BMT;
+            const int s0 = (int)*reinterpret_cast<const int64_t *>(info + 2);  // b_tma: S < 2**31 (host)
             const T *b_src[B_CH];
             unsigned b_ok = 0;
 #pragma unroll
@@ -329,13 +347,19 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                                        kt * KS * 16, (int)(row0 / 16) + rank * (HR / 16), e, full_bar(s),
                                        (uint16_t)((1u << CL) - 1));
                     }
+                    // the item's rows s0 .. s0 + BN - 1 of x; rows past the expert belong to
+                    // the next one (their output columns are never stored), rows past T and
+                    // columns past C are zero-filled
+                    if (b_tma) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
                 }
-                const int col = kt * BK + b_ch * 8;
-                const bool col_ok = col < p.C;
+                if (!b_tma) {
+                    const int col = kt * BK + b_ch * 8;
+                    const bool col_ok = col < p.C;
 #pragma unroll
-                for (int i = 0; i < B_CH; i++) {
-                    const bool ok = col_ok && ((b_ok >> i) & 1);
-                    cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
+                    for (int i = 0; i < B_CH; i++) {
+                        const bool ok = col_ok && ((b_ok >> i) & 1);
+                        cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
+                    }
                 }
                 if (M > 1 && i_load)
                     cp_async16(base + C::A_BYTES + C::B_BYTES + C::META_BYTES + tid * 16,
@@ -344,7 +368,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     slice++;
                     slice_left = kt_per_slice;
                 }
-                cp_async_mbar_arrive(full_bar(s));
+                if (!b_tma || i_load) cp_async_mbar_arrive(full_bar(s));
             }
         }
         cp_async_wait<0>();

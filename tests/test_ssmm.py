@@ -184,6 +184,58 @@ def test_warp_specialised_work_items(shape, fmt, act, glu, kernel, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [
+    (37, 2, 4, 136, 256, "uniform"),       # rows and tokens not multiples of the tiles
+    (5, 2, 8, 256, 192, "skewed"),         # a few rows per expert, empty experts
+    (129, 4, 6, 192, 640, "placeholder"),  # rows past offsets[E]: read into the last tile, never stored
+    (260, 1, 2, 1408, 200, "uniform"),     # C not a multiple of 64: columns past C zero-filled
+    (2000, 2, 8, 1024, 256, "skewed"),     # several items per CTA of the persistent grid
+])
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
+@pytest.mark.parametrize("kernel", ["2", "3", "4", "5", "6"])
+def test_wgmma_tokens_by_tma(shape, fmt, act, glu, kernel, monkeypatch):
+    """x read without a row map (token_ids None, as the down projection reads its
+    intermediate rows): the warp-specialised kernels load each k-tile's token rows as one
+    TMA box, which also brings in rows of the next expert and, in the last tile, rows past
+    offsets[E].  Those rows are NaN here: nothing of them may reach a stored row.  The
+    result (SAMOYEDS_WGMMA_TOKENS_TMA=2: an error unless the TMA path runs) must equal the
+    cp.async gather's (=0) bit for bit and be within the oracle tolerance of the C reference.
+    With token_ids given, =2 is refused."""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    seed = torch.seed() % 2**31
+    T, K, E, R, C, pattern = shape
+    gen = torch.Generator().manual_seed(seed)
+    _, p, r, b, sc = _case(T, K, E, R, C, fmt, torch.bfloat16, pattern, act, glu, gen, bias=True, scale=True)
+    S, n = T * K, int(r.offsets[-1])
+    x = torch.randn(S, C, generator=gen).to(torch.bfloat16)
+    x[n:] = float("nan")
+    cols = R if act == "none" else R // 2
+    ref = _poisoned(S, cols, torch.bfloat16, "cpu")
+    sm.ssmm(x, p, r.offsets, None, out=ref, act=act, bias=b, scale=sc)
+    oracle = oracle_ssmm(x, sm.unpack(p), r.offsets, None, act, b, sc)[:n]
+    pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
+    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
+    outs = {}
+    for tma in ("2", "0"):
+        monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", tma)
+        out = _poisoned(S, cols, torch.bfloat16, "cuda")
+        sm.ssmm(xg, pg, offg, None, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
+        torch.cuda.synchronize()
+        outs[tma] = out.cpu()
+        assert torch.isfinite(outs[tma][:n]).all(), "unwritten or non-finite output rows"
+        assert torch.isnan(outs[tma][n:]).all(), "rows past offsets[E] were written"
+    assert torch.equal(outs["2"][:n], outs["0"][:n]), "TMA token rows and the gather differ"
+    e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(outs["2"][:n], oracle)
+    assert e_cuda <= 2 * e_ref + 1e-6, (e_cuda, e_ref)
+    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "2")  # a row map: only the gather can read it
+    tok = torch.arange(S, dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="SAMOYEDS_WGMMA_TOKENS_TMA"):
+        sm.ssmm(xg, pg, offg, tok, act=act, impl="wgmma_sp")
+
+
+@pytest.mark.gpu
 def test_wgmma_refuses_what_it_cannot_run():
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
