@@ -93,7 +93,6 @@ struct KParams : SsmmArgs {
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
-    int b_tma;                  // warp-specialised kernel: token rows by TMA (WsMaps::b), see ws_tensor_maps
 };
 
 
@@ -687,11 +686,12 @@ template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps,
     return true;
 }
 
-// The token rows by TMA as well (WsMaps::b) where x is read without a row map (token_ids
-// null: an expert's rows are contiguous, as the down projection's intermediate rows are)
-// and its rows are 16-byte aligned.  False (the cp.async gather) where it cannot be, or
-// where the encoder refuses the map.
-template <typename T, typename C> bool ws_tokens_map(const sam_ssmm_params *ps, WsMaps &m) {
+// The token rows by TMA as well (WsMaps::b, WsCfg::BT) where x is read without a row map
+// (token_ids null: an expert's rows are contiguous, as the down projection's intermediate
+// rows are) and its rows are 16-byte aligned.  False (the cp.async gather) where it cannot
+// be, or where the encoder refuses the map.  Boxes of WsCfg's BN rows x BK columns.
+template <typename T> bool ws_tokens_map(const sam_ssmm_params *ps, CUtensorMap &m) {
+    constexpr int BN = 128, BK = 64;
     if (ps->token_ids != nullptr || (uintptr_t)ps->x % 16 != 0 || (ps->ldx * (int64_t)sizeof(T)) % 16 != 0 ||
         ps->S >= INT32_MAX || ps->T >= INT32_MAX || ps->T == 0)
         return false;
@@ -700,16 +700,18 @@ template <typename T, typename C> bool ws_tokens_map(const sam_ssmm_params *ps, 
     const CUtensorMapDataType vt =
         std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     const cuuint64_t dim[2] = {(cuuint64_t)ps->d.C, (cuuint64_t)ps->T}, stride[1] = {(cuuint64_t)ps->ldx * sizeof(T)};
-    const cuuint32_t box[2] = {(cuuint32_t)C::BK, (cuuint32_t)C::BN};
-    return enc(&m.b, vt, 2, const_cast<void *>(ps->x), dim, stride, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+    const cuuint32_t box[2] = {(cuuint32_t)BK, (cuuint32_t)BN};
+    return enc(&m, vt, 2, const_cast<void *>(ps->x), dim, stride, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // max_ctas > 0 (warp-specialised kernel only): a persistent grid of at most that
 // many CTAs, each walking the work items blockIdx.x, blockIdx.x + gridDim.x, ...
+// bmap: WsCfg::BT's map over the token rows (ws_tokens_map)
 template <typename T, typename C, int KIND = K_MMA_SP>
-sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas = 0) {
+sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas = 0,
+                  const CUtensorMap *bmap = nullptr) {
     constexpr int M = C::M;
     KParams k;
     static_cast<SsmmArgs &>(k) = ssmm_args(ps);
@@ -727,7 +729,6 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
     }
     k.meta_remap = wgmma_meta_remap();
     k.work = nullptr;
-    k.b_tma = 0;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;
         if (!ws_tensor_maps<T, C>(ps, maps)) {
@@ -735,14 +736,9 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
                       (long long)ps->d.E, (long long)ps->d.rp, (long long)ps->d.cp);
             return SAM_STATUS_UNSUPPORTED;
         }
-        // SAMOYEDS_WGMMA_TOKENS_TMA: 1 (default) where it can, 0 never (the gather, for
-        // comparisons), 2 required (an error where it cannot)
-        const int want_b_tma = env_int("SAMOYEDS_WGMMA_TOKENS_TMA", 1);
-        k.b_tma = want_b_tma != 0 && ws_tokens_map<T, C>(ps, maps) ? 1 : 0;
-        if (want_b_tma == 2 && !k.b_tma) {
-            set_error("ssmm: SAMOYEDS_WGMMA_TOKENS_TMA=2, but the token rows cannot be read by TMA (they need "
-                      "token_ids None, x and its row stride 16-byte aligned, fewer than 2**31 rows)");
-            return SAM_STATUS_UNSUPPORTED;
+        if constexpr (C::BT) {
+            static_assert(C::BN == 128 && C::BK == 64, "the box of ws_tokens_map");
+            maps.b = *bmap;
         }
         SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_ws_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
                      "ssmm");
@@ -839,6 +835,14 @@ bool device_has_wgmma() {
     return cache[dev] == 1;
 }
 
+// The warp-specialised kernel of configuration WsCfg<M, PP, CL, DYN>, with the token rows
+// by TMA (BT) when bmap is given.
+template <typename T, int M, bool PP = false, int CL = 1, bool DYN = false>
+sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, const CUtensorMap *bmap) {
+    if (bmap) return launch<T, WsCfg<M, PP, CL, DYN, true>, K_WGMMA_WS>(ps, stream, ctas, bmap);
+    return launch<T, WsCfg<M, PP, CL, DYN>, K_WGMMA_WS>(ps, stream, ctas);
+}
+
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t stream) {
     const int m = ps->f.m, variant = ssmm_variant();
     const bool wgmma_fits = m <= 2 && (m == 1 || ps->f.v % 128 == 0);
@@ -853,17 +857,27 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
         const int which = env_int("SAMOYEDS_WGMMA_KERNEL", 0);
         if (which != 1 && ws_tma_usable(ps)) {
             const int ctas = which == 3 ? 0 : device_sm_count();
+            // SAMOYEDS_WGMMA_TOKENS_TMA: 1 (default) the token rows by TMA where they can be,
+            // 0 never (the gather, for comparisons), 2 required (an error where they cannot)
+            const int want_bt = env_int("SAMOYEDS_WGMMA_TOKENS_TMA", 1);
+            CUtensorMap bm;
+            const CUtensorMap *bmap = want_bt != 0 && ws_tokens_map<T>(ps, bm) ? &bm : nullptr;
+            if (want_bt == 2 && !bmap) {
+                set_error("ssmm: SAMOYEDS_WGMMA_TOKENS_TMA=2, but the token rows cannot be read by TMA (they need "
+                          "token_ids None, x and its row stride 16-byte aligned, fewer than 2**31 rows)");
+                return SAM_STATUS_UNSUPPORTED;
+            }
             if (which == 5) {
-                if (m == 1) return launch<T, WsCfg<1, false, 2>, K_WGMMA_WS>(ps, stream, ctas);
-                return launch<T, WsCfg<2, false, 2>, K_WGMMA_WS>(ps, stream, ctas);
+                if (m == 1) return launch_ws<T, 1, false, 2>(ps, stream, ctas, bmap);
+                return launch_ws<T, 2, false, 2>(ps, stream, ctas, bmap);
             }
             if (which == 6) {
-                if (m == 1) return launch<T, WsCfg<1, false, 1, true>, K_WGMMA_WS>(ps, stream, ctas);
-                return launch<T, WsCfg<2, false, 1, true>, K_WGMMA_WS>(ps, stream, ctas);
+                if (m == 1) return launch_ws<T, 1, false, 1, true>(ps, stream, ctas, bmap);
+                return launch_ws<T, 2, false, 1, true>(ps, stream, ctas, bmap);
             }
-            if (m == 1 && which == 4) return launch<T, WsCfg<1, true>, K_WGMMA_WS>(ps, stream, ctas);
-            if (m == 1) return launch<T, WsCfg<1>, K_WGMMA_WS>(ps, stream, ctas);
-            return launch<T, WsCfg<2>, K_WGMMA_WS>(ps, stream, ctas);
+            if (m == 1 && which == 4) return launch_ws<T, 1, true>(ps, stream, ctas, bmap);
+            if (m == 1) return launch_ws<T, 1>(ps, stream, ctas, bmap);
+            return launch_ws<T, 2>(ps, stream, ctas, bmap);
         }
         if (m == 1) return launch<T, Cfg<1, 64, 4, 6>, K_WGMMA>(ps, stream);
         return launch<T, Cfg<2, 64, 4, 6>, K_WGMMA>(ps, stream);

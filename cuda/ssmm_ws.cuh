@@ -55,7 +55,7 @@
 // as [E][rp][cp/2] elements, boxes of BMT rows x 32 values (64 bytes, 64-byte
 // swizzle: the K-major layout wgmma reads through smem_desc_sw64), and the metadata as
 // [E][rp/16][cp/2] words, boxes of BMT/16 row tiles x (KS x 16) words.
-// With KParams::b_tma set, also the token rows x as [T][C] elements, boxes of BN rows x
+// With WsCfg::BT, also the token rows x as [T][C] elements, boxes of BN rows x
 // 64 columns (128 bytes, 128-byte swizzle: the layout wgmma reads through smem_desc_sw128),
 // for an identity row map (token_ids null: the rows of an expert are contiguous in x).
 struct WsMaps {
@@ -164,8 +164,11 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 //
 // DYN: the CTAs take the work items in the same rasterised order from a counter in global
 // memory (KParams::work) instead of blockIdx.x + n * gridDim.x.
-template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false> struct WsCfg {
+//
+// BT: the token rows by TMA (WsMaps::b), for x read without a row map.
+template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false> struct WsCfg {
     static constexpr int M = M_;
+    static constexpr bool BT = BT_;
     static constexpr bool PP = PP_;
     static constexpr int CL = CL_;
     static constexpr bool DYN = DYN_;
@@ -177,7 +180,7 @@ template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false> struct WsCfg
     static constexpr int BMT = PP ? BMW : 2 * BMW;     // storage rows per work item
     static constexpr int CPI = PP ? 1 : 2;             // consumers per work item
     static constexpr int NSLOT_LOG2 = PP ? 2 : 1, NSLOT = 1 << NSLOT_LOG2;  // work slots
-    static constexpr int BN = 128, BK = 64, KS = BK / 32;
+    static constexpr int BN = 128, BK = 64, KS = BK / 32;  // (BT: the box of ws_tokens_map)
     static constexpr int THREADS = 384, PTHREADS = 128;
     // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168)
     static constexpr int PREGS = M == 1 ? 72 : 64, CREGS = 216;
@@ -233,9 +236,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     const uint32_t rank = CL == 1 ? 0u : cluster_rank();
     const int KT = (int)(p.cp / BK);  // even: columns are padded to 128
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
-    // b_tma: the token rows of a k-tile come as one TMA box, so only the threads that
+    // BT: the token rows of a k-tile come as one TMA box, so only the threads that
     // load row-selection indices (M > 1) arrive on `full` besides the TMA thread
-    const bool b_tma = p.b_tma != 0;
+    constexpr bool b_tma = C::BT;
     constexpr int IDX_THREADS = M > 1 ? BMT / 16 : 0;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
@@ -251,7 +254,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         tma_prefetch_map(&tm.a);
         tma_prefetch_map(&tm.meta);
-        if (b_tma) tma_prefetch_map(&tm.b);
+        if constexpr (b_tma) tma_prefetch_map(&tm.b);
     }
     if (CL == 1) __syncthreads();
     else cluster_sync();  // the peer multicasts into this CTA's stages from now on
@@ -269,7 +272,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
         const bool i_load = M > 1 && tid < IDX_THREADS;  // row-selection indices: BMT bytes in 16-byte chunks
-        const uint32_t TX = C::A_BYTES + C::META_BYTES + (b_tma ? C::B_BYTES : 0);
+        constexpr uint32_t TX = C::A_BYTES + C::META_BYTES + (b_tma ? C::B_BYTES : 0);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
         uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
         int ends = 0;     // end-of-work records written (ping-pong: one per consumer)
@@ -317,7 +320,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
             named_barrier_sync(3, PT);  // every token row of the slot is written
             const int64_t row0 = (int64_t)info[1] * BMT;
-            const int s0 = (int)*reinterpret_cast<const int64_t *>(info + 2);  // b_tma: S < 2**31 (host)
+            const int s0 = b_tma ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
             const T *b_src[B_CH];
             unsigned b_ok = 0;
 #pragma unroll
@@ -350,9 +353,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     // the item's rows s0 .. s0 + BN - 1 of x; rows past the expert belong to
                     // the next one (their output columns are never stored), rows past T and
                     // columns past C are zero-filled
-                    if (b_tma) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
+                    if constexpr (b_tma) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
                 }
-                if (!b_tma) {
+                if constexpr (!b_tma) {
                     const int col = kt * BK + b_ch * 8;
                     const bool col_ok = col < p.C;
 #pragma unroll
