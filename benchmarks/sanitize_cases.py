@@ -48,6 +48,21 @@ def main() -> None:
             r = sm.route(torch.randint(0, E, (T, K), generator=gen).cuda(), E)
             sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
             sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", scale=sc, impl="wgmma_sp")
+        # the token rows by TMA (x read without a row map, as a down projection reads its
+        # intermediate rows; =2: an error unless that path runs): columns past C, rows past
+        # offsets[E] and past the last expert's last tile
+        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "2"
+        for kernel, fmt in [("2", "2:4"), ("2", "samoyeds-1:2:128"), ("4", "2:4"), ("5", "samoyeds-1:2:128"),
+                            ("6", "2:4")]:
+            os.environ["SAMOYEDS_WGMMA_KERNEL"] = kernel
+            T, K, E, H, I = 1001, 3, 4, 256, 200
+            w = torch.randn(E, H, I, generator=gen).to(torch.bfloat16).cuda()
+            p = sm.pack(w, fmt)
+            r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
+            x = torch.randn(T * K, I, generator=gen).to(torch.bfloat16).cuda()
+            sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
+            sm.ssmm(x, p, r.offsets, None, scale=sc, impl="wgmma_sp")
+        os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA")
         os.environ.pop("SAMOYEDS_WGMMA_KERNEL")
     # routing of more pairs than one CTA takes (counts, scan, rows in blocks)
     r = sm.route(torch.randint(0, 9, (3001, 2), generator=gen).cuda(), 8)
