@@ -428,7 +428,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         constexpr int par = decltype(par_c)::value;
         const int st = it % ST;
         mbar_wait(full_bar(st), (it / ST) & 1);
-        fence_proxy_async();  // the token rows came through the generic proxy (cp.async)
+        // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
+        // (the row-selection indices, by cp.async, are read by ordinary loads)
+        if constexpr (!C::BT) fence_proxy_async();
         load_meta(par_c, st);
         if (M > 1 && boundary) {
             wgmma_wait<0>();
