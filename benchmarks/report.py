@@ -232,11 +232,14 @@ def decode_table(d: dict) -> str:
 def ssmm_kernels_table(d: dict) -> str:
     """The GPU kernels of ssmm and cuBLAS on the same inputs: mma.sp, single-role wgmma.sp, the
     warp-specialised one with one item per CTA, on its persistent grid (auto's), with ping-pong
-    consumers (2:4), in clusters sharing the weights by multicast and with a work counter."""
+    consumers (2:4), in clusters sharing the weights by multicast and with a work counter; and the
+    persistent kernel with the cp.async gather of the token rows against its default (rows by TMA
+    where x is read without a row map: the down cases)."""
     rows = ["| format | case | E | R x C, S tokens | mma.sp | wgmma.sp | warp-spec., one item per CTA | "
             "warp-spec., persistent | cuBLAS | ping-pong | clusters of 2 | work counter | persistent vs one item per CTA | "
-            "ping-pong / clusters / counter vs persistent | persistent vs cuBLAS |",
-            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "ping-pong / clusters / counter vs persistent | persistent vs cuBLAS | token rows by gather | "
+            "default vs gather |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in d.get("rows", []):
         ws = r.get("wgmma_ws_ms")
         rel = lambda k: _x(ws / r[k]) if ws and r.get(k) else "-"  # noqa: E731
@@ -247,7 +250,9 @@ def ssmm_kernels_table(d: dict) -> str:
                     f"{_f(r.get('wgmma_ws_cluster_ms'), '.3f')} ms | {_f(r.get('wgmma_ws_dynamic_ms'), '.3f')} ms | "
                     f"{_x(r['wgmma_ws_1tile_ms'] / ws) if ws and r.get('wgmma_ws_1tile_ms') else '-'} | "
                     f"{rel('wgmma_ws_pingpong_ms')} / {rel('wgmma_ws_cluster_ms')} / {rel('wgmma_ws_dynamic_ms')} | "
-                    f"{_x(r['cublas_ms'] / ws) if ws and r.get('cublas_ms') else '-'} |")
+                    f"{_x(r['cublas_ms'] / ws) if ws and r.get('cublas_ms') else '-'} | "
+                    f"{_f(r.get('wgmma_ws_gather_ms'), '.3f')} ms | "
+                    f"{_x(r['wgmma_ws_gather_ms'] / ws) if ws and r.get('wgmma_ws_gather_ms') else '-'} |")
     return "\n".join(rows)
 
 
