@@ -24,6 +24,10 @@
 // on sm_90), each thread ending its stage with cp.async.mbarrier.arrive.noinc, so
 // a stage is marked full by the hardware the moment its bytes have landed and the
 // producer never waits on its own copies: it only waits for a free stage (`empty`).
+// Where x is read without a row map (token_ids null, as the down projection reads its
+// intermediate rows; WsCfg::BT), an expert's rows are contiguous and the TMA thread loads
+// them too, as one 128-row box per k-tile (docs/PERFORMANCE.md, v11: 1.2-1.35x over the
+// gather on the same rows).
 // Warpgroups 1 and 2 are consumers: they wait on `full`, load the k-tile's metadata
 // words into registers and issue its wgmma.sp with both operands read by the tensor
 // cores from shared memory through descriptors (the packed values in the 64-byte
