@@ -48,10 +48,15 @@ def main():
             xs = x[r.token_ids.long()].contiguous()
             out = {k: torch.full((a.S, R // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
                    for k in ("gather", "tma")}
+            def tma():
+                os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "2"  # an error unless this call runs that path
+                try:
+                    sm.ssmm(xs, p, r.offsets, None, out=out["tma"], act="swiglu", impl="wgmma_sp")
+                finally:
+                    os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA")
             fns = {"gather": lambda: sm.ssmm(x, p, r.offsets, r.token_ids, out=out["gather"], act="swiglu",
                                              impl="wgmma_sp"),
-                   "tma": lambda: sm.ssmm(xs, p, r.offsets, None, out=out["tma"], act="swiglu", impl="wgmma_sp")}
-            os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "2"  # the "tma" calls fail unless they run that path
+                   "tma": tma}
             for f in fns.values():
                 f()
             torch.cuda.synchronize()
@@ -59,7 +64,6 @@ def main():
             row = {"case": name, "fmt": fmt, "E": E, "R": R, "C": C, "S": a.S, "outputs_identical": same}
             for k, f in fns.items():
                 row[f"{k}_ms"] = time_graph(f)["ms"]
-            os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA")
             counts = (r.offsets[1:] - r.offsets[:-1]).tolist()
             starts = r.offsets[:-1].tolist()
             yd = torch.empty(a.S, R, device="cuda", dtype=torch.bfloat16)
