@@ -126,6 +126,11 @@ def _sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+def _prefill_impl() -> str:
+    """The kernel impl="auto" runs for 2:4 and 1:2:128 once the decode rule lets go."""
+    return "wgmma_sp" if _sm90() and "sm_90a" in sm.build_info()["cuda_archs"] else "mma_sp"
+
+
 def _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias):
     """wgmma.sp kernel `kernel` (SAMOYEDS_WGMMA_KERNEL) and the mma.sp kernel on the same
     fresh inputs (routing scales on): each within the oracle tolerance of _check_cuda,
@@ -333,7 +338,8 @@ def test_decode_deterministic_and_close_to_mma_sp(fmt):
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
 def test_auto_picks_decode_for_small_s(fmt, monkeypatch):
     """auto runs the decode kernel when S <= SAMOYEDS_DECODE_MAX_ROWS (default 128):
-    bit-identical to impl="decode", within tolerance of impl="mma_sp"."""
+    bit-identical to impl="decode", within tolerance of impl="mma_sp"; with both decode
+    thresholds at 0 it runs the prefill kernel, bit for bit."""
     monkeypatch.delenv("SAMOYEDS_DECODE_MAX_ROWS", raising=False)
     monkeypatch.delenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", raising=False)
     seed = torch.seed() % 2**31
@@ -349,8 +355,10 @@ def test_auto_picks_decode_for_small_s(fmt, monkeypatch):
     # the thresholds are environment overrides: 0 and 0 send auto to the prefill kernels
     monkeypatch.setenv("SAMOYEDS_DECODE_MAX_ROWS", "0")
     monkeypatch.setenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", "0")
+    monkeypatch.delenv("SAMOYEDS_SSMM_WGMMA", raising=False)
     pre = _check_cuda(x, p, r, b, sc, "none", torch.bfloat16, impl="auto")
     assert rel_err(pre[:n], dec[:n].double()) < 1e-2
+    assert torch.equal(pre[:n], _check_cuda(x, p, r, b, sc, "none", torch.bfloat16, impl=_prefill_impl())[:n])
 
 
 @pytest.mark.gpu
@@ -370,5 +378,7 @@ def test_auto_picks_decode_for_few_rows_per_expert(act, glu, monkeypatch):
     n = int(r.offsets[-1])
     assert torch.equal(auto[:n], dec[:n])
     monkeypatch.setenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", "2")  # 160 > 2 x 64: the prefill kernels
+    monkeypatch.delenv("SAMOYEDS_SSMM_WGMMA", raising=False)
     pre = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="auto")
     assert rel_err(pre[:n], dec[:n].double()) < 1e-2
+    assert torch.equal(pre[:n], _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl=_prefill_impl())[:n])
