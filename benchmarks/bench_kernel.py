@@ -12,9 +12,14 @@ same (masked) weights:
 The peers' gathers and activations are not timed.  Each method is captured in
 a CUDA graph and timed by replay with CUDA events (median).  Ceilings (dense
 bf16 matmul rate, copy bandwidth, the tensor cores' issue rate per instruction
-form) are measured in the same run; frac_wgmma_sp is a samoyeds case's executed
-sparse work against the wgmma.sp issue rate, the instruction its Hopper
-kernels run on.
+form, the shared-memory fill rates) are measured in the same run; frac_wgmma_sp
+is a samoyeds case's executed sparse work against the wgmma.sp issue rate, the
+instruction its Hopper kernels run on.  Where the default dispatch runs the
+warp-specialised wgmma.sp kernel (more than 128 routed rows and more than 16 per
+expert on average), stream_tb_s is the rate at which that kernel's k-tile stages
+(weights, tokens, metadata) went from L2 into shared memory, and frac_fill_tma /
+frac_fill_gather set it against the fill rate of TMA boxes and of the cp.async
+gather measured in the same run (samoyeds.shared_fill_rate): the data ceiling.
 
   python benchmarks/bench_kernel.py [--quick] [--models a,b] [--tokens 256,4096] [--out DIR]
                                     [--tiny --device cpu]   (a CPU smoke run: shapes / 16, wall clock)
@@ -32,7 +37,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
 from common import (SHAPES, MoEShape, add_run_args, ceilings_line, default_dtype, environment,  # noqa: E402
-                    free_memory, measure_ceilings, result_path, setup_run, time_graph, time_ms, write_json)
+                    free_memory, measure_ceilings, result_path, setup_run, time_graph, time_ms, write_json,
+                    ws_stream_bytes)
 
 FORMATS = {"samoyeds-75": "samoyeds-1:2:128", "samoyeds-50": "2:4"}
 
@@ -154,6 +160,12 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
             t["frac_wgmma_sp"] = exec_flop / (t["ms"] * 1e-3) / (wgmma_sp * 1e12) if wgmma_sp else None
             t["time_floor_ms"] = t_floor * 1e3
             t["frac_floor"] = t_floor / (t["ms"] * 1e-3)
+            if wgmma_sp and S > 128 and S > 16 * E:  # the default dispatch runs the wgmma.sp kernel
+                rate = ws_stream_bytes(p.fmt.m, p.dims.rp, C, counts) / (t["ms"] * 1e-3) / 1e12
+                t["stream_tb_s"] = rate
+                for k in ("tma", "cp_async_gather"):
+                    fill = ceil.get(f"fill_{k}_tb_s")
+                    t[f"frac_fill_{k.split('_')[-1]}"] = rate / fill if fill else None
     base = res["methods"]
     for ours_name in FORMATS:
         if "ms" not in base.get(ours_name, {}):

@@ -169,6 +169,7 @@ def measure_ceilings() -> dict:
         "copy_tb_s": 2 * 2 * 2**30 / (t_cp * 1e-3) / 1e12,
     }
     ceil.update(tensor_core_rates())
+    ceil.update(shared_fill_rates())
     return ceil
 
 
@@ -189,6 +190,43 @@ def tensor_core_rates(device: Optional[int] = None) -> Dict[str, Optional[float]
     return out
 
 
+def shared_fill_rates(device: Optional[int] = None) -> Dict[str, Optional[float]]:
+    """{"fill_<kind>_tb_s", "fill_<kind>_b_per_clk_sm", "fill_<kind>_sm_mhz"} for every way
+    of filling shared memory from L2 (samoyeds.shared_fill_rate); None (and a note
+    on stderr) where it cannot run here: off sm_90, a build without sm_90a or CUDA."""
+    import samoyeds as sm
+    device = torch.cuda.current_device() if device is None else device
+    torch.cuda.synchronize(device)
+    out: Dict[str, Optional[float]] = {}
+    for kind in sm._C.SHARED_FILL_KINDS:
+        try:
+            r = sm.shared_fill_rate(kind, device)
+        except (NotImplementedError, RuntimeError) as exc:
+            print(f"shared-memory fill rate {kind}: not measured ({error_text(exc)})", file=sys.stderr)
+            r = {}
+        out[f"fill_{kind}_tb_s"] = r.get("tb_per_s")
+        out[f"fill_{kind}_b_per_clk_sm"] = r.get("bytes_per_clock_per_sm")
+        out[f"fill_{kind}_sm_mhz"] = r.get("sm_clock_mhz")
+    return out
+
+
+# Bytes of one k-tile stage of the warp-specialised wgmma.sp kernel (cuda/ssmm_ws.cuh, WsCfg):
+# packed values + tokens + metadata (+ row-selection indices for 1:M:V), and its tile.
+WS_TILE = {1: {"rows": 256, "tokens": 128, "stage_bytes": 16384 + 16384 + 2048},
+           2: {"rows": 128, "tokens": 128, "stage_bytes": 8192 + 16384 + 1024 + 128}}
+
+
+def ws_stream_bytes(m: int, storage_rows: int, cols: int, counts) -> int:
+    """Bytes the warp-specialised wgmma.sp kernel streams from L2 into shared memory for
+    one projection: every work item (expert, row tile, token tile) loads one stage per
+    64 columns.  `m` the format's M (1 for 2:4), `counts` the routed rows per expert."""
+    t = WS_TILE[1 if m == 1 else 2]
+    row_tiles = -(-storage_rows // t["rows"])
+    k_tiles = -(-cols // 64)
+    items = sum(-(-c // t["tokens"]) for c in counts) * row_tiles
+    return items * k_tiles * t["stage_bytes"]
+
+
 def ceilings_line(ceil: dict) -> str:
     """The one-line summary of measure_ceilings() the scripts print."""
     def rate(k):
@@ -196,8 +234,14 @@ def ceilings_line(ceil: dict) -> str:
         return f"{v:.0f}" if v is not None and v == v else "-"
     import samoyeds as sm
     rates = ", ".join(f"{k} {rate(k)}" for k in sm._C.TENSOR_CORE_KINDS)
+
+    def fill(k):
+        tb, pc = ceil.get(f"fill_{k}_tb_s"), ceil.get(f"fill_{k}_b_per_clk_sm")
+        return f"{tb:.2f} / {pc:.1f}" if tb is not None and pc is not None else "-"
+    fills = ", ".join(f"{k} {fill(k)}" for k in sm._C.SHARED_FILL_KINDS)
     return (f"ceilings: dense bf16 {ceil['dense_bf16_tflops']:.0f} TFLOP/s, copy {ceil['copy_tb_s']:.2f} TB/s; "
-            f"tensor-core issue rate (dense-equivalent TFLOP/s): {rates}")
+            f"tensor-core issue rate (dense-equivalent TFLOP/s): {rates}; shared-memory fill "
+            f"(TB/s, B/clk/SM): {fills}")
 
 
 # --- shared by the scripts that also run on the CPU (--tiny --device cpu) -----------------------

@@ -43,6 +43,32 @@ def kernel_table(d: dict) -> str:
     return "\n".join(rows)
 
 
+def fill_table(d: dict) -> str:
+    """The wgmma.sp kernel's stream from L2 into shared memory against the fill rates
+    measured in the same run (kernel.json cases the wgmma.sp kernel runs); empty for a
+    file without them."""
+    c0 = d.get("ceilings", {})
+    tma, gat = c0.get("fill_tma_tb_s"), c0.get("fill_cp_async_gather_tb_s")
+    if not tma:
+        return ""
+    rows = [f"shared-memory fill rates in the same run: TMA boxes {tma:.2f} TB/s "
+            f"({_f(c0.get('fill_tma_b_per_clk_sm'), '.1f')} B/clk/SM), cp.async rows in order "
+            f"{_f(c0.get('fill_cp_async_tb_s'), '.2f')} TB/s ({_f(c0.get('fill_cp_async_b_per_clk_sm'), '.1f')}), "
+            f"cp.async rows by index {_f(gat, '.2f')} TB/s ({_f(c0.get('fill_cp_async_gather_b_per_clk_sm'), '.1f')}); "
+            f"SM clock {_f(c0.get('fill_tma_sm_mhz'), '.0f')} MHz\n",
+            "| model | T | projection | 75 %: stream TB/s | of TMA fill | of gather fill | 2:4: stream TB/s | of TMA fill | of gather fill |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for c in d["cases"]:
+        s75, s50 = c["methods"].get("samoyeds-75", {}), c["methods"].get("samoyeds-50", {})
+        if "stream_tb_s" not in s75 and "stream_tb_s" not in s50:
+            continue
+        cells = []
+        for x in (s75, s50):
+            cells += [_f(x.get("stream_tb_s"), ".2f"), _f(x.get("frac_fill_tma"), ".0%"), _f(x.get("frac_fill_gather"), ".0%")]
+        rows.append(f"| {c['model']} | {c['T']} | {c['proj']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def moe_table(d: dict) -> str:
     rows = ["| model | T | eager | grouped_mm | samoyeds | vs grouped_mm | vs eager | vs grouped_mm, back to back | "
             "vs grouped_mm, GPU time | peak MiB grouped_mm / samoyeds | expert weights |",
@@ -297,6 +323,12 @@ def headline(gpu: str) -> str:
                 fr = [c["methods"].get(fmt, {}).get("frac_wgmma_sp") for c in d["cases"] if c["T"] >= 4096]
                 rows.append(f"| kernel, {name}, T >= 4096: fraction of the wgmma.sp issue rate ({rate:.0f} TFLOP/s, "
                             f"same run) | {_range(fr, '{:.0%}')} | {link('kernel.json')} |")
+        fill = d.get("ceilings", {}).get("fill_tma_tb_s")
+        if fill:
+            for fmt, name in (("samoyeds-75", "75 %"), ("samoyeds-50", "2:4")):
+                fr = [c["methods"].get(fmt, {}).get("frac_fill_tma") for c in d["cases"] if c["T"] >= 4096]
+                rows.append(f"| kernel, {name}, T >= 4096: operand stream into shared memory, fraction of the TMA "
+                            f"fill rate ({fill:.2f} TB/s, same run) | {_range(fr, '{:.0%}')} | {link('kernel.json')} |")
     d, _ = _load(gpu, "sweep.json")
     if d:
         sp = [c["methods"].get("samoyeds-75", {}).get("speedup_vs_cublas") for c in d["cases"]]
@@ -371,6 +403,8 @@ def main() -> None:
             print(f"ceilings measured in the same run: dense bf16 {c['dense_bf16_tflops']:.0f} TFLOP/s, "
                   f"copy {c['copy_tb_s']:.2f} TB/s\n")
         print(fn(d))
+        if name == "kernel.json" and fill_table(d):
+            print("\n" + fill_table(d))
     print("\n" + headline(a.gpu))
 
 

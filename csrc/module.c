@@ -67,18 +67,40 @@ static PyObject *py_cuda_device_capability(PyObject *self, PyObject *arg)
 }
 
 static const char *const tc_kind_names[SAM_TC_KIND_COUNT] = SAM_TC_KIND_NAMES;
+static const char *const fill_kind_names[SAM_FILL_KIND_COUNT] = SAM_FILL_KIND_NAMES;
 
-/* The kinds as a tuple of names, in enum order. */
-static PyObject *tc_kinds_tuple(void)
+/* The names of n kinds as a tuple, in enum order. */
+static PyObject *kinds_tuple(const char *const *names, int n)
 {
-    PyObject *t = PyTuple_New(SAM_TC_KIND_COUNT);
+    PyObject *t = PyTuple_New(n);
     if (t == NULL) return NULL;
-    for (int i = 0; i < SAM_TC_KIND_COUNT; i++) {
-        PyObject *s = PyUnicode_FromString(tc_kind_names[i]);
+    for (int i = 0; i < n; i++) {
+        PyObject *s = PyUnicode_FromString(names[i]);
         if (s == NULL) { Py_DECREF(t); return NULL; }
         PyTuple_SET_ITEM(t, i, s);
     }
     return t;
+}
+
+/* The (kind, device=0) arguments of a measurement `fn` ("U|i:<fn>" in `fmt`): the
+ * index of the kind among n names and *device, or -1 with a TypeError, or a
+ * ValueError naming `fn` and the names it takes. */
+static int kind_device_args(PyObject *args, PyObject *kw, const char *fmt, const char *const *names, int n,
+                            const char *fn, int *device)
+{
+    static char *kwlist[] = {"kind", "device", NULL};
+    PyObject *o_kind = NULL;
+    *device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &o_kind, device)) return -1;
+    const char *name = PyUnicode_AsUTF8(o_kind);
+    if (name == NULL) return -1;
+    for (int i = 0; i < n; i++)
+        if (strcmp(name, names[i]) == 0) return i;
+    PyObject *kinds = kinds_tuple(names, n);
+    if (kinds == NULL) return -1;
+    PyErr_Format(PyExc_ValueError, "%s: kind: expected one of %R, got %R", fn, kinds, o_kind);
+    Py_DECREF(kinds);
+    return -1;
 }
 
 /* tensor_core_rate(kind, device=0) -> float: the issue rate of one tensor-core
@@ -87,22 +109,10 @@ static PyObject *tc_kinds_tuple(void)
 static PyObject *py_tensor_core_rate(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"kind", "device", NULL};
-    PyObject *o_kind = NULL;
-    int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "U|i:tensor_core_rate", kwlist, &o_kind, &device)) return NULL;
-    const char *name = PyUnicode_AsUTF8(o_kind);
-    if (name == NULL) return NULL;
-    int kind = -1;
-    for (int i = 0; i < SAM_TC_KIND_COUNT; i++)
-        if (strcmp(name, tc_kind_names[i]) == 0) kind = i;
-    if (kind < 0) {
-        PyObject *kinds = tc_kinds_tuple();
-        if (kinds == NULL) return NULL;
-        PyErr_Format(PyExc_ValueError, "tensor_core_rate: kind: expected one of %R, got %R", kinds, o_kind);
-        Py_DECREF(kinds);
-        return NULL;
-    }
+    int device;
+    const int kind = kind_device_args(args, kw, "U|i:tensor_core_rate", tc_kind_names, SAM_TC_KIND_COUNT,
+                                      "tensor_core_rate", &device);
+    if (kind < 0) return NULL;
 #if SAM_WITH_CUDA
     double tflops = 0.0;
     int status;
@@ -114,6 +124,32 @@ static PyObject *py_tensor_core_rate(PyObject *self, PyObject *args, PyObject *k
 #else
     (void)device;
     PyErr_SetString(PyExc_RuntimeError, "tensor_core_rate: samoyeds was built without CUDA");
+    return NULL;
+#endif
+}
+
+/* shared_fill_rate(kind, device=0) -> dict: how fast every SM fills its shared
+ * memory from L2 one way (cuda/peak.cu): tb_per_s, bytes_per_clock_per_sm,
+ * sm_clock_mhz. */
+static PyObject *py_shared_fill_rate(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    int device;
+    const int kind = kind_device_args(args, kw, "U|i:shared_fill_rate", fill_kind_names, SAM_FILL_KIND_COUNT,
+                                      "shared_fill_rate", &device);
+    if (kind < 0) return NULL;
+#if SAM_WITH_CUDA
+    double out[3] = {0.0, 0.0, 0.0};
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = sam_fill_rate_cuda((sam_fill_kind)kind, device, out);
+    Py_END_ALLOW_THREADS
+    if (status != SAM_STATUS_OK) return sam_raise_status(status, "shared_fill_rate", sam_cuda_last_error());
+    return Py_BuildValue("{s:d,s:d,s:d}", "tb_per_s", out[0], "bytes_per_clock_per_sm", out[1], "sm_clock_mhz",
+                         out[2]);
+#else
+    (void)device;
+    PyErr_SetString(PyExc_RuntimeError, "shared_fill_rate: samoyeds was built without CUDA");
     return NULL;
 #endif
 }
@@ -218,6 +254,9 @@ static PyMethodDef sam_methods[] = {
     {"tensor_core_rate", (PyCFunction)(void (*)(void))py_tensor_core_rate, METH_VARARGS | METH_KEYWORDS,
      "tensor_core_rate(kind, device=0) -> float: issue rate of a tensor-core instruction form "
      "(one of TENSOR_CORE_KINDS), dense-equivalent TFLOP/s."},
+    {"shared_fill_rate", (PyCFunction)(void (*)(void))py_shared_fill_rate, METH_VARARGS | METH_KEYWORDS,
+     "shared_fill_rate(kind, device=0) -> dict: how fast every SM fills its shared memory from L2 "
+     "(one of SHARED_FILL_KINDS): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz."},
     {"set_fast_dlpack", py_set_fast_dlpack, METH_O,
      "Enable/disable the DLPack C exchange-API fast path; returns the old setting."},
     {"decode_meta", py_decode_meta, METH_O, "decode_meta(meta) -> uint8 ndarray [..., 8, 2] of positions."},
@@ -239,9 +278,14 @@ static int sam_exec(PyObject *m)
     if (PyModule_AddIntConstant(m, "GLU_CHUNK", SAM_GLU_CHUNK) < 0) return -1;
     if (PyModule_AddIntConstant(m, "MAX_M", SAM_MAX_M) < 0) return -1;
     if (PyModule_AddIntConstant(m, "WITH_CUDA", SAM_WITH_CUDA) < 0) return -1;
-    PyObject *kinds = tc_kinds_tuple();
+    PyObject *kinds = kinds_tuple(tc_kind_names, SAM_TC_KIND_COUNT);
     if (kinds == NULL) return -1;
     int added = PyModule_AddObjectRef(m, "TENSOR_CORE_KINDS", kinds);
+    Py_DECREF(kinds);
+    if (added < 0) return -1;
+    kinds = kinds_tuple(fill_kind_names, SAM_FILL_KIND_COUNT);
+    if (kinds == NULL) return -1;
+    added = PyModule_AddObjectRef(m, "SHARED_FILL_KINDS", kinds);
     Py_DECREF(kinds);
     if (added < 0) return -1;
     if (PyModule_AddStringConstant(m, "__version__", SAM_VERSION) < 0) return -1;

@@ -28,6 +28,7 @@
 // the median.  Sparse instructions count as their dense-equivalent shape, the
 // way a sparse kernel's dense-equivalent TFLOP/s is counted.
 #include "common.cuh"
+#include "tma.cuh"
 
 #include <string.h>
 
@@ -192,6 +193,81 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, in
 #endif
 }
 
+// ---------------- shared-memory fill rate ----------------
+constexpr int FILL_THREADS = 128;
+constexpr int FILL_ROWS = 128, FILL_ROW_BYTES = 128;  // a stage: 128 rows x 64 bf16 columns
+constexpr int FILL_STAGE_BYTES = FILL_ROWS * FILL_ROW_BYTES;
+constexpr int FILL_STAGES = 8;                            // 128 KB in flight per SM
+constexpr int FILL_SRC_ROWS = 4096, FILL_SRC_COLS = 2048;  // 16 MiB of bf16: stays in L2
+constexpr int FILL_KT = FILL_SRC_COLS * 2 / FILL_ROW_BYTES;  // stages per item (its rows fixed)
+constexpr int FILL_SMEM = FILL_STAGES * FILL_STAGE_BYTES + 1024;  // + room to align the ring
+
+__device__ __forceinline__ uint64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+
+// `steps` stages through the ring; clk[2 b] / clk[2 b + 1]: CTA b's SM clocks and
+// nanoseconds from the first issue to the last stage landed.
+template <int KIND>
+__global__ void __launch_bounds__(FILL_THREADS, 1)
+    fill_rate_kernel(const __grid_constant__ CUtensorMap map, const __nv_bfloat16 *src, int steps,
+                     long long *clk, int *missing) {
+#ifdef SAM_HAS_WGMMA
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __shared__ __align__(8) uint64_t bars[FILL_STAGES];
+    const uint32_t ring = smem_u32(smem_raw) + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < FILL_STAGES; s++) mbar_init(smem_u32(&bars[s]), KIND == SAM_FILL_TMA ? 1 : FILL_THREADS);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (KIND == SAM_FILL_TMA && tid != 0) return;  // one thread issues the boxes
+    const long long c0 = clock64();
+    const uint64_t t0 = global_ns();
+    const int row = tid >> 3, ch = tid & 7;  // rows row + 16 j, 16-byte piece ch: a warp reads 4 whole rows
+    const __nv_bfloat16 *rp[FILL_ROWS / 16];
+    for (int i = 0; i < steps; i++) {
+        const int s = i % FILL_STAGES, kt = i % FILL_KT, item = i / FILL_KT;
+        const uint32_t bar = smem_u32(&bars[s]), dst = ring + s * FILL_STAGE_BYTES;
+        const int row0 = (int)(((long long)blockIdx.x + (long long)item * gridDim.x) * FILL_ROWS % FILL_SRC_ROWS);
+        if (i >= FILL_STAGES) mbar_wait(bar, ((i / FILL_STAGES) - 1) & 1);
+        if constexpr (KIND == SAM_FILL_TMA) {
+            mbar_arrive_expect_tx(bar, FILL_STAGE_BYTES);
+            tma_load_2d(dst, &map, kt * (FILL_ROW_BYTES / 2), row0, bar);
+        } else {
+            if (kt == 0) {
+#pragma unroll
+                for (int j = 0; j < FILL_ROWS / 16; j++) {
+                    const int r = row + 16 * j;
+                    const uint32_t t = KIND == SAM_FILL_GATHER
+                                           ? mix(blockIdx.x * 0x9e3779b9u + (uint32_t)item * 0x85ebca6bu + r) % FILL_SRC_ROWS
+                                           : (uint32_t)(row0 + r);
+                    rp[j] = src + (int64_t)t * FILL_SRC_COLS + ch * 8;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < FILL_ROWS / 16; j++) {
+                const int r = row + 16 * j;
+                cp_async16(dst + r * FILL_ROW_BYTES + ((ch ^ (r & 7)) << 4), rp[j] + kt * (FILL_ROW_BYTES / 2), true);
+            }
+            cp_async_mbar_arrive(bar);
+        }
+    }
+    for (int i = steps > FILL_STAGES ? steps - FILL_STAGES : 0; i < steps; i++)
+        mbar_wait(smem_u32(&bars[i % FILL_STAGES]), (i / FILL_STAGES) & 1);
+    if (tid == 0) {
+        clk[2 * blockIdx.x] = clock64() - c0;
+        clk[2 * blockIdx.x + 1] = (long long)(global_ns() - t0);
+    }
+#else
+    (void)map; (void)src; (void)steps; (void)clk;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *missing = 1;
+#endif
+}
+
 typedef void (*RateKernel)(int, int, float *, int *);
 
 struct Plan {
@@ -256,21 +332,24 @@ sam_status timed_launch(const Plan &p, const char *kind, int grid, int steps, Sc
     return SAM_STATUS_OK;
 }
 
-sam_status measure(sam_tc_kind kind, int device, double *tflops) {
-    const char *name = KIND_NAMES[kind];
-    int cc_major = 0, cc_minor = 0, sms = 0;
+// The device checks of a measurement named `name`: compute capability 8.0 or
+// later, and for `hopper` an sm_90 device and sm_90a code in this build; *sms, and
+// *cc = 10 major + minor.
+sam_status device_gate(const char *name, int device, bool hopper, int *sms, int *cc) {
+    int cc_major = 0, cc_minor = 0;
     PEAK_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device), name,
              "cudaDeviceGetAttribute");
     PEAK_TRY(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device), name,
              "cudaDeviceGetAttribute");
-    PEAK_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), name, "cudaDeviceGetAttribute");
-    const bool wg = kind == SAM_TC_WGMMA || kind == SAM_TC_WGMMA_SP;
-    // sm_90a code runs on compute capability 9.0 only; wgmma exists nowhere else
-    if (wg && !(cc_major == 9 && cc_minor == 0)) {
+    PEAK_TRY(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device), name, "cudaDeviceGetAttribute");
+    *cc = 10 * cc_major + cc_minor;
+    // sm_90a code runs on compute capability 9.0 only; wgmma, TMA and mbarrier
+    // transaction counts exist nowhere else
+    if (hopper && !(cc_major == 9 && cc_minor == 0)) {
         set_error("%s needs an sm_90 (Hopper) device; device %d is sm_%d%d", name, device, cc_major, cc_minor);
         return SAM_STATUS_UNSUPPORTED;
     }
-    if (wg && strstr(sam_cuda_archs(), "sm_90a") == nullptr) {
+    if (hopper && strstr(sam_cuda_archs(), "sm_90a") == nullptr) {
         set_error("%s needs sm_90a code and this build has %s (rebuild with 90a in SAMOYEDS_CUDA_ARCHS)", name,
                   sam_cuda_archs());
         return SAM_STATUS_UNSUPPORTED;
@@ -280,6 +359,14 @@ sam_status measure(sam_tc_kind kind, int device, double *tflops) {
                   cc_minor);
         return SAM_STATUS_UNSUPPORTED;
     }
+    return SAM_STATUS_OK;
+}
+
+sam_status measure(sam_tc_kind kind, int device, double *tflops) {
+    const char *name = KIND_NAMES[kind];
+    int sms = 0, cc = 0;
+    const bool wg = kind == SAM_TC_WGMMA || kind == SAM_TC_WGMMA_SP;
+    if (sam_status st = device_gate(name, device, wg, &sms, &cc)) return st;
 
     const Plan p = plan_for(kind);
     if (p.smem > 48 * 1024)
@@ -308,7 +395,7 @@ sam_status measure(sam_tc_kind kind, int device, double *tflops) {
     PEAK_TRY(cudaMemcpy(&missing, s.missing, sizeof(int), cudaMemcpyDeviceToHost), name, "cudaMemcpy");
     if (missing) {
         set_error("%s: the code this build (%s) has for device %d (sm_%d%d) cannot issue it", name,
-                  sam_cuda_archs(), device, cc_major, cc_minor);
+                  sam_cuda_archs(), device, cc / 10, cc % 10);
         return SAM_STATUS_UNSUPPORTED;
     }
 
@@ -332,7 +419,139 @@ sam_status measure(sam_tc_kind kind, int device, double *tflops) {
     return SAM_STATUS_OK;
 }
 
+// Buffers and events of one fill-rate measurement, released on every path.
+struct FillScratch {
+    __nv_bfloat16 *src = nullptr;
+    long long *clk = nullptr;
+    int *missing = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~FillScratch() {
+        if (start) cudaEventDestroy(start);
+        if (stop) cudaEventDestroy(stop);
+        if (src) cudaFree(src);
+        if (clk) cudaFree(clk);
+        if (missing) cudaFree(missing);
+    }
+};
+
+typedef void (*FillKernel)(CUtensorMap, const __nv_bfloat16 *, int, long long *, int *);
+
+sam_status fill_launch(FillKernel k, const CUtensorMap &map, const char *name, int grid, int steps,
+                       FillScratch &s, float *ms) {
+    PEAK_TRY(cudaEventRecord(s.start, 0), name, "cudaEventRecord");
+    k<<<grid, FILL_THREADS, FILL_SMEM, 0>>>(map, s.src, steps, s.clk, s.missing);
+    PEAK_TRY(cudaGetLastError(), name, "launch");
+    PEAK_TRY(cudaEventRecord(s.stop, 0), name, "cudaEventRecord");
+    PEAK_TRY(cudaEventSynchronize(s.stop), name, "kernel");
+    PEAK_TRY(cudaEventElapsedTime(ms, s.start, s.stop), name, "cudaEventElapsedTime");
+    return SAM_STATUS_OK;
+}
+
+const char *const FILL_NAMES[] = SAM_FILL_KIND_NAMES;
+
+sam_status measure_fill(sam_fill_kind kind, int device, double out[3]) {
+    const char *name = FILL_NAMES[kind];
+    int sms = 0, cc = 0;
+    if (sam_status st = device_gate(name, device, true, &sms, &cc)) return st;
+    const FillKernel k = kind == SAM_FILL_TMA        ? fill_rate_kernel<SAM_FILL_TMA>
+                         : kind == SAM_FILL_CP_ASYNC ? fill_rate_kernel<SAM_FILL_CP_ASYNC>
+                                                     : fill_rate_kernel<SAM_FILL_GATHER>;
+    PEAK_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, FILL_SMEM), name,
+             "cudaFuncSetAttribute");
+    const int grid = sms;  // one CTA per SM (the ring takes most of its shared memory)
+
+    FillScratch s;
+    const size_t src_bytes = (size_t)FILL_SRC_ROWS * FILL_SRC_COLS * sizeof(__nv_bfloat16);
+    PEAK_TRY(cudaMalloc(&s.src, src_bytes), name, "cudaMalloc");
+    PEAK_TRY(cudaMemset(s.src, 0x3c, src_bytes), name, "cudaMemset");  // bf16 0x3c3c: ~0.0115, every row
+    PEAK_TRY(cudaMalloc(&s.clk, sizeof(long long) * 2 * grid), name, "cudaMalloc");
+    PEAK_TRY(cudaMalloc(&s.missing, sizeof(int)), name, "cudaMalloc");
+    PEAK_TRY(cudaMemset(s.missing, 0, sizeof(int)), name, "cudaMemset");
+    PEAK_TRY(cudaEventCreate(&s.start), name, "cudaEventCreate");
+    PEAK_TRY(cudaEventCreate(&s.stop), name, "cudaEventCreate");
+
+    CUtensorMap map;
+    memset(&map, 0, sizeof map);
+    if (kind == SAM_FILL_TMA) {
+        TensorMapEncodeFn enc = tensor_map_encoder();
+        if (enc == nullptr) {
+            set_error("%s: the CUDA driver has no cuTensorMapEncodeTiled", name);
+            return SAM_STATUS_UNSUPPORTED;
+        }
+        const cuuint64_t dim[2] = {FILL_SRC_COLS, FILL_SRC_ROWS}, stride[1] = {FILL_SRC_COLS * 2};
+        const cuuint32_t box[2] = {FILL_ROW_BYTES / 2, FILL_ROWS}, one[2] = {1, 1};
+        if (enc(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, s.src, dim, stride, box, one,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+            set_error("%s: cuTensorMapEncodeTiled refused the source", name);
+            return SAM_STATUS_CUDA_ERROR;
+        }
+    }
+
+    float ms = 0.0f;
+    if (sam_status st = fill_launch(k, map, name, grid, 2 * FILL_STAGES, s, &ms)) return st;
+    int missing = 0;
+    PEAK_TRY(cudaMemcpy(&missing, s.missing, sizeof(int), cudaMemcpyDeviceToHost), name, "cudaMemcpy");
+    if (missing) {
+        set_error("%s: the code this build (%s) has for device %d (sm_%d%d) cannot run it", name, sam_cuda_archs(), device,
+                  cc / 10, cc % 10);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (sam_status st = fill_launch(k, map, name, grid, CALIB_STEPS * 4, s, &ms)) return st;
+    const double want = CALIB_STEPS * 4 * (double)TARGET_MS / std::max((double)ms, 1e-3);
+    const int steps = (int)std::min(std::max(want, (double)CALIB_STEPS * 4), (double)(1 << 26));
+    if (sam_status st = fill_launch(k, map, name, grid, steps, s, &ms)) return st;  // clocks settle
+
+    float times[TIMED];
+    long long clk_sum = 0, ns_sum = 0;
+    long long *clk = new long long[2 * grid];
+    for (int i = 0; i < TIMED; i++) {
+        sam_status st = fill_launch(k, map, name, grid, steps, s, &times[i]);
+        if (st == SAM_STATUS_OK && cudaMemcpy(clk, s.clk, sizeof(long long) * 2 * grid, cudaMemcpyDeviceToHost) != cudaSuccess)
+            st = cuda_status(cudaGetLastError(), "fill rate: cudaMemcpy");
+        if (st != SAM_STATUS_OK) {
+            delete[] clk;
+            return st;
+        }
+        for (int b = 0; b < grid; b++) {
+            clk_sum += clk[2 * b];
+            ns_sum += clk[2 * b + 1];
+        }
+    }
+    delete[] clk;
+    std::sort(times, times + TIMED);
+    const double median_s = times[TIMED / 2] * 1e-3;
+    if (!(median_s > 0.0) || clk_sum <= 0 || ns_sum <= 0) {
+        set_error("%s: the timed launches took no measurable time", name);
+        return SAM_STATUS_CUDA_ERROR;
+    }
+    const double bytes_per_cta = (double)steps * FILL_STAGE_BYTES;
+    out[0] = bytes_per_cta * grid / median_s / 1e12;
+    out[1] = bytes_per_cta / ((double)clk_sum / (TIMED * grid));  // per SM per clock of that SM
+    out[2] = (double)clk_sum / (double)ns_sum * 1e3;               // clocks per ns -> MHz
+    return SAM_STATUS_OK;
+}
+
 #undef PEAK_TRY
+
+// f() with `device` checked and current while it runs.
+template <typename F> sam_status on_device(int device, F &&f) {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // no driver / no device: not sticky, do not leave it for the next launcher
+        return cuda_status(err, "cudaGetDeviceCount");
+    }
+    if (device < 0 || device >= n) {
+        set_error("device = %d; expected 0 <= device < %d (the CUDA devices visible)", device, n);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    int prev = 0;
+    if (sam_status st = sam_cuda_device_enter(device, &prev)) return st;
+    const sam_status st = f();
+    sam_cuda_device_exit(prev);
+    return st;
+}
 
 }  // namespace
 }  // namespace sam
@@ -343,19 +562,15 @@ extern "C" sam_status sam_tc_rate_cuda(sam_tc_kind kind, int device, double *tfl
         sam::set_error("kind = %d; expected 0 <= kind < %d", (int)kind, SAM_TC_KIND_COUNT);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    int n = 0;
-    const cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess) {
-        cudaGetLastError();  // no driver / no device: not sticky, do not leave it for the next launcher
-        return sam::cuda_status(err, "cudaGetDeviceCount");
-    }
-    if (device < 0 || device >= n) {
-        sam::set_error("device = %d; expected 0 <= device < %d (the CUDA devices visible)", device, n);
+    return sam::on_device(device, [&] { return sam::measure(kind, device, tflops); });
+}
+
+extern "C" sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, double out[3]) {
+    out[0] = out[1] = out[2] = 0.0;
+    if ((int)kind < 0 || (int)kind >= SAM_FILL_KIND_COUNT) {
+        sam::set_error("kind = %d; expected 0 <= kind < %d", (int)kind, SAM_FILL_KIND_COUNT);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    int prev = 0;
-    if (sam_status st = sam_cuda_device_enter(device, &prev)) return st;
-    const sam_status st = sam::measure(kind, device, tflops);
-    sam_cuda_device_exit(prev);
-    return st;
+    return sam::on_device(device, [&] { return sam::measure_fill(kind, device, out); });
 }
+

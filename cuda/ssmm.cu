@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "common.cuh"
+#include "tma.cuh"
 
 namespace sam {
 namespace {
@@ -629,31 +630,6 @@ int wgmma_meta_remap() {
 }
 
 enum Kernel { K_MMA_SP = 0, K_WGMMA = 1, K_WGMMA_WS = 2 };
-
-// cuTensorMapEncodeTiled, taken from the driver through the runtime: the build
-// links no libcuda.  nullptr where the driver has none.
-typedef CUresult (*TensorMapEncodeFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                      const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
-                                      CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                      CUtensorMapFloatOOBfill);
-TensorMapEncodeFn tensor_map_encoder() {
-    static TensorMapEncodeFn fn = nullptr;
-    static bool tried = false;
-    if (!tried) {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-        const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                                 cudaEnableDefault, &q);
-#else
-        const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
-#endif
-        if (err == cudaSuccess && q == cudaDriverEntryPointSuccess) fn = reinterpret_cast<TensorMapEncodeFn>(f);
-        cudaGetLastError();
-        tried = true;
-    }
-    return fn;
-}
 
 // The warp-specialised kernel streams the weights by TMA: it needs the driver's
 // encoder and 16-byte-aligned arrays (always so for arrays the library allocates).

@@ -18,8 +18,8 @@ __version__ = _C.__version__
 __all__ = [
     "CudaError", "PRESETS", "PackedWeight", "Routing", "SparseFormat", "__version__", "build_info",
     "combine", "cuda_available", "from_pretrained", "gather_weights", "mask", "moe_forward", "pack", "patch_model",
-    "route",
-    "save_pretrained", "sparsify_model", "ssmm", "tensor_core_rate", "to_dense", "unpack", "unpatch_model",
+    "route", "save_pretrained", "shared_fill_rate", "sparsify_model", "ssmm", "tensor_core_rate", "to_dense", "unpack",
+    "unpatch_model",
 ]
 
 # Loaded on first use, so that ``import samoyeds`` imports neither torch nor transformers.
@@ -82,3 +82,33 @@ def tensor_core_rate(kind: str, device: int = 0) -> float:
             CUDA runtime failed, e.g. no usable GPU.
     """
     return _C.tensor_core_rate(kind, device)
+
+
+def shared_fill_rate(kind: str, device: int = 0) -> dict:
+    """How fast every SM of ``device`` can fill its shared memory from L2 one
+    way: the data ceiling of the ``wgmma.sp`` kernels, as ``tensor_core_rate``
+    is their compute ceiling.
+
+    One CTA per SM streams stages of 128 rows x 128 bytes (one k-tile of 128
+    token rows) from a 16 MiB L2-resident source into a ring of 8 stages, each
+    completing on an mbarrier and reissued as soon as it has landed; nothing
+    computes on the data.  ``kind`` is one of ``_C.SHARED_FILL_KINDS``:
+
+    * ``"tma"``: one 2-d TMA box per stage (128-byte swizzle), how the kernels
+      load the packed weights, and token rows that need no row map
+    * ``"cp_async"``: 16-byte ``cp.async`` by 128 threads, rows in order
+    * ``"cp_async_gather"``: the same with each row chosen by index (random
+      rows), how the kernels gather routed tokens
+
+    Returns ``{"tb_per_s", "bytes_per_clock_per_sm", "sm_clock_mhz"}``: the
+    device-wide rate, the bytes each SM took in per clock of its own
+    (``clock64``), and the SMs' mean clock during the run.  Under a tenth of
+    a second, blocking, on the legacy default stream.
+
+    Raises:
+        ValueError: an unknown ``kind`` or ``device``.
+        NotImplementedError: not an sm_90 device, or a build without sm_90a.
+        RuntimeError: samoyeds was built without CUDA, or (``CudaError``) the
+            CUDA runtime failed.
+    """
+    return _C.shared_fill_rate(kind, device)

@@ -80,3 +80,61 @@ def test_hopper_ordering():
     r = {k: samoyeds.tensor_core_rate(k) for k in KINDS}
     assert r["wgmma_sp"] > 1.5 * r["wgmma"], r
     assert r["wgmma"] > r["mma"], r
+
+
+# ---- shared_fill_rate ----
+FILL_KINDS = ("tma", "cp_async", "cp_async_gather")
+
+
+def test_fill_kinds():
+    assert _C.SHARED_FILL_KINDS == FILL_KINDS
+
+
+@pytest.mark.parametrize("fn", [samoyeds.shared_fill_rate, _C.shared_fill_rate])
+def test_fill_unknown_kind_is_a_value_error_naming_it(fn):
+    with pytest.raises(ValueError, match=r"shared_fill_rate: kind: expected one of .*'cp_async_gather'.*got 'ldgsts'"):
+        fn("ldgsts")
+    with pytest.raises(ValueError, match="got 'TMA'"):
+        fn("TMA", 0)
+    with pytest.raises(TypeError):
+        fn(0)
+    with pytest.raises(TypeError):
+        fn("tma", "0")
+
+
+def test_fill_without_cuda_is_a_runtime_error():
+    if samoyeds.cuda_available():
+        pytest.skip("a CUDA GPU is usable here")
+    for kind in FILL_KINDS:
+        with pytest.raises(RuntimeError, match="shared_fill_rate"):
+            samoyeds.shared_fill_rate(kind)
+
+
+@pytest.mark.gpu
+def test_fill_bad_device_is_a_value_error():
+    with pytest.raises(ValueError, match="device = -1"):
+        samoyeds.shared_fill_rate("tma", -1)
+    with pytest.raises(ValueError, match=f"device = {_C.cuda_device_count()}"):
+        samoyeds.shared_fill_rate("tma", _C.cuda_device_count())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", FILL_KINDS)
+def test_fill_rate_is_finite_and_below_the_hardware(kind):
+    if not _hopper_build():
+        with pytest.raises(NotImplementedError, match=kind):
+            samoyeds.shared_fill_rate(kind)
+        return
+    r = samoyeds.shared_fill_rate(kind)
+    assert set(r) == {"tb_per_s", "bytes_per_clock_per_sm", "sm_clock_mhz"}, r
+    assert all(math.isfinite(v) and v > 0 for v in r.values()), r
+    # an SM clock between idle and the top boost clock of any Hopper part
+    assert 500 < r["sm_clock_mhz"] < 2100, r
+    # an SM takes in at most 128 bytes per clock from L2 (more: bytes counted that never
+    # moved); the device rate and the per-SM rate agree through the SM count and clock
+    assert r["bytes_per_clock_per_sm"] < 128, r
+    torch = pytest.importorskip("torch")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    implied = r["bytes_per_clock_per_sm"] * r["sm_clock_mhz"] * 1e6 * sms / 1e12
+    assert 0.8 < implied / r["tb_per_s"] < 1.25, (implied, sms, r)
+    assert samoyeds.tensor_core_rate("mma") > 0  # the device is usable afterwards
