@@ -82,16 +82,10 @@ static PyObject *kinds_tuple(const char *const *names, int n)
     return t;
 }
 
-/* The (kind, device=0) arguments of a measurement `fn` ("U|i:<fn>" in `fmt`): the
- * index of the kind among n names and *device, or -1 with a TypeError, or a
- * ValueError naming `fn` and the names it takes. */
-static int kind_device_args(PyObject *args, PyObject *kw, const char *fmt, const char *const *names, int n,
-                            const char *fn, int *device)
+/* The index of the kind named by o_kind among n names, or -1 with a ValueError
+ * naming the function `fn` and the names it takes. */
+static int kind_index(PyObject *o_kind, const char *const *names, int n, const char *fn)
 {
-    static char *kwlist[] = {"kind", "device", NULL};
-    PyObject *o_kind = NULL;
-    *device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &o_kind, device)) return -1;
     const char *name = PyUnicode_AsUTF8(o_kind);
     if (name == NULL) return -1;
     for (int i = 0; i < n; i++)
@@ -109,9 +103,11 @@ static int kind_device_args(PyObject *args, PyObject *kw, const char *fmt, const
 static PyObject *py_tensor_core_rate(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    int device;
-    const int kind = kind_device_args(args, kw, "U|i:tensor_core_rate", tc_kind_names, SAM_TC_KIND_COUNT,
-                                      "tensor_core_rate", &device);
+    static char *kwlist[] = {"kind", "device", NULL};
+    PyObject *o_kind = NULL;
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "U|i:tensor_core_rate", kwlist, &o_kind, &device)) return NULL;
+    const int kind = kind_index(o_kind, tc_kind_names, SAM_TC_KIND_COUNT, "tensor_core_rate");
     if (kind < 0) return NULL;
 #if SAM_WITH_CUDA
     double tflops = 0.0;
@@ -128,27 +124,30 @@ static PyObject *py_tensor_core_rate(PyObject *self, PyObject *args, PyObject *k
 #endif
 }
 
-/* shared_fill_rate(kind, device=0) -> dict: how fast every SM fills its shared
- * memory from L2 one way (cuda/peak.cu): tb_per_s, bytes_per_clock_per_sm,
- * sm_clock_mhz. */
+/* shared_fill_rate(kind, device=0, ctas=0) -> dict: how fast every SM (or `ctas`
+ * of them) fills its shared memory from L2 one way (cuda/peak.cu): tb_per_s,
+ * bytes_per_clock_per_sm, sm_clock_mhz. */
 static PyObject *py_shared_fill_rate(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    int device;
-    const int kind = kind_device_args(args, kw, "U|i:shared_fill_rate", fill_kind_names, SAM_FILL_KIND_COUNT,
-                                      "shared_fill_rate", &device);
+    static char *kwlist[] = {"kind", "device", "ctas", NULL};
+    PyObject *o_kind = NULL;
+    int device = 0, ctas = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "U|ii:shared_fill_rate", kwlist, &o_kind, &device, &ctas))
+        return NULL;
+    const int kind = kind_index(o_kind, fill_kind_names, SAM_FILL_KIND_COUNT, "shared_fill_rate");
     if (kind < 0) return NULL;
 #if SAM_WITH_CUDA
     double out[3] = {0.0, 0.0, 0.0};
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = sam_fill_rate_cuda((sam_fill_kind)kind, device, out);
+    status = sam_fill_rate_cuda((sam_fill_kind)kind, device, ctas, out);
     Py_END_ALLOW_THREADS
     if (status != SAM_STATUS_OK) return sam_raise_status(status, "shared_fill_rate", sam_cuda_last_error());
     return Py_BuildValue("{s:d,s:d,s:d}", "tb_per_s", out[0], "bytes_per_clock_per_sm", out[1], "sm_clock_mhz",
                          out[2]);
 #else
-    (void)device;
+    (void)device; (void)ctas;
     PyErr_SetString(PyExc_RuntimeError, "shared_fill_rate: samoyeds was built without CUDA");
     return NULL;
 #endif
@@ -255,8 +254,8 @@ static PyMethodDef sam_methods[] = {
      "tensor_core_rate(kind, device=0) -> float: issue rate of a tensor-core instruction form "
      "(one of TENSOR_CORE_KINDS), dense-equivalent TFLOP/s."},
     {"shared_fill_rate", (PyCFunction)(void (*)(void))py_shared_fill_rate, METH_VARARGS | METH_KEYWORDS,
-     "shared_fill_rate(kind, device=0) -> dict: how fast every SM fills its shared memory from L2 "
-     "(one of SHARED_FILL_KINDS): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz."},
+     "shared_fill_rate(kind, device=0, ctas=0) -> dict: how fast every SM (or ctas of them) fills its "
+     "shared memory from L2 (one of SHARED_FILL_KINDS): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz."},
     {"set_fast_dlpack", py_set_fast_dlpack, METH_O,
      "Enable/disable the DLPack C exchange-API fast path; returns the old setting."},
     {"decode_meta", py_decode_meta, METH_O, "decode_meta(meta) -> uint8 ndarray [..., 8, 2] of positions."},

@@ -449,7 +449,7 @@ sam_status fill_launch(FillKernel k, const CUtensorMap &map, const char *name, i
 
 const char *const FILL_NAMES[] = SAM_FILL_KIND_NAMES;
 
-sam_status measure_fill(sam_fill_kind kind, int device, double out[3]) {
+sam_status measure_fill(sam_fill_kind kind, int device, int ctas, double out[3]) {
     const char *name = FILL_NAMES[kind];
     int sms = 0, cc = 0;
     if (sam_status st = device_gate(name, device, true, &sms, &cc)) return st;
@@ -458,7 +458,11 @@ sam_status measure_fill(sam_fill_kind kind, int device, double out[3]) {
                                                      : fill_rate_kernel<SAM_FILL_GATHER>;
     PEAK_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, FILL_SMEM), name,
              "cudaFuncSetAttribute");
-    const int grid = sms;  // one CTA per SM (the ring takes most of its shared memory)
+    if (ctas < 0 || ctas > sms) {
+        set_error("ctas = %d; expected 0 (every SM) or 1 <= ctas <= %d (the SMs of device %d)", ctas, sms, device);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    const int grid = ctas ? ctas : sms;  // one CTA per SM (the ring takes most of its shared memory)
 
     FillScratch s;
     const size_t src_bytes = (size_t)FILL_SRC_ROWS * FILL_SRC_COLS * sizeof(__nv_bfloat16);
@@ -565,12 +569,12 @@ extern "C" sam_status sam_tc_rate_cuda(sam_tc_kind kind, int device, double *tfl
     return sam::on_device(device, [&] { return sam::measure(kind, device, tflops); });
 }
 
-extern "C" sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, double out[3]) {
+extern "C" sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, double out[3]) {
     out[0] = out[1] = out[2] = 0.0;
     if ((int)kind < 0 || (int)kind >= SAM_FILL_KIND_COUNT) {
         sam::set_error("kind = %d; expected 0 <= kind < %d", (int)kind, SAM_FILL_KIND_COUNT);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    return sam::on_device(device, [&] { return sam::measure_fill(kind, device, out); });
+    return sam::on_device(device, [&] { return sam::measure_fill(kind, device, ctas, out); });
 }
 

@@ -198,14 +198,14 @@ typedef enum sam_fill_kind {
 } sam_fill_kind;
 #define SAM_FILL_KIND_NAMES {"tma", "cp_async", "cp_async_gather"}
 
-/* The rate at which every SM of `device` fills its shared memory that way, one
- * CTA per SM: out[0] TB/s over the device, out[1] bytes per SM clock per SM (the
- * SMs' own clock64 over the run), out[2] the SMs' mean clock in MHz during the
- * run.  Blocking, on the legacy default stream, under a tenth of a second;
+/* The rate at which `ctas` SMs of `device` (0: every SM) fill their shared
+ * memory that way, one CTA per SM: out[0] TB/s over those SMs, out[1] bytes per
+ * SM clock per SM (the SMs' own clock64 over the run), out[2] the SMs' mean clock
+ * in MHz during the run.  Blocking, on the legacy default stream, under a tenth of a second;
  * `device` current only while it runs.  SAM_STATUS_UNSUPPORTED off sm_90 or
  * without sm_90a code (mbarrier transaction counts and TMA are Hopper's), and
  * for TMA where the driver has no tensor-map encoder. */
-sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, double out[3]);
+sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, double out[3]);
 
 #ifdef __cplusplus
 }

@@ -84,7 +84,7 @@ def tensor_core_rate(kind: str, device: int = 0) -> float:
     return _C.tensor_core_rate(kind, device)
 
 
-def shared_fill_rate(kind: str, device: int = 0) -> dict:
+def shared_fill_rate(kind: str, device: int = 0, ctas: int = 0) -> dict:
     """How fast every SM of ``device`` can fill its shared memory from L2 one
     way: the data ceiling of the ``wgmma.sp`` kernels, as ``tensor_core_rate``
     is their compute ceiling.
@@ -100,15 +100,17 @@ def shared_fill_rate(kind: str, device: int = 0) -> dict:
     * ``"cp_async_gather"``: the same with each row chosen by index (random
       rows), how the kernels gather routed tokens
 
-    Returns ``{"tb_per_s", "bytes_per_clock_per_sm", "sm_clock_mhz"}``: the
-    device-wide rate, the bytes each SM took in per clock of its own
-    (``clock64``), and the SMs' mean clock during the run.  Under a tenth of
-    a second, blocking, on the legacy default stream.
+    ``ctas`` SMs take part (0: every SM): fewer show whether the limit is each
+    SM's or the L2's.  Returns ``{"tb_per_s", "bytes_per_clock_per_sm",
+    "sm_clock_mhz"}``: the rate over those SMs, the bytes each SM took in per
+    clock of its own (``clock64``), and the SMs' mean clock during the run.
+    Under a tenth of a second, blocking, on the legacy default stream.
 
     Raises:
-        ValueError: an unknown ``kind`` or ``device``.
+        ValueError: an unknown ``kind`` or ``device``, or ``ctas`` not in
+            ``[0, SMs]``.
         NotImplementedError: not an sm_90 device, or a build without sm_90a.
         RuntimeError: samoyeds was built without CUDA, or (``CudaError``) the
             CUDA runtime failed.
     """
-    return _C.shared_fill_rate(kind, device)
+    return _C.shared_fill_rate(kind, device, ctas)

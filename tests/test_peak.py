@@ -116,6 +116,11 @@ def test_fill_bad_device_is_a_value_error():
         samoyeds.shared_fill_rate("tma", -1)
     with pytest.raises(ValueError, match=f"device = {_C.cuda_device_count()}"):
         samoyeds.shared_fill_rate("tma", _C.cuda_device_count())
+    if _hopper_build():
+        with pytest.raises(ValueError, match=r"ctas = -1; expected 0 \(every SM\)"):
+            samoyeds.shared_fill_rate("tma", 0, -1)
+        with pytest.raises(ValueError, match="ctas = 100000"):
+            samoyeds.shared_fill_rate("cp_async", ctas=100000)
 
 
 @pytest.mark.gpu
@@ -137,4 +142,8 @@ def test_fill_rate_is_finite_and_below_the_hardware(kind):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     implied = r["bytes_per_clock_per_sm"] * r["sm_clock_mhz"] * 1e6 * sms / 1e12
     assert 0.8 < implied / r["tb_per_s"] < 1.25, (implied, sms, r)
+    # fewer SMs: the same per-SM figures hold, and the rate over them is finite
+    few = samoyeds.shared_fill_rate(kind, ctas=8)
+    assert all(math.isfinite(v) and v > 0 for v in few.values()), few
+    assert few["bytes_per_clock_per_sm"] < 128 and few["tb_per_s"] < r["tb_per_s"] * 1.05, (few, r)
     assert samoyeds.tensor_core_rate("mma") > 0  # the device is usable afterwards
