@@ -69,6 +69,15 @@ def fill_table(d: dict) -> str:
     return "\n".join(rows)
 
 
+def fill_rate_table(d: dict) -> str:
+    """fill_rate.json: the shared-memory fill rate by way and by SMs taking part."""
+    rows = ["| way | SMs | TB/s | GB/s per SM | B/clk/SM | SM clock |", "|---|---:|---:|---:|---:|---:|"]
+    for r in sorted(d["rows"], key=lambda r: (r["kind"], -r["ctas"])):
+        rows.append(f"| {r['kind']} | {r['ctas']} | {r['tb_per_s']:.2f} | {r['gb_per_s_per_sm']:.1f} | "
+                    f"{r['bytes_per_clock_per_sm']:.1f} | {r['sm_clock_mhz']:.0f} MHz |")
+    return "\n".join(rows)
+
+
 def moe_table(d: dict) -> str:
     rows = ["| model | T | eager | grouped_mm | samoyeds | vs grouped_mm | vs eager | vs grouped_mm, back to back | "
             "vs grouped_mm, GPU time | peak MiB grouped_mm / samoyeds | expert weights |",
@@ -390,7 +399,7 @@ def main() -> None:
     for name, fn in (("moe.json", moe_table), ("kernel.json", kernel_table), ("sweep.json", sweep_table),
                      ("e2e.json", e2e_table), ("memory.json", memory_table), ("breakdown.json", breakdown_table),
                      ("accuracy.json", accuracy_table), ("bench_decode.json", decode_table),
-                     ("ssmm_kernels.json", ssmm_kernels_table)):
+                     ("ssmm_kernels.json", ssmm_kernels_table), ("fill_rate.json", fill_rate_table)):
         d, path = _load(a.gpu, name)
         if d is None:
             print(f"(no {path})")
