@@ -18,8 +18,9 @@ instruction its Hopper kernels run on.  Where the default dispatch runs the
 warp-specialised wgmma.sp kernel (more than 128 routed rows and more than 16 per
 expert on average), stream_tb_s is the rate at which that kernel's k-tile stages
 (weights, tokens, metadata) went from L2 into shared memory, and frac_fill_tma /
-frac_fill_gather set it against the fill rate of TMA boxes and of the cp.async
-gather measured in the same run (samoyeds.shared_fill_rate): the data ceiling.
+frac_fill_gather / frac_fill_mixed set it against the fill rate of TMA boxes, of
+the cp.async gather and of stages holding both, measured in the same run
+(samoyeds.shared_fill_rate): the data ceiling.
 
   python benchmarks/bench_kernel.py [--quick] [--models a,b] [--tokens 256,4096] [--out DIR]
                                     [--tiny --device cpu]   (a CPU smoke run: shapes / 16, wall clock)
@@ -163,9 +164,9 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
             if wgmma_sp and S > 128 and S > 16 * E:  # the default dispatch runs the wgmma.sp kernel
                 rate = ws_stream_bytes(p.fmt.m, p.dims.rp, C, counts) / (t["ms"] * 1e-3) / 1e12
                 t["stream_tb_s"] = rate
-                for k in ("tma", "cp_async_gather"):
+                for key, k in (("tma", "tma"), ("gather", "cp_async_gather"), ("mixed", "tma_and_gather")):
                     fill = ceil.get(f"fill_{k}_tb_s")
-                    t[f"frac_fill_{k.split('_')[-1]}"] = rate / fill if fill else None
+                    t[f"frac_fill_{key}"] = rate / fill if fill else None
     base = res["methods"]
     for ours_name in FORMATS:
         if "ms" not in base.get(ours_name, {}):

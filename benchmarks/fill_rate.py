@@ -1,13 +1,16 @@
 """The data ceiling of the wgmma.sp kernels: how fast SMs fill their shared memory from
-L2 (samoyeds.shared_fill_rate), by TMA boxes, by cp.async rows in order and by cp.async
-rows chosen by index (the routed-token gather), with every SM taking part and with fewer.
+L2 (samoyeds.shared_fill_rate), by TMA boxes, by cp.async rows in order, by cp.async
+rows chosen by index (the routed-token gather) and by stages holding a box and gathered
+rows (as the kernels' stages do); with every SM taking part and with fewer (128 KB of
+stages in flight), and with every SM and fewer stages in flight.
 
 If the rate per SM stays put as SMs drop out, each SM's intake is the limit; if the
-rate over the device stays put instead, the L2's output is.  Each point is the median
-of the measurement's timed launches; the whole sweep runs REPEAT times, kinds and SM
-counts interleaved, and reports the median of the repeats.
+rate over the device stays put instead, the L2's output is.  The rate against the bytes
+in flight says how much of a ring a stream needs.  Each point is the median of the
+measurement's timed launches; the whole sweep runs REPEAT times, the points
+interleaved, and reports the median of the repeats.
 
-  python benchmarks/fill_rate.py [--ctas 0,99,66,33,16,4] [--repeat 3] [--out DIR]
+  python benchmarks/fill_rate.py [--ctas 0,99,66,33,16,4] [--stage-kb 16,32,64,96,128,192] [--repeat 3] [--out DIR]
 """
 import argparse
 import os
@@ -24,24 +27,32 @@ from common import environment, write_json  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ctas", default="0,99,66,33,16,4", help="SMs taking part (0: every SM)")
+    ap.add_argument("--stage-kb", default="16,32,64,96,128,192", help="KB of stages in flight per SM (every SM)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    ctas = [int(c) for c in a.ctas.split(",")]
+    stage_bytes = {k: 32768 if k == "tma_and_gather" else 16384 for k in sm._C.SHARED_FILL_KINDS}
+    points = [(kind, n, 0) for n in (int(c) for c in a.ctas.split(",")) for kind in sm._C.SHARED_FILL_KINDS]
+    for kb in (int(k) for k in a.stage_kb.split(",")):
+        for kind in sm._C.SHARED_FILL_KINDS:
+            st = kb * 1024 // stage_bytes[kind]
+            if 1 <= st and st * stage_bytes[kind] == kb * 1024 and (kind, 0, st) not in points:
+                points.append((kind, 0, st))
     runs = {}
     for _ in range(a.repeat):
-        for n in ctas:
-            for kind in sm._C.SHARED_FILL_KINDS:
-                runs.setdefault((kind, n), []).append(sm.shared_fill_rate(kind, ctas=n))
+        for kind, n, st in points:
+            runs.setdefault((kind, n, st), []).append(sm.shared_fill_rate(kind, ctas=n, stages=st))
     rows = []
-    for (kind, n), rs in runs.items():
-        row = {"kind": kind, "ctas": n or sms, "repeats": len(rs)}
+    for (kind, n, st), rs in runs.items():
+        st = st or 131072 // stage_bytes[kind]
+        row = {"kind": kind, "ctas": n or sms, "stages": st, "in_flight_kb": st * stage_bytes[kind] // 1024,
+               "repeats": len(rs)}
         for k in ("tb_per_s", "bytes_per_clock_per_sm", "sm_clock_mhz"):
             row[k] = statistics.median(r[k] for r in rs)
         row["gb_per_s_per_sm"] = row["tb_per_s"] * 1e3 / row["ctas"]
         rows.append(row)
-        print(f"{kind:16} {row['ctas']:4} SMs  {row['tb_per_s']:6.2f} TB/s  {row['gb_per_s_per_sm']:6.1f} GB/s per SM  "
+        print(f"{kind:16} {row['ctas']:4} SMs {row['in_flight_kb']:4} KB  {row['tb_per_s']:6.2f} TB/s  {row['gb_per_s_per_sm']:6.1f} GB/s per SM  "
               f"{row['bytes_per_clock_per_sm']:5.1f} B/clk/SM  at {row['sm_clock_mhz']:5.0f} MHz", flush=True)
     if a.out:
         write_json(os.path.join(a.out, "fill_rate.json"), {"environment": environment(), "sms": sms, "rows": rows})

@@ -71,9 +71,10 @@ def fill_table(d: dict) -> str:
 
 def fill_rate_table(d: dict) -> str:
     """fill_rate.json: the shared-memory fill rate by way and by SMs taking part."""
-    rows = ["| way | SMs | TB/s | GB/s per SM | B/clk/SM | SM clock |", "|---|---:|---:|---:|---:|---:|"]
-    for r in sorted(d["rows"], key=lambda r: (r["kind"], -r["ctas"])):
-        rows.append(f"| {r['kind']} | {r['ctas']} | {r['tb_per_s']:.2f} | {r['gb_per_s_per_sm']:.1f} | "
+    rows = ["| way | SMs | KB in flight per SM | TB/s | GB/s per SM | B/clk/SM | SM clock |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(d["rows"], key=lambda r: (r["kind"], -r["ctas"], -r.get("in_flight_kb", 128))):
+        rows.append(f"| {r['kind']} | {r['ctas']} | {r.get('in_flight_kb', 128)} | {r['tb_per_s']:.2f} | {r['gb_per_s_per_sm']:.1f} | "
                     f"{r['bytes_per_clock_per_sm']:.1f} | {r['sm_clock_mhz']:.0f} MHz |")
     return "\n".join(rows)
 

@@ -124,16 +124,16 @@ static PyObject *py_tensor_core_rate(PyObject *self, PyObject *args, PyObject *k
 #endif
 }
 
-/* shared_fill_rate(kind, device=0, ctas=0) -> dict: how fast every SM (or `ctas`
- * of them) fills its shared memory from L2 one way (cuda/peak.cu): tb_per_s,
- * bytes_per_clock_per_sm, sm_clock_mhz. */
+/* shared_fill_rate(kind, device=0, ctas=0, stages=0) -> dict: how fast every SM
+ * (or `ctas` of them) fills its shared memory from L2 one way with `stages` in
+ * flight (cuda/peak.cu): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz. */
 static PyObject *py_shared_fill_rate(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"kind", "device", "ctas", NULL};
+    static char *kwlist[] = {"kind", "device", "ctas", "stages", NULL};
     PyObject *o_kind = NULL;
-    int device = 0, ctas = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "U|ii:shared_fill_rate", kwlist, &o_kind, &device, &ctas))
+    int device = 0, ctas = 0, stages = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "U|iii:shared_fill_rate", kwlist, &o_kind, &device, &ctas, &stages))
         return NULL;
     const int kind = kind_index(o_kind, fill_kind_names, SAM_FILL_KIND_COUNT, "shared_fill_rate");
     if (kind < 0) return NULL;
@@ -141,13 +141,13 @@ static PyObject *py_shared_fill_rate(PyObject *self, PyObject *args, PyObject *k
     double out[3] = {0.0, 0.0, 0.0};
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = sam_fill_rate_cuda((sam_fill_kind)kind, device, ctas, out);
+    status = sam_fill_rate_cuda((sam_fill_kind)kind, device, ctas, stages, out);
     Py_END_ALLOW_THREADS
     if (status != SAM_STATUS_OK) return sam_raise_status(status, "shared_fill_rate", sam_cuda_last_error());
     return Py_BuildValue("{s:d,s:d,s:d}", "tb_per_s", out[0], "bytes_per_clock_per_sm", out[1], "sm_clock_mhz",
                          out[2]);
 #else
-    (void)device; (void)ctas;
+    (void)device; (void)ctas; (void)stages;
     PyErr_SetString(PyExc_RuntimeError, "shared_fill_rate: samoyeds was built without CUDA");
     return NULL;
 #endif
@@ -254,7 +254,7 @@ static PyMethodDef sam_methods[] = {
      "tensor_core_rate(kind, device=0) -> float: issue rate of a tensor-core instruction form "
      "(one of TENSOR_CORE_KINDS), dense-equivalent TFLOP/s."},
     {"shared_fill_rate", (PyCFunction)(void (*)(void))py_shared_fill_rate, METH_VARARGS | METH_KEYWORDS,
-     "shared_fill_rate(kind, device=0, ctas=0) -> dict: how fast every SM (or ctas of them) fills its "
+     "shared_fill_rate(kind, device=0, ctas=0, stages=0) -> dict: how fast every SM (or ctas of them) fills its "
      "shared memory from L2 (one of SHARED_FILL_KINDS): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz."},
     {"set_fast_dlpack", py_set_fast_dlpack, METH_O,
      "Enable/disable the DLPack C exchange-API fast path; returns the old setting."},

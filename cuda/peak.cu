@@ -195,75 +195,92 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, in
 
 // ---------------- shared-memory fill rate ----------------
 constexpr int FILL_THREADS = 128;
-constexpr int FILL_ROWS = 128, FILL_ROW_BYTES = 128;  // a stage: 128 rows x 64 bf16 columns
-constexpr int FILL_STAGE_BYTES = FILL_ROWS * FILL_ROW_BYTES;
-constexpr int FILL_STAGES = 8;                            // 128 KB in flight per SM
-constexpr int FILL_SRC_ROWS = 4096, FILL_SRC_COLS = 2048;  // 16 MiB of bf16: stays in L2
-constexpr int FILL_KT = FILL_SRC_COLS * 2 / FILL_ROW_BYTES;  // stages per item (its rows fixed)
-constexpr int FILL_SMEM = FILL_STAGES * FILL_STAGE_BYTES + 1024;  // + room to align the ring
+constexpr int FILL_ROWS = 128, FILL_ROW_BYTES = 128;  // a part: 128 rows x 64 bf16 columns
+constexpr int FILL_PART_BYTES = FILL_ROWS * FILL_ROW_BYTES;
+constexpr int FILL_MAX_STAGES = 12;
+constexpr int FILL_RING_BYTES = 196608;                      // what the ring may take of shared memory
+constexpr int FILL_SRC_ROWS = 4096, FILL_SRC_COLS = 2048;    // 16 MiB of bf16: stays in L2
 
+// Bytes of one stage: one part, or for SAM_FILL_TMA_GATHER a box and a gathered part.
+__host__ __device__ constexpr int fill_stage_bytes(int kind) {
+    return kind == SAM_FILL_TMA_GATHER ? 2 * FILL_PART_BYTES : FILL_PART_BYTES;
+}
+
+#ifdef SAM_HAS_WGMMA
 __device__ __forceinline__ uint64_t global_ns() {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
     return t;
 }
+#endif
 
-// `steps` stages through the ring; clk[2 b] / clk[2 b + 1]: CTA b's SM clocks and
-// nanoseconds from the first issue to the last stage landed.
+// `steps` stages through a ring of `stages`; clk[2 b] / clk[2 b + 1]: CTA b's SM clocks
+// and nanoseconds from the first issue to the last stage landed.
 template <int KIND>
 __global__ void __launch_bounds__(FILL_THREADS, 1)
-    fill_rate_kernel(const __grid_constant__ CUtensorMap map, const __nv_bfloat16 *src, int steps,
+    fill_rate_kernel(const __grid_constant__ CUtensorMap map, const __nv_bfloat16 *src, int steps, int stages,
                      long long *clk, int *missing) {
 #ifdef SAM_HAS_WGMMA
+    constexpr bool BOX = KIND == SAM_FILL_TMA || KIND == SAM_FILL_TMA_GATHER;
+    constexpr bool ROWS = KIND != SAM_FILL_TMA;  // 128 threads copy a part with cp.async
+    constexpr int SB = fill_stage_bytes(KIND);
+    constexpr int FILL_KT = FILL_SRC_COLS * 2 / FILL_ROW_BYTES;  // stages per item (its rows fixed)
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    __shared__ __align__(8) uint64_t bars[FILL_STAGES];
+    __shared__ __align__(8) uint64_t bars[FILL_MAX_STAGES];
     const uint32_t ring = smem_u32(smem_raw) + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     const int tid = threadIdx.x;
     if (tid == 0) {
-        for (int s = 0; s < FILL_STAGES; s++) mbar_init(smem_u32(&bars[s]), KIND == SAM_FILL_TMA ? 1 : FILL_THREADS);
+        // arrivals: the box thread's expect_tx, each copying thread's cp.async arrival
+        for (int s = 0; s < stages; s++) mbar_init(smem_u32(&bars[s]), (BOX ? 1 : 0) + (ROWS ? FILL_THREADS : 0));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (KIND == SAM_FILL_TMA && tid != 0) return;  // one thread issues the boxes
+    if (!ROWS && tid != 0) return;  // one thread issues the boxes
     const long long c0 = clock64();
     const uint64_t t0 = global_ns();
     const int row = tid >> 3, ch = tid & 7;  // rows row + 16 j, 16-byte piece ch: a warp reads 4 whole rows
     const __nv_bfloat16 *rp[FILL_ROWS / 16];
-    for (int i = 0; i < steps; i++) {
-        const int s = i % FILL_STAGES, kt = i % FILL_KT, item = i / FILL_KT;
-        const uint32_t bar = smem_u32(&bars[s]), dst = ring + s * FILL_STAGE_BYTES;
+    for (int i = 0, s = 0, ph = 0; i < steps; i++) {
+        const int kt = i % FILL_KT, item = i / FILL_KT;
+        const uint32_t bar = smem_u32(&bars[s]), dst = ring + s * SB;
         const int row0 = (int)(((long long)blockIdx.x + (long long)item * gridDim.x) * FILL_ROWS % FILL_SRC_ROWS);
-        if (i >= FILL_STAGES) mbar_wait(bar, ((i / FILL_STAGES) - 1) & 1);
-        if constexpr (KIND == SAM_FILL_TMA) {
-            mbar_arrive_expect_tx(bar, FILL_STAGE_BYTES);
+        if (i >= stages) mbar_wait(bar, ph ^ 1);  // the stage's previous load has landed
+        if (BOX && tid == 0) {
+            mbar_arrive_expect_tx(bar, FILL_PART_BYTES);
             tma_load_2d(dst, &map, kt * (FILL_ROW_BYTES / 2), row0, bar);
-        } else {
+        }
+        if constexpr (ROWS) {
+            const uint32_t part = dst + (BOX ? FILL_PART_BYTES : 0);
             if (kt == 0) {
 #pragma unroll
                 for (int j = 0; j < FILL_ROWS / 16; j++) {
                     const int r = row + 16 * j;
-                    const uint32_t t = KIND == SAM_FILL_GATHER
-                                           ? mix(blockIdx.x * 0x9e3779b9u + (uint32_t)item * 0x85ebca6bu + r) % FILL_SRC_ROWS
-                                           : (uint32_t)(row0 + r);
+                    const uint32_t t = KIND == SAM_FILL_CP_ASYNC
+                                           ? (uint32_t)(row0 + r)
+                                           : mix(blockIdx.x * 0x9e3779b9u + (uint32_t)item * 0x85ebca6bu + r) % FILL_SRC_ROWS;
                     rp[j] = src + (int64_t)t * FILL_SRC_COLS + ch * 8;
                 }
             }
 #pragma unroll
             for (int j = 0; j < FILL_ROWS / 16; j++) {
                 const int r = row + 16 * j;
-                cp_async16(dst + r * FILL_ROW_BYTES + ((ch ^ (r & 7)) << 4), rp[j] + kt * (FILL_ROW_BYTES / 2), true);
+                cp_async16(part + r * FILL_ROW_BYTES + ((ch ^ (r & 7)) << 4), rp[j] + kt * (FILL_ROW_BYTES / 2), true);
             }
             cp_async_mbar_arrive(bar);
         }
+        if (++s == stages) {
+            s = 0;
+            ph ^= 1;
+        }
     }
-    for (int i = steps > FILL_STAGES ? steps - FILL_STAGES : 0; i < steps; i++)
-        mbar_wait(smem_u32(&bars[i % FILL_STAGES]), (i / FILL_STAGES) & 1);
+    for (int i = steps > stages ? steps - stages : 0; i < steps; i++)
+        mbar_wait(smem_u32(&bars[i % stages]), (i / stages) & 1);
     if (tid == 0) {
         clk[2 * blockIdx.x] = clock64() - c0;
         clk[2 * blockIdx.x + 1] = (long long)(global_ns() - t0);
     }
 #else
-    (void)map; (void)src; (void)steps; (void)clk;
+    (void)map; (void)src; (void)steps; (void)stages; (void)clk;
     if (blockIdx.x == 0 && threadIdx.x == 0) *missing = 1;
 #endif
 }
@@ -434,12 +451,17 @@ struct FillScratch {
     }
 };
 
-typedef void (*FillKernel)(CUtensorMap, const __nv_bfloat16 *, int, long long *, int *);
+typedef void (*FillKernel)(CUtensorMap, const __nv_bfloat16 *, int, int, long long *, int *);
 
-sam_status fill_launch(FillKernel k, const CUtensorMap &map, const char *name, int grid, int steps,
-                       FillScratch &s, float *ms) {
+struct FillPlan {
+    FillKernel k;
+    int grid, stages, smem;
+};
+
+sam_status fill_launch(const FillPlan &f, const CUtensorMap &map, const char *name, int steps, FillScratch &s,
+                       float *ms) {
     PEAK_TRY(cudaEventRecord(s.start, 0), name, "cudaEventRecord");
-    k<<<grid, FILL_THREADS, FILL_SMEM, 0>>>(map, s.src, steps, s.clk, s.missing);
+    f.k<<<f.grid, FILL_THREADS, f.smem, 0>>>(map, s.src, steps, f.stages, s.clk, s.missing);
     PEAK_TRY(cudaGetLastError(), name, "launch");
     PEAK_TRY(cudaEventRecord(s.stop, 0), name, "cudaEventRecord");
     PEAK_TRY(cudaEventSynchronize(s.stop), name, "kernel");
@@ -449,20 +471,32 @@ sam_status fill_launch(FillKernel k, const CUtensorMap &map, const char *name, i
 
 const char *const FILL_NAMES[] = SAM_FILL_KIND_NAMES;
 
-sam_status measure_fill(sam_fill_kind kind, int device, int ctas, double out[3]) {
+sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, double out[3]) {
     const char *name = FILL_NAMES[kind];
     int sms = 0, cc = 0;
     if (sam_status st = device_gate(name, device, true, &sms, &cc)) return st;
-    const FillKernel k = kind == SAM_FILL_TMA        ? fill_rate_kernel<SAM_FILL_TMA>
-                         : kind == SAM_FILL_CP_ASYNC ? fill_rate_kernel<SAM_FILL_CP_ASYNC>
-                                                     : fill_rate_kernel<SAM_FILL_GATHER>;
-    PEAK_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, FILL_SMEM), name,
-             "cudaFuncSetAttribute");
+    const FillKernel k = kind == SAM_FILL_TMA          ? fill_rate_kernel<SAM_FILL_TMA>
+                         : kind == SAM_FILL_CP_ASYNC   ? fill_rate_kernel<SAM_FILL_CP_ASYNC>
+                         : kind == SAM_FILL_GATHER     ? fill_rate_kernel<SAM_FILL_GATHER>
+                                                       : fill_rate_kernel<SAM_FILL_TMA_GATHER>;
+    const int sb = fill_stage_bytes(kind), max_stages = std::min(FILL_MAX_STAGES, FILL_RING_BYTES / sb);
     if (ctas < 0 || ctas > sms) {
         set_error("ctas = %d; expected 0 (every SM) or 1 <= ctas <= %d (the SMs of device %d)", ctas, sms, device);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    const int grid = ctas ? ctas : sms;  // one CTA per SM (the ring takes most of its shared memory)
+    if (stages < 0 || stages > max_stages) {
+        set_error("stages = %d; expected 0 (128 KB of stages) or 1 <= stages <= %d (stages of %d KB)", stages,
+                  max_stages, sb / 1024);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    FillPlan f;
+    f.k = k;
+    f.grid = ctas ? ctas : sms;  // one CTA per SM (the ring takes most of its shared memory)
+    f.stages = stages ? stages : 131072 / sb;
+    f.smem = f.stages * sb + 1024;  // + room to align the ring
+    PEAK_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, f.smem), name,
+             "cudaFuncSetAttribute");
+    const int grid = f.grid;
 
     FillScratch s;
     const size_t src_bytes = (size_t)FILL_SRC_ROWS * FILL_SRC_COLS * sizeof(__nv_bfloat16);
@@ -476,7 +510,7 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, double out[3])
 
     CUtensorMap map;
     memset(&map, 0, sizeof map);
-    if (kind == SAM_FILL_TMA) {
+    if (kind == SAM_FILL_TMA || kind == SAM_FILL_TMA_GATHER) {
         TensorMapEncodeFn enc = tensor_map_encoder();
         if (enc == nullptr) {
             set_error("%s: the CUDA driver has no cuTensorMapEncodeTiled", name);
@@ -493,7 +527,7 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, double out[3])
     }
 
     float ms = 0.0f;
-    if (sam_status st = fill_launch(k, map, name, grid, 2 * FILL_STAGES, s, &ms)) return st;
+    if (sam_status st = fill_launch(f, map, name, 2 * f.stages, s, &ms)) return st;
     int missing = 0;
     PEAK_TRY(cudaMemcpy(&missing, s.missing, sizeof(int), cudaMemcpyDeviceToHost), name, "cudaMemcpy");
     if (missing) {
@@ -501,16 +535,16 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, double out[3])
                   cc / 10, cc % 10);
         return SAM_STATUS_UNSUPPORTED;
     }
-    if (sam_status st = fill_launch(k, map, name, grid, CALIB_STEPS * 4, s, &ms)) return st;
+    if (sam_status st = fill_launch(f, map, name, CALIB_STEPS * 4, s, &ms)) return st;
     const double want = CALIB_STEPS * 4 * (double)TARGET_MS / std::max((double)ms, 1e-3);
     const int steps = (int)std::min(std::max(want, (double)CALIB_STEPS * 4), (double)(1 << 26));
-    if (sam_status st = fill_launch(k, map, name, grid, steps, s, &ms)) return st;  // clocks settle
+    if (sam_status st = fill_launch(f, map, name, steps, s, &ms)) return st;  // clocks settle
 
     float times[TIMED];
     long long clk_sum = 0, ns_sum = 0;
     long long *clk = new long long[2 * grid];
     for (int i = 0; i < TIMED; i++) {
-        sam_status st = fill_launch(k, map, name, grid, steps, s, &times[i]);
+        sam_status st = fill_launch(f, map, name, steps, s, &times[i]);
         if (st == SAM_STATUS_OK && cudaMemcpy(clk, s.clk, sizeof(long long) * 2 * grid, cudaMemcpyDeviceToHost) != cudaSuccess)
             st = cuda_status(cudaGetLastError(), "fill rate: cudaMemcpy");
         if (st != SAM_STATUS_OK) {
@@ -529,7 +563,7 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, double out[3])
         set_error("%s: the timed launches took no measurable time", name);
         return SAM_STATUS_CUDA_ERROR;
     }
-    const double bytes_per_cta = (double)steps * FILL_STAGE_BYTES;
+    const double bytes_per_cta = (double)steps * sb;
     out[0] = bytes_per_cta * grid / median_s / 1e12;
     out[1] = bytes_per_cta / ((double)clk_sum / (TIMED * grid));  // per SM per clock of that SM
     out[2] = (double)clk_sum / (double)ns_sum * 1e3;               // clocks per ns -> MHz
@@ -569,12 +603,12 @@ extern "C" sam_status sam_tc_rate_cuda(sam_tc_kind kind, int device, double *tfl
     return sam::on_device(device, [&] { return sam::measure(kind, device, tflops); });
 }
 
-extern "C" sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, double out[3]) {
+extern "C" sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, int stages, double out[3]) {
     out[0] = out[1] = out[2] = 0.0;
     if ((int)kind < 0 || (int)kind >= SAM_FILL_KIND_COUNT) {
         sam::set_error("kind = %d; expected 0 <= kind < %d", (int)kind, SAM_FILL_KIND_COUNT);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    return sam::on_device(device, [&] { return sam::measure_fill(kind, device, ctas, out); });
+    return sam::on_device(device, [&] { return sam::measure_fill(kind, device, ctas, stages, out); });
 }
 

@@ -187,25 +187,27 @@ sam_status sam_tc_rate_cuda(sam_tc_kind kind, int device, double *tflops);
 
 /* One way of streaming operand tiles from L2 into shared memory, as the
  * warp-specialised matmul kernels stream them: stages of 128 rows x 128 bytes
- * (64 bf16 columns; one k-tile of token rows) in a ring of 8 stages per SM, each
- * stage completing on an mbarrier, a stage reused once its previous load landed.
- * The source (16 MiB) stays in L2; nothing computes on the data. */
+ * (64 bf16 columns; one k-tile of token rows) in a ring per SM, each stage
+ * completing on an mbarrier, a stage reused once its previous load landed.  The
+ * source (16 MiB) stays in L2; nothing computes on the data. */
 typedef enum sam_fill_kind {
     SAM_FILL_TMA = 0,      /* one 2-d TMA box per stage, 128-byte swizzle */
     SAM_FILL_CP_ASYNC = 1, /* 16-byte cp.async by 128 threads, rows in order */
     SAM_FILL_GATHER = 2,   /* the same with every row chosen by index (random) */
-    SAM_FILL_KIND_COUNT = 3
+    SAM_FILL_TMA_GATHER = 3, /* stages of two parts: a TMA box and gathered rows, as the kernels' */
+    SAM_FILL_KIND_COUNT = 4
 } sam_fill_kind;
-#define SAM_FILL_KIND_NAMES {"tma", "cp_async", "cp_async_gather"}
+#define SAM_FILL_KIND_NAMES {"tma", "cp_async", "cp_async_gather", "tma_and_gather"}
 
 /* The rate at which `ctas` SMs of `device` (0: every SM) fill their shared
- * memory that way, one CTA per SM: out[0] TB/s over those SMs, out[1] bytes per
+ * memory that way, one CTA per SM, `stages` stages in flight per SM (0: 128 KB of
+ * them; at most 12 and 192 KB): out[0] TB/s over those SMs, out[1] bytes per
  * SM clock per SM (the SMs' own clock64 over the run), out[2] the SMs' mean clock
  * in MHz during the run.  Blocking, on the legacy default stream, under a tenth of a second;
  * `device` current only while it runs.  SAM_STATUS_UNSUPPORTED off sm_90 or
  * without sm_90a code (mbarrier transaction counts and TMA are Hopper's), and
  * for TMA where the driver has no tensor-map encoder. */
-sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, double out[3]);
+sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, int stages, double out[3]);
 
 #ifdef __cplusplus
 }

@@ -84,21 +84,23 @@ def tensor_core_rate(kind: str, device: int = 0) -> float:
     return _C.tensor_core_rate(kind, device)
 
 
-def shared_fill_rate(kind: str, device: int = 0, ctas: int = 0) -> dict:
+def shared_fill_rate(kind: str, device: int = 0, ctas: int = 0, stages: int = 0) -> dict:
     """How fast every SM of ``device`` can fill its shared memory from L2 one
     way: the data ceiling of the ``wgmma.sp`` kernels, as ``tensor_core_rate``
     is their compute ceiling.
 
     One CTA per SM streams stages of 128 rows x 128 bytes (one k-tile of 128
-    token rows) from a 16 MiB L2-resident source into a ring of 8 stages, each
-    completing on an mbarrier and reissued as soon as it has landed; nothing
-    computes on the data.  ``kind`` is one of ``_C.SHARED_FILL_KINDS``:
+    token rows) from a 16 MiB L2-resident source into a ring of ``stages``
+    stages (0: 128 KB of them), each completing on an mbarrier and reissued as
+    soon as it has landed; nothing computes on the data.  ``kind`` is one of ``_C.SHARED_FILL_KINDS``:
 
     * ``"tma"``: one 2-d TMA box per stage (128-byte swizzle), how the kernels
       load the packed weights, and token rows that need no row map
     * ``"cp_async"``: 16-byte ``cp.async`` by 128 threads, rows in order
     * ``"cp_async_gather"``: the same with each row chosen by index (random
       rows), how the kernels gather routed tokens
+    * ``"tma_and_gather"``: stages of 32 KB, a TMA box and 128 gathered rows,
+      as the kernels' stages hold weights and routed tokens
 
     ``ctas`` SMs take part (0: every SM): fewer show whether the limit is each
     SM's or the L2's.  Returns ``{"tb_per_s", "bytes_per_clock_per_sm",
@@ -107,10 +109,10 @@ def shared_fill_rate(kind: str, device: int = 0, ctas: int = 0) -> dict:
     Under a tenth of a second, blocking, on the legacy default stream.
 
     Raises:
-        ValueError: an unknown ``kind`` or ``device``, or ``ctas`` not in
-            ``[0, SMs]``.
+        ValueError: an unknown ``kind`` or ``device``, ``ctas`` not in
+            ``[0, SMs]``, or more ``stages`` than 12 or 192 KB.
         NotImplementedError: not an sm_90 device, or a build without sm_90a.
         RuntimeError: samoyeds was built without CUDA, or (``CudaError``) the
             CUDA runtime failed.
     """
-    return _C.shared_fill_rate(kind, device, ctas)
+    return _C.shared_fill_rate(kind, device, ctas, stages)

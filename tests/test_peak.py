@@ -83,7 +83,7 @@ def test_hopper_ordering():
 
 
 # ---- shared_fill_rate ----
-FILL_KINDS = ("tma", "cp_async", "cp_async_gather")
+FILL_KINDS = ("tma", "cp_async", "cp_async_gather", "tma_and_gather")
 
 
 def test_fill_kinds():
@@ -121,6 +121,12 @@ def test_fill_bad_device_is_a_value_error():
             samoyeds.shared_fill_rate("tma", 0, -1)
         with pytest.raises(ValueError, match="ctas = 100000"):
             samoyeds.shared_fill_rate("cp_async", ctas=100000)
+        with pytest.raises(ValueError, match=r"stages = 13; expected 0 .* 1 <= stages <= 12 \(stages of 16 KB\)"):
+            samoyeds.shared_fill_rate("tma", stages=13)
+        with pytest.raises(ValueError, match=r"stages = 7; .* <= 6 \(stages of 32 KB\)"):
+            samoyeds.shared_fill_rate("tma_and_gather", stages=7)
+        with pytest.raises(ValueError, match="stages = -1"):
+            samoyeds.shared_fill_rate("cp_async_gather", stages=-1)
 
 
 @pytest.mark.gpu
@@ -142,8 +148,8 @@ def test_fill_rate_is_finite_and_below_the_hardware(kind):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     implied = r["bytes_per_clock_per_sm"] * r["sm_clock_mhz"] * 1e6 * sms / 1e12
     assert 0.8 < implied / r["tb_per_s"] < 1.25, (implied, sms, r)
-    # fewer SMs: the same per-SM figures hold, and the rate over them is finite
-    few = samoyeds.shared_fill_rate(kind, ctas=8)
-    assert all(math.isfinite(v) and v > 0 for v in few.values()), few
-    assert few["bytes_per_clock_per_sm"] < 128 and few["tb_per_s"] < r["tb_per_s"] * 1.05, (few, r)
+    # fewer SMs, and one stage in flight: finite, below the hardware, and not above the full rate
+    for few in (samoyeds.shared_fill_rate(kind, ctas=8), samoyeds.shared_fill_rate(kind, stages=1)):
+        assert all(math.isfinite(v) and v > 0 for v in few.values()), few
+        assert few["bytes_per_clock_per_sm"] < 128 and few["tb_per_s"] < r["tb_per_s"] * 1.05, (few, r)
     assert samoyeds.tensor_core_rate("mma") > 0  # the device is usable afterwards
