@@ -20,7 +20,9 @@ expert on average), stream_tb_s is the rate at which that kernel's k-tile stages
 (weights, tokens, metadata) went from L2 into shared memory, and frac_fill_tma /
 frac_fill_gather / frac_fill_mixed set it against the fill rate of TMA boxes, of
 the cp.async gather and of stages holding both, measured in the same run
-(samoyeds.shared_fill_rate): the data ceiling.
+(samoyeds.shared_fill_rate): the data ceiling.  speedup_vs_cublas_at_fill is what
+the kernel's tiles would reach against cuBLAS if their stream ran at the fastest
+of those fill rates.
 
   python benchmarks/bench_kernel.py [--quick] [--models a,b] [--tokens 256,4096] [--out DIR]
                                     [--tiny --device cpu]   (a CPU smoke run: shapes / 16, wall clock)
@@ -162,7 +164,8 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
             t["time_floor_ms"] = t_floor * 1e3
             t["frac_floor"] = t_floor / (t["ms"] * 1e-3)
             if wgmma_sp and S > 128 and S > 16 * E:  # the default dispatch runs the wgmma.sp kernel
-                rate = ws_stream_bytes(p.fmt.m, p.dims.rp, C, counts) / (t["ms"] * 1e-3) / 1e12
+                t["stream_bytes"] = ws_stream_bytes(p.fmt.m, p.dims.rp, C, counts)
+                rate = t["stream_bytes"] / (t["ms"] * 1e-3) / 1e12
                 t["stream_tb_s"] = rate
                 for key, k in (("tma", "tma"), ("gather", "cp_async_gather"), ("mixed", "tma_and_gather")):
                     fill = ceil.get(f"fill_{k}_tb_s")
@@ -174,6 +177,10 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
         for peer in ("cublas", "grouped_mm", "cusparselt"):
             if "ms" in base.get(peer, {}):
                 base[ours_name][f"speedup_vs_{peer}"] = base[peer]["ms"] / base[ours_name]["ms"]
+        fill = max((ceil.get(f"fill_{k}_tb_s") or 0.0) for k in ("tma", "cp_async_gather", "tma_and_gather"))
+        if fill and "stream_bytes" in base[ours_name] and "ms" in base.get("cublas", {}):
+            t_fill = base[ours_name]["stream_bytes"] / (fill * 1e12)
+            base[ours_name]["speedup_vs_cublas_at_fill"] = base["cublas"]["ms"] * 1e-3 / t_fill
     del packed, masked75
     free_memory(device)
     return res

@@ -43,28 +43,47 @@ def kernel_table(d: dict) -> str:
     return "\n".join(rows)
 
 
+def _fill_ceiling(ceil: dict) -> float:
+    """The fastest shared-memory fill rate (TB/s) measured with the ceilings; 0 without."""
+    return max((ceil.get(f"fill_{k}_tb_s") or 0.0) for k in ("tma", "cp_async_gather", "tma_and_gather"))
+
+
+def _at_fill(c: dict, x: dict, fill: float):
+    """What a samoyeds case's tiles would reach against cuBLAS with their stream at `fill` TB/s."""
+    if x.get("speedup_vs_cublas_at_fill"):
+        return x["speedup_vs_cublas_at_fill"]
+    cb = c["methods"].get("cublas", {}).get("ms")
+    if not (fill and cb and x.get("stream_tb_s") and x.get("ms")):
+        return None
+    return cb / (x["stream_tb_s"] * x["ms"] / fill)
+
+
 def fill_table(d: dict) -> str:
     """The wgmma.sp kernel's stream from L2 into shared memory against the fill rates
-    measured in the same run (kernel.json cases the wgmma.sp kernel runs); empty for a
-    file without them."""
+    measured in the same run (kernel.json cases the wgmma.sp kernel runs), and what its
+    tiles would reach against cuBLAS at the fastest of them; empty for a file without them."""
     c0 = d.get("ceilings", {})
-    tma, gat = c0.get("fill_tma_tb_s"), c0.get("fill_cp_async_gather_tb_s")
-    if not tma:
+    fill = _fill_ceiling(c0)
+    if not fill:
         return ""
-    rows = [f"shared-memory fill rates in the same run: TMA boxes {tma:.2f} TB/s "
-            f"({_f(c0.get('fill_tma_b_per_clk_sm'), '.1f')} B/clk/SM), cp.async rows in order "
-            f"{_f(c0.get('fill_cp_async_tb_s'), '.2f')} TB/s ({_f(c0.get('fill_cp_async_b_per_clk_sm'), '.1f')}), "
-            f"cp.async rows by index {_f(gat, '.2f')} TB/s ({_f(c0.get('fill_cp_async_gather_b_per_clk_sm'), '.1f')}); "
+    ways = [("TMA boxes", "tma"), ("cp.async rows in order", "cp_async"), ("cp.async rows by index", "cp_async_gather"),
+            ("box + gathered rows", "tma_and_gather")]
+    have = ", ".join(f"{n} {c0[f'fill_{k}_tb_s']:.2f} TB/s ({_f(c0.get(f'fill_{k}_b_per_clk_sm'), '.1f')} B/clk/SM)"
+                     for n, k in ways if c0.get(f"fill_{k}_tb_s"))
+    rows = [f"shared-memory fill rates in the same run, 128 KB in flight per SM: {have}; "
             f"SM clock {_f(c0.get('fill_tma_sm_mhz'), '.0f')} MHz\n",
-            "| model | T | projection | 75 %: stream TB/s | of TMA fill | of gather fill | 2:4: stream TB/s | of TMA fill | of gather fill |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+            "| model | T | projection | 75 %: stream TB/s | of the fill rate | vs cuBLAS now | at the fill rate | "
+            "2:4: stream TB/s | of the fill rate | vs cuBLAS now | at the fill rate |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in d["cases"]:
         s75, s50 = c["methods"].get("samoyeds-75", {}), c["methods"].get("samoyeds-50", {})
         if "stream_tb_s" not in s75 and "stream_tb_s" not in s50:
             continue
         cells = []
         for x in (s75, s50):
-            cells += [_f(x.get("stream_tb_s"), ".2f"), _f(x.get("frac_fill_tma"), ".0%"), _f(x.get("frac_fill_gather"), ".0%")]
+            st = x.get("stream_tb_s")
+            cells += [_f(st, ".2f"), _f(st / fill if st else None, ".0%"), _f(x.get("speedup_vs_cublas"), ".2f") + "x",
+                      _f(_at_fill(c, x, fill), ".2f") + "x"]
         rows.append(f"| {c['model']} | {c['T']} | {c['proj']} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -333,12 +352,17 @@ def headline(gpu: str) -> str:
                 fr = [c["methods"].get(fmt, {}).get("frac_wgmma_sp") for c in d["cases"] if c["T"] >= 4096]
                 rows.append(f"| kernel, {name}, T >= 4096: fraction of the wgmma.sp issue rate ({rate:.0f} TFLOP/s, "
                             f"same run) | {_range(fr, '{:.0%}')} | {link('kernel.json')} |")
-        fill = d.get("ceilings", {}).get("fill_tma_tb_s")
+        fill = _fill_ceiling(d.get("ceilings", {}))
         if fill:
+            big = [c for c in d["cases"] if c["T"] >= 4096 and c["S"] >= 1024 * c["E"]]
             for fmt, name in (("samoyeds-75", "75 %"), ("samoyeds-50", "2:4")):
-                fr = [c["methods"].get(fmt, {}).get("frac_fill_tma") for c in d["cases"] if c["T"] >= 4096]
-                rows.append(f"| kernel, {name}, T >= 4096: operand stream into shared memory, fraction of the TMA "
-                            f"fill rate ({fill:.2f} TB/s, same run) | {_range(fr, '{:.0%}')} | {link('kernel.json')} |")
+                fr = [c["methods"].get(fmt, {}).get("stream_tb_s") for c in d["cases"] if c["T"] >= 4096]
+                rows.append(f"| kernel, {name}, T >= 4096: operand stream into shared memory, fraction of the "
+                            f"fill rate ({fill:.2f} TB/s, same run) | {_range([f / fill for f in fr if f], '{:.0%}')} | "
+                            f"{link('kernel.json')} |")
+                at = [_at_fill(c, c["methods"].get(fmt, {}), fill) for c in big]
+                rows.append(f"| kernel, {name}, >= 1024 tokens per expert: vs cuBLAS if the stream ran at the fill "
+                            f"rate (the data ceiling of its tiles) | {_range(at)} | {link('kernel.json')} |")
     d, _ = _load(gpu, "sweep.json")
     if d:
         sp = [c["methods"].get("samoyeds-75", {}).get("speedup_vs_cublas") for c in d["cases"]]

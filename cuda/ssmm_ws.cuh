@@ -81,6 +81,20 @@ struct WsMaps {
 // memory (KParams::work) instead of blockIdx.x + n * gridDim.x.
 //
 // BT: the token rows by TMA (WsMaps::b), for x read without a row map.
+// Stages of the ring (2:4 / 1:M:V; BT: token rows by TMA); overridable at build time
+// (SAMOYEDS_NVCC_FLAGS=-DSAM_WS_STAGES_M1=...) for ring-depth measurements.
+#ifndef SAM_WS_STAGES_M1
+#define SAM_WS_STAGES_M1 4  // 2:4: 4 measured faster than 6 on long K
+#endif
+#ifndef SAM_WS_STAGES_M2
+#define SAM_WS_STAGES_M2 7
+#endif
+#ifndef SAM_WS_STAGES_M1_BT
+#define SAM_WS_STAGES_M1_BT SAM_WS_STAGES_M1
+#endif
+#ifndef SAM_WS_STAGES_M2_BT
+#define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
+#endif
 template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false> struct WsCfg {
     static constexpr int M = M_;
     static constexpr bool BT = BT_;
@@ -107,7 +121,8 @@ template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = f
     static constexpr int META_BYTES = (BMT / 16) * KS * 64;
     static constexpr int IDX_BYTES = M > 1 ? BMT : 0;
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
-    static constexpr int ST = PP ? 8 : M == 1 ? 4 : 7;  // stages (2:4: 4 measured faster than 6 on long K)
+    static constexpr int ST = PP ? 8 : M == 1 ? (BT ? SAM_WS_STAGES_M1_BT : SAM_WS_STAGES_M1)
+                                              : (BT ? SAM_WS_STAGES_M2_BT : SAM_WS_STAGES_M2);
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     // Epilogue staging, one area per consumer: a chunk of the tile's output (tokens x
     // the consumer's output columns, in T, 16-byte pieces XOR-swizzled by token row),
