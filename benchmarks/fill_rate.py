@@ -1,7 +1,8 @@
 """The data ceiling of the wgmma.sp kernels: how fast SMs fill their shared memory from
 L2 (samoyeds.shared_fill_rate), by TMA boxes, by cp.async rows in order, by cp.async
-rows chosen by index (the routed-token gather) and by stages holding a box and gathered
-rows (as the kernels' stages do); with every SM taking part and with fewer (128 KB of
+rows chosen by index (the routed-token gather), by stages holding a box and gathered
+rows (as the kernels' stages do) and by TMA multicast in clusters of two (each CTA
+loads half of every box into both: the bytes landed against half the L2 reads); with every SM taking part and with fewer (128 KB of
 stages in flight), and with every SM and fewer stages in flight.
 
 If the rate per SM stays put as SMs drop out, each SM's intake is the limit; if the

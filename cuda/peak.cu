@@ -221,21 +221,31 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
     fill_rate_kernel(const __grid_constant__ CUtensorMap map, const __nv_bfloat16 *src, int steps, int stages,
                      long long *clk, int *missing) {
 #ifdef SAM_HAS_WGMMA
-    constexpr bool BOX = KIND == SAM_FILL_TMA || KIND == SAM_FILL_TMA_GATHER;
-    constexpr bool ROWS = KIND != SAM_FILL_TMA;  // 128 threads copy a part with cp.async
+    constexpr bool MC = KIND == SAM_FILL_TMA_MULTICAST;  // clusters of 2, each CTA half of every box
+    constexpr bool BOX = KIND == SAM_FILL_TMA || KIND == SAM_FILL_TMA_GATHER || MC;
+    constexpr bool ROWS = KIND == SAM_FILL_CP_ASYNC || KIND == SAM_FILL_GATHER || KIND == SAM_FILL_TMA_GATHER;
     constexpr int SB = fill_stage_bytes(KIND);
     constexpr int FILL_KT = FILL_SRC_COLS * 2 / FILL_ROW_BYTES;  // stages per item (its rows fixed)
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ __align__(8) uint64_t bars[FILL_MAX_STAGES];
+    __shared__ __align__(8) uint64_t empty[MC ? FILL_MAX_STAGES : 1];  // multicast: both CTAs' stage landed
     const uint32_t ring = smem_u32(smem_raw) + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     const int tid = threadIdx.x;
     if (tid == 0) {
         // arrivals: the box thread's expect_tx, each copying thread's cp.async arrival
-        for (int s = 0; s < stages; s++) mbar_init(smem_u32(&bars[s]), (BOX ? 1 : 0) + (ROWS ? FILL_THREADS : 0));
+        for (int s = 0; s < stages; s++) {
+            mbar_init(smem_u32(&bars[s]), (BOX ? 1 : 0) + (ROWS ? FILL_THREADS : 0));
+            if (MC) mbar_init(smem_u32(&empty[s]), 2);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
-    if (!ROWS && tid != 0) return;  // one thread issues the boxes
+    if constexpr (MC) cluster_sync();  // the peer's barriers exist before any multicast or remote arrival
+    else __syncthreads();
+    const uint32_t rank = MC ? cluster_rank() : 0;
+    if (!ROWS && tid != 0) {  // one thread issues the boxes
+        if (MC) cluster_sync();  // no CTA leaves while its peer may still write into it
+        return;
+    }
     const long long c0 = clock64();
     const uint64_t t0 = global_ns();
     const int row = tid >> 3, ch = tid & 7;  // rows row + 16 j, 16-byte piece ch: a warp reads 4 whole rows
@@ -243,11 +253,22 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
     for (int i = 0, s = 0, ph = 0; i < steps; i++) {
         const int kt = i % FILL_KT, item = i / FILL_KT;
         const uint32_t bar = smem_u32(&bars[s]), dst = ring + s * SB;
-        const int row0 = (int)(((long long)blockIdx.x + (long long)item * gridDim.x) * FILL_ROWS % FILL_SRC_ROWS);
+        const long long b = MC ? blockIdx.x / 2 : blockIdx.x, nb = MC ? gridDim.x / 2 : gridDim.x;  // (clusters)
+        const int row0 = (int)((b + (long long)item * nb) * FILL_ROWS % FILL_SRC_ROWS);
         if (i >= stages) mbar_wait(bar, ph ^ 1);  // the stage's previous load has landed
+        if (MC && i >= stages) {  // ... in the peer too, before this CTA's half lands there again
+            const uint32_t eb = smem_u32(&empty[s]);
+            mbar_arrive(eb);
+            mbar_arrive_cluster(eb, rank ^ 1u);
+            mbar_wait(eb, ph ^ 1);
+        }
         if (BOX && tid == 0) {
             mbar_arrive_expect_tx(bar, FILL_PART_BYTES);
-            tma_load_2d(dst, &map, kt * (FILL_ROW_BYTES / 2), row0, bar);
+            if constexpr (MC)  // rows row0 + 64 rank .. + 63 into both CTAs' stage
+                tma_load_2d_mc(dst + rank * (FILL_PART_BYTES / 2), &map, kt * (FILL_ROW_BYTES / 2),
+                               row0 + (int)rank * (FILL_ROWS / 2), bar, (uint16_t)3);
+            else
+                tma_load_2d(dst, &map, kt * (FILL_ROW_BYTES / 2), row0, bar);
         }
         if constexpr (ROWS) {
             const uint32_t part = dst + (BOX ? FILL_PART_BYTES : 0);
@@ -279,6 +300,7 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
         clk[2 * blockIdx.x] = clock64() - c0;
         clk[2 * blockIdx.x + 1] = (long long)(global_ns() - t0);
     }
+    if constexpr (MC) cluster_sync();
 #else
     (void)map; (void)src; (void)steps; (void)stages; (void)clk;
     if (blockIdx.x == 0 && threadIdx.x == 0) *missing = 1;
@@ -455,13 +477,25 @@ typedef void (*FillKernel)(CUtensorMap, const __nv_bfloat16 *, int, int, long lo
 
 struct FillPlan {
     FillKernel k;
-    int grid, stages, smem;
+    int grid, stages, smem, cluster;
 };
 
 sam_status fill_launch(const FillPlan &f, const CUtensorMap &map, const char *name, int steps, FillScratch &s,
                        float *ms) {
     PEAK_TRY(cudaEventRecord(s.start, 0), name, "cudaEventRecord");
-    f.k<<<f.grid, FILL_THREADS, f.smem, 0>>>(map, s.src, steps, f.stages, s.clk, s.missing);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = f.cluster;
+    attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(f.grid);
+    cfg.blockDim = dim3(FILL_THREADS);
+    cfg.dynamicSmemBytes = f.smem;
+    cfg.stream = 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = f.cluster > 1 ? 1 : 0;
+    PEAK_TRY(cudaLaunchKernelEx(&cfg, f.k, map, (const __nv_bfloat16 *)s.src, steps, f.stages, s.clk, s.missing), name,
+             "launch");
     PEAK_TRY(cudaGetLastError(), name, "launch");
     PEAK_TRY(cudaEventRecord(s.stop, 0), name, "cudaEventRecord");
     PEAK_TRY(cudaEventSynchronize(s.stop), name, "kernel");
@@ -478,7 +512,8 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, do
     const FillKernel k = kind == SAM_FILL_TMA          ? fill_rate_kernel<SAM_FILL_TMA>
                          : kind == SAM_FILL_CP_ASYNC   ? fill_rate_kernel<SAM_FILL_CP_ASYNC>
                          : kind == SAM_FILL_GATHER     ? fill_rate_kernel<SAM_FILL_GATHER>
-                                                       : fill_rate_kernel<SAM_FILL_TMA_GATHER>;
+                         : kind == SAM_FILL_TMA_GATHER ? fill_rate_kernel<SAM_FILL_TMA_GATHER>
+                                                       : fill_rate_kernel<SAM_FILL_TMA_MULTICAST>;
     const int sb = fill_stage_bytes(kind), max_stages = std::min(FILL_MAX_STAGES, FILL_RING_BYTES / sb);
     if (ctas < 0 || ctas > sms) {
         set_error("ctas = %d; expected 0 (every SM) or 1 <= ctas <= %d (the SMs of device %d)", ctas, sms, device);
@@ -492,6 +527,12 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, do
     FillPlan f;
     f.k = k;
     f.grid = ctas ? ctas : sms;  // one CTA per SM (the ring takes most of its shared memory)
+    f.cluster = kind == SAM_FILL_TMA_MULTICAST ? 2 : 1;
+    f.grid -= f.grid % f.cluster;
+    if (f.grid < 1) {
+        set_error("ctas = %d; %s runs clusters of 2 CTAs and needs at least 2", ctas, name);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
     f.stages = stages ? stages : 131072 / sb;
     f.smem = f.stages * sb + 1024;  // + room to align the ring
     PEAK_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, f.smem), name,
@@ -510,14 +551,15 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, do
 
     CUtensorMap map;
     memset(&map, 0, sizeof map);
-    if (kind == SAM_FILL_TMA || kind == SAM_FILL_TMA_GATHER) {
+    if (kind == SAM_FILL_TMA || kind == SAM_FILL_TMA_GATHER || kind == SAM_FILL_TMA_MULTICAST) {
         TensorMapEncodeFn enc = tensor_map_encoder();
         if (enc == nullptr) {
             set_error("%s: the CUDA driver has no cuTensorMapEncodeTiled", name);
             return SAM_STATUS_UNSUPPORTED;
         }
         const cuuint64_t dim[2] = {FILL_SRC_COLS, FILL_SRC_ROWS}, stride[1] = {FILL_SRC_COLS * 2};
-        const cuuint32_t box[2] = {FILL_ROW_BYTES / 2, FILL_ROWS}, one[2] = {1, 1};
+        const cuuint32_t rows = kind == SAM_FILL_TMA_MULTICAST ? FILL_ROWS / 2 : FILL_ROWS;  // (a CTA's half)
+        const cuuint32_t box[2] = {FILL_ROW_BYTES / 2, rows}, one[2] = {1, 1};
         if (enc(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, s.src, dim, stride, box, one,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {

@@ -195,18 +195,22 @@ typedef enum sam_fill_kind {
     SAM_FILL_CP_ASYNC = 1, /* 16-byte cp.async by 128 threads, rows in order */
     SAM_FILL_GATHER = 2,   /* the same with every row chosen by index (random) */
     SAM_FILL_TMA_GATHER = 3, /* stages of two parts: a TMA box and gathered rows, as the kernels' */
-    SAM_FILL_KIND_COUNT = 4
+    SAM_FILL_TMA_MULTICAST = 4, /* clusters of two CTAs, each loading half of every box by TMA
+                                   multicast into both: half the L2 reads for the same bytes landed */
+    SAM_FILL_KIND_COUNT = 5
 } sam_fill_kind;
-#define SAM_FILL_KIND_NAMES {"tma", "cp_async", "cp_async_gather", "tma_and_gather"}
+#define SAM_FILL_KIND_NAMES {"tma", "cp_async", "cp_async_gather", "tma_and_gather", "tma_multicast"}
 
 /* The rate at which `ctas` SMs of `device` (0: every SM) fill their shared
  * memory that way, one CTA per SM, `stages` stages in flight per SM (0: 128 KB of
  * them; at most 12 and 192 KB): out[0] TB/s over those SMs, out[1] bytes per
  * SM clock per SM (the SMs' own clock64 over the run), out[2] the SMs' mean clock
- * in MHz during the run.  Blocking, on the legacy default stream, under a tenth of a second;
- * `device` current only while it runs.  SAM_STATUS_UNSUPPORTED off sm_90 or
- * without sm_90a code (mbarrier transaction counts and TMA are Hopper's), and
- * for TMA where the driver has no tensor-map encoder. */
+ * in MHz during the run.  Bytes count as they land in shared memory (multicast: in
+ * both CTAs; an odd SM count leaves one SM out).  Blocking, on the legacy default
+ * stream, under a tenth of a second; `device` current only while it runs.
+ * SAM_STATUS_UNSUPPORTED off sm_90 or without sm_90a code (mbarrier transaction
+ * counts and TMA are Hopper's), and for TMA where the driver has no tensor-map
+ * encoder. */
 sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, int stages, double out[3]);
 
 #ifdef __cplusplus

@@ -101,9 +101,12 @@ def shared_fill_rate(kind: str, device: int = 0, ctas: int = 0, stages: int = 0)
       rows), how the kernels gather routed tokens
     * ``"tma_and_gather"``: stages of 32 KB, a TMA box and 128 gathered rows,
       as the kernels' stages hold weights and routed tokens
+    * ``"tma_multicast"``: clusters of two CTAs, each loading half of every box
+      by TMA multicast into both (half the L2 reads for the bytes that land)
 
     ``ctas`` SMs take part (0: every SM): fewer show whether the limit is each
-    SM's or the L2's.  Returns ``{"tb_per_s", "bytes_per_clock_per_sm",
+    SM's or the L2's.  Bytes count where they land (multicast: in both CTAs).
+    Returns ``{"tb_per_s", "bytes_per_clock_per_sm",
     "sm_clock_mhz"}``: the rate over those SMs, the bytes each SM took in per
     clock of its own (``clock64``), and the SMs' mean clock during the run.
     Under a tenth of a second, blocking, on the legacy default stream.

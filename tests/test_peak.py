@@ -83,7 +83,7 @@ def test_hopper_ordering():
 
 
 # ---- shared_fill_rate ----
-FILL_KINDS = ("tma", "cp_async", "cp_async_gather", "tma_and_gather")
+FILL_KINDS = ("tma", "cp_async", "cp_async_gather", "tma_and_gather", "tma_multicast")
 
 
 def test_fill_kinds():
@@ -127,6 +127,8 @@ def test_fill_bad_device_is_a_value_error():
             samoyeds.shared_fill_rate("tma_and_gather", stages=7)
         with pytest.raises(ValueError, match="stages = -1"):
             samoyeds.shared_fill_rate("cp_async_gather", stages=-1)
+        with pytest.raises(ValueError, match="ctas = 1; tma_multicast runs clusters of 2"):
+            samoyeds.shared_fill_rate("tma_multicast", ctas=1)
 
 
 @pytest.mark.gpu
