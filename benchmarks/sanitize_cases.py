@@ -1,7 +1,8 @@
 """A representative subset of every CUDA kernel, small enough to run under
 compute-sanitizer (memcheck, racecheck): odd shapes, tails, empty experts,
 every epilogue, both dtypes, every matmul kernel (mma.sp, wgmma.sp, the decode
-split-K kernel) and every row-group size (M = 1, 2, 4)."""
+split-K kernel) and every row-group size (M = 1, 2, 4); and the shared-memory fill-rate
+kernels (every way, on a few SMs, one and several stages)."""
 import os
 
 import torch
@@ -79,6 +80,11 @@ def main() -> None:
         sm.moe_forward(x, idx, torch.rand(T, K, generator=gen).cuda(), gu, dn, act="gptoss",
                        gate_up_bias=torch.randn(E, 2 * I, generator=gen).cuda(),
                        down_bias=torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda())
+    # the fill-rate kernels (sm_90a): rings of one stage and of several, clusters for multicast
+    if "sm_90a" in sm.build_info()["cuda_archs"].split() and torch.cuda.get_device_capability() == (9, 0):
+        for kind in sm._C.SHARED_FILL_KINDS:
+            for stages in (1, 3):
+                sm.shared_fill_rate(kind, ctas=4, stages=stages)
     torch.cuda.synchronize()
     print("sanitize cases done")
 
