@@ -38,8 +38,9 @@ for step in $steps; do
     test-all) run test_all 25 $PY -m pytest tests -q -p no:cacheprovider ;;
     test-k) run test_k 25 $PY -m pytest tests -x -q -m gpu -p no:cacheprovider -k "${PYTEST_K:?set PYTEST_K}" ;;
     sanitize)
-      for tool in memcheck racecheck; do
-        timeout "${STEP_TIMEOUT:-0}" compute-sanitizer --tool $tool --error-exitcode 9 $PY benchmarks/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+      for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+        SAMOYEDS_SANITIZE_TOOL=$tool timeout "${STEP_TIMEOUT:-0}" compute-sanitizer --tool $tool --error-exitcode 9 \
+          $PY benchmarks/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
         summary+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)")
       done ;;
     bench) run bench_kernel 60 $PY benchmarks/bench_kernel.py --out "$OUT" ;;
