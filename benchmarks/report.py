@@ -43,19 +43,11 @@ def kernel_table(d: dict) -> str:
     return "\n".join(rows)
 
 
-def _fill_ceiling(ceil: dict) -> float:
-    """The fastest shared-memory fill rate (TB/s) measured with the ceilings; 0 without."""
+def fill_ceiling(ceil: dict) -> float:
+    """The data ceiling of the wgmma.sp kernels: the fastest of the shared-memory fill rates
+    (TB/s) measured with the ceilings by the ways those kernels load (TMA boxes, the gather,
+    stages of both); 0 without (bench_kernel.py sets each case against it)."""
     return max((ceil.get(f"fill_{k}_tb_s") or 0.0) for k in ("tma", "cp_async_gather", "tma_and_gather"))
-
-
-def _at_fill(c: dict, x: dict, fill: float):
-    """What a samoyeds case's tiles would reach against cuBLAS with their stream at `fill` TB/s."""
-    if x.get("speedup_vs_cublas_at_fill"):
-        return x["speedup_vs_cublas_at_fill"]
-    cb = c["methods"].get("cublas", {}).get("ms")
-    if not (fill and cb and x.get("stream_tb_s") and x.get("ms")):
-        return None
-    return cb / (x["stream_tb_s"] * x["ms"] / fill)
 
 
 def fill_table(d: dict) -> str:
@@ -63,7 +55,7 @@ def fill_table(d: dict) -> str:
     measured in the same run (kernel.json cases the wgmma.sp kernel runs), and what its
     tiles would reach against cuBLAS at the fastest of them; empty for a file without them."""
     c0 = d.get("ceilings", {})
-    fill = _fill_ceiling(c0)
+    fill = fill_ceiling(c0)
     if not fill:
         return ""
     ways = [("TMA boxes", "tma"), ("cp.async rows in order", "cp_async"), ("cp.async rows by index", "cp_async_gather"),
@@ -83,7 +75,7 @@ def fill_table(d: dict) -> str:
         for x in (s75, s50):
             st = x.get("stream_tb_s")
             cells += [_f(st, ".2f"), _f(st / fill if st else None, ".0%"), _f(x.get("speedup_vs_cublas"), ".2f") + "x",
-                      _f(_at_fill(c, x, fill), ".2f") + "x"]
+                      _f(x.get("speedup_vs_cublas_at_fill"), ".2f") + "x"]
         rows.append(f"| {c['model']} | {c['T']} | {c['proj']} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -352,7 +344,7 @@ def headline(gpu: str) -> str:
                 fr = [c["methods"].get(fmt, {}).get("frac_wgmma_sp") for c in d["cases"] if c["T"] >= 4096]
                 rows.append(f"| kernel, {name}, T >= 4096: fraction of the wgmma.sp issue rate ({rate:.0f} TFLOP/s, "
                             f"same run) | {_range(fr, '{:.0%}')} | {link('kernel.json')} |")
-        fill = _fill_ceiling(d.get("ceilings", {}))
+        fill = fill_ceiling(d.get("ceilings", {}))
         if fill:
             big = [c for c in d["cases"] if c["T"] >= 4096 and c["S"] >= 1024 * c["E"]]
             for fmt, name in (("samoyeds-75", "75 %"), ("samoyeds-50", "2:4")):
@@ -360,7 +352,7 @@ def headline(gpu: str) -> str:
                 rows.append(f"| kernel, {name}, T >= 4096: operand stream into shared memory, fraction of the "
                             f"fill rate ({fill:.2f} TB/s, same run) | {_range([f / fill for f in fr if f], '{:.0%}')} | "
                             f"{link('kernel.json')} |")
-                at = [_at_fill(c, c["methods"].get(fmt, {}), fill) for c in big]
+                at = [c["methods"].get(fmt, {}).get("speedup_vs_cublas_at_fill") for c in big]
                 rows.append(f"| kernel, {name}, >= 1024 tokens per expert: vs cuBLAS if the stream ran at the fill "
                             f"rate (the data ceiling of its tiles) | {_range(at)} | {link('kernel.json')} |")
     d, _ = _load(gpu, "sweep.json")

@@ -126,7 +126,8 @@ static PyObject *py_tensor_core_rate(PyObject *self, PyObject *args, PyObject *k
 
 /* shared_fill_rate(kind, device=0, ctas=0, stages=0) -> dict: how fast every SM
  * (or `ctas` of them) fills its shared memory from L2 one way with `stages` in
- * flight (cuda/peak.cu): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz. */
+ * flight (cuda/peak.cu): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz, and the
+ * ctas and in_flight_bytes (per CTA) that ran. */
 static PyObject *py_shared_fill_rate(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
@@ -138,14 +139,14 @@ static PyObject *py_shared_fill_rate(PyObject *self, PyObject *args, PyObject *k
     const int kind = kind_index(o_kind, fill_kind_names, SAM_FILL_KIND_COUNT, "shared_fill_rate");
     if (kind < 0) return NULL;
 #if SAM_WITH_CUDA
-    double out[3] = {0.0, 0.0, 0.0};
+    double out[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = sam_fill_rate_cuda((sam_fill_kind)kind, device, ctas, stages, out);
     Py_END_ALLOW_THREADS
     if (status != SAM_STATUS_OK) return sam_raise_status(status, "shared_fill_rate", sam_cuda_last_error());
-    return Py_BuildValue("{s:d,s:d,s:d}", "tb_per_s", out[0], "bytes_per_clock_per_sm", out[1], "sm_clock_mhz",
-                         out[2]);
+    return Py_BuildValue("{s:d,s:d,s:d,s:i,s:i}", "tb_per_s", out[0], "bytes_per_clock_per_sm", out[1],
+                         "sm_clock_mhz", out[2], "ctas", (int)out[3], "in_flight_bytes", (int)out[4]);
 #else
     (void)device; (void)ctas; (void)stages;
     PyErr_SetString(PyExc_RuntimeError, "shared_fill_rate: samoyeds was built without CUDA");
@@ -255,7 +256,8 @@ static PyMethodDef sam_methods[] = {
      "(one of TENSOR_CORE_KINDS), dense-equivalent TFLOP/s."},
     {"shared_fill_rate", (PyCFunction)(void (*)(void))py_shared_fill_rate, METH_VARARGS | METH_KEYWORDS,
      "shared_fill_rate(kind, device=0, ctas=0, stages=0) -> dict: how fast every SM (or ctas of them) fills its "
-     "shared memory from L2 (one of SHARED_FILL_KINDS): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz."},
+     "shared memory from L2 (one of SHARED_FILL_KINDS): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz, ctas, "
+     "in_flight_bytes."},
     {"set_fast_dlpack", py_set_fast_dlpack, METH_O,
      "Enable/disable the DLPack C exchange-API fast path; returns the old setting."},
     {"decode_meta", py_decode_meta, METH_O, "decode_meta(meta) -> uint8 ndarray [..., 8, 2] of positions."},

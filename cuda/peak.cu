@@ -32,6 +32,8 @@
 
 #include <string.h>
 
+#include <vector>
+
 namespace sam {
 namespace {
 
@@ -250,10 +252,10 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
     const uint64_t t0 = global_ns();
     const int row = tid >> 3, ch = tid & 7;  // rows row + 16 j, 16-byte piece ch: a warp reads 4 whole rows
     const __nv_bfloat16 *rp[FILL_ROWS / 16];
+    const long long b = MC ? blockIdx.x / 2 : blockIdx.x, nb = MC ? gridDim.x / 2 : gridDim.x;  // (clusters)
     for (int i = 0, s = 0, ph = 0; i < steps; i++) {
         const int kt = i % FILL_KT, item = i / FILL_KT;
         const uint32_t bar = smem_u32(&bars[s]), dst = ring + s * SB;
-        const long long b = MC ? blockIdx.x / 2 : blockIdx.x, nb = MC ? gridDim.x / 2 : gridDim.x;  // (clusters)
         const int row0 = (int)((b + (long long)item * nb) * FILL_ROWS % FILL_SRC_ROWS);
         if (i >= stages) mbar_wait(bar, ph ^ 1);  // the stage's previous load has landed
         if (MC && i >= stages) {  // ... in the peer too, before this CTA's half lands there again
@@ -328,14 +330,19 @@ Plan plan_for(sam_tc_kind kind) {
 }
 
 // Device buffers and events of one measurement, released on every path.
+// (The fill-rate measurement uses src and clk instead of sink.)
 struct Scratch {
     float *sink = nullptr;
+    __nv_bfloat16 *src = nullptr;
+    long long *clk = nullptr;
     int *missing = nullptr;
     cudaEvent_t start = nullptr, stop = nullptr;
     ~Scratch() {
         if (start) cudaEventDestroy(start);
         if (stop) cudaEventDestroy(stop);
         if (sink) cudaFree(sink);
+        if (src) cudaFree(src);
+        if (clk) cudaFree(clk);
         if (missing) cudaFree(missing);
     }
 };
@@ -361,14 +368,22 @@ sam_status cuda_fail(cudaError_t err, const char *kind, const char *what) {
     } while (0)
 
 // One launch of `steps` on the legacy default stream; *ms its time.
-sam_status timed_launch(const Plan &p, const char *kind, int grid, int steps, Scratch &s, float *ms) {
+// launch() (returning the launch's error) on the legacy default stream between s's
+// events; *ms its time.
+template <typename L> sam_status timed(const char *kind, Scratch &s, L &&launch, float *ms) {
     PEAK_TRY(cudaEventRecord(s.start, 0), kind, "cudaEventRecord");
-    p.kernel<<<grid, p.threads, p.smem, 0>>>(steps, 0, s.sink, s.missing);
-    PEAK_TRY(cudaGetLastError(), kind, "launch");
+    PEAK_TRY(launch(), kind, "launch");
     PEAK_TRY(cudaEventRecord(s.stop, 0), kind, "cudaEventRecord");
     PEAK_TRY(cudaEventSynchronize(s.stop), kind, "kernel");
     PEAK_TRY(cudaEventElapsedTime(ms, s.start, s.stop), kind, "cudaEventElapsedTime");
     return SAM_STATUS_OK;
+}
+
+sam_status timed_launch(const Plan &p, const char *kind, int grid, int steps, Scratch &s, float *ms) {
+    return timed(kind, s, [&] {
+        p.kernel<<<grid, p.threads, p.smem, 0>>>(steps, 0, s.sink, s.missing);
+        return cudaGetLastError();
+    }, ms);
 }
 
 // The device checks of a measurement named `name`: compute capability 8.0 or
@@ -458,21 +473,6 @@ sam_status measure(sam_tc_kind kind, int device, double *tflops) {
     return SAM_STATUS_OK;
 }
 
-// Buffers and events of one fill-rate measurement, released on every path.
-struct FillScratch {
-    __nv_bfloat16 *src = nullptr;
-    long long *clk = nullptr;
-    int *missing = nullptr;
-    cudaEvent_t start = nullptr, stop = nullptr;
-    ~FillScratch() {
-        if (start) cudaEventDestroy(start);
-        if (stop) cudaEventDestroy(stop);
-        if (src) cudaFree(src);
-        if (clk) cudaFree(clk);
-        if (missing) cudaFree(missing);
-    }
-};
-
 typedef void (*FillKernel)(CUtensorMap, const __nv_bfloat16 *, int, int, long long *, int *);
 
 struct FillPlan {
@@ -480,9 +480,8 @@ struct FillPlan {
     int grid, stages, smem, cluster;
 };
 
-sam_status fill_launch(const FillPlan &f, const CUtensorMap &map, const char *name, int steps, FillScratch &s,
+sam_status fill_launch(const FillPlan &f, const CUtensorMap &map, const char *name, int steps, Scratch &s,
                        float *ms) {
-    PEAK_TRY(cudaEventRecord(s.start, 0), name, "cudaEventRecord");
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -494,18 +493,14 @@ sam_status fill_launch(const FillPlan &f, const CUtensorMap &map, const char *na
     cfg.stream = 0;
     cfg.attrs = attr;
     cfg.numAttrs = f.cluster > 1 ? 1 : 0;
-    PEAK_TRY(cudaLaunchKernelEx(&cfg, f.k, map, (const __nv_bfloat16 *)s.src, steps, f.stages, s.clk, s.missing), name,
-             "launch");
-    PEAK_TRY(cudaGetLastError(), name, "launch");
-    PEAK_TRY(cudaEventRecord(s.stop, 0), name, "cudaEventRecord");
-    PEAK_TRY(cudaEventSynchronize(s.stop), name, "kernel");
-    PEAK_TRY(cudaEventElapsedTime(ms, s.start, s.stop), name, "cudaEventElapsedTime");
-    return SAM_STATUS_OK;
+    return timed(name, s, [&] {
+        return cudaLaunchKernelEx(&cfg, f.k, map, (const __nv_bfloat16 *)s.src, steps, f.stages, s.clk, s.missing);
+    }, ms);
 }
 
 const char *const FILL_NAMES[] = SAM_FILL_KIND_NAMES;
 
-sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, double out[3]) {
+sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, double out[5]) {
     const char *name = FILL_NAMES[kind];
     int sms = 0, cc = 0;
     if (sam_status st = device_gate(name, device, true, &sms, &cc)) return st;
@@ -526,20 +521,21 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, do
     }
     FillPlan f;
     f.k = k;
-    f.grid = ctas ? ctas : sms;  // one CTA per SM (the ring takes most of its shared memory)
     f.cluster = kind == SAM_FILL_TMA_MULTICAST ? 2 : 1;
-    f.grid -= f.grid % f.cluster;
-    if (f.grid < 1) {
-        set_error("ctas = %d; %s runs clusters of 2 CTAs and needs at least 2", ctas, name);
+    if (ctas % f.cluster) {
+        set_error("ctas = %d; %s runs clusters of 2 CTAs and needs an even count", ctas, name);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
+    // one CTA per SM (the ring takes most of its shared memory); every SM: less one for
+    // clusters of 2 on an odd count
+    f.grid = ctas ? ctas : sms - sms % f.cluster;
     f.stages = stages ? stages : 131072 / sb;
     f.smem = f.stages * sb + 1024;  // + room to align the ring
     PEAK_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, f.smem), name,
              "cudaFuncSetAttribute");
     const int grid = f.grid;
 
-    FillScratch s;
+    Scratch s;
     const size_t src_bytes = (size_t)FILL_SRC_ROWS * FILL_SRC_COLS * sizeof(__nv_bfloat16);
     PEAK_TRY(cudaMalloc(&s.src, src_bytes), name, "cudaMalloc");
     PEAK_TRY(cudaMemset(s.src, 0x3c, src_bytes), name, "cudaMemset");  // bf16 0x3c3c: ~0.0115, every row
@@ -584,21 +580,16 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, do
 
     float times[TIMED];
     long long clk_sum = 0, ns_sum = 0;
-    long long *clk = new long long[2 * grid];
+    std::vector<long long> clk(2 * (size_t)grid);
     for (int i = 0; i < TIMED; i++) {
-        sam_status st = fill_launch(f, map, name, steps, s, &times[i]);
-        if (st == SAM_STATUS_OK && cudaMemcpy(clk, s.clk, sizeof(long long) * 2 * grid, cudaMemcpyDeviceToHost) != cudaSuccess)
-            st = cuda_status(cudaGetLastError(), "fill rate: cudaMemcpy");
-        if (st != SAM_STATUS_OK) {
-            delete[] clk;
-            return st;
-        }
+        if (sam_status st = fill_launch(f, map, name, steps, s, &times[i])) return st;
+        PEAK_TRY(cudaMemcpy(clk.data(), s.clk, sizeof(long long) * clk.size(), cudaMemcpyDeviceToHost), name,
+                 "cudaMemcpy");
         for (int b = 0; b < grid; b++) {
             clk_sum += clk[2 * b];
             ns_sum += clk[2 * b + 1];
         }
     }
-    delete[] clk;
     std::sort(times, times + TIMED);
     const double median_s = times[TIMED / 2] * 1e-3;
     if (!(median_s > 0.0) || clk_sum <= 0 || ns_sum <= 0) {
@@ -609,6 +600,8 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, do
     out[0] = bytes_per_cta * grid / median_s / 1e12;
     out[1] = bytes_per_cta / ((double)clk_sum / (TIMED * grid));  // per SM per clock of that SM
     out[2] = (double)clk_sum / (double)ns_sum * 1e3;               // clocks per ns -> MHz
+    out[3] = grid;
+    out[4] = (double)f.stages * sb;
     return SAM_STATUS_OK;
 }
 
@@ -645,8 +638,8 @@ extern "C" sam_status sam_tc_rate_cuda(sam_tc_kind kind, int device, double *tfl
     return sam::on_device(device, [&] { return sam::measure(kind, device, tflops); });
 }
 
-extern "C" sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, int stages, double out[3]) {
-    out[0] = out[1] = out[2] = 0.0;
+extern "C" sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, int stages, double out[5]) {
+    for (int i = 0; i < 5; i++) out[i] = 0.0;
     if ((int)kind < 0 || (int)kind >= SAM_FILL_KIND_COUNT) {
         sam::set_error("kind = %d; expected 0 <= kind < %d", (int)kind, SAM_FILL_KIND_COUNT);
         return SAM_STATUS_INVALID_ARGUMENT;

@@ -205,13 +205,15 @@ typedef enum sam_fill_kind {
  * memory that way, one CTA per SM, `stages` stages in flight per SM (0: 128 KB of
  * them; at most 12 and 192 KB): out[0] TB/s over those SMs, out[1] bytes per
  * SM clock per SM (the SMs' own clock64 over the run), out[2] the SMs' mean clock
- * in MHz during the run.  Bytes count as they land in shared memory (multicast: in
- * both CTAs; an odd SM count leaves one SM out).  Blocking, on the legacy default
+ * in MHz during the run, out[3] the CTAs that ran (SMs taking part), out[4] the
+ * bytes in flight per CTA (its stages).  Bytes count as they land in shared memory
+ * (multicast: in both CTAs; clusters of 2 need an even `ctas`, and with 0 leave one
+ * SM of an odd count out).  Blocking, on the legacy default
  * stream, under a tenth of a second; `device` current only while it runs.
  * SAM_STATUS_UNSUPPORTED off sm_90 or without sm_90a code (mbarrier transaction
  * counts and TMA are Hopper's), and for TMA where the driver has no tensor-map
  * encoder. */
-sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, int stages, double out[3]);
+sam_status sam_fill_rate_cuda(sam_fill_kind kind, int device, int ctas, int stages, double out[5]);
 
 #ifdef __cplusplus
 }

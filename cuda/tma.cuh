@@ -92,8 +92,7 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
         : "memory");
 }
-// The same, multicast: the box lands at `dst` in every CTA of `mask` (cluster ranks),
-// each completing on its own barrier at the offset `bar`.
+// 3-d TMA tile load, multicast, as tma_load_2d_mc.
 __device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
                                                uint32_t bar, uint16_t mask) {
     asm volatile(

@@ -104,16 +104,20 @@ def shared_fill_rate(kind: str, device: int = 0, ctas: int = 0, stages: int = 0)
     * ``"tma_multicast"``: clusters of two CTAs, each loading half of every box
       by TMA multicast into both (half the L2 reads for the bytes that land)
 
-    ``ctas`` SMs take part (0: every SM): fewer show whether the limit is each
-    SM's or the L2's.  Bytes count where they land (multicast: in both CTAs).
-    Returns ``{"tb_per_s", "bytes_per_clock_per_sm",
-    "sm_clock_mhz"}``: the rate over those SMs, the bytes each SM took in per
-    clock of its own (``clock64``), and the SMs' mean clock during the run.
-    Under a tenth of a second, blocking, on the legacy default stream.
+    ``ctas`` SMs take part (0: every SM, less one of an odd count for the
+    clusters of ``"tma_multicast"``, which needs an even ``ctas``): fewer show
+    whether the limit is each SM's or the L2's.  Bytes count where they land
+    (multicast: in both CTAs).  Returns ``{"tb_per_s", "bytes_per_clock_per_sm",
+    "sm_clock_mhz", "ctas", "in_flight_bytes"}``: the rate over those SMs, the
+    bytes each SM took in per clock of its own (``clock64``), the SMs' mean
+    clock during the run, and the CTAs (one per SM) and bytes in flight per CTA
+    that ran.  Under a tenth of a second, blocking, on the legacy default
+    stream.
 
     Raises:
         ValueError: an unknown ``kind`` or ``device``, ``ctas`` not in
-            ``[0, SMs]``, or more ``stages`` than 12 or 192 KB.
+            ``[0, SMs]`` (or odd, for multicast), or more ``stages`` than 12 or
+            192 KB.
         NotImplementedError: not an sm_90 device, or a build without sm_90a.
         RuntimeError: samoyeds was built without CUDA, or (``CudaError``) the
             CUDA runtime failed.

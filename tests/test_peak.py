@@ -127,8 +127,10 @@ def test_fill_bad_device_is_a_value_error():
             samoyeds.shared_fill_rate("tma_and_gather", stages=7)
         with pytest.raises(ValueError, match="stages = -1"):
             samoyeds.shared_fill_rate("cp_async_gather", stages=-1)
-        with pytest.raises(ValueError, match="ctas = 1; tma_multicast runs clusters of 2"):
+        with pytest.raises(ValueError, match="ctas = 1; tma_multicast runs clusters of 2 CTAs and needs an even"):
             samoyeds.shared_fill_rate("tma_multicast", ctas=1)
+        with pytest.raises(ValueError, match="ctas = 33; tma_multicast"):  # never silently 32
+            samoyeds.shared_fill_rate("tma_multicast", ctas=33)
 
 
 @pytest.mark.gpu
@@ -139,19 +141,24 @@ def test_fill_rate_is_finite_and_below_the_hardware(kind):
             samoyeds.shared_fill_rate(kind)
         return
     r = samoyeds.shared_fill_rate(kind)
-    assert set(r) == {"tb_per_s", "bytes_per_clock_per_sm", "sm_clock_mhz"}, r
+    assert set(r) == {"tb_per_s", "bytes_per_clock_per_sm", "sm_clock_mhz", "ctas", "in_flight_bytes"}, r
     assert all(math.isfinite(v) and v > 0 for v in r.values()), r
+    # what ran: one CTA per SM (an even count for clusters of 2), 128 KB of stages by default
+    torch = pytest.importorskip("torch")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert r["ctas"] == (sms - sms % 2 if kind == "tma_multicast" else sms), (r, sms)
+    assert r["in_flight_bytes"] == 128 * 1024, r
     # an SM clock between idle and the top boost clock of any Hopper part
     assert 500 < r["sm_clock_mhz"] < 2100, r
     # an SM takes in at most 128 bytes per clock from L2 (more: bytes counted that never
     # moved); the device rate and the per-SM rate agree through the SM count and clock
     assert r["bytes_per_clock_per_sm"] < 128, r
-    torch = pytest.importorskip("torch")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    implied = r["bytes_per_clock_per_sm"] * r["sm_clock_mhz"] * 1e6 * sms / 1e12
+    implied = r["bytes_per_clock_per_sm"] * r["sm_clock_mhz"] * 1e6 * r["ctas"] / 1e12
     assert 0.8 < implied / r["tb_per_s"] < 1.25, (implied, sms, r)
     # fewer SMs, and one stage in flight: finite, below the hardware, and not above the full rate
     for few in (samoyeds.shared_fill_rate(kind, ctas=8), samoyeds.shared_fill_rate(kind, stages=1)):
         assert all(math.isfinite(v) and v > 0 for v in few.values()), few
         assert few["bytes_per_clock_per_sm"] < 128 and few["tb_per_s"] < r["tb_per_s"] * 1.05, (few, r)
+    assert samoyeds.shared_fill_rate(kind, ctas=8)["ctas"] == 8
+    assert samoyeds.shared_fill_rate(kind, stages=1)["in_flight_bytes"] == (32 if kind == "tma_and_gather" else 16) * 1024
     assert samoyeds.tensor_core_rate("mma") > 0  # the device is usable afterwards
