@@ -3,7 +3,7 @@
 # compute-sanitizer and the benchmarks; a short table last.  Full logs and the
 # results JSON go to $OUT (or ./gpu_out).
 #   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
-#                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [token-stream] [fill] [test-ssmm] [accuracy]
+#                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [token-stream] [fill] [layer-trace] [test-ssmm] [accuracy]
 #                                [smoke-gpu] [demo] [profile] [test-k: PYTEST_K=expr] ...
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
@@ -55,6 +55,7 @@ for step in $steps; do
     ssmm-kernels) run ssmm_kernels 12 $PY benchmarks/ssmm_kernels.py --out "$OUT" ;;
     token-stream) run token_stream 8 $PY benchmarks/token_stream.py --out "$OUT" ;;
     fill) run fill_rate 20 $PY benchmarks/fill_rate.py --out "$OUT" ;;
+    layer-trace) run layer_trace 60 $PY benchmarks/layer_trace.py --out "$OUT" ${LAYER_TRACE_ARGS:-} ;;
     smoke-gpu)
       # every benchmark's --tiny mode on the GPU (toy shapes): the CUDA code paths in about a minute
       $PY benchmarks/run_all.py --tiny --device cuda --only kernel,sweep,moe,e2e,memory,breakdown \
