@@ -11,7 +11,7 @@ in flight says how much of a ring a stream needs.  Each point is the median of t
 measurement's timed launches; the whole sweep runs REPEAT times, the points
 interleaved, and reports the median of the repeats.
 
-  python benchmarks/fill_rate.py [--ctas 0,98,66,32,16,4] [--stage-kb 16,32,64,96,128,192] [--repeat 3] [--out DIR]
+  python benchmarks/fill_rate.py [--ctas 0,98,66,32,16,4] [--stage-kb 16,32,64,96,128,192] [--kinds a,b] [--repeat 3] [--out DIR]
 """
 import argparse
 import os
@@ -29,14 +29,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ctas", default="0,98,66,32,16,4", help="SMs taking part (0: every SM; even, for multicast)")
     ap.add_argument("--stage-kb", default="16,32,64,96,128,192", help="KB of stages in flight per SM (every SM)")
+    ap.add_argument("--kinds", default=None, help="ways of loading (default: every one of _C.SHARED_FILL_KINDS)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     stage_bytes = {k: 32768 if k == "tma_and_gather" else 16384 for k in sm._C.SHARED_FILL_KINDS}  # (to pick points)
-    points = [(kind, n, 0) for n in (int(c) for c in a.ctas.split(",")) for kind in sm._C.SHARED_FILL_KINDS]
+    kinds = a.kinds.split(",") if a.kinds else list(sm._C.SHARED_FILL_KINDS)
+    points = [(kind, n, 0) for n in (int(c) for c in a.ctas.split(",")) for kind in kinds]
     for kb in (int(k) for k in a.stage_kb.split(",")):
-        for kind in sm._C.SHARED_FILL_KINDS:
+        for kind in kinds:
             st = kb * 1024 // stage_bytes[kind]
             if 1 <= st and st * stage_bytes[kind] == kb * 1024 and (kind, 0, st) not in points:
                 points.append((kind, 0, st))

@@ -54,7 +54,7 @@ for step in $steps; do
     bench-decode) run bench_decode 25 $PY benchmarks/bench_decode.py --out "$OUT" ;;
     ssmm-kernels) run ssmm_kernels 12 $PY benchmarks/ssmm_kernels.py --out "$OUT" ;;
     token-stream) run token_stream 8 $PY benchmarks/token_stream.py --out "$OUT" ;;
-    fill) run fill_rate 20 $PY benchmarks/fill_rate.py --out "$OUT" ;;
+    fill) run fill_rate 20 $PY benchmarks/fill_rate.py --out "$OUT" ${FILL_ARGS:-} ;;
     layer-trace) run layer_trace 60 $PY benchmarks/layer_trace.py --out "$OUT" ${LAYER_TRACE_ARGS:-} ;;
     smoke-gpu)
       # every benchmark's --tiny mode on the GPU (toy shapes): the CUDA code paths in about a minute

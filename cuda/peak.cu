@@ -226,6 +226,7 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
     constexpr bool MC = KIND == SAM_FILL_TMA_MULTICAST;  // clusters of 2, each CTA half of every box
     constexpr bool BOX = KIND == SAM_FILL_TMA || KIND == SAM_FILL_TMA_GATHER || MC;
     constexpr bool ROWS = KIND == SAM_FILL_CP_ASYNC || KIND == SAM_FILL_GATHER || KIND == SAM_FILL_TMA_GATHER;
+    constexpr bool TROWS = KIND == SAM_FILL_TMA_ROWS;  // thread r: row r of every stage, a one-row box
     constexpr int SB = fill_stage_bytes(KIND);
     constexpr int FILL_KT = FILL_SRC_COLS * 2 / FILL_ROW_BYTES;  // stages per item (its rows fixed)
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -236,7 +237,7 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
     if (tid == 0) {
         // arrivals: the box thread's expect_tx, each copying thread's cp.async arrival
         for (int s = 0; s < stages; s++) {
-            mbar_init(smem_u32(&bars[s]), (BOX ? 1 : 0) + (ROWS ? FILL_THREADS : 0));
+            mbar_init(smem_u32(&bars[s]), (BOX || TROWS ? 1 : 0) + (ROWS ? FILL_THREADS : 0));
             if (MC) mbar_init(smem_u32(&empty[s]), 2);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
     if constexpr (MC) cluster_sync();  // the peer's barriers exist before any multicast or remote arrival
     else __syncthreads();
     const uint32_t rank = MC ? cluster_rank() : 0;
-    if (!ROWS && tid != 0) {  // one thread issues the boxes
+    if (!ROWS && !TROWS && tid != 0) {  // one thread issues the boxes
         if (MC) cluster_sync();  // no CTA leaves while its peer may still write into it
         return;
     }
@@ -252,6 +253,7 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
     const uint64_t t0 = global_ns();
     const int row = tid >> 3, ch = tid & 7;  // rows row + 16 j, 16-byte piece ch: a warp reads 4 whole rows
     const __nv_bfloat16 *rp[FILL_ROWS / 16];
+    int trow = 0;  // TROWS: this thread's source row
     const long long b = MC ? blockIdx.x / 2 : blockIdx.x, nb = MC ? gridDim.x / 2 : gridDim.x;  // (clusters)
     for (int i = 0, s = 0, ph = 0; i < steps; i++) {
         const int kt = i % FILL_KT, item = i / FILL_KT;
@@ -271,6 +273,13 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
                                row0 + (int)rank * (FILL_ROWS / 2), bar, (uint16_t)3);
             else
                 tma_load_2d(dst, &map, kt * (FILL_ROW_BYTES / 2), row0, bar);
+        }
+        if constexpr (TROWS) {
+            // one 128-byte row box into row tid of the stage: the 128-byte swizzle follows the
+            // destination's address, so the row lands as it would in a 128-row box
+            if (kt == 0) trow = (int)(mix(blockIdx.x * 0x9e3779b9u + (uint32_t)item * 0x85ebca6bu + tid) % FILL_SRC_ROWS);
+            if (tid == 0) mbar_arrive_expect_tx(bar, FILL_PART_BYTES);
+            tma_load_2d(dst + tid * FILL_ROW_BYTES, &map, kt * (FILL_ROW_BYTES / 2), trow, bar);
         }
         if constexpr (ROWS) {
             const uint32_t part = dst + (BOX ? FILL_PART_BYTES : 0);
@@ -508,6 +517,7 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, do
                          : kind == SAM_FILL_CP_ASYNC   ? fill_rate_kernel<SAM_FILL_CP_ASYNC>
                          : kind == SAM_FILL_GATHER     ? fill_rate_kernel<SAM_FILL_GATHER>
                          : kind == SAM_FILL_TMA_GATHER ? fill_rate_kernel<SAM_FILL_TMA_GATHER>
+                         : kind == SAM_FILL_TMA_ROWS   ? fill_rate_kernel<SAM_FILL_TMA_ROWS>
                                                        : fill_rate_kernel<SAM_FILL_TMA_MULTICAST>;
     const int sb = fill_stage_bytes(kind), max_stages = std::min(FILL_MAX_STAGES, FILL_RING_BYTES / sb);
     if (ctas < 0 || ctas > sms) {
@@ -547,14 +557,17 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, do
 
     CUtensorMap map;
     memset(&map, 0, sizeof map);
-    if (kind == SAM_FILL_TMA || kind == SAM_FILL_TMA_GATHER || kind == SAM_FILL_TMA_MULTICAST) {
+    if (kind == SAM_FILL_TMA || kind == SAM_FILL_TMA_GATHER || kind == SAM_FILL_TMA_MULTICAST ||
+        kind == SAM_FILL_TMA_ROWS) {
         TensorMapEncodeFn enc = tensor_map_encoder();
         if (enc == nullptr) {
             set_error("%s: the CUDA driver has no cuTensorMapEncodeTiled", name);
             return SAM_STATUS_UNSUPPORTED;
         }
         const cuuint64_t dim[2] = {FILL_SRC_COLS, FILL_SRC_ROWS}, stride[1] = {FILL_SRC_COLS * 2};
-        const cuuint32_t rows = kind == SAM_FILL_TMA_MULTICAST ? FILL_ROWS / 2 : FILL_ROWS;  // (a CTA's half)
+        const cuuint32_t rows = kind == SAM_FILL_TMA_MULTICAST ? FILL_ROWS / 2  // (a CTA's half)
+                                : kind == SAM_FILL_TMA_ROWS    ? 1
+                                                               : FILL_ROWS;
         const cuuint32_t box[2] = {FILL_ROW_BYTES / 2, rows}, one[2] = {1, 1};
         if (enc(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, s.src, dim, stride, box, one,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,

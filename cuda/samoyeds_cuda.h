@@ -197,9 +197,11 @@ typedef enum sam_fill_kind {
     SAM_FILL_TMA_GATHER = 3, /* stages of two parts: a TMA box and gathered rows, as the kernels' */
     SAM_FILL_TMA_MULTICAST = 4, /* clusters of two CTAs, each loading half of every box by TMA
                                    multicast into both: half the L2 reads for the same bytes landed */
-    SAM_FILL_KIND_COUNT = 5
+    SAM_FILL_TMA_ROWS = 5, /* every row chosen by index, each its own one-row TMA box (128 threads,
+                              one box each per stage): the gather without cp.async */
+    SAM_FILL_KIND_COUNT = 6
 } sam_fill_kind;
-#define SAM_FILL_KIND_NAMES {"tma", "cp_async", "cp_async_gather", "tma_and_gather", "tma_multicast"}
+#define SAM_FILL_KIND_NAMES {"tma", "cp_async", "cp_async_gather", "tma_and_gather", "tma_multicast", "tma_rows"}
 
 /* The rate at which `ctas` SMs of `device` (0: every SM) fill their shared
  * memory that way, one CTA per SM, `stages` stages in flight per SM (0: 128 KB of

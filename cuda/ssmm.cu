@@ -666,10 +666,13 @@ template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps,
 // (token_ids null: an expert's rows are contiguous, as the down projection's intermediate
 // rows are) and its rows are 16-byte aligned.  False (the cp.async gather) where it cannot
 // be, or where the encoder refuses the map.  Boxes of WsCfg's BN rows x BK columns.
-template <typename T> bool ws_tokens_map(const sam_ssmm_params *ps, CUtensorMap &m) {
-    constexpr int BN = 128, BK = 64;
-    if (ps->token_ids != nullptr || (uintptr_t)ps->x % 16 != 0 || (ps->ldx * (int64_t)sizeof(T)) % 16 != 0 ||
-        ps->S >= INT32_MAX || ps->T >= INT32_MAX || ps->T == 0)
+// gather = true (WsCfg::GT): boxes of one row x BK columns, one per routed row, for any
+// row map.
+template <typename T> bool ws_tokens_map(const sam_ssmm_params *ps, CUtensorMap &m, bool gather = false) {
+    constexpr int BK = 64;
+    const int BN = gather ? 1 : 128;
+    if ((!gather && ps->token_ids != nullptr) || (uintptr_t)ps->x % 16 != 0 ||
+        (ps->ldx * (int64_t)sizeof(T)) % 16 != 0 || ps->S >= INT32_MAX || ps->T >= INT32_MAX || ps->T == 0)
         return false;
     TensorMapEncodeFn enc = tensor_map_encoder();
     const cuuint32_t one[2] = {1, 1};
@@ -712,7 +715,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
                       (long long)ps->d.E, (long long)ps->d.rp, (long long)ps->d.cp);
             return SAM_STATUS_UNSUPPORTED;
         }
-        if constexpr (C::BT) {
+        if constexpr (C::BT || C::GT) {
             static_assert(C::BN == 128 && C::BK == 64, "the box of ws_tokens_map");
             maps.b = *bmap;
         }
@@ -812,10 +815,14 @@ bool device_has_wgmma() {
 }
 
 // The warp-specialised kernel of configuration WsCfg<M, PP, CL, DYN>, with the token rows
-// by TMA (BT) when bmap is given.
+// by TMA when bmap is given: as one box per k-tile (BT, token_ids null), or one box per row
+// (GT, the gather).
 template <typename T, int M, bool PP = false, int CL = 1, bool DYN = false>
 sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, const CUtensorMap *bmap) {
-    if (bmap) return launch<T, WsCfg<M, PP, CL, DYN, true>, K_WGMMA_WS>(ps, stream, ctas, bmap);
+    if (bmap && ps->token_ids == nullptr) return launch<T, WsCfg<M, PP, CL, DYN, true>, K_WGMMA_WS>(ps, stream, ctas, bmap);
+    if constexpr (!PP && CL == 1 && !DYN) {  // (the gather by TMA: the default schedule only)
+        if (bmap) return launch<T, WsCfg<M, PP, CL, DYN, false, true>, K_WGMMA_WS>(ps, stream, ctas, bmap);
+    }
     return launch<T, WsCfg<M, PP, CL, DYN>, K_WGMMA_WS>(ps, stream, ctas);
 }
 
@@ -836,11 +843,24 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             // SAMOYEDS_WGMMA_TOKENS_TMA: 1 (default) the token rows by TMA where they can be,
             // 0 never (the gather, for comparisons), 2 required (an error where they cannot)
             const int want_bt = env_int("SAMOYEDS_WGMMA_TOKENS_TMA", 1);
+            // SAMOYEDS_WGMMA_GATHER: 0 the routed token rows by cp.async, 1 each by TMA as a
+            // one-row box (WsCfg::GT) where the kernel's schedule has that variant
+            // (persistent or one item per CTA), 2 required (an error where they cannot be)
+            const int want_gt = env_int("SAMOYEDS_WGMMA_GATHER", 0);
+            const bool tma_rows = ps->token_ids != nullptr && want_gt != 0;
             CUtensorMap bm;
-            const CUtensorMap *bmap = want_bt != 0 && ws_tokens_map<T>(ps, bm) ? &bm : nullptr;
-            if (want_bt == 2 && !bmap) {
+            const CUtensorMap *bmap =
+                (ps->token_ids == nullptr ? want_bt != 0 && ws_tokens_map<T>(ps, bm)
+                                          : tma_rows && ws_tokens_map<T>(ps, bm, true)) ? &bm : nullptr;
+            if (want_bt == 2 && (!bmap || ps->token_ids != nullptr)) {
                 set_error("ssmm: SAMOYEDS_WGMMA_TOKENS_TMA=2, but the token rows cannot be read by TMA (they need "
                           "token_ids None, x and its row stride 16-byte aligned, fewer than 2**31 rows)");
+                return SAM_STATUS_UNSUPPORTED;
+            }
+            if (want_gt == 2 && ps->token_ids != nullptr && (!bmap || which == 4 || which == 5 || which == 6)) {
+                set_error("ssmm: SAMOYEDS_WGMMA_GATHER=2, but the routed token rows cannot be gathered by TMA (they "
+                          "need x and its row stride 16-byte aligned, fewer than 2**31 rows, and "
+                          "SAMOYEDS_WGMMA_KERNEL 0, 2 or 3)");
                 return SAM_STATUS_UNSUPPORTED;
             }
             if (which == 5) {

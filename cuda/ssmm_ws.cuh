@@ -81,6 +81,11 @@ struct WsMaps {
 // memory (KParams::work) instead of blockIdx.x + n * gridDim.x.
 //
 // BT: the token rows by TMA (WsMaps::b), for x read without a row map.
+//
+// GT: the token rows gathered by TMA: each producer thread loads its row of the tile as
+// a one-row box (WsMaps::b with boxes of 1 x BK), which the 128-byte swizzle places where
+// a 128-row box would (the swizzle follows the shared-memory address); no cp.async, so the
+// stage completes by transaction bytes alone and the consumers need no proxy fence.
 // Stages of the ring (2:4 / 1:M:V; BT: token rows by TMA); overridable at build time
 // (SAMOYEDS_NVCC_FLAGS=-DSAM_WS_STAGES_M1=...) for ring-depth measurements.
 #ifndef SAM_WS_STAGES_M1
@@ -95,9 +100,11 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M2_BT
 #define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
 #endif
-template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false> struct WsCfg {
+template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false, bool GT_ = false>
+struct WsCfg {
     static constexpr int M = M_;
-    static constexpr bool BT = BT_;
+    static constexpr bool BT = BT_, GT = GT_;
+    static_assert(!(BT && GT), "one way of loading the token rows");
     static constexpr bool PP = PP_;
     static constexpr int CL = CL_;
     static constexpr bool DYN = DYN_;
@@ -121,8 +128,8 @@ template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = f
     static constexpr int META_BYTES = (BMT / 16) * KS * 64;
     static constexpr int IDX_BYTES = M > 1 ? BMT : 0;
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
-    static constexpr int ST = PP ? 8 : M == 1 ? (BT ? SAM_WS_STAGES_M1_BT : SAM_WS_STAGES_M1)
-                                              : (BT ? SAM_WS_STAGES_M2_BT : SAM_WS_STAGES_M2);
+    static constexpr int ST = PP ? 8 : M == 1 ? (BT || GT ? SAM_WS_STAGES_M1_BT : SAM_WS_STAGES_M1)
+                                              : (BT || GT ? SAM_WS_STAGES_M2_BT : SAM_WS_STAGES_M2);
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     // Epilogue staging, one area per consumer: a chunk of the tile's output (tokens x
     // the consumer's output columns, in T, 16-byte pieces XOR-swizzled by token row),
@@ -168,7 +175,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
     // BT: the token rows of a k-tile come as one TMA box, so only the threads that
     // load row-selection indices (M > 1) arrive on `full` besides the TMA thread
-    constexpr bool b_tma = C::BT;
+    constexpr bool b_tma = C::BT || C::GT;  // every token row by TMA (a box, or a box per row)
     constexpr int IDX_THREADS = M > 1 ? BMT / 16 : 0;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
@@ -250,7 +257,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
             named_barrier_sync(3, PT);  // every token row of the slot is written
             const int64_t row0 = (int64_t)info[1] * BMT;
-            const int s0 = b_tma ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
+            const int s0 = C::BT ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
+            // GT: this thread's token row (a row past x for no token: the box is zero-filled)
+            const int g_row = C::GT ? (tok[tid] >= 0 ? tok[tid] : (int)p.T) : 0;
             const T *b_src[B_CH];
             unsigned b_ok = 0;
 #pragma unroll
@@ -283,8 +292,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     // the item's rows s0 .. s0 + BN - 1 of x; rows past the expert belong to
                     // the next one (their output columns are never stored), rows past T and
                     // columns past C are zero-filled
-                    if constexpr (b_tma) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
+                    if constexpr (C::BT) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
                 }
+                if constexpr (C::GT) tma_load_2d(base + C::A_BYTES + tid * 128, &tm.b, kt * BK, g_row, full_bar(s));
                 if constexpr (!b_tma) {
                     const int col = kt * BK + b_ch * 8;
                     const bool col_ok = col < p.C;
@@ -360,7 +370,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         mbar_wait(full_bar(st), (it / ST) & 1);
         // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
         // (the row-selection indices, by cp.async, are read by ordinary loads)
-        if constexpr (!C::BT) fence_proxy_async();
+        if constexpr (!C::BT && !C::GT) fence_proxy_async();
         load_meta(par_c, st);
         if (M > 1 && boundary) {
             wgmma_wait<0>();

@@ -103,6 +103,9 @@ def shared_fill_rate(kind: str, device: int = 0, ctas: int = 0, stages: int = 0)
       as the kernels' stages hold weights and routed tokens
     * ``"tma_multicast"``: clusters of two CTAs, each loading half of every box
       by TMA multicast into both (half the L2 reads for the bytes that land)
+    * ``"tma_rows"``: each row chosen by index as in ``"cp_async_gather"``, but
+      loaded as its own one-row TMA box (128 threads issuing one box each per
+      stage): the gather without ``cp.async``
 
     ``ctas`` SMs take part (0: every SM, less one of an odd count for the
     clusters of ``"tma_multicast"``, which needs an even ``ctas``): fewer show

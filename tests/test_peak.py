@@ -83,7 +83,7 @@ def test_hopper_ordering():
 
 
 # ---- shared_fill_rate ----
-FILL_KINDS = ("tma", "cp_async", "cp_async_gather", "tma_and_gather", "tma_multicast")
+FILL_KINDS = ("tma", "cp_async", "cp_async_gather", "tma_and_gather", "tma_multicast", "tma_rows")
 
 
 def test_fill_kinds():
