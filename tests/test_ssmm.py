@@ -253,10 +253,11 @@ def test_wgmma_tokens_by_tma(shape, fmt, act, glu, kernel, monkeypatch):
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
 @pytest.mark.parametrize("kernel", ["2", "3"])
 def test_wgmma_gather_by_tma(shape, fmt, act, glu, kernel, monkeypatch):
-    """The routed token rows gathered by TMA, one one-row box per row of the tile
-    (SAMOYEDS_WGMMA_GATHER=2: an error unless that path runs), against the cp.async gather
-    (=0) bit for bit, and within the oracle tolerance of the C reference.  x's rows that no
-    expert reads are NaN: nothing of them may reach a stored row."""
+    """The routed token rows gathered by TMA: 32, 64 or all 128 rows of every tile each as
+    a one-row box, the others by cp.async (SAMOYEDS_WGMMA_GATHER_TMA_ROWS: an error where
+    set and that path cannot run), against the cp.async gather (=0) bit for bit, and within
+    the oracle tolerance of the C reference.  x's rows that no expert reads are NaN: nothing
+    of them may reach a stored row."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
     seed = torch.seed() % 2**31
@@ -275,22 +276,26 @@ def test_wgmma_gather_by_tma(shape, fmt, act, glu, kernel, monkeypatch):
     pg, xg, offg, tg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), r.token_ids.cuda(), b.cuda(), sc.cuda()
     monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
     outs = {}
-    for gather in ("2", "0"):
-        monkeypatch.setenv("SAMOYEDS_WGMMA_GATHER", gather)
+    for rows in ("0", "32", "64", "128"):
+        monkeypatch.setenv("SAMOYEDS_WGMMA_GATHER_TMA_ROWS", rows)
         out = _poisoned(S, cols, torch.bfloat16, "cuda")
         sm.ssmm(xg, pg, offg, tg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
         torch.cuda.synchronize()
-        outs[gather] = out.cpu()
-        assert torch.isfinite(outs[gather][:n]).all(), "unwritten or non-finite output rows"
-        assert torch.isnan(outs[gather][n:]).all(), "rows past offsets[E] were written"
-    assert torch.equal(outs["2"][:n], outs["0"][:n]), "the gather by TMA and by cp.async differ"
+        outs[rows] = out.cpu()
+        assert torch.isfinite(outs[rows][:n]).all(), ("unwritten or non-finite output rows", rows)
+        assert torch.isnan(outs[rows][n:]).all(), ("rows past offsets[E] were written", rows)
+        assert torch.equal(outs[rows][:n], outs["0"][:n]), ("the gather by TMA and by cp.async differ", rows)
     if n:
-        e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(outs["2"][:n], oracle)
+        e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(outs["128"][:n], oracle)
         assert e_cuda <= 2 * e_ref + 1e-6, (e_cuda, e_ref)
-    monkeypatch.setenv("SAMOYEDS_WGMMA_GATHER", "2")
     monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", "5")  # clusters of two: no gather by TMA there
     if S and n:
-        with pytest.raises(NotImplementedError, match="SAMOYEDS_WGMMA_GATHER"):
+        with pytest.raises(NotImplementedError, match="SAMOYEDS_WGMMA_GATHER_TMA_ROWS"):
+            sm.ssmm(xg, pg, offg, tg, act=act, impl="wgmma_sp")
+    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
+    monkeypatch.setenv("SAMOYEDS_WGMMA_GATHER_TMA_ROWS", "48")
+    if S and n:
+        with pytest.raises(ValueError, match="SAMOYEDS_WGMMA_GATHER_TMA_ROWS=48; expected 0, 32, 64 or 128"):
             sm.ssmm(xg, pg, offg, tg, act=act, impl="wgmma_sp")
 
 
