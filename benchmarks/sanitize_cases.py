@@ -67,18 +67,6 @@ def main() -> None:
             sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
             sm.ssmm(x, p, r.offsets, None, scale=sc, impl="wgmma_sp")
         os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA")
-        # routed token rows gathered by TMA, one box per row, beside cp.async or alone (set: an
-        # error unless that path runs): placeholder ids (tile positions without a token),
-        # columns past C
-        for kernel, fmt, rows in [("2", "2:4", "32"), ("2", "samoyeds-1:2:128", "64"), ("3", "samoyeds-1:2:128", "128")]:
-            os.environ["SAMOYEDS_WGMMA_KERNEL"] = kernel
-            os.environ["SAMOYEDS_WGMMA_GATHER_TMA_ROWS"] = rows
-            T, K, E, H, I = 1001, 3, 4, 200, 136
-            x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
-            p = sm.pack(torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=True)
-            r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
-            sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", impl="wgmma_sp")
-        os.environ.pop("SAMOYEDS_WGMMA_GATHER_TMA_ROWS")
         os.environ.pop("SAMOYEDS_WGMMA_KERNEL")
     # routing of more pairs than one CTA takes (counts, scan, rows in blocks)
     r = sm.route(torch.randint(0, 9, (3001, 2), generator=gen).cuda(), 8)

@@ -11,11 +11,7 @@ compared with the mma.sp kernel's (relative Frobenius difference).
 The gate_up cases read x by token index; the down cases read it without a row map
 (token_ids None), as a MoE layer's down projection reads its intermediate rows, which
 the warp-specialised kernel loads as TMA boxes; wgmma_ws_gather is the same kernel with
-the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).  wgmma_ws_tma_rows gathers the
-token rows by TMA, one one-row box per row (SAMOYEDS_WGMMA_GATHER_TMA_ROWS=128): on the gate_up cases
-against the default cp.async gather, on the down cases against wgmma_ws_gather; and
-wgmma_ws_tma_rows32 / 64 gather 32 / 64 of every tile's 128 rows that way and the others
-by cp.async.
+the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).
 
   python benchmarks/ssmm_kernels.py [--S 8192] [--out DIR]
 """
@@ -32,10 +28,7 @@ from common import environment, time_graph, write_json  # noqa: E402
 KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1tile", "wgmma_sp", "3"),
            ("wgmma_ws", "wgmma_sp", "2"), ("wgmma_ws_pingpong", "wgmma_sp", "4"),
            ("wgmma_ws_cluster", "wgmma_sp", "5"), ("wgmma_ws_dynamic", "wgmma_sp", "6"),
-           ("wgmma_ws_gather", "wgmma_sp", "2"), ("wgmma_ws_tma_rows", "wgmma_sp", "2"),
-           ("wgmma_ws_tma_rows32", "wgmma_sp", "2"), ("wgmma_ws_tma_rows64", "wgmma_sp", "2")]
-TMA_ROWS = {"wgmma_ws_tma_rows": "128", "wgmma_ws_tma_rows32": "32", "wgmma_ws_tma_rows64": "64"}
-GATHERS = ("wgmma_ws_gather",) + tuple(TMA_ROWS)
+           ("wgmma_ws_gather", "wgmma_sp", "2")]
 
 
 def kernels(fmt):
@@ -68,24 +61,18 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
     for kname, impl, env in kernels(fmt):
         if env is not None:
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = env
-        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname in GATHERS else "1"
-        os.environ["SAMOYEDS_WGMMA_GATHER_TMA_ROWS"] = TMA_ROWS.get(kname, "0")
-        # (down: the gather needs a row map; the identity's)
-        if kname in GATHERS and tok is None:
-            tok_k = torch.arange(S, device="cuda", dtype=torch.int32)
-        else:
-            tok_k = tok
+        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname == "wgmma_ws_gather" else "1"
         out = torch.full((S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)
-        sm.ssmm(x, p, offs, tok_k, out=out, act=act, impl=impl)
+        sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl)
         torch.cuda.synchronize()
         if ref is None:
             ref = out.float().clone()
             row[f"{kname}_err"] = 0.0
         else:
             row[f"{kname}_err"] = float((out.float() - ref).norm() / ref.norm())
-        row[f"{kname}_ms"] = time_graph(lambda: sm.ssmm(x, p, offs, tok_k, out=out, act=act, impl=impl))["ms"]
-    for k in ("SAMOYEDS_WGMMA_KERNEL", "SAMOYEDS_WGMMA_TOKENS_TMA", "SAMOYEDS_WGMMA_GATHER_TMA_ROWS"):
-        os.environ.pop(k, None)
+        row[f"{kname}_ms"] = time_graph(lambda: sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl))["ms"]
+    os.environ.pop("SAMOYEDS_WGMMA_KERNEL", None)
+    os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA", None)
     # cuBLAS: every expert's tokens gathered, dense masked weights (no activation)
     counts = (offs[1:] - offs[:-1]).tolist()
     xs = x[tok.long()] if tok is not None else x
@@ -134,10 +121,7 @@ def main():
                 f" err {row['wgmma_ws_cluster_err']:.1e})"
                 + f"  dynamic {row['wgmma_ws_dynamic_ms']:.3f} ms ({row['wgmma_ws_ms'] / row['wgmma_ws_dynamic_ms']:.2f}x,"
                 f" err {row['wgmma_ws_dynamic_err']:.1e})"
-                + f"  cp.async gather {row['wgmma_ws_gather_ms']:.3f} ms"
-                + "".join(f"  TMA rows {TMA_ROWS[k]}: {row[k + '_ms']:.3f} ms (vs cp.async gather"
-                          f" {row['wgmma_ws_gather_ms' if 'down' in name else 'wgmma_ws_ms'] / row[k + '_ms']:.2f}x,"
-                          f" err {row[k + '_err']:.1e})" for k in TMA_ROWS)
+                + f"  gather {row['wgmma_ws_gather_ms']:.3f} ms (TMA rows {row['wgmma_ws_gather_ms'] / row['wgmma_ws_ms']:.2f}x)"
                 + f"  err wgmma {row['wgmma_err']:.1e} ws {row['wgmma_ws_err']:.1e}", flush=True)
     if a.out:
         write_json(os.path.join(a.out, "ssmm_kernels.json"), {"environment": environment(), "rows": rows})

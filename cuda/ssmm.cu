@@ -666,13 +666,10 @@ template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps,
 // (token_ids null: an expert's rows are contiguous, as the down projection's intermediate
 // rows are) and its rows are 16-byte aligned.  False (the cp.async gather) where it cannot
 // be, or where the encoder refuses the map.  Boxes of WsCfg's BN rows x BK columns.
-// gather = true (WsCfg::GR): boxes of one row x BK columns, one per routed row, for any
-// row map.
-template <typename T> bool ws_tokens_map(const sam_ssmm_params *ps, CUtensorMap &m, bool gather = false) {
-    constexpr int BK = 64;
-    const int BN = gather ? 1 : 128;
-    if ((!gather && ps->token_ids != nullptr) || (uintptr_t)ps->x % 16 != 0 ||
-        (ps->ldx * (int64_t)sizeof(T)) % 16 != 0 || ps->S >= INT32_MAX || ps->T >= INT32_MAX || ps->T == 0)
+template <typename T> bool ws_tokens_map(const sam_ssmm_params *ps, CUtensorMap &m) {
+    constexpr int BN = 128, BK = 64;
+    if (ps->token_ids != nullptr || (uintptr_t)ps->x % 16 != 0 || (ps->ldx * (int64_t)sizeof(T)) % 16 != 0 ||
+        ps->S >= INT32_MAX || ps->T >= INT32_MAX || ps->T == 0)
         return false;
     TensorMapEncodeFn enc = tensor_map_encoder();
     const cuuint32_t one[2] = {1, 1};
@@ -715,7 +712,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
                       (long long)ps->d.E, (long long)ps->d.rp, (long long)ps->d.cp);
             return SAM_STATUS_UNSUPPORTED;
         }
-        if constexpr (C::BT || C::GR) {
+        if constexpr (C::BT) {
             static_assert(C::BN == 128 && C::BK == 64, "the box of ws_tokens_map");
             maps.b = *bmap;
         }
@@ -815,17 +812,10 @@ bool device_has_wgmma() {
 }
 
 // The warp-specialised kernel of configuration WsCfg<M, PP, CL, DYN>, with the token rows
-// by TMA when bmap is given: as one box per k-tile (BT, token_ids null), or gr of every
-// tile's routed rows as one box each (GR, the gather; the default schedule only).
+// by TMA (BT) when bmap is given.
 template <typename T, int M, bool PP = false, int CL = 1, bool DYN = false>
-sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, const CUtensorMap *bmap,
-                     int gr = 0) {
-    if (bmap && ps->token_ids == nullptr) return launch<T, WsCfg<M, PP, CL, DYN, true>, K_WGMMA_WS>(ps, stream, ctas, bmap);
-    if constexpr (!PP && CL == 1 && !DYN) {
-        if (bmap && gr == 32) return launch<T, WsCfg<M, PP, CL, DYN, false, 32>, K_WGMMA_WS>(ps, stream, ctas, bmap);
-        if (bmap && gr == 64) return launch<T, WsCfg<M, PP, CL, DYN, false, 64>, K_WGMMA_WS>(ps, stream, ctas, bmap);
-        if (bmap && gr == 128) return launch<T, WsCfg<M, PP, CL, DYN, false, 128>, K_WGMMA_WS>(ps, stream, ctas, bmap);
-    }
+sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, const CUtensorMap *bmap) {
+    if (bmap) return launch<T, WsCfg<M, PP, CL, DYN, true>, K_WGMMA_WS>(ps, stream, ctas, bmap);
     return launch<T, WsCfg<M, PP, CL, DYN>, K_WGMMA_WS>(ps, stream, ctas);
 }
 
@@ -846,29 +836,11 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             // SAMOYEDS_WGMMA_TOKENS_TMA: 1 (default) the token rows by TMA where they can be,
             // 0 never (the gather, for comparisons), 2 required (an error where they cannot)
             const int want_bt = env_int("SAMOYEDS_WGMMA_TOKENS_TMA", 1);
-            // SAMOYEDS_WGMMA_GATHER_TMA_ROWS: how many of a tile's 128 routed token rows are
-            // gathered by TMA, each as a one-row box (WsCfg::GR), the others by cp.async:
-            // 0 (the default), 32, 64 or 128; where set, an error where that cannot run
-            const int env_gr = env_int("SAMOYEDS_WGMMA_GATHER_TMA_ROWS", -1);
-            if (env_gr != -1 && env_gr != 0 && env_gr != 32 && env_gr != 64 && env_gr != 128) {
-                set_error("ssmm: SAMOYEDS_WGMMA_GATHER_TMA_ROWS=%d; expected 0, 32, 64 or 128", env_gr);
-                return SAM_STATUS_INVALID_ARGUMENT;
-            }
-            const int gr = env_gr > 0 ? env_gr : 0;
-            const bool tma_rows = ps->token_ids != nullptr && gr > 0;
             CUtensorMap bm;
-            const CUtensorMap *bmap =
-                (ps->token_ids == nullptr ? want_bt != 0 && ws_tokens_map<T>(ps, bm)
-                                          : tma_rows && ws_tokens_map<T>(ps, bm, true)) ? &bm : nullptr;
-            if (want_bt == 2 && (!bmap || ps->token_ids != nullptr)) {
+            const CUtensorMap *bmap = want_bt != 0 && ws_tokens_map<T>(ps, bm) ? &bm : nullptr;
+            if (want_bt == 2 && !bmap) {
                 set_error("ssmm: SAMOYEDS_WGMMA_TOKENS_TMA=2, but the token rows cannot be read by TMA (they need "
                           "token_ids None, x and its row stride 16-byte aligned, fewer than 2**31 rows)");
-                return SAM_STATUS_UNSUPPORTED;
-            }
-            if (env_gr > 0 && ps->token_ids != nullptr && (!bmap || which == 4 || which == 5 || which == 6)) {
-                set_error("ssmm: SAMOYEDS_WGMMA_GATHER_TMA_ROWS=%d, but the routed token rows cannot be gathered by "
-                          "TMA (that needs x and its row stride 16-byte aligned, fewer than 2**31 rows, and "
-                          "SAMOYEDS_WGMMA_KERNEL 0, 2 or 3)", env_gr);
                 return SAM_STATUS_UNSUPPORTED;
             }
             if (which == 5) {
@@ -880,8 +852,8 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
                 return launch_ws<T, 2, false, 1, true>(ps, stream, ctas, bmap);
             }
             if (m == 1 && which == 4) return launch_ws<T, 1, true>(ps, stream, ctas, bmap);
-            if (m == 1) return launch_ws<T, 1>(ps, stream, ctas, bmap, gr);
-            return launch_ws<T, 2>(ps, stream, ctas, bmap, gr);
+            if (m == 1) return launch_ws<T, 1>(ps, stream, ctas, bmap);
+            return launch_ws<T, 2>(ps, stream, ctas, bmap);
         }
         if (m == 1) return launch<T, Cfg<1, 64, 4, 6>, K_WGMMA>(ps, stream);
         return launch<T, Cfg<2, 64, 4, 6>, K_WGMMA>(ps, stream);

@@ -81,14 +81,6 @@ struct WsMaps {
 // memory (KParams::work) instead of blockIdx.x + n * gridDim.x.
 //
 // BT: the token rows by TMA (WsMaps::b), for x read without a row map.
-//
-// GR > 0: the first GR of the tile's routed token rows gathered by TMA: producer thread
-// r < GR loads row r as a one-row box (WsMaps::b with boxes of 1 x BK), which the 128-byte
-// swizzle places where a 128-row box would (the swizzle follows the shared-memory
-// address); the other rows by cp.async.  GR = BN: no cp.async, so the stage completes by
-// transaction bytes alone and the consumers need no proxy fence.  The TMA unit takes one
-// such box per ~13 SM clocks (shared_fill_rate("tma_rows")): a share of the rows beside the
-// cp.async gather, not all of them.
 // Stages of the ring (2:4 / 1:M:V; BT: token rows by TMA); overridable at build time
 // (SAMOYEDS_NVCC_FLAGS=-DSAM_WS_STAGES_M1=...) for ring-depth measurements.
 #ifndef SAM_WS_STAGES_M1
@@ -103,13 +95,9 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M2_BT
 #define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
 #endif
-template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false, int GR_ = 0>
-struct WsCfg {
+template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false> struct WsCfg {
     static constexpr int M = M_;
     static constexpr bool BT = BT_;
-    static constexpr int GR = GR_;
-    static_assert(!(BT && GR), "one way of loading the token rows");
-    static_assert(GR % 16 == 0 && GR <= 128, "rows by TMA: whole rows of the cp.async threads' pattern");
     static constexpr bool PP = PP_;
     static constexpr int CL = CL_;
     static constexpr bool DYN = DYN_;
@@ -133,8 +121,8 @@ struct WsCfg {
     static constexpr int META_BYTES = (BMT / 16) * KS * 64;
     static constexpr int IDX_BYTES = M > 1 ? BMT : 0;
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
-    static constexpr int ST = PP ? 8 : M == 1 ? (BT || GR == BN ? SAM_WS_STAGES_M1_BT : SAM_WS_STAGES_M1)
-                                              : (BT || GR == BN ? SAM_WS_STAGES_M2_BT : SAM_WS_STAGES_M2);
+    static constexpr int ST = PP ? 8 : M == 1 ? (BT ? SAM_WS_STAGES_M1_BT : SAM_WS_STAGES_M1)
+                                              : (BT ? SAM_WS_STAGES_M2_BT : SAM_WS_STAGES_M2);
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     // Epilogue staging, one area per consumer: a chunk of the tile's output (tokens x
     // the consumer's output columns, in T, 16-byte pieces XOR-swizzled by token row),
@@ -180,8 +168,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
     // BT: the token rows of a k-tile come as one TMA box, so only the threads that
     // load row-selection indices (M > 1) arrive on `full` besides the TMA thread
-    constexpr int GR = C::GR;
-    constexpr bool b_tma = C::BT || GR == BN;  // every token row by TMA (a box, or a box per row)
+    constexpr bool b_tma = C::BT;
     constexpr int IDX_THREADS = M > 1 ? BMT / 16 : 0;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
@@ -215,7 +202,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
         const bool i_load = M > 1 && tid < IDX_THREADS;  // row-selection indices: BMT bytes in 16-byte chunks
-        constexpr uint32_t TX = C::A_BYTES + C::META_BYTES + (C::BT ? C::B_BYTES : GR * 128);
+        constexpr uint32_t TX = C::A_BYTES + C::META_BYTES + (b_tma ? C::B_BYTES : 0);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
         uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
         int ends = 0;     // end-of-work records written (ping-pong: one per consumer)
@@ -263,9 +250,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
             named_barrier_sync(3, PT);  // every token row of the slot is written
             const int64_t row0 = (int64_t)info[1] * BMT;
-            const int s0 = C::BT ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
-            // GR: this thread's token row (a row past x for no token: the box is zero-filled)
-            const int g_row = GR ? (tok[tid] >= 0 ? tok[tid] : (int)p.T) : 0;
+            const int s0 = b_tma ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
             const T *b_src[B_CH];
             unsigned b_ok = 0;
 #pragma unroll
@@ -298,15 +283,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     // the item's rows s0 .. s0 + BN - 1 of x; rows past the expert belong to
                     // the next one (their output columns are never stored), rows past T and
                     // columns past C are zero-filled
-                    if constexpr (C::BT) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
+                    if constexpr (b_tma) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
                 }
-                if constexpr (GR > 0)
-                    if (GR == BN || tid < GR) tma_load_2d(base + C::A_BYTES + tid * 128, &tm.b, kt * BK, g_row, full_bar(s));
                 if constexpr (!b_tma) {
                     const int col = kt * BK + b_ch * 8;
                     const bool col_ok = col < p.C;
 #pragma unroll
-                    for (int i = GR / 16; i < B_CH; i++) {  // (rows b_row + 16 i >= GR)
+                    for (int i = 0; i < B_CH; i++) {
                         const bool ok = col_ok && ((b_ok >> i) & 1);
                         cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
                     }
@@ -377,7 +360,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         mbar_wait(full_bar(st), (it / ST) & 1);
         // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
         // (the row-selection indices, by cp.async, are read by ordinary loads)
-        if constexpr (!C::BT && C::GR < BN) fence_proxy_async();
+        if constexpr (!C::BT) fence_proxy_async();
         load_meta(par_c, st);
         if (M > 1 && boundary) {
             wgmma_wait<0>();

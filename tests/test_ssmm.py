@@ -241,65 +241,6 @@ def test_wgmma_tokens_by_tma(shape, fmt, act, glu, kernel, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [
-    (37, 2, 4, 136, 256, "uniform"),       # rows and tokens not multiples of the tiles
-    (5, 2, 8, 256, 192, "skewed"),         # a few rows per expert, empty experts
-    (129, 4, 6, 192, 640, "placeholder"),  # ids >= E: tile positions without a token (zero-filled boxes)
-    (260, 1, 2, 1408, 200, "uniform"),     # C not a multiple of 64: columns past C zero-filled
-    (2000, 2, 8, 1024, 256, "skewed"),     # several items per CTA of the persistent grid
-    (0, 2, 4, 128, 128, "uniform"),        # T = 0
-])
-@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
-@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-@pytest.mark.parametrize("kernel", ["2", "3"])
-def test_wgmma_gather_by_tma(shape, fmt, act, glu, kernel, monkeypatch):
-    """The routed token rows gathered by TMA: 32, 64 or all 128 rows of every tile each as
-    a one-row box, the others by cp.async (SAMOYEDS_WGMMA_GATHER_TMA_ROWS: an error where
-    set and that path cannot run), against the cp.async gather (=0) bit for bit, and within
-    the oracle tolerance of the C reference.  x's rows that no expert reads are NaN: nothing
-    of them may reach a stored row."""
-    if not _sm90():
-        pytest.skip("wgmma.sp runs on sm_90 only")
-    seed = torch.seed() % 2**31
-    T, K, E, R, C, pattern = shape
-    gen = torch.Generator().manual_seed(seed)
-    x, p, r, b, sc = _case(T, K, E, R, C, fmt, torch.bfloat16, pattern, act, glu, gen, bias=True, scale=True)
-    n = int(r.offsets[-1])
-    read = torch.zeros(T, dtype=torch.bool)
-    read[r.token_ids[:n].long()] = True
-    x[~read] = float("nan")
-    S = r.token_ids.shape[0]
-    cols = R if act == "none" else R // 2
-    ref = _poisoned(S, cols, torch.bfloat16, "cpu")
-    sm.ssmm(x, p, r.offsets, r.token_ids, out=ref, act=act, bias=b, scale=sc)
-    oracle = oracle_ssmm(x, sm.unpack(p), r.offsets, r.token_ids, act, b, sc)[:n]
-    pg, xg, offg, tg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), r.token_ids.cuda(), b.cuda(), sc.cuda()
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
-    outs = {}
-    for rows in ("0", "32", "64", "128"):
-        monkeypatch.setenv("SAMOYEDS_WGMMA_GATHER_TMA_ROWS", rows)
-        out = _poisoned(S, cols, torch.bfloat16, "cuda")
-        sm.ssmm(xg, pg, offg, tg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
-        torch.cuda.synchronize()
-        outs[rows] = out.cpu()
-        assert torch.isfinite(outs[rows][:n]).all(), ("unwritten or non-finite output rows", rows)
-        assert torch.isnan(outs[rows][n:]).all(), ("rows past offsets[E] were written", rows)
-        assert torch.equal(outs[rows][:n], outs["0"][:n]), ("the gather by TMA and by cp.async differ", rows)
-    if n:
-        e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(outs["128"][:n], oracle)
-        assert e_cuda <= 2 * e_ref + 1e-6, (e_cuda, e_ref)
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", "5")  # clusters of two: no gather by TMA there
-    if S and n:
-        with pytest.raises(NotImplementedError, match="SAMOYEDS_WGMMA_GATHER_TMA_ROWS"):
-            sm.ssmm(xg, pg, offg, tg, act=act, impl="wgmma_sp")
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
-    monkeypatch.setenv("SAMOYEDS_WGMMA_GATHER_TMA_ROWS", "48")
-    if S and n:
-        with pytest.raises(ValueError, match="SAMOYEDS_WGMMA_GATHER_TMA_ROWS=48; expected 0, 32, 64 or 128"):
-            sm.ssmm(xg, pg, offg, tg, act=act, impl="wgmma_sp")
-
-
-@pytest.mark.gpu
 def test_wgmma_refuses_what_it_cannot_run():
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
