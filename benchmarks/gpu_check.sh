@@ -77,6 +77,19 @@ for step in $steps; do
         rm -f "$OUT/profile_$tag.ncu-rep" "$OUT/profile_${tag}_src.csv"
         summary+=("profile $fmt: $(head -2 "$OUT/profile_${tag}_top.txt" | tail -1 | cut -c1-160)")
       done ;;
+    profile-tokens)
+      # ncu (clocks as they are, every section) on Mixtral-8x7B's down projection at 8192 tokens,
+      # 1:2:128, its token rows once as TMA boxes and once by the cp.async gather (same rows):
+      # what the gather costs inside the kernel
+      for tma in 1 0; do
+        SAMOYEDS_WGMMA_TOKENS_TMA=$tma timeout "${STEP_TIMEOUT:-0}" ncu --clock-control none -k regex:ssmm \
+          --launch-skip 3 --launch-count 1 --set full -f -o "$OUT/profile_tokens_$tma" \
+          $PY benchmarks/profile_ssmm.py --proj down --T 8192 > "$OUT/profile_tokens_$tma.log" 2>&1
+        ncu -i "$OUT/profile_tokens_$tma.ncu-rep" --page details > "$OUT/profile_tokens_${tma}_details.txt" 2>&1
+        ncu -i "$OUT/profile_tokens_$tma.ncu-rep" --page raw --csv > "$OUT/profile_tokens_${tma}_raw.csv" 2>&1
+        rm -f "$OUT/profile_tokens_$tma.ncu-rep"
+        summary+=("profile-tokens TOKENS_TMA=$tma: $(grep -m1 'Duration' "$OUT/profile_tokens_${tma}_details.txt")")
+      done ;;
     *) echo "unknown step $step" ;;
   esac
 done
