@@ -11,9 +11,7 @@ compared with the mma.sp kernel's (relative Frobenius difference).
 The gate_up cases read x by token index; the down cases read it without a row map
 (token_ids None), as a MoE layer's down projection reads its intermediate rows, which
 the warp-specialised kernel loads as TMA boxes; wgmma_ws_gather is the same kernel with
-the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).  The gather's cp.async carry
-the L2::256B prefetch hint; wgmma_ws_nopf and wgmma_ws_gather_nopf are the same kernels
-without it (SAMOYEDS_WGMMA_GATHER_L2=0).
+the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).
 
   python benchmarks/ssmm_kernels.py [--S 8192] [--out DIR]
 """
@@ -30,9 +28,7 @@ from common import environment, time_graph, write_json  # noqa: E402
 KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1tile", "wgmma_sp", "3"),
            ("wgmma_ws", "wgmma_sp", "2"), ("wgmma_ws_pingpong", "wgmma_sp", "4"),
            ("wgmma_ws_cluster", "wgmma_sp", "5"), ("wgmma_ws_dynamic", "wgmma_sp", "6"),
-           ("wgmma_ws_gather", "wgmma_sp", "2"), ("wgmma_ws_nopf", "wgmma_sp", "2"),
-           ("wgmma_ws_gather_nopf", "wgmma_sp", "2")]
-GATHERS = ("wgmma_ws_gather", "wgmma_ws_gather_nopf")  # the gather where a TMA box could read the rows
+           ("wgmma_ws_gather", "wgmma_sp", "2")]
 
 
 def kernels(fmt):
@@ -65,8 +61,7 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
     for kname, impl, env in kernels(fmt):
         if env is not None:
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = env
-        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname in GATHERS else "1"
-        os.environ["SAMOYEDS_WGMMA_GATHER_L2"] = "0" if kname.endswith("_nopf") else "256"
+        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname == "wgmma_ws_gather" else "1"
         out = torch.full((S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)
         sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl)
         torch.cuda.synchronize()
@@ -76,8 +71,8 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
         else:
             row[f"{kname}_err"] = float((out.float() - ref).norm() / ref.norm())
         row[f"{kname}_ms"] = time_graph(lambda: sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl))["ms"]
-    for k in ("SAMOYEDS_WGMMA_KERNEL", "SAMOYEDS_WGMMA_TOKENS_TMA", "SAMOYEDS_WGMMA_GATHER_L2"):
-        os.environ.pop(k, None)
+    os.environ.pop("SAMOYEDS_WGMMA_KERNEL", None)
+    os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA", None)
     # cuBLAS: every expert's tokens gathered, dense masked weights (no activation)
     counts = (offs[1:] - offs[:-1]).tolist()
     xs = x[tok.long()] if tok is not None else x
@@ -127,8 +122,6 @@ def main():
                 + f"  dynamic {row['wgmma_ws_dynamic_ms']:.3f} ms ({row['wgmma_ws_ms'] / row['wgmma_ws_dynamic_ms']:.2f}x,"
                 f" err {row['wgmma_ws_dynamic_err']:.1e})"
                 + f"  gather {row['wgmma_ws_gather_ms']:.3f} ms (TMA rows {row['wgmma_ws_gather_ms'] / row['wgmma_ws_ms']:.2f}x)"
-                + f"  L2::256B hint: {row['wgmma_ws_nopf_ms'] / row['wgmma_ws_ms']:.2f}x (default kernel),"
-                f" {row['wgmma_ws_gather_nopf_ms'] / row['wgmma_ws_gather_ms']:.2f}x (gather)"
                 + f"  err wgmma {row['wgmma_err']:.1e} ws {row['wgmma_ws_err']:.1e}", flush=True)
     if a.out:
         write_json(os.path.join(a.out, "ssmm_kernels.json"), {"environment": environment(), "rows": rows})

@@ -101,13 +101,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool v
     int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
-// The same with an L2 prefetch hint: a miss fetches the 256 bytes around the source into
-// L2 (the next k-tile of a token row is the next 128 bytes), as the TMA maps' L2 promotion
-// does for boxes.
-__device__ __forceinline__ void cp_async16_l2_256(uint32_t dst, const void *src, bool valid) {
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

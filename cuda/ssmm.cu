@@ -94,7 +94,6 @@ struct KParams : SsmmArgs {
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
-    int gather_l2;              // warp-specialised gather: 256 = cp.async with the L2::256B prefetch hint
 };
 
 
@@ -705,9 +704,6 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
         return SAM_STATUS_UNSUPPORTED;
     }
     k.meta_remap = wgmma_meta_remap();
-    // SAMOYEDS_WGMMA_GATHER_L2: 256 (default) the gathered token rows' cp.async carry the
-    // L2::256B prefetch hint, 0 none (for comparisons)
-    k.gather_l2 = env_int("SAMOYEDS_WGMMA_GATHER_L2", 256) == 256 ? 256 : 0;
     k.work = nullptr;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;

@@ -288,18 +288,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 if constexpr (!b_tma) {
                     const int col = kt * BK + b_ch * 8;
                     const bool col_ok = col < p.C;
-                    if (p.gather_l2 == 256) {  // (uniform)
 #pragma unroll
-                        for (int i = 0; i < B_CH; i++) {
-                            const bool ok = col_ok && ((b_ok >> i) & 1);
-                            cp_async16_l2_256(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
-                        }
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < B_CH; i++) {
-                            const bool ok = col_ok && ((b_ok >> i) & 1);
-                            cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
-                        }
+                    for (int i = 0; i < B_CH; i++) {
+                        const bool ok = col_ok && ((b_ok >> i) & 1);
+                        cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
                     }
                 }
                 if (M > 1 && i_load)
