@@ -11,9 +11,7 @@ compared with the mma.sp kernel's (relative Frobenius difference).
 The gate_up cases read x by token index; the down cases read it without a row map
 (token_ids None), as a MoE layer's down projection reads its intermediate rows, which
 the warp-specialised kernel loads as TMA boxes; wgmma_ws_gather is the same kernel with
-the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).  wgmma_ws_pf<D> and
-wgmma_ws_gather_pf<D> are the same two kernels with the producer bringing the operands of
-the k-tile D ahead into L2 (SAMOYEDS_WGMMA_PREFETCH=D).
+the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).
 
   python benchmarks/ssmm_kernels.py [--S 8192] [--out DIR]
 """
@@ -31,8 +29,6 @@ KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1t
            ("wgmma_ws", "wgmma_sp", "2"), ("wgmma_ws_pingpong", "wgmma_sp", "4"),
            ("wgmma_ws_cluster", "wgmma_sp", "5"), ("wgmma_ws_dynamic", "wgmma_sp", "6"),
            ("wgmma_ws_gather", "wgmma_sp", "2")]
-PREFETCH = (8, 16, 32)
-KERNELS += [(f"wgmma_ws{g}_pf{d}", "wgmma_sp", "2") for d in PREFETCH for g in ("", "_gather")]
 
 
 def kernels(fmt):
@@ -65,8 +61,7 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
     for kname, impl, env in kernels(fmt):
         if env is not None:
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = env
-        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname.startswith("wgmma_ws_gather") else "1"
-        os.environ["SAMOYEDS_WGMMA_PREFETCH"] = kname.rsplit("_pf", 1)[1] if "_pf" in kname else "0"
+        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname == "wgmma_ws_gather" else "1"
         out = torch.full((S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)
         sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl)
         torch.cuda.synchronize()
@@ -76,8 +71,8 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
         else:
             row[f"{kname}_err"] = float((out.float() - ref).norm() / ref.norm())
         row[f"{kname}_ms"] = time_graph(lambda: sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl))["ms"]
-    for k in ("SAMOYEDS_WGMMA_KERNEL", "SAMOYEDS_WGMMA_TOKENS_TMA", "SAMOYEDS_WGMMA_PREFETCH"):
-        os.environ.pop(k, None)
+    os.environ.pop("SAMOYEDS_WGMMA_KERNEL", None)
+    os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA", None)
     # cuBLAS: every expert's tokens gathered, dense masked weights (no activation)
     counts = (offs[1:] - offs[:-1]).tolist()
     xs = x[tok.long()] if tok is not None else x
@@ -127,8 +122,6 @@ def main():
                 + f"  dynamic {row['wgmma_ws_dynamic_ms']:.3f} ms ({row['wgmma_ws_ms'] / row['wgmma_ws_dynamic_ms']:.2f}x,"
                 f" err {row['wgmma_ws_dynamic_err']:.1e})"
                 + f"  gather {row['wgmma_ws_gather_ms']:.3f} ms (TMA rows {row['wgmma_ws_gather_ms'] / row['wgmma_ws_ms']:.2f}x)"
-                + "".join(f"  L2 prefetch {d}: {row['wgmma_ws_ms'] / row[f'wgmma_ws_pf{d}_ms']:.2f}x"
-                          f" (gather {row['wgmma_ws_gather_ms'] / row[f'wgmma_ws_gather_pf{d}_ms']:.2f}x)" for d in PREFETCH)
                 + f"  err wgmma {row['wgmma_err']:.1e} ws {row['wgmma_ws_err']:.1e}", flush=True)
     if a.out:
         write_json(os.path.join(a.out, "ssmm_kernels.json"), {"environment": environment(), "rows": rows})

@@ -94,7 +94,6 @@ struct KParams : SsmmArgs {
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
-    int prefetch;               // warp-specialised: k-tiles ahead whose operands go into L2 (0: none)
 };
 
 
@@ -705,9 +704,6 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
         return SAM_STATUS_UNSUPPORTED;
     }
     k.meta_remap = wgmma_meta_remap();
-    // SAMOYEDS_WGMMA_PREFETCH: the warp-specialised producer brings the operands of the k-tile
-    // this many ahead of the one it loads into L2 (0: none)
-    k.prefetch = std::max(0, env_int("SAMOYEDS_WGMMA_PREFETCH", 0));
     k.work = nullptr;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;

@@ -259,11 +259,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 b_ok |= (unsigned)(t >= 0) << i;
                 b_src[i] = x + (t >= 0 ? (int64_t)t * p.ldx + b_ch * 8 : 0);
             }
-            // L2 prefetch ahead (p.prefetch k-tiles): the TMA thread the boxes, thread r of the
-            // gather its token row r
-            const int pf = p.prefetch;
-            const T *pf_src = x + (!b_tma && tok[tid] >= 0 ? (int64_t)tok[tid] * p.ldx : 0);
-            const bool pf_row = pf > 0 && !b_tma && tok[tid] >= 0;
             const bool i_ok = i_load && row0 + tid * 16 < p.rp;
             const uint8_t *i_src = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp + (i_ok ? row0 + tid * 16 : 0) : nullptr;
             int slice = 0, slice_left = kt_per_slice;  // (M > 1: the k-tile's slice, without a division)
@@ -289,17 +284,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     // the next one (their output columns are never stored), rows past T and
                     // columns past C are zero-filled
                     if constexpr (b_tma) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
-                }
-                if (pf > 0 && kt + pf < KT) {
-                    const int kp = kt + pf;
-                    if (tid == 0) {
-                        if constexpr (CL == 1) {
-                            tma_prefetch_l2_3d(&tm.a, kp * (BK / 2), (int)row0, e);
-                            tma_prefetch_l2_3d(&tm.meta, kp * KS * 16, (int)(row0 / 16), e);
-                        }
-                        if constexpr (b_tma) tma_prefetch_l2_2d(&tm.b, kp * BK, s0);
-                    }
-                    if (pf_row && kp * BK < p.C) prefetch_l2(pf_src + kp * BK);
                 }
                 if constexpr (!b_tma) {
                     const int col = kt * BK + b_ch * 8;
