@@ -201,6 +201,23 @@ def breakdown_table(d: dict) -> str:
     return "\n".join(rows)
 
 
+def layer_trace_table(d: dict) -> str:
+    """GPU kernel time per MoE block call, grouped_mm experts against samoyeds, and the
+    share of each method's kernel time that is its expert matmuls."""
+    rows = ["| model | T | grouped_mm: kernels | of which expert matmuls | samoyeds: kernels | of which expert "
+            "matmuls | samoyeds' other kernels (largest) | grouped_mm / samoyeds |",
+            "|---|---:|---:|---:|---:|---:|---|---:|"]
+    for c in d["cases"]:
+        g, s = c["methods"]["grouped_mm"], c["methods"]["samoyeds"]
+        ge, se = g["groups_us"].get("expert matmuls", 0.0), s["groups_us"].get("expert matmuls", 0.0)
+        other = sorted(((k, v) for k, v in s["groups_us"].items() if k != "expert matmuls"), key=lambda kv: -kv[1])
+        rest = ", ".join(f"{k} {v:.0f} us" for k, v in other[:3])
+        rows.append(f"| {c['model']} | {c['T']} | {g['total_us']:.0f} us | {ge / g['total_us']:.0%} | "
+                    f"{s['total_us']:.0f} us | {se / s['total_us']:.0%} | {rest} | "
+                    f"{g['total_us'] / s['total_us']:.2f}x |")
+    return "\n".join(rows)
+
+
 def _range(xs, fmt="{:.2f}x", bold=False):
     """lo-hi of xs; with ``bold``, the part below 1 (where samoyeds loses) in **bold**."""
     xs = [x for x in xs if x]
@@ -393,6 +410,12 @@ def headline(gpu: str) -> str:
         ok = all(r.get("ok") for r in archs.values()) and p.get("package_build", {}).get("ok")
         rows.append(f"| builds for {', '.join(archs)} (one binary) | {'yes' if ok else '**no**'} | "
                     f"[portability.json](benchmarks/results/portability.json) |")
+    d, _ = _load(gpu, "layer_trace.json")
+    if d:
+        share = [c["methods"]["samoyeds"]["groups_us"].get("expert matmuls", 0.0) / c["methods"]["samoyeds"]["total_us"]
+                 for c in d["cases"]]
+        rows.append(f"| MoE layer, T >= 4096: expert matmuls' share of samoyeds' GPU kernel time | "
+                    f"{_range(share, '{:.0%}')} | {link('layer_trace.json')} |")
     d, _ = _load(gpu, "accuracy.json")
     if d and d.get("targets"):
         t = d["targets"]
@@ -416,7 +439,8 @@ def main() -> None:
     for name, fn in (("moe.json", moe_table), ("kernel.json", kernel_table), ("sweep.json", sweep_table),
                      ("e2e.json", e2e_table), ("memory.json", memory_table), ("breakdown.json", breakdown_table),
                      ("accuracy.json", accuracy_table), ("bench_decode.json", decode_table),
-                     ("ssmm_kernels.json", ssmm_kernels_table), ("fill_rate.json", fill_rate_table)):
+                     ("ssmm_kernels.json", ssmm_kernels_table), ("fill_rate.json", fill_rate_table),
+                     ("layer_trace.json", layer_trace_table)):
         d, path = _load(a.gpu, name)
         if d is None:
             print(f"(no {path})")
