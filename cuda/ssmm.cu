@@ -94,7 +94,6 @@ struct KParams : SsmmArgs {
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
-    int probe_half;             // PROBE (wrong results): gather only the first half of each tile's rows
 };
 
 
@@ -705,7 +704,6 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
         return SAM_STATUS_UNSUPPORTED;
     }
     k.meta_remap = wgmma_meta_remap();
-    k.probe_half = env_int("SAMOYEDS_PROBE_HALF_GATHER", 0);
     k.work = nullptr;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;
