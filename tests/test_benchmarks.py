@@ -147,3 +147,36 @@ def test_moe_bench_times_every_method_in_turns(monkeypatch):
     first = table.split("\n")[2]
     assert f"| {rows[0]['methods']['samoyeds']['speedup_vs_grouped_mm']:.2f}x |" in first
     assert "| -x |" in first  # no GPU time on the CPU: shown as missing, not as a number
+
+
+def test_layer_trace_groups_kernels_and_builds_its_table():
+    """layer_trace: the kernel names a CUDA trace holds land in the right groups, a CPU
+    trace of a toy block records both methods' ops per call, and the report's table and
+    headline share come from the groups."""
+    import layer_trace
+    import report
+
+    names = {
+        "void sam::(anonymous namespace)::ssmm_ws_kernel<__nv_bfloat16, WsCfg<2, false, 1, false, true>>": "expert matmuls",
+        "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversal": "expert matmuls",
+        "nvjet_sm90_tst_176x128_64x5_1x2_h_bz_TNN": "gemm (router / shared experts)",
+        "sam::(anonymous namespace)::route_kernel(void const*, sam_dtype, long, long, int, int*)": "routing",
+        "void sam::(anonymous namespace)::combine_kernel_v8<__nv_bfloat16, __nv_bfloat16>(...)": "combine",
+        "void at::native::sbtopk::gatherTopK<c10::BFloat16, unsigned int, 2, false>(...)": "router top-k / softmax",
+        "void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int)": "gather / index",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>": "elementwise / reductions",
+        "Memcpy DtoD (Device -> Device)": "other",
+    }
+    for name, group in names.items():
+        assert layer_trace.group_of(name) == group, name
+    rows = layer_trace.trace_model("olmoe", [5], "samoyeds-1:2:128", "cpu", torch.float32, tiny=True, seed=0)
+    assert len(rows) == 1 and rows[0]["T"] == 5
+    for m in rows[0]["methods"].values():
+        assert m["total_us"] > 0 and m["top_kernels_us"]
+        assert sum(m["groups_us"].values()) == pytest.approx(m["total_us"])
+    # a GPU-like result: the table's shares and ratio come from the groups
+    case = {"model": "olmoe", "T": 4096, "methods": {
+        "grouped_mm": {"total_us": 2000.0, "groups_us": {"expert matmuls": 800.0, "elementwise / reductions": 1200.0}},
+        "samoyeds": {"total_us": 800.0, "groups_us": {"expert matmuls": 700.0, "combine": 60.0, "routing": 40.0}}}}
+    table = report.layer_trace_table({"cases": [case]})
+    assert "| olmoe | 4096 | 2000 us | 40% | 800 us | 88% | combine 60 us, routing 40 us | 2.50x |" in table
