@@ -199,7 +199,8 @@ def _peak(fn, device: str) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: bool, seed: int) -> list:
+def random_block(name: str, device: str, dtype, tiny: bool, seed: int):
+    """(a Holder of model `name`'s MoE block with N(0, 0.02) weights, the block's config)."""
     cls, cfg = _block(name, tiny)
     torch.manual_seed(seed)
     with torch.device(device):
@@ -207,7 +208,33 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0.0, 0.02)
-    holder = Holder(block).eval()
+    return Holder(block).eval(), cfg
+
+
+def block_arguments(ap: argparse.ArgumentParser, tokens: str) -> None:
+    """The options of the scripts that run transformers' MoE blocks (this one, layer_trace.py)."""
+    ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b,olmoe,deepseek-v2-lite,gpt-oss-20b")
+    ap.add_argument("--tokens", default=tokens)
+    ap.add_argument("--format", default="samoyeds-1:2:128")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="shapes / 16, T <= 64: a quick CPU check of the script")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def block_run(args):
+    """Starts the run of parsed block_arguments: (dtype, token counts; --tiny: at most 64)."""
+    setup_run(args)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if args.tiny:
+        tokens = sorted({min(t, 64) for t in tokens})
+    return dtype, tokens
+
+
+def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: bool, seed: int) -> list:
+    holder, cfg = random_block(name, device, dtype, tiny, seed)
+    block = holder.block
     # the same masked weights for every method: pack, then unpack to masked dense
     sm.patch_model(holder, fmt, progress=False)
     packed_bytes = sm.hf.experts_weight_nbytes(holder)
@@ -314,22 +341,13 @@ def bench_rounding(name: str, tokens, fmt: str, device: str, dtype, tiny: bool, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b,olmoe,deepseek-v2-lite,gpt-oss-20b")
-    ap.add_argument("--tokens", default="1,16,64,256,4096,16384")
+    block_arguments(ap, "1,16,64,256,4096,16384")
     ap.add_argument("--methods", default="eager,grouped_mm,samoyeds")
-    ap.add_argument("--format", default="samoyeds-1:2:128")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tiny", action="store_true", help="shapes / 16, T <= 64: a quick CPU check of the script")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    setup_run(args)
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    tokens = [int(t) for t in args.tokens.split(",")]
+    dtype, tokens = block_run(args)
     if args.tiny:
         global BUDGET_S
         BUDGET_S = 0.02
-        tokens = sorted({min(t, 64) for t in tokens})
     methods = args.methods.split(",")
     rows, rounding = [], []
     for name in args.models.split(","):

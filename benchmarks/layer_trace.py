@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
-from bench_moe import Holder, _block, _set_impl  # noqa: E402
-from common import environment, result_path, setup_run, write_json  # noqa: E402
+from bench_moe import _set_impl, block_arguments, block_run, random_block  # noqa: E402
+from common import environment, result_path, write_json  # noqa: E402
 
 CALLS = 5  # profiled calls per case (after two untimed ones)
 
@@ -83,14 +83,7 @@ def kernel_times(fn, device: str, calls: int = CALLS) -> dict:
 
 
 def trace_model(name: str, tokens, fmt: str, device: str, dtype, tiny: bool, seed: int) -> list:
-    cls, cfg = _block(name, tiny)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        block = cls(cfg).to(dtype)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(0.0, 0.02)
-    dense = Holder(block).eval()
+    dense, cfg = random_block(name, device, dtype, tiny, seed)
     packed = copy.deepcopy(dense)
     sm.patch_model(packed, fmt, progress=False)
     _set_impl(dense, "grouped_mm")
@@ -126,19 +119,9 @@ def _print(row) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b,olmoe,deepseek-v2-lite,gpt-oss-20b")
-    ap.add_argument("--tokens", default="4096,16384")
-    ap.add_argument("--format", default="samoyeds-1:2:128")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tiny", action="store_true", help="shapes / 16, T <= 64: a quick CPU check of the script")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    block_arguments(ap, "4096,16384")
     args = ap.parse_args()
-    setup_run(args)
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    tokens = [int(t) for t in args.tokens.split(",")]
-    if args.tiny:
-        tokens = sorted({min(t, 64) for t in tokens})
+    dtype, tokens = block_run(args)
     rows = []
     for name in args.models.split(","):
         rows += trace_model(name, tokens, args.format, args.device, dtype, args.tiny, args.seed)
