@@ -404,9 +404,10 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
 // Variant (SAMOYEDS_DECODE_VARIANT), all with interleaved k-tiles unless noted:
 // 0 = 64 rows, 4 warps, 4 stages; 1 = 64 rows, 8 warps, 3 stages; 2 = 32 rows,
 // 8 warps, 4 stages; 3 = 32 rows, 4 warps, 4 stages, contiguous K ranges;
-// 4 = 32 rows, 4 warps, 4 stages.  Unset: 1 when the grid has fewer CTAs of 64
-// rows than two per SM (more warps per CTA keep more bytes in flight), else 0
-// (2 CTAs per SM: a shorter tail).  Measured on H100, docs/PERFORMANCE.md.
+// 4 = 32 rows, 4 warps, 4 stages; 5 = 64 rows, 4 warps, 2 stages; 6 = 64 rows,
+// 2 warps, 3 stages (5 and 6: smaller CTAs, more of them per SM).  Unset: 1 when the
+// grid has fewer CTAs of 64 rows than two per SM (more warps per CTA keep more bytes
+// in flight), else 0 (2 CTAs per SM: a shorter tail).  Measured on H100, docs/PERFORMANCE.md.
 // A variant whose shared memory the device cannot give (sm_80: 163 KB) falls back to 0.
 bool smem_fits(int bytes) {
     int dev = 0, optin = 0;
@@ -429,6 +430,8 @@ template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *
     if (variant == 2 && smem_fits(V2::SMEM)) return launch<T, V2>(ps, s);
     if (variant == 3) return launch<T, DCfg<M, 2, NT, 4, 4, false>>(ps, s);
     if (variant == 4) return launch<T, DCfg<M, 2, NT, 4, 4>>(ps, s);
+    if (variant == 5) return launch<T, DCfg<M, 4, NT, 4, 2>>(ps, s);
+    if (variant == 6) return launch<T, DCfg<M, 4, NT, 2, 3>>(ps, s);
     return launch<T, DCfg<M, 4, NT, 4, 4>>(ps, s);
 }
 

@@ -313,6 +313,20 @@ def test_decode_matches_ref_and_oracle(shape, fmt, dtype, act, glu):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["0", "1", "2", "3", "4", "5", "6"])
+@pytest.mark.parametrize("shape", [DECODE_SHAPES[1], DECODE_SHAPES[3], DECODE_SHAPES[6]])
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "1:4:64"])
+def test_decode_variants(variant, shape, fmt, monkeypatch):
+    """Every tile shape of the decode kernel (SAMOYEDS_DECODE_VARIANT: rows per CTA, warps,
+    stages) against the C reference and the float64 oracle: tails, several token passes,
+    K ranges split unevenly over the warps."""
+    monkeypatch.setenv("SAMOYEDS_DECODE_VARIANT", variant)
+    seed = torch.seed() % 2**31
+    x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, "swiglu", True, bias=True, scale=True, seed=seed)
+    _check_cuda(x, p, r, b, sc, "swiglu", torch.bfloat16, impl="decode")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "1:4:64"])
 def test_decode_deterministic_and_close_to_mma_sp(fmt):
     """Two runs bit-identical (fixed-order split-K reduction); close to the
