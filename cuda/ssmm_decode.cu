@@ -407,7 +407,10 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
 // 4 = 32 rows, 4 warps, 4 stages; 5 = 64 rows, 4 warps, 2 stages; 6 = 64 rows,
 // 2 warps, 3 stages (5 and 6: smaller CTAs, more of them per SM).  Unset: 1 when the
 // grid has fewer CTAs of 64 rows than two per SM (more warps per CTA keep more bytes
-// in flight), else 0 (2 CTAs per SM: a shorter tail).  Measured on H100, docs/PERFORMANCE.md.
+// in flight); else 6 while the routed rows average at most 8 per expert (most experts
+// then take one token pass, and five CTAs per SM overlap one's reduction with the
+// others' loads: 1.05-1.11x over 0 on Qwen3-30B-A3B and OLMoE at T = 16 and 128,
+// experiments/bench_decode_variants.json), else 0 (2 CTAs per SM: a shorter tail).  Measured on H100, docs/PERFORMANCE.md.
 // A variant whose shared memory the device cannot give (sm_80: 163 KB) falls back to 0.
 bool smem_fits(int bytes) {
     int dev = 0, optin = 0;
@@ -424,7 +427,7 @@ template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *
     using V2 = DCfg<M, 2, NT, 8, 4>;
     if (variant < 0) {
         const int64_t ctas = ps->d.rp / 64 * std::min<int64_t>(ps->d.E, ps->S);
-        variant = ctas < 2 * (int64_t)device_sm_count() ? 1 : 0;
+        variant = ctas < 2 * (int64_t)device_sm_count() ? 1 : ps->S <= 8 * (int64_t)ps->d.E ? 6 : 0;
     }
     if (variant == 1 && smem_fits(V1::SMEM)) return launch<T, V1>(ps, s);
     if (variant == 2 && smem_fits(V2::SMEM)) return launch<T, V2>(ps, s);
