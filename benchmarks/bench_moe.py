@@ -11,7 +11,10 @@ replay sees).  The methods take turns in ROUNDS rounds per case.  Peak GPU memor
 one forward is reported per method next to the expert-weight bytes.
 
   python benchmarks/bench_moe.py [--models a,b] [--tokens 1,16,64,256,4096,16384] [--format samoyeds-1:2:128]
-                                 [--out DIR] [--tiny --device cpu]   (a CPU smoke run)
+                                 [--shared-experts] [--out DIR] [--tiny --device cpu]   (a CPU smoke run)
+
+--shared-experts packs the blocks' shared experts too (patch_model(shared_experts=True);
+every method then runs the same masked shared weights) and writes moe_shared_experts.json.
 """
 from __future__ import annotations
 
@@ -232,11 +235,12 @@ def block_run(args):
     return dtype, tokens
 
 
-def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: bool, seed: int) -> list:
+def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: bool, seed: int,
+                shared: bool = False) -> list:
     holder, cfg = random_block(name, device, dtype, tiny, seed)
     block = holder.block
     # the same masked weights for every method: pack, then unpack to masked dense
-    sm.patch_model(holder, fmt, progress=False)
+    sm.patch_model(holder, fmt, progress=False, shared_experts=shared)
     packed_bytes = sm.hf.experts_weight_nbytes(holder)
     sm.unpatch_model(holder)
     dense_bytes = sm.hf.experts_weight_nbytes(holder)
@@ -245,7 +249,7 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
     for method in methods:
         if method == "samoyeds":
             holders[method] = copy.deepcopy(holder)
-            sm.patch_model(holders[method], fmt, progress=False)
+            sm.patch_model(holders[method], fmt, progress=False, shared_experts=shared)
         else:
             holders[method] = holder
 
@@ -260,7 +264,7 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
         for T in tokens:
             gen = torch.Generator(device=device).manual_seed(seed + T)
             x = torch.randn(1, T, H, device=device, generator=gen).to(dtype)
-            res = {"model": name, "T": T, "format": fmt, "expert_bytes_dense": dense_bytes,
+            res = {"model": name, "T": T, "format": fmt, "shared_experts_packed": shared, "expert_bytes_dense": dense_bytes,
                    "expert_bytes_samoyeds": packed_bytes, "methods": {}}
             rows.append(res)
             live = []
@@ -343,6 +347,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     block_arguments(ap, "1,16,64,256,4096,16384")
     ap.add_argument("--methods", default="eager,grouped_mm,samoyeds")
+    ap.add_argument("--shared-experts", action="store_true",
+                    help="pack the blocks' shared experts too (models without them are an error)")
     args = ap.parse_args()
     dtype, tokens = block_run(args)
     if args.tiny:
@@ -351,14 +357,15 @@ def main() -> None:
     methods = args.methods.split(",")
     rows, rounding = [], []
     for name in args.models.split(","):
-        for r in bench_model(name, tokens, args.format, methods, args.device, dtype, args.tiny, args.seed):
+        for r in bench_model(name, tokens, args.format, methods, args.device, dtype, args.tiny, args.seed,
+                             args.shared_experts):
             rows.append(r)
             _print_row(r, methods)
     big = [t for t in tokens if t >= (64 if args.tiny else 4096)]
     for name in args.models.split(","):
-        if big and "samoyeds" in methods:
+        if big and "samoyeds" in methods and not args.shared_experts:
             rounding += bench_rounding(name, big, args.format, args.device, dtype, args.tiny, args.seed)
-    path = result_path(args, "moe.json")
+    path = result_path(args, "moe_shared_experts.json" if args.shared_experts else "moe.json")
     if path:
         write_json(path, {"env": environment(), "cases": rows, "token_rounding": rounding})
     print("\nmodel              T    " + "".join(f"{m:>12} ms" for m in methods) +

@@ -46,6 +46,7 @@ for step in $steps; do
     bench) run bench_kernel 60 $PY benchmarks/bench_kernel.py --out "$OUT" ;;
     bench-quick) run bench_kernel 60 $PY benchmarks/bench_kernel.py --quick --out "$OUT" ;;
     bench-moe) run bench_moe 30 $PY benchmarks/bench_moe.py --out "$OUT" ;;
+    bench-moe-shared) run bench_moe_shared 12 $PY benchmarks/bench_moe.py --models deepseek-v2-lite --shared-experts --out "$OUT" ;;
     bench-sweep) run bench_sweep 8 $PY benchmarks/bench_sweep.py --out "$OUT" ;;
     bench-breakdown) run bench_breakdown 22 $PY benchmarks/bench_breakdown.py --out "$OUT" ;;
     bench-e2e) run bench_e2e 22 $PY benchmarks/bench_e2e.py --out "$OUT" ;;

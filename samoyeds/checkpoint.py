@@ -75,8 +75,17 @@ def save_pretrained(model: nn.Module, path: PathLike) -> None:
         path: the directory (created if needed; files of the same names are replaced).
     Raises:
         ValueError: the model is not patched (or only partly).
+        NotImplementedError: its shared experts are packed too (``patch_model(...,
+            shared_experts=True)``): checkpoints hold packed routed experts only.
     """
     from safetensors.torch import save_file
+
+    shared = _hf._packed_shared(model)
+    if shared:
+        raise NotImplementedError(
+            f"{type(model).__name__}: shared experts {[n for n, _, _ in shared][:2]} are packed "
+            "(patch_model(..., shared_experts=True)); samoyeds checkpoints hold packed routed experts only: "
+            "save the model patched without shared_experts=True")
 
     targets = _hf._find_experts(model)
     patched = [t for t in targets if getattr(t.experts, "_samoyeds", None) is not None]

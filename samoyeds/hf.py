@@ -30,6 +30,14 @@ every expert on every token.  Its patched block gathers the scaled rows
 tokens with one expert each and routing weight 1, and sums the ``K`` rows of each
 token: the same result without the dense all-experts matmul.
 
+Shared experts (opt-in, ``patch_model(..., shared_experts=True)``).  The always-on MLP that
+DeepSeek-V2/V3, Qwen2-MoE and Llama 4 blocks run beside their routed experts
+(``shared_experts`` / ``shared_expert``: ``down_proj(silu(gate_proj(x)) * up_proj(x))``
+with bias-free ``nn.Linear``) is replaced by a :class:`SamoyedsMLP` holding it in the
+same format: one expert that every token is routed to with weight 1, run by the same op
+(SwiGLU fused).  It changes the model more than packing the routed experts does (every
+token passes through it), so it is off by default.
+
 The op is inference only: a backward through a patched model raises.
 """
 from __future__ import annotations
@@ -45,8 +53,8 @@ from .format import SparseFormat
 from .packed import PackedDims, PackedWeight, mask as _magnitude_mask, pack, unpack
 
 __all__ = [
-    "IMPLEMENTATION", "UnsupportedModelError", "experts_forward", "experts_weight_nbytes", "is_patched",
-    "patch_model", "register", "to_dense", "unpatch_model",
+    "IMPLEMENTATION", "SamoyedsMLP", "UnsupportedModelError", "experts_forward", "experts_weight_nbytes",
+    "is_patched", "patch_model", "register", "to_dense", "unpatch_model",
 ]
 
 #: The name registered in transformers' ExpertsInterface.
@@ -355,6 +363,178 @@ def _from_pack(w: torch.Tensor, p: ExpertsPatch, proj: str) -> torch.Tensor:
     return w.contiguous()
 
 
+# --- shared experts -------------------------------------------------------------------------------
+
+_SHARED_NAMES = ("shared_experts", "shared_expert")
+_MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
+
+
+class SamoyedsMLP(nn.Module):
+    """A block's shared-experts MLP (``down(silu(gate(x)) * up(x))``) in the Samoyeds
+    format: one expert that every token is routed to with weight 1, run by
+    ``torch.ops.samoyeds.moe_forward`` with the SwiGLU fused.  Made by
+    :func:`patch_model` (``shared_experts=True``); :func:`unpatch_model` puts the
+    original module back with its (masked) dense weights.
+
+    Buffers: ``samoyeds_gate_up_values/_meta/_idx`` (``[1, 2I, H]``, gate rows then up
+    rows, packed with ``glu=True``) and ``samoyeds_down_values/_meta/_idx`` (``[1, H, I]``).
+    """
+
+    def __init__(self, fmt: SparseFormat, hidden: int, intermediate: int, gate_up: PackedWeight,
+                 down: PackedWeight, original: nn.Module):
+        super().__init__()
+        self.fmt, self.hidden, self.intermediate = fmt, hidden, intermediate
+        for proj, pw in (("gate_up", gate_up), ("down", down)):
+            for a in _ARRAYS:
+                self.register_buffer(f"samoyeds_{proj}_{a}", getattr(pw, a))
+        # the module it replaces, without its weights (not a submodule: no state, no parameters)
+        self.__dict__["_original"] = original
+
+    def extra_repr(self) -> str:
+        return f"hidden={self.hidden}, intermediate={self.intermediate}, fmt={self.fmt.name}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.hidden)
+        T = x2.shape[0]
+        index = torch.zeros((T, 1), dtype=torch.int64, device=x2.device)
+        weight = torch.ones((T, 1), dtype=torch.float32, device=x2.device)
+        n, m, v = self.fmt.c_args()
+        direct = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x2.requires_grad)
+        fn = torch_ops.moe_forward_eager if direct else torch.ops.samoyeds.moe_forward
+        y = fn(x2, index, weight,
+               self.samoyeds_gate_up_values, self.samoyeds_gate_up_meta, self.samoyeds_gate_up_idx,
+               2 * self.intermediate, self.hidden,
+               self.samoyeds_down_values, self.samoyeds_down_meta, self.samoyeds_down_idx,
+               self.hidden, self.intermediate, n, m, v, torch_ops.act_id("swiglu"))
+        return y.reshape(shape)
+
+
+@dataclass
+class _SharedTarget:
+    name: str               # the shared MLP's name in model.named_modules()
+    parent: nn.Module       # the MoE block holding it
+    attr: str               # its attribute name there
+    mlp: nn.Module
+
+
+def _find_shared(model: nn.Module, targets: List[_Target]) -> List[_SharedTarget]:
+    """The shared-experts modules of the MoE blocks that own ``targets``' experts."""
+    found: List[_SharedTarget] = []
+    seen = set()
+    for t in targets:
+        bname = t.name.rsplit(".", 1)[0] if "." in t.name else ""
+        block = t.block if t.block is not None else (model.get_submodule(bname) if bname else model)
+        if id(block) in seen:
+            continue
+        seen.add(id(block))
+        for attr in _SHARED_NAMES:
+            mod = block._modules.get(attr)
+            if mod is not None:
+                found.append(_SharedTarget(f"{bname}.{attr}" if bname else attr, block, attr, mod))
+    return found
+
+
+def _shared_dims(st: _SharedTarget, model: nn.Module, fmt: SparseFormat) -> tuple:
+    """(H, I) of a shared MLP samoyeds can pack, else UnsupportedModelError."""
+    mod = st.mlp
+
+    def fail(reason: str) -> None:
+        raise UnsupportedModelError(f"{type(model).__name__}: shared experts {st.name!r} ({type(mod).__name__}) "
+                                    f"are not supported: {reason}")
+
+    if isinstance(mod, SamoyedsMLP):
+        fail("they are packed already")
+    lin = [mod._modules.get(k) for k in _MLP_PROJS]
+    if not all(isinstance(m, nn.Linear) for m in lin):
+        fail("expected nn.Linear gate_proj, up_proj and down_proj")
+    if any(m.bias is not None for m in lin):
+        fail("their projections have biases; samoyeds packs bias-free shared experts")
+    act = getattr(mod, "act_fn", getattr(mod, "activation_fn", None))  # (Llama 4: activation_fn)
+    if not _is_silu(act):
+        fail(f"their activation {type(act).__name__} is not SiLU; the fused gate is SwiGLU")
+    gate, up, down = (m.weight for m in lin)
+    I, H = gate.shape
+    if tuple(up.shape) != (I, H) or tuple(down.shape) != (H, I):
+        fail(f"gate_proj {tuple(gate.shape)}, up_proj {tuple(up.shape)} and down_proj {tuple(down.shape)} "
+             "do not form a gated MLP")
+    for w in (gate, up, down):
+        if w.dtype not in _SUPPORTED_DTYPES:
+            fail(f"their weights are {w.dtype}; samoyeds packs float32, bfloat16 and float16")
+        if w.device.type == "meta":
+            fail("their weights are on the meta device (not loaded)")
+    try:
+        PackedDims.of(fmt, 1, 2 * I, H, True)
+        PackedDims.of(fmt, 1, H, I, False)
+    except ValueError as e:
+        fail(f"format {fmt.name} does not fit hidden size {H} and width {I}: {e}")
+    return H, I
+
+
+def _shared_weights(mod: nn.Module) -> Dict[str, torch.Tensor]:
+    """A shared MLP's weights in packing layout: gate_up [1, 2I, H], down [1, H, I]."""
+    return {"gate_up": torch.cat([mod.gate_proj.weight.detach(), mod.up_proj.weight.detach()], 0)[None].contiguous(),
+            "down": mod.down_proj.weight.detach()[None].contiguous()}
+
+
+def _shared_mask(st: _SharedTarget, proj: str, w: torch.Tensor, fmt: SparseFormat, method: Union[str, MaskFn],
+                 given: Optional[Mapping[str, torch.Tensor]]) -> torch.Tensor:
+    if given:
+        if proj == "gate_up":
+            m = torch.cat([given["gate_proj"], given["up_proj"]], 0)[None]
+        else:
+            m = given["down_proj"][None]
+        return m.to(device=w.device).contiguous()
+    if callable(method):
+        m = method(st.name, f"{proj}_proj", w, fmt)
+        if tuple(m.shape) != tuple(w.shape):
+            raise ValueError(f"method({st.name!r}, {proj + '_proj'!r}, ...): expected a mask of shape "
+                             f"{tuple(w.shape)}, got {tuple(m.shape)}")
+        return m.contiguous()
+    return _magnitude_mask(w, fmt)
+
+
+def _patch_shared(st: _SharedTarget, fmt: SparseFormat, dims: tuple, method: Union[str, MaskFn],
+                  given: Optional[Mapping[str, torch.Tensor]]) -> None:
+    H, I = dims
+    mod = st.mlp
+    ws = _shared_weights(mod)
+    packed = {proj: pack(w, fmt, mask=_shared_mask(st, proj, w, fmt, method, given), glu=proj == "gate_up")
+              for proj, w in ws.items()}
+    del ws
+    requires_grad = bool(mod.gate_proj.weight.requires_grad)
+    for k in _MLP_PROJS:
+        delattr(mod, k)
+    mod.__dict__["_samoyeds_requires_grad"] = requires_grad
+    setattr(st.parent, st.attr, SamoyedsMLP(fmt, H, I, packed["gate_up"], packed["down"], mod))
+
+
+def _unpatch_shared(parent: nn.Module, attr: str) -> None:
+    sm_mod: SamoyedsMLP = parent._modules[attr]
+    H, I = sm_mod.hidden, sm_mod.intermediate
+    dense = {}
+    for proj, shape in (("gate_up", (1, 2 * I, H)), ("down", (1, H, I))):
+        arrays = [getattr(sm_mod, f"samoyeds_{proj}_{a}") for a in _ARRAYS]
+        dense[proj] = unpack(PackedWeight(*arrays, sm_mod.fmt, shape, glu=proj == "gate_up"))[0]
+    original = sm_mod._original
+    rg = original.__dict__.pop("_samoyeds_requires_grad", False)
+    for k, w in (("gate_proj", dense["gate_up"][:I]), ("up_proj", dense["gate_up"][I:]), ("down_proj", dense["down"])):
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+        lin.weight = nn.Parameter(w.contiguous(), requires_grad=rg)
+        setattr(original, k, lin)
+    setattr(parent, attr, original)
+
+
+def _packed_shared(model: nn.Module) -> List[tuple]:
+    """(name, parent, attr) of every SamoyedsMLP in ``model``."""
+    out = []
+    for name, mod in model.named_modules():
+        for attr, child in mod._modules.items():
+            if isinstance(child, SamoyedsMLP):
+                out.append((f"{name}.{attr}" if name else attr, mod, attr))
+    return out
+
+
 # --- patching -------------------------------------------------------------------------------------
 
 def _mask_for(t: _Target, p: ExpertsPatch, proj: str, w: torch.Tensor, method: Union[str, MaskFn],
@@ -448,7 +628,8 @@ def _set_implementation(model: nn.Module, modules: List[nn.Module], impl: Any,
 
 def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoyeds-1:2:128",
                 method: Union[str, MaskFn] = "magnitude", progress: bool = True, *,
-                masks: Optional[Mapping[str, Mapping[str, torch.Tensor]]] = None) -> nn.Module:
+                masks: Optional[Mapping[str, Mapping[str, torch.Tensor]]] = None,
+                shared_experts: bool = False) -> nn.Module:
     """Packs every MoE experts module of a transformers model into ``fmt``, in place.
 
     Args:
@@ -465,11 +646,18 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         progress: show a tqdm bar over the MoE layers.
         masks: precomputed bool masks, ``{experts module name: {"gate_up_proj": m,
             "down_proj": m}}``, each shaped like the module's Parameter; they take
-            precedence over ``method``.
+            precedence over ``method``.  With ``shared_experts``, also ``{shared MLP name:
+            {"gate_proj": m, "up_proj": m, "down_proj": m}}`` shaped like its Linear weights.
+        shared_experts: also pack each MoE block's shared experts (the always-on MLP of
+            DeepSeek-V2/V3, Qwen2-MoE, Llama 4 blocks) into a :class:`SamoyedsMLP`; every
+            token passes through them, so this changes the model more than the routed
+            experts' packing does.  A ``method`` callable gets ``"gate_up_proj"`` (``[1, 2I,
+            H]``, gate rows then up rows) and ``"down_proj"`` (``[1, H, I]``) for them.
     Returns:
         ``model``, with ``gate_up_proj``/``down_proj`` (and GPT-OSS's
         ``gate_up_proj_bias``) replaced by ``samoyeds_*`` buffers and the experts
-        implementation set to ``"samoyeds"``.
+        implementation set to ``"samoyeds"``; with ``shared_experts``, each shared MLP
+        replaced by a :class:`SamoyedsMLP`.
     Raises:
         UnsupportedModelError: an experts module has a layout samoyeds cannot run
             (checked for every module before anything changes).
@@ -495,11 +683,28 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
     if done:
         raise ValueError(f"{type(model).__name__} is already patched ({done[0]!r}, ...); "
                          "call samoyeds.unpatch_model(model) first")
+    shared = _find_shared(model, targets) if shared_experts else []
+    if shared_experts and not shared:
+        raise UnsupportedModelError(f"{type(model).__name__}: shared_experts=True, but its MoE blocks have no "
+                                    f"shared experts (a child named {' or '.join(_SHARED_NAMES)})")
     masks = dict(masks or {})
-    unknown = sorted(set(masks) - {t.name for t in targets})
+    unknown = sorted(set(masks) - {t.name for t in targets} - {st.name for st in shared})
     if unknown:
         raise ValueError(f"masks: no experts module named {unknown}; expected names among "
-                         f"{[t.name for t in targets]}")
+                         f"{[t.name for t in targets] + [st.name for st in shared]}")
+    shared_dims = {st.name: _shared_dims(st, model, fmt) for st in shared}
+    for st in shared:
+        given = masks.get(st.name, {})
+        for key, m in given.items():
+            lin = st.mlp._modules.get(key)
+            if key not in _MLP_PROJS or lin is None:
+                raise ValueError(f"masks[{st.name!r}]: expected keys 'gate_proj', 'up_proj' and 'down_proj', got {key!r}")
+            if tuple(m.shape) != tuple(lin.weight.shape):
+                raise ValueError(f"masks[{st.name!r}][{key!r}]: expected shape {tuple(lin.weight.shape)} (the "
+                                 f"Linear weight's), got {tuple(m.shape)}")
+        if given and set(given) != set(_MLP_PROJS):
+            raise ValueError(f"masks[{st.name!r}]: expected all of 'gate_proj', 'up_proj' and 'down_proj', "
+                             f"got {sorted(given)}")
     for t in targets:
         for key, m in masks.get(t.name, {}).items():
             param = t.experts._parameters.get(key)
@@ -515,19 +720,26 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
     if isinstance(previous, dict):
         previous = {k: (None if v == IMPLEMENTATION else v) for k, v in previous.items()}
     done: List[_Target] = []
+    done_shared: List[_SharedTarget] = []
     with torch.no_grad():
         try:
             for t in _progress(targets, progress, f"samoyeds: packing experts ({fmt.name})"):
                 _patch_one(t, method, masks.get(t.name))
                 done.append(t)
+            for st in shared:
+                t = st
+                _patch_shared(st, fmt, shared_dims[st.name], method, masks.get(st.name))
+                done_shared.append(st)
         except Exception as e:
             for d in done:   # back to dense, so that the model stays runnable as before
                 _unpatch_one(d.experts)
                 if d.block is not None:
                     d.block.__class__ = type(d.block)._samoyeds_base
-            if done and hasattr(e, "add_note"):
-                e.add_note(f"samoyeds.patch_model failed at {t.name!r}; the {len(done)} experts module(s) packed "
-                           "before it were unpacked and now hold their masked dense weights")
+            for d in done_shared:
+                _unpatch_shared(d.parent, d.attr)
+            if (done or done_shared) and hasattr(e, "add_note"):
+                e.add_note(f"samoyeds.patch_model failed at {t.name!r}; the {len(done) + len(done_shared)} "
+                           "module(s) packed before it were unpacked and now hold their masked dense weights")
             raise
     setattr(model, _PREVIOUS_ATTR, previous)
     _set_implementation(model, [t.experts for t in targets if t.block is None], IMPLEMENTATION)
@@ -537,10 +749,12 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
 def unpatch_model(model: nn.Module) -> nn.Module:
     """Undoes :func:`patch_model`: every patched experts module gets dense Parameters
     again, in the model's own layout, holding the masked weights (exactly
-    ``w * mask``), and the previous experts implementation is restored.
-    Returns ``model``."""
+    ``w * mask``), and the previous experts implementation is restored; every
+    :class:`SamoyedsMLP` gives way to the module it replaced, with dense ``nn.Linear``
+    projections holding its masked weights.  Returns ``model``."""
     targets = [t for t in _find_experts(model) if getattr(t.experts, "_samoyeds", None) is not None]
-    if not targets:
+    shared = _packed_shared(model)
+    if not targets and not shared:
         raise ValueError(f"{type(model).__name__} has no experts module patched by samoyeds")
     decorated = [t.experts for t in targets if t.block is None]
     fallback = [m._samoyeds.previous_implementation for m in decorated]
@@ -549,6 +763,8 @@ def unpatch_model(model: nn.Module) -> nn.Module:
             _unpatch_one(t.experts)
             if t.block is not None:
                 t.block.__class__ = type(t.block)._samoyeds_base
+        for _, parent, attr in shared:
+            _unpatch_shared(parent, attr)
     previous = getattr(model, _PREVIOUS_ATTR, None)
     if hasattr(model, _PREVIOUS_ATTR):
         delattr(model, _PREVIOUS_ATTR)
@@ -561,8 +777,8 @@ to_dense = unpatch_model
 
 
 def is_patched(model: nn.Module) -> bool:
-    """True when some experts module of ``model`` holds samoyeds-packed weights."""
-    return any(getattr(m, "_samoyeds", None) is not None for m in model.modules())
+    """True when some experts module (or shared-experts MLP) of ``model`` holds samoyeds-packed weights."""
+    return any(getattr(m, "_samoyeds", None) is not None or isinstance(m, SamoyedsMLP) for m in model.modules())
 
 
 def experts_weight_nbytes(model: nn.Module) -> int:

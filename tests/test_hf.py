@@ -330,3 +330,116 @@ def test_bf16_cpu_within_rule(family):
 @pytest.mark.parametrize("pack_on_device", [False, True])
 def test_patched_model_gpu_bf16(family, pack_on_device):
     _low_precision_truth(family, "cuda", torch.bfloat16, pack_on_device)
+
+
+SHARED_FAMILIES = ["deepseek_v2", "deepseek_v3", "qwen2_moe", "llama4"]
+
+
+def _shared_mlps(model):
+    return {n: m for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in ("shared_experts", "shared_expert")}
+
+
+@pytest.mark.parametrize("family", SHARED_FAMILIES)
+def test_shared_experts_packed_match_masked_eager(family):
+    """patch_model(shared_experts=True): every block's shared MLP becomes a SamoyedsMLP, and
+    the model's logits equal those of the dense model with both the routed experts' and the
+    shared experts' weights masked (fp32 on the CPU); unpatching gives back the original
+    modules with exactly w * mask, and the default leaves the shared experts dense."""
+    model = _model(family)
+    shared = _shared_mlps(model)
+    assert shared, family
+    ids = _ids()
+    masks = _hf_masks(model, family, FMT)
+    shared_masks = {}
+    for name, mod in shared.items():
+        gu = torch.cat([mod.gate_proj.weight, mod.up_proj.weight], 0)[None].detach()
+        m_gu = sm.mask(gu.contiguous(), FMT)[0]
+        I = mod.gate_proj.weight.shape[0]
+        shared_masks[name] = {"gate_proj": m_gu[:I], "up_proj": m_gu[I:],
+                              "down_proj": sm.mask(mod.down_proj.weight.detach()[None].contiguous(), FMT)[0]}
+    ref = _masked_eager(model, masks)
+    ref_mods = dict(ref.named_modules())
+    with torch.no_grad():
+        for name, mm in shared_masks.items():
+            for proj, m in mm.items():
+                getattr(ref_mods[name], proj).weight.mul_(m)
+    originals = {n: type(m) for n, m in shared.items()}
+    sm.patch_model(model, FMT, progress=False, shared_experts=True)
+    now = _shared_mlps(model)
+    assert set(now) == set(shared) and all(isinstance(m, shf.SamoyedsMLP) for m in now.values())
+    assert sm.hf.is_patched(model)
+    with torch.no_grad():
+        got = model(ids).logits
+        want = ref(ids).logits
+    assert rel_err(got, want) < 1e-4
+    sm.unpatch_model(model)
+    back = _shared_mlps(model)
+    for name, mod in back.items():
+        assert type(mod) is originals[name] and not isinstance(mod, shf.SamoyedsMLP)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            assert isinstance(getattr(mod, proj), torch.nn.Linear)
+            assert torch.equal(getattr(mod, proj).weight, getattr(ref_mods[name], proj).weight), (name, proj)
+    # the default packs the routed experts only
+    plain = _model(family)
+    sm.patch_model(plain, FMT, progress=False)
+    assert not any(isinstance(m, shf.SamoyedsMLP) for m in plain.modules())
+
+
+def test_shared_experts_masks_method_errors_and_checkpoint(tmp_path):
+    """Shared experts take precomputed masks and mask functions like the routed experts;
+    bad masks and models without shared experts raise before anything changes; a model
+    with packed shared experts is refused by save_pretrained, and its forward runs through
+    torch.compile's op."""
+    model = _model("qwen2_moe")
+    shared = _shared_mlps(model)
+    name, mod = next(iter(shared.items()))
+    seen = []
+
+    def keep_all_but_fmt(n, proj, w, fmt):
+        seen.append((n, proj, tuple(w.shape)))
+        return sm.mask(w, fmt)
+
+    sm.patch_model(copy.deepcopy(model), FMT, keep_all_but_fmt, progress=False, shared_experts=True)
+    H, I = mod.down_proj.weight.shape
+    assert (name, "gate_up_proj", (1, 2 * I, H)) in seen and (name, "down_proj", (1, H, I)) in seen
+    bad = {name: {"gate_proj": torch.ones(3, 3, dtype=torch.bool), "up_proj": torch.ones(I, H, dtype=torch.bool),
+                  "down_proj": torch.ones(H, I, dtype=torch.bool)}}
+    with pytest.raises(ValueError, match=r"masks\[.*\]\['gate_proj'\]: expected shape"):
+        sm.patch_model(model, FMT, progress=False, shared_experts=True, masks=bad)
+    with pytest.raises(ValueError, match="expected all of 'gate_proj', 'up_proj' and 'down_proj'"):
+        sm.patch_model(model, FMT, progress=False, shared_experts=True,
+                       masks={name: {"down_proj": torch.ones(H, I, dtype=torch.bool)}})
+    assert not sm.hf.is_patched(model)  # nothing changed
+    with pytest.raises(shf.UnsupportedModelError, match="shared_experts=True, but its MoE blocks have no shared"):
+        sm.patch_model(_model("mixtral"), FMT, progress=False, shared_experts=True)
+    sm.patch_model(model, FMT, progress=False, shared_experts=True)
+    with pytest.raises(NotImplementedError, match="shared experts .* are packed"):
+        sm.save_pretrained(model, tmp_path / "ckpt")
+    ids = _ids()
+    with torch.no_grad():
+        eager = model(ids).logits
+        compiled = torch.compile(model, backend="eager")(ids).logits
+    assert torch.equal(eager, compiled)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", SHARED_FAMILIES)
+def test_shared_experts_gpu_bf16(family):
+    """Shared experts packed too, run on the GPU in bf16: the logits at most 2x as far from
+    the float64 masked-dense model (routed and shared weights masked) as transformers'
+    eager model at bf16 on the same masked weights."""
+    model = _model(family, seed=61)
+    sm.patch_model(model, FMT, progress=False, shared_experts=True)
+    dense = sm.unpatch_model(copy.deepcopy(model))  # exactly w * mask, routed and shared
+    if dense.get_experts_implementation()[""] != "eager":
+        dense.set_experts_implementation("eager")
+    oracle = copy.deepcopy(dense).to(torch.float64)
+    eager = copy.deepcopy(dense).to(device="cuda", dtype=torch.bfloat16)
+    model.to(device="cuda", dtype=torch.bfloat16)
+    assert any(isinstance(m, shf.SamoyedsMLP) for m in model.modules())
+    ids = _ids(seed=62)
+    with torch.no_grad():
+        want = oracle(ids).logits
+        e_sam = rel_err(model(ids.cuda()).logits, want)
+        e_eager = rel_err(eager(ids.cuda()).logits, want)
+    assert e_sam <= 2 * e_eager + 1e-6, (e_sam, e_eager)
