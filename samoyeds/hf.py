@@ -50,7 +50,6 @@ from torch import nn
 
 from . import torch_ops
 from .format import SparseFormat
-from .ops import ssmm as _ssmm
 from .packed import PackedDims, PackedWeight, mask as _magnitude_mask, pack, unpack
 
 __all__ = [
@@ -373,8 +372,7 @@ _MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
 class SamoyedsMLP(nn.Module):
     """A block's shared-experts MLP (``down(silu(gate(x)) * up(x))``) in the Samoyeds
     format: one expert that every token is routed to with weight 1, run by
-    ``torch.ops.samoyeds.moe_forward`` with the SwiGLU fused (eager inference skips the
-    routing: two ``ssmm`` calls on x's rows as they lie).  Made by
+    ``torch.ops.samoyeds.moe_forward`` with the SwiGLU fused.  Made by
     :func:`patch_model` (``shared_experts=True``); :func:`unpatch_model` puts the
     original module back with its (masked) dense weights.
 
@@ -395,39 +393,20 @@ class SamoyedsMLP(nn.Module):
     def extra_repr(self) -> str:
         return f"hidden={self.hidden}, intermediate={self.intermediate}, fmt={self.fmt.name}"
 
-    def _offsets(self, T: int, device: torch.device) -> torch.Tensor:
-        """``[0, T]`` as int32 on ``device``, made there (no host sync) and kept per T."""
-        cache = self.__dict__.setdefault("_offsets_cache", {})
-        key = (device, T)
-        got = cache.get(key)
-        if got is None:
-            if len(cache) >= 64:
-                cache.clear()
-            got = cache[key] = torch.arange(2, dtype=torch.int32, device=device) * T
-        return got
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, self.hidden).contiguous()
-        T, H, I = x2.shape[0], self.hidden, self.intermediate
-        if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x2.requires_grad):
-            # eager inference: two matmuls on x's rows as they lie (token_ids None: no routing,
-            # the token rows by TMA on Hopper), SwiGLU fused into the first
-            gu = PackedWeight(self.samoyeds_gate_up_values, self.samoyeds_gate_up_meta, self.samoyeds_gate_up_idx,
-                              self.fmt, (1, 2 * I, H), glu=True)
-            dn = PackedWeight(self.samoyeds_down_values, self.samoyeds_down_meta, self.samoyeds_down_idx,
-                              self.fmt, (1, H, I))
-            offsets = self._offsets(T, x2.device)
-            y = _ssmm(x2, gu, offsets, None, act="swiglu", check=False)
-            return _ssmm(y, dn, offsets, None, check=False).reshape(shape)
-        # compiled graphs and autograd: the op (one expert that every token is routed to)
+        x2 = x.reshape(-1, self.hidden)
+        T = x2.shape[0]
         index = torch.zeros((T, 1), dtype=torch.int64, device=x2.device)
         weight = torch.ones((T, 1), dtype=torch.float32, device=x2.device)
         n, m, v = self.fmt.c_args()
-        y = torch.ops.samoyeds.moe_forward(x2, index, weight, self.samoyeds_gate_up_values, self.samoyeds_gate_up_meta,
-                                           self.samoyeds_gate_up_idx, 2 * I, H, self.samoyeds_down_values,
-                                           self.samoyeds_down_meta, self.samoyeds_down_idx, H, I, n, m, v,
-                                           torch_ops.act_id("swiglu"))
+        direct = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x2.requires_grad)
+        fn = torch_ops.moe_forward_eager if direct else torch.ops.samoyeds.moe_forward
+        y = fn(x2, index, weight,
+               self.samoyeds_gate_up_values, self.samoyeds_gate_up_meta, self.samoyeds_gate_up_idx,
+               2 * self.intermediate, self.hidden,
+               self.samoyeds_down_values, self.samoyeds_down_meta, self.samoyeds_down_idx,
+               self.hidden, self.intermediate, n, m, v, torch_ops.act_id("swiglu"))
         return y.reshape(shape)
 
 
