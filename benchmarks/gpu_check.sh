@@ -4,7 +4,8 @@
 # results JSON go to $OUT (or ./gpu_out).
 #   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
 #                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [token-stream] [fill] [layer-trace] [test-ssmm] [accuracy]
-#                                [smoke-gpu] [demo] [profile] [test-k: PYTEST_K=expr] ...
+#                                [smoke-gpu] [demo] [profile] [profile-tokens] [bench-moe-shared]
+#                                [test-k: PYTEST_K=expr] ...
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
