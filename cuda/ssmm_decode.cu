@@ -410,7 +410,8 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
 // in flight); else 6 while the routed rows average at most 8 per expert (most experts
 // then take one token pass, and five CTAs per SM overlap one's reduction with the
 // others' loads: 1.04-1.11x over 0 on Qwen3-30B-A3B at T = 16 and 128 and OLMoE at 16,
-// experiments/bench_decode_variants.json), else 0 (2 CTAs per SM: a shorter tail).  Measured on H100, docs/PERFORMANCE.md.
+// experiments/bench_decode_variants.json), else 0 (2 CTAs per SM: a shorter tail).
+// Measured on H100, docs/PERFORMANCE.md.
 // A variant whose shared memory the device cannot give (sm_80: 163 KB) falls back to 0.
 bool smem_fits(int bytes) {
     int dev = 0, optin = 0;
