@@ -48,7 +48,7 @@ GROUPS = (
 )
 
 
-def group_of(name: str, gemm_is_expert: bool = False) -> str:
+def group_of(name: str) -> str:
     low = name.lower()
     for frag, grp in GROUPS:
         if frag in low:

@@ -154,16 +154,20 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     return _run_experts(self, hidden_states, top_k_index, top_k_weights)
 
 
+def _moe_op(x: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """The MoE forward to call on ``x``: eager inference skips the dispatcher (host time
+    per call is what decode pays); compiled graphs and anything that may need a backward
+    go through the op."""
+    direct = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad)
+    return torch_ops.moe_forward_eager if direct else torch.ops.samoyeds.moe_forward
+
+
 def _run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
                  top_k_weights: torch.Tensor) -> torch.Tensor:
     p = mod._samoyeds
     H, I = p.hidden, p.intermediate
     down_bias = mod.down_proj_bias if p.bias else None
-    # eager inference skips the dispatcher (host time per call is what decode pays);
-    # compiled graphs and anything that may need a backward go through the op
-    direct = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad)
-    fn = torch_ops.moe_forward_eager if direct else torch.ops.samoyeds.moe_forward
-    return fn(
+    return _moe_op(x)(
         x, top_k_index, top_k_weights,
         mod.samoyeds_gate_up_values, mod.samoyeds_gate_up_meta, mod.samoyeds_gate_up_idx, 2 * I, H,
         mod.samoyeds_down_values, mod.samoyeds_down_meta, mod.samoyeds_down_idx, H, I,
@@ -400,13 +404,11 @@ class SamoyedsMLP(nn.Module):
         index = torch.zeros((T, 1), dtype=torch.int64, device=x2.device)
         weight = torch.ones((T, 1), dtype=torch.float32, device=x2.device)
         n, m, v = self.fmt.c_args()
-        direct = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x2.requires_grad)
-        fn = torch_ops.moe_forward_eager if direct else torch.ops.samoyeds.moe_forward
-        y = fn(x2, index, weight,
+        y = _moe_op(x2)(x2, index, weight,
                self.samoyeds_gate_up_values, self.samoyeds_gate_up_meta, self.samoyeds_gate_up_idx,
-               2 * self.intermediate, self.hidden,
-               self.samoyeds_down_values, self.samoyeds_down_meta, self.samoyeds_down_idx,
-               self.hidden, self.intermediate, n, m, v, torch_ops.act_id("swiglu"))
+                        2 * self.intermediate, self.hidden,
+                        self.samoyeds_down_values, self.samoyeds_down_meta, self.samoyeds_down_idx,
+                        self.hidden, self.intermediate, n, m, v, torch_ops.act_id("swiglu"))
         return y.reshape(shape)
 
 
@@ -485,13 +487,7 @@ def _shared_mask(st: _SharedTarget, proj: str, w: torch.Tensor, fmt: SparseForma
         else:
             m = given["down_proj"][None]
         return m.to(device=w.device).contiguous()
-    if callable(method):
-        m = method(st.name, f"{proj}_proj", w, fmt)
-        if tuple(m.shape) != tuple(w.shape):
-            raise ValueError(f"method({st.name!r}, {proj + '_proj'!r}, ...): expected a mask of shape "
-                             f"{tuple(w.shape)}, got {tuple(m.shape)}")
-        return m.contiguous()
-    return _magnitude_mask(w, fmt)
+    return _method_mask(st.name, proj, w, fmt, method)
 
 
 def _patch_shared(st: _SharedTarget, fmt: SparseFormat, dims: tuple, method: Union[str, MaskFn],
@@ -537,18 +533,24 @@ def _packed_shared(model: nn.Module) -> List[tuple]:
 
 # --- patching -------------------------------------------------------------------------------------
 
+def _method_mask(name: str, proj: str, w: torch.Tensor, fmt: SparseFormat, method: Union[str, MaskFn]) -> torch.Tensor:
+    """The mask of ``w`` (packing layout) by a mask function, or by magnitude."""
+    if callable(method):
+        key = f"{proj}_proj"
+        m = method(name, key, w, fmt)
+        if tuple(m.shape) != tuple(w.shape):
+            raise ValueError(f"method({name!r}, {key!r}, ...): expected a mask of shape {tuple(w.shape)}, "
+                             f"got {tuple(m.shape)}")
+        return m.contiguous()
+    return _magnitude_mask(w, fmt)
+
+
 def _mask_for(t: _Target, p: ExpertsPatch, proj: str, w: torch.Tensor, method: Union[str, MaskFn],
               given: Optional[Mapping[str, torch.Tensor]]) -> torch.Tensor:
     key = f"{proj}_proj"
     if given is not None and key in given:
         return _to_pack(given[key].to(device=w.device), p, proj)
-    if callable(method):
-        m = method(t.name, key, w, p.fmt)
-        if tuple(m.shape) != tuple(w.shape):
-            raise ValueError(f"method({t.name!r}, {key!r}, ...): expected a mask of shape {tuple(w.shape)}, "
-                             f"got {tuple(m.shape)}")
-        return m.contiguous()
-    return _magnitude_mask(w, p.fmt)
+    return _method_mask(t.name, proj, w, p.fmt, method)
 
 
 def _patch_one(t: _Target, method: Union[str, MaskFn], given: Optional[Mapping[str, torch.Tensor]]) -> None:
@@ -721,13 +723,15 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         previous = {k: (None if v == IMPLEMENTATION else v) for k, v in previous.items()}
     done: List[_Target] = []
     done_shared: List[_SharedTarget] = []
+    failing = ""  # the module being packed, for the note on failure
     with torch.no_grad():
         try:
             for t in _progress(targets, progress, f"samoyeds: packing experts ({fmt.name})"):
+                failing = t.name
                 _patch_one(t, method, masks.get(t.name))
                 done.append(t)
             for st in shared:
-                t = st
+                failing = st.name
                 _patch_shared(st, fmt, shared_dims[st.name], method, masks.get(st.name))
                 done_shared.append(st)
         except Exception as e:
@@ -738,7 +742,7 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
             for d in done_shared:
                 _unpatch_shared(d.parent, d.attr)
             if (done or done_shared) and hasattr(e, "add_note"):
-                e.add_note(f"samoyeds.patch_model failed at {t.name!r}; the {len(done) + len(done_shared)} "
+                e.add_note(f"samoyeds.patch_model failed at {failing!r}; the {len(done) + len(done_shared)} "
                            "module(s) packed before it were unpacked and now hold their masked dense weights")
             raise
     setattr(model, _PREVIOUS_ATTR, previous)

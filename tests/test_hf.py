@@ -410,6 +410,16 @@ def test_shared_experts_masks_method_errors_and_checkpoint(tmp_path):
         sm.patch_model(model, FMT, progress=False, shared_experts=True,
                        masks={name: {"down_proj": torch.ones(H, I, dtype=torch.bool)}})
     assert not sm.hf.is_patched(model)  # nothing changed
+
+    def fails_on_shared(n, proj, w, fmt):
+        if n == name:
+            raise ValueError("no mask for the shared experts")
+        return sm.mask(w, fmt)
+
+    with pytest.raises(ValueError, match="no mask for the shared experts") as info:
+        sm.patch_model(model, FMT, fails_on_shared, progress=False, shared_experts=True)
+    assert any(name in note for note in getattr(info.value, "__notes__", [])), info.value
+    assert not sm.hf.is_patched(model)  # the routed experts packed before it were unpacked
     with pytest.raises(shf.UnsupportedModelError, match="shared_experts=True, but its MoE blocks have no shared"):
         sm.patch_model(_model("mixtral"), FMT, progress=False, shared_experts=True)
     sm.patch_model(model, FMT, progress=False, shared_experts=True)
