@@ -208,6 +208,18 @@ __host__ __device__ constexpr int fill_stage_bytes(int kind) {
     return kind == SAM_FILL_TMA_GATHER ? 2 * FILL_PART_BYTES : FILL_PART_BYTES;
 }
 
+// Whether a kind loads through a tensor map (boxes of rows, or one-row boxes)
+__host__ __device__ constexpr bool fill_uses_map(int kind) {
+    return kind == SAM_FILL_TMA || kind == SAM_FILL_TMA_GATHER || kind == SAM_FILL_TMA_MULTICAST ||
+           kind == SAM_FILL_TMA_ROWS;
+}
+
+// The source row that position r of CTA b's work item `item` reads where rows are chosen
+// by index: spread over the source by a hash, the same for every kind that gathers
+__device__ __forceinline__ uint32_t fill_random_row(int item, int r) {
+    return mix(blockIdx.x * 0x9e3779b9u + (uint32_t)item * 0x85ebca6bu + (uint32_t)r) % FILL_SRC_ROWS;
+}
+
 #ifdef SAM_HAS_WGMMA
 __device__ __forceinline__ uint64_t global_ns() {
     uint64_t t;
@@ -277,7 +289,7 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
         if constexpr (TROWS) {
             // one 128-byte row box into row tid of the stage: the 128-byte swizzle follows the
             // destination's address, so the row lands as it would in a 128-row box
-            if (kt == 0) trow = (int)(mix(blockIdx.x * 0x9e3779b9u + (uint32_t)item * 0x85ebca6bu + tid) % FILL_SRC_ROWS);
+            if (kt == 0) trow = (int)fill_random_row(item, tid);
             if (tid == 0) mbar_arrive_expect_tx(bar, FILL_PART_BYTES);
             tma_load_2d(dst + tid * FILL_ROW_BYTES, &map, kt * (FILL_ROW_BYTES / 2), trow, bar);
         }
@@ -287,9 +299,7 @@ __global__ void __launch_bounds__(FILL_THREADS, 1)
 #pragma unroll
                 for (int j = 0; j < FILL_ROWS / 16; j++) {
                     const int r = row + 16 * j;
-                    const uint32_t t = KIND == SAM_FILL_CP_ASYNC
-                                           ? (uint32_t)(row0 + r)
-                                           : mix(blockIdx.x * 0x9e3779b9u + (uint32_t)item * 0x85ebca6bu + r) % FILL_SRC_ROWS;
+                    const uint32_t t = KIND == SAM_FILL_CP_ASYNC ? (uint32_t)(row0 + r) : fill_random_row(item, r);
                     rp[j] = src + (int64_t)t * FILL_SRC_COLS + ch * 8;
                 }
             }
@@ -557,8 +567,7 @@ sam_status measure_fill(sam_fill_kind kind, int device, int ctas, int stages, do
 
     CUtensorMap map;
     memset(&map, 0, sizeof map);
-    if (kind == SAM_FILL_TMA || kind == SAM_FILL_TMA_GATHER || kind == SAM_FILL_TMA_MULTICAST ||
-        kind == SAM_FILL_TMA_ROWS) {
+    if (fill_uses_map(kind)) {
         TensorMapEncodeFn enc = tensor_map_encoder();
         if (enc == nullptr) {
             set_error("%s: the CUDA driver has no cuTensorMapEncodeTiled", name);

@@ -85,23 +85,37 @@ struct DParams : SsmmArgs {
 };
 
 // The j-th expert (in expert order) that owns at least one sorted row in
-// [0, S), or -1.  Run by one whole warp.
-__device__ __forceinline__ int routed_expert(const DParams &p, int j, int lane) {
+// [0, S), or -1, and its rows [b0, b1).  Run by one whole warp.  The offsets
+// of 32 * RCH experts are loaded before any is looked at, so that the search
+// costs one round trip to memory for E <= 256 (not one per 32 experts).
+__device__ __forceinline__ int routed_expert(const DParams &p, int j, int lane, int64_t &b0, int64_t &b1) {
+    constexpr int RCH = 8;
     int run = 0;
-    for (int e0 = 0; e0 < p.E; e0 += 32) {
-        const int e = e0 + lane;
-        bool live = false;
-        if (e < p.E) {
-            const int64_t a = max(0, p.offsets[e]), b = min((int64_t)p.offsets[e + 1], p.S);
-            live = b > a;
+    for (int e0 = 0; e0 < p.E; e0 += 32 * RCH) {
+        int32_t lo[RCH], hi[RCH];
+#pragma unroll
+        for (int c = 0; c < RCH; c++) {
+            const int e = e0 + 32 * c + lane;
+            lo[c] = hi[c] = 0;
+            if (e < p.E) {
+                lo[c] = p.offsets[e];
+                hi[c] = p.offsets[e + 1];
+            }
         }
-        unsigned bal = __ballot_sync(0xffffffffu, live);
-        const int n = __popc(bal);
-        if (j < run + n) {
-            for (int k = j - run; k > 0; k--) bal &= bal - 1;
-            return e0 + __ffs(bal) - 1;
+#pragma unroll
+        for (int c = 0; c < RCH; c++) {
+            const int64_t a = max(0, lo[c]), b = min((int64_t)hi[c], p.S);
+            unsigned bal = __ballot_sync(0xffffffffu, b > a);
+            const int n = __popc(bal);
+            if (j < run + n) {  // (warp-uniform)
+                for (int k = j - run; k > 0; k--) bal &= bal - 1;
+                const int src = __ffs(bal) - 1;
+                b0 = __shfl_sync(0xffffffffu, a, src);
+                b1 = __shfl_sync(0xffffffffu, b, src);
+                return e0 + 32 * c + src;
+            }
+            run += n;
         }
-        run += n;
     }
     return -1;
 }
@@ -129,20 +143,25 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((128u - (smem_u32(smem_raw) & 127u)) & 127u);
     __shared__ int32_t tok_s[BN];
+    __shared__ int64_t sh_rows[2];
     __shared__ int sh_e;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int rt = (int)(blockIdx.x % (unsigned)p.nrt), j = (int)(blockIdx.x / (unsigned)p.nrt);
     if (warp == 0) {
-        const int e = routed_expert(p, j, lane);
-        if (lane == 0) sh_e = e;
+        int64_t b0 = 0, b1 = 0;
+        const int e = routed_expert(p, j, lane, b0, b1);
+        if (lane == 0) {
+            sh_e = e;
+            sh_rows[0] = b0;
+            sh_rows[1] = b1;
+        }
     }
     __syncthreads();
     const int e = sh_e;
     if (e < 0) return;
-    const int64_t s_begin = max(0, p.offsets[e]);
-    const int64_t s_end = min((int64_t)p.offsets[e + 1], p.S);
+    const int64_t s_begin = sh_rows[0], s_end = sh_rows[1];
 
     // storage rows: tiles [0, MT/2) start at base0, tiles [MT/2, MT) at base1
     // (GLU: the gate and up rows of the same condensed rows)

@@ -50,6 +50,7 @@ from torch import nn
 
 from . import torch_ops
 from .format import SparseFormat
+from .ops import ssmm as _ssmm
 from .packed import PackedDims, PackedWeight, mask as _magnitude_mask, pack, unpack
 
 __all__ = [
@@ -376,7 +377,8 @@ _MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
 class SamoyedsMLP(nn.Module):
     """A block's shared-experts MLP (``down(silu(gate(x)) * up(x))``) in the Samoyeds
     format: one expert that every token is routed to with weight 1, run by
-    ``torch.ops.samoyeds.moe_forward`` with the SwiGLU fused.  Made by
+    ``torch.ops.samoyeds.moe_forward`` with the SwiGLU fused (eager inference on the GPU
+    skips the routing: two ``ssmm`` calls on x's rows as they lie).  Made by
     :func:`patch_model` (``shared_experts=True``); :func:`unpatch_model` puts the
     original module back with its (masked) dense weights.
 
@@ -397,18 +399,47 @@ class SamoyedsMLP(nn.Module):
     def extra_repr(self) -> str:
         return f"hidden={self.hidden}, intermediate={self.intermediate}, fmt={self.fmt.name}"
 
+    def _packed(self, proj: str) -> PackedWeight:
+        """The buffers of ``proj`` as a PackedWeight, made again only when they were replaced
+        (``.to()``, ``load_state_dict``)."""
+        arrays = tuple(getattr(self, f"samoyeds_{proj}_{a}") for a in _ARRAYS)
+        cache = self.__dict__.setdefault("_packed_cache", {})
+        got = cache.get(proj)
+        if got is None or any(a is not b for a, b in zip(got[0], arrays)):
+            shape = (1, 2 * self.intermediate, self.hidden) if proj == "gate_up" else (1, self.hidden, self.intermediate)
+            got = cache[proj] = (arrays, PackedWeight(*arrays, self.fmt, shape, glu=proj == "gate_up"))
+        return got[1]
+
+    def _offsets(self, T: int, device: torch.device) -> torch.Tensor:
+        """``[0, T]`` as int32 on ``device``, made there (no copy from the host) and kept per T."""
+        cache = self.__dict__.setdefault("_offsets_cache", {})
+        key = (device, T)
+        got = cache.get(key)
+        if got is None:
+            if len(cache) >= 64:
+                cache.clear()
+            got = cache[key] = torch.arange(2, dtype=torch.int32, device=device) * T
+        return got
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.hidden)
-        T = x2.shape[0]
+        T, H, I = x2.shape[0], self.hidden, self.intermediate
+        if x2.is_cuda and _moe_op(x2) is torch_ops.moe_forward_eager:
+            # eager inference on the GPU: two matmuls on x's rows as they lie (no routing,
+            # no combine; on Hopper the rows come by TMA), the SwiGLU fused into the first
+            x2 = x2.contiguous()
+            offsets = self._offsets(T, x2.device)
+            y = _ssmm(x2, self._packed("gate_up"), offsets, None, act="swiglu", check=False)
+            return _ssmm(y, self._packed("down"), offsets, None, check=False).reshape(shape)
+        # compiled graphs, autograd and the CPU: the op, one expert that every token is routed to
         index = torch.zeros((T, 1), dtype=torch.int64, device=x2.device)
         weight = torch.ones((T, 1), dtype=torch.float32, device=x2.device)
         n, m, v = self.fmt.c_args()
         y = _moe_op(x2)(x2, index, weight,
-               self.samoyeds_gate_up_values, self.samoyeds_gate_up_meta, self.samoyeds_gate_up_idx,
-                        2 * self.intermediate, self.hidden,
-                        self.samoyeds_down_values, self.samoyeds_down_meta, self.samoyeds_down_idx,
-                        self.hidden, self.intermediate, n, m, v, torch_ops.act_id("swiglu"))
+                        self.samoyeds_gate_up_values, self.samoyeds_gate_up_meta, self.samoyeds_gate_up_idx, 2 * I, H,
+                        self.samoyeds_down_values, self.samoyeds_down_meta, self.samoyeds_down_idx, H, I,
+                        n, m, v, torch_ops.act_id("swiglu"))
         return y.reshape(shape)
 
 

@@ -433,6 +433,50 @@ def test_shared_experts_masks_method_errors_and_checkpoint(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe"])
+def test_shared_mlp_direct_path_gpu(family):
+    """A SamoyedsMLP in eager inference on the GPU runs two ssmm calls on the rows as they lie
+    (decode kernel for a few rows, wgmma.sp with the rows by TMA for many): against the float64
+    MLP on the same masked weights and against the routed op (one expert, weight 1), for
+    T = 0, 1, odd sizes, and past the decode limit; the result is fresh each call (no stale
+    rows) and follows the module across .to()."""
+    model = _model(family, seed=71)
+    sm.patch_model(model, FMT, progress=False, shared_experts=True)
+    dense = sm.unpatch_model(copy.deepcopy(model))
+    name, mlp = next((n, m) for n, m in model.named_modules() if isinstance(m, shf.SamoyedsMLP))
+    ref = copy.deepcopy(dense.get_submodule(name)).to(torch.float64)
+    mlp.to(device="cuda", dtype=torch.bfloat16)
+    n, m, v = mlp.fmt.c_args()
+    H, I = mlp.hidden, mlp.intermediate
+    gen = torch.Generator().manual_seed(72)
+    for T in (0, 1, 37, 129, 300, 2100):
+        x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+        with torch.no_grad():
+            want = ref(x.to(torch.float64))
+            got = mlp(x.cuda())
+            op = torch.ops.samoyeds.moe_forward(
+                x.cuda(), torch.zeros((T, 1), dtype=torch.int64, device="cuda"),
+                torch.ones((T, 1), dtype=torch.float32, device="cuda"),
+                mlp.samoyeds_gate_up_values, mlp.samoyeds_gate_up_meta, mlp.samoyeds_gate_up_idx, 2 * I, H,
+                mlp.samoyeds_down_values, mlp.samoyeds_down_meta, mlp.samoyeds_down_idx, H, I,
+                n, m, v, sm.torch_ops.act_id("swiglu"))
+        assert got.shape == (T, H) and got.dtype == torch.bfloat16 and got.is_cuda
+        if T == 0:
+            continue
+        assert torch.isfinite(got).all()
+        bf16 = rel_err(want.to(torch.bfloat16).double(), want)  # one rounding of the output
+        assert rel_err(got.cpu(), want) <= 4 * bf16 + 2e-3, (T, rel_err(got.cpu(), want))
+        assert rel_err(got, op) <= 2e-3, (T, rel_err(got, op))
+    # the packed view is made again for moved buffers: the fp16 module computes in fp16
+    mlp.to(dtype=torch.float16)
+    x = torch.randn(37, H, generator=gen)
+    with torch.no_grad():
+        got = mlp(x.to(device="cuda", dtype=torch.float16))
+    assert got.dtype == torch.float16
+    assert rel_err(got.cpu(), ref(x.to(torch.float64))) <= 1e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("family", SHARED_FAMILIES)
 def test_shared_experts_gpu_bf16(family):
     """Shared experts packed too, run on the GPU in bf16: the logits at most 2x as far from
