@@ -4,8 +4,11 @@ samoyeds, every GPU kernel's time summed per call and grouped by what it does
 (router, routing, expert matmuls, combine, other).  The expert matmuls' share is
 what the kernel benchmark measures; the rest is the layer's glue.
 
-  python benchmarks/layer_trace.py [--models a,b] [--tokens 4096,16384] [--out DIR]
+  python benchmarks/layer_trace.py [--models a,b] [--tokens 4096,16384] [--shared-experts] [--out DIR]
                                    [--tiny --device cpu]   (a CPU smoke run)
+
+--shared-experts packs the blocks' shared experts too (patch_model(shared_experts=True)) and
+writes layer_trace_shared_experts.json: the shared MLP's matmuls then count as expert matmuls.
 """
 from __future__ import annotations
 
@@ -82,17 +85,18 @@ def kernel_times(fn, device: str, calls: int = CALLS) -> dict:
     return dict(tot)
 
 
-def trace_model(name: str, tokens, fmt: str, device: str, dtype, tiny: bool, seed: int) -> list:
+def trace_model(name: str, tokens, fmt: str, device: str, dtype, tiny: bool, seed: int,
+                shared: bool = False) -> list:
     dense, cfg = random_block(name, device, dtype, tiny, seed)
     packed = copy.deepcopy(dense)
-    sm.patch_model(packed, fmt, progress=False)
+    sm.patch_model(packed, fmt, progress=False, shared_experts=shared)
     _set_impl(dense, "grouped_mm")
     rows = []
     with torch.inference_mode():
         for T in tokens:
             gen = torch.Generator(device=device).manual_seed(seed + T)
             x = torch.randn(1, T, cfg.hidden_size, device=device, generator=gen).to(dtype)
-            row = {"model": name, "T": T, "format": fmt, "methods": {}}
+            row = {"model": name, "T": T, "format": fmt, "shared_experts_packed": shared, "methods": {}}
             for method, holder in (("grouped_mm", dense), ("samoyeds", packed)):
                 k = kernel_times(lambda: holder(x), device)
                 groups = collections.defaultdict(float)
@@ -120,12 +124,14 @@ def _print(row) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     block_arguments(ap, "4096,16384")
+    ap.add_argument("--shared-experts", action="store_true",
+                    help="pack the blocks' shared experts too (models without them are an error)")
     args = ap.parse_args()
     dtype, tokens = block_run(args)
     rows = []
     for name in args.models.split(","):
-        rows += trace_model(name, tokens, args.format, args.device, dtype, args.tiny, args.seed)
-    path = result_path(args, "layer_trace.json")
+        rows += trace_model(name, tokens, args.format, args.device, dtype, args.tiny, args.seed, args.shared_experts)
+    path = result_path(args, "layer_trace_shared_experts.json" if args.shared_experts else "layer_trace.json")
     if path:
         write_json(path, {"env": environment(), "calls": CALLS, "cases": rows})
 

@@ -149,7 +149,7 @@ def test_moe_bench_times_every_method_in_turns(monkeypatch):
     assert "| -x |" in first  # no GPU time on the CPU: shown as missing, not as a number
 
 
-def test_layer_trace_groups_kernels_and_builds_its_table():
+def test_layer_trace_groups_kernels_and_builds_its_table(monkeypatch):
     """layer_trace: the kernel names a CUDA trace holds land in the right groups, a CPU
     trace of a toy block records both methods' ops per call, and the report's table and
     headline share come from the groups."""
@@ -170,10 +170,24 @@ def test_layer_trace_groups_kernels_and_builds_its_table():
     for name, group in names.items():
         assert layer_trace.group_of(name) == group, name
     rows = layer_trace.trace_model("olmoe", [5], "samoyeds-1:2:128", "cpu", torch.float32, tiny=True, seed=0)
-    assert len(rows) == 1 and rows[0]["T"] == 5
+    assert len(rows) == 1 and rows[0]["T"] == 5 and not rows[0]["shared_experts_packed"]
     for m in rows[0]["methods"].values():
         assert m["total_us"] > 0 and m["top_kernels_us"]
         assert sum(m["groups_us"].values()) == pytest.approx(m["total_us"])
+    # --shared-experts: DeepSeek-V2-Lite's shared MLP is packed too in the traced samoyeds block
+    patched = []
+
+    def spy(model, *a, **kw):
+        out = real_patch(model, *a, **kw)
+        patched.append(any(type(m).__name__ == "SamoyedsMLP" for m in model.modules()))
+        return out
+
+    real_patch = layer_trace.sm.patch_model
+    monkeypatch.setattr(layer_trace.sm, "patch_model", spy)
+    r = layer_trace.trace_model("deepseek-v2-lite", [5], "samoyeds-1:2:128", "cpu", torch.float32, tiny=True,
+                                seed=0, shared=True)[0]
+    assert r["shared_experts_packed"] is True and patched == [True]
+    assert r["methods"]["samoyeds"]["total_us"] > 0
     # a GPU-like result: the table's shares and ratio come from the groups
     case = {"model": "olmoe", "T": 4096, "methods": {
         "grouped_mm": {"total_us": 2000.0, "groups_us": {"expert matmuls": 800.0, "elementwise / reductions": 1200.0}},
