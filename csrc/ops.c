@@ -588,7 +588,7 @@ PyObject *sam_py_moe_route(PyObject *self, PyObject *args, PyObject *kw)
 #if SAM_WITH_CUDA
         CUDA_RUN(&c, status, sam_moe_route_cuda(idx.data, idx.dtype, T, K, E, (int32_t *)off.data,
                                                 (int32_t *)tok.data, (int32_t *)perm.data, (int32_t *)pos.data,
-                                                c.call.launch_stream));
+                                                NULL, NULL, SAM_F32, c.call.launch_stream));
 #else
         status = SAM_STATUS_UNSUPPORTED;
 #endif
@@ -802,10 +802,9 @@ static sam_status moe_run_ref(const moe_plan *p)
 static sam_status moe_run_cuda(const moe_plan *p, void *stream)
 {
     const int64_t S = p->T * p->K;
+    /* the routing weights of the sorted rows come with the routing, in its launch */
     MOE_STEP(sam_moe_route_cuda(p->index, p->index_dtype, p->T, p->K, p->E, p->offsets, p->token_ids, p->perm,
-                                p->pos, stream));
-    MOE_STEP(sam_moe_gather_weights_cuda(p->scale, p->weights, p->weights_dtype, p->perm, p->offsets, p->E, S,
-                                         stream));
+                                p->pos, p->scale, p->weights, p->weights_dtype, stream));
     MOE_STEP(sam_ssmm_cuda(&p->gate_up, stream));
     MOE_STEP(sam_ssmm_cuda(&p->down, stream));
     return sam_moe_combine_cuda(p->out, p->out_dtype, p->down.out, p->down.dtype, p->pos, p->T, p->K, p->H,

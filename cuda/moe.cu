@@ -45,19 +45,22 @@ __device__ __forceinline__ void expert_offsets(int32_t *tot, int32_t E, int32_t 
     __syncthreads();
     for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = tot[e];
 }
-// Sorted rows [routed, n) hold no pair: token 0, perm -1.
-__device__ __forceinline__ void fill_unrouted(int32_t routed, int64_t n, int32_t *token_ids, int32_t *perm) {
+// Sorted rows [routed, n) hold no pair: token 0, perm -1 (and routing weight 0).
+__device__ __forceinline__ void fill_unrouted(int32_t routed, int64_t n, int32_t *token_ids, int32_t *perm,
+                                              float *scale) {
     for (int64_t s = routed + threadIdx.x; s < n; s += blockDim.x) {
         token_ids[s] = 0;
         perm[s] = -1;
+        if (scale) scale[s] = 0.0f;
     }
 }
 
 // mode 0: the whole routing in one CTA; 1: this block's counts per expert into blk[b][e];
-// 2: this block's rows, starting at blk[b][e] (absolute) for expert e.
+// 2: this block's rows, starting at blk[b][e] (absolute) for expert e.  With scale, each
+// sorted row's routing weight too (scale[s] = w[perm[s]], what gather_weights_kernel gives).
 __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, int64_t K, int32_t E,
                              int32_t *offsets, int32_t *token_ids, int32_t *perm, int32_t *pos, int mode,
-                             int32_t *blk, int64_t rb) {
+                             int32_t *blk, int64_t rb, float *scale, const void *w, sam_dtype wt) {
     extern __shared__ int32_t sm[];  // cnt[warps][E], then tot[E + 1]
     const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int32_t *cnt = sm, *tot = sm + warps * E;
@@ -121,6 +124,7 @@ __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, i
             token_ids[s] = (int32_t)(i / K);
             perm[s] = (int32_t)i;
             pos[i] = s;
+            if (scale) scale[s] = load_as_float(w, wt, i);
             if ((peers & lt) == 0) cnt[warp * E + e] = base + __popc(peers);
         } else if (i < end) {
             pos[i] = -1;
@@ -129,7 +133,7 @@ __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, i
     }
     if (mode == 0) {
         __syncthreads();
-        fill_unrouted(tot[E], n, token_ids, perm);
+        fill_unrouted(tot[E], n, token_ids, perm, scale);
     }
 }
 
@@ -137,7 +141,7 @@ __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, i
 // expert e) becomes block b's first sorted row of e; the offsets; the rows past the routed
 // ones (placeholder pairs) filled as the one-CTA path fills them.
 __global__ void route_scan_kernel(int32_t *blk, int64_t B, int32_t E, int64_t n, int32_t *offsets,
-                                  int32_t *token_ids, int32_t *perm) {
+                                  int32_t *token_ids, int32_t *perm, float *scale) {
     extern __shared__ int32_t tot[];  // [E + 1]
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int32_t run = 0;
@@ -152,7 +156,7 @@ __global__ void route_scan_kernel(int32_t *blk, int64_t B, int32_t E, int64_t n,
     __syncthreads();
     expert_offsets(tot, E, offsets);
     for (int64_t i = threadIdx.x; i < B * E; i += blockDim.x) blk[i] += tot[i % E];
-    fill_unrouted(tot[E], n, token_ids, perm);
+    fill_unrouted(tot[E], n, token_ids, perm, scale);
 }
 
 __global__ void gather_weights_kernel(float *out, const void *w, sam_dtype wt, const int32_t *perm,
@@ -271,7 +275,8 @@ sam_status combine_out(void *out, sam_dtype ot, const TY *y, const int32_t *pos,
 
 extern "C" sam_status sam_moe_route_cuda(const void *top_k_index, sam_dtype index_dtype, int64_t T, int64_t K,
                                          int64_t E, int32_t *offsets, int32_t *token_ids, int32_t *perm,
-                                         int32_t *pos, void *stream) {
+                                         int32_t *pos, float *scale, const void *weights, sam_dtype weights_dtype,
+                                         void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     // warps * E counters must fit in 96 KB of shared memory
     int warps = (int)std::min<int64_t>(32, std::max<int64_t>(1, (96 * 1024 / 4 - E - 1) / std::max<int64_t>(E, 1)));
@@ -285,7 +290,8 @@ extern "C" sam_status sam_moe_route_cuda(const void *top_k_index, sam_dtype inde
     const int64_t n = T * K;
     if (n <= 2 * sam::RB) {  // one CTA
         sam::route_kernel<<<1, warps * 32, smem, s>>>(top_k_index, index_dtype, T, K, (int32_t)E, offsets,
-                                                      token_ids, perm, pos, 0, nullptr, 0);
+                                                      token_ids, perm, pos, 0, nullptr, 0, scale, weights,
+                                                      weights_dtype);
         return sam::launch_status("moe_route");
     }
     const int64_t rb = std::max(sam::RB, sam::ceil_div(n, sam::RB_BLOCKS)), B = sam::ceil_div(n, rb);
@@ -293,11 +299,13 @@ extern "C" sam_status sam_moe_route_cuda(const void *top_k_index, sam_dtype inde
     int32_t *blk = nullptr;
     SAM_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void **>(&blk), sizeof(int32_t) * (size_t)(B * E), s), "moe_route");
     sam::route_kernel<<<(unsigned)B, warps * 32, smem, s>>>(top_k_index, index_dtype, T, K, (int32_t)E, offsets,
-                                                            token_ids, perm, pos, 1, blk, rb);
+                                                            token_ids, perm, pos, 1, blk, rb, nullptr, nullptr,
+                                                            weights_dtype);
     sam::route_scan_kernel<<<1, 1024, sizeof(int32_t) * (size_t)(E + 1), s>>>(blk, B, (int32_t)E, n, offsets,
-                                                                              token_ids, perm);
+                                                                              token_ids, perm, scale);
     sam::route_kernel<<<(unsigned)B, warps * 32, smem, s>>>(top_k_index, index_dtype, T, K, (int32_t)E, offsets,
-                                                            token_ids, perm, pos, 2, blk, rb);
+                                                            token_ids, perm, pos, 2, blk, rb, scale, weights,
+                                                            weights_dtype);
     const cudaError_t launched = cudaGetLastError();
     SAM_CUDA_TRY(cudaFreeAsync(blk, s), "moe_route");
     SAM_CUDA_TRY(launched, "moe_route");

@@ -139,11 +139,14 @@ int sam_ssmm_use_decode(const sam_ssmm_params *p);
 /* From top_k_index[T][K] (int32 or int64; ids >= E or < 0 are skipped):
  * offsets[E+1], token_ids[T*K] (token of each sorted row), perm[T*K]
  * (flat (t, k) of each sorted row), pos[T*K] (sorted row of each (t, k) or -1).
- * Stable: inside an expert, rows are in (t, k) order.  No host sync. */
+ * Stable: inside an expert, rows are in (t, k) order.  No host sync.  With scale
+ * (else NULL), also scale[T*K], each sorted row's routing weight from weights[T*K]
+ * of weights_dtype, as sam_moe_gather_weights_cuda gives it, in the same launch. */
 sam_status sam_moe_route_cuda(const void *top_k_index, sam_dtype index_dtype,
                               int64_t T, int64_t K, int64_t E,
                               int32_t *offsets, int32_t *token_ids, int32_t *perm,
-                              int32_t *pos, void *stream);
+                              int32_t *pos, float *scale, const void *weights,
+                              sam_dtype weights_dtype, void *stream);
 
 /* out[s] = w[perm[s]] as float for s < offsets[E], 0 after; w of dtype wt. */
 sam_status sam_moe_gather_weights_cuda(float *out, const void *w, sam_dtype wt,

@@ -137,16 +137,19 @@ def test_fused_equals_composed_ops(fmt, T, pattern, act, bias):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "2:4"])
-@pytest.mark.parametrize("T", [0, 3, 300])
+@pytest.mark.parametrize("T", [0, 3, 300, 1100])
 @pytest.mark.parametrize("impl", ["auto", "mma_sp", "decode"])
 def test_fused_equals_composed_ops_cuda(fmt, T, impl):
+    """moe_forward (routing weights gathered inside the routing launch) bit for bit against
+    route, gather_weights, ssmm, ssmm and combine as separate ops; T = 1100 (4400 pairs) takes
+    the multi-block routing, with bf16 routing weights."""
     gen = torch.Generator().manual_seed(torch.seed() % 2**31)
     K, E, H, I = 4, 12, 256, 384
     gu, dn = _layer(E, H, I, torch.bfloat16, gen, fmt)
     gu, dn = gu.to("cuda"), dn.to("cuda")
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
     idx = random_topk(T, K, E, "placeholder", gen).cuda()
-    w = torch.rand(T, K, generator=gen).cuda()
+    w = torch.rand(T, K, generator=gen).to(torch.bfloat16 if T > 1000 else torch.float32).cuda()
     gb = torch.randn(E, 2 * I, generator=gen).to(torch.bfloat16).cuda()
     out = _poisoned(x)
     got = moe_forward(x, idx, w, gu, dn, act="gptoss", gate_up_bias=gb, impl=impl, out=out)
