@@ -411,7 +411,11 @@ class SamoyedsMLP(nn.Module):
         return got[1]
 
     def _offsets(self, T: int, device: torch.device) -> torch.Tensor:
-        """``[0, T]`` as int32 on ``device``, made there (no copy from the host) and kept per T."""
+        """``[0, T]`` as int32 on ``device``, made there (no copy from the host) and kept per T;
+        while a CUDA graph is being captured, made afresh and not kept (a tensor made in a
+        capture holds its values only once the graph has run)."""
+        if torch.cuda.is_current_stream_capturing():
+            return torch.arange(2, dtype=torch.int32, device=device) * T
         cache = self.__dict__.setdefault("_offsets_cache", {})
         key = (device, T)
         got = cache.get(key)
