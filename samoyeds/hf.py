@@ -411,13 +411,14 @@ class SamoyedsMLP(nn.Module):
         return got[1]
 
     def _offsets(self, T: int, device: torch.device) -> torch.Tensor:
-        """``[0, T]`` as int32 on ``device``, made there (no copy from the host) and kept per T;
-        while a CUDA graph is being captured, made afresh and not kept (a tensor made in a
-        capture holds its values only once the graph has run)."""
+        """``[0, T]`` as int32 on ``device``, made there (no copy from the host) and kept per T
+        and stream (a call on another stream never reads it before it is written); while a
+        CUDA graph is being captured, made afresh and not kept (a tensor made in a capture
+        holds its values only once the graph has run)."""
         if torch.cuda.is_current_stream_capturing():
             return torch.arange(2, dtype=torch.int32, device=device) * T
         cache = self.__dict__.setdefault("_offsets_cache", {})
-        key = (device, T)
+        key = (device, T, torch.cuda.current_stream(device).cuda_stream)
         got = cache.get(key)
         if got is None:
             if len(cache) >= 64:
