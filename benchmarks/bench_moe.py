@@ -223,6 +223,8 @@ def block_arguments(ap: argparse.ArgumentParser, tokens: str) -> None:
     ap.add_argument("--tiny", action="store_true", help="shapes / 16, T <= 64: a quick CPU check of the script")
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shared-experts", action="store_true",
+                    help="pack the blocks' shared experts too (models without them are an error)")
 
 
 def block_run(args):
@@ -241,9 +243,9 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
     block = holder.block
     # the same masked weights for every method: pack, then unpack to masked dense
     sm.patch_model(holder, fmt, progress=False, shared_experts=shared)
-    packed_bytes = sm.hf.experts_weight_nbytes(holder)
+    packed_bytes = sm.hf.experts_weight_nbytes(holder, shared)
     sm.unpatch_model(holder)
-    dense_bytes = sm.hf.experts_weight_nbytes(holder)
+    dense_bytes = sm.hf.experts_weight_nbytes(holder, shared)
     # one holder per kind of weights: the dense one switches between the dense methods
     holders = {}
     for method in methods:
@@ -347,8 +349,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     block_arguments(ap, "1,16,64,256,4096,16384")
     ap.add_argument("--methods", default="eager,grouped_mm,samoyeds")
-    ap.add_argument("--shared-experts", action="store_true",
-                    help="pack the blocks' shared experts too (models without them are an error)")
     args = ap.parse_args()
     dtype, tokens = block_run(args)
     if args.tiny:

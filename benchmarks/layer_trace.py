@@ -124,8 +124,6 @@ def _print(row) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     block_arguments(ap, "4096,16384")
-    ap.add_argument("--shared-experts", action="store_true",
-                    help="pack the blocks' shared experts too (models without them are an error)")
     args = ap.parse_args()
     dtype, tokens = block_run(args)
     rows = []

@@ -543,11 +543,8 @@ def _patch_shared(st: _SharedTarget, fmt: SparseFormat, dims: tuple, method: Uni
 
 def _unpatch_shared(parent: nn.Module, attr: str) -> None:
     sm_mod: SamoyedsMLP = parent._modules[attr]
-    H, I = sm_mod.hidden, sm_mod.intermediate
-    dense = {}
-    for proj, shape in (("gate_up", (1, 2 * I, H)), ("down", (1, H, I))):
-        arrays = [getattr(sm_mod, f"samoyeds_{proj}_{a}") for a in _ARRAYS]
-        dense[proj] = unpack(PackedWeight(*arrays, sm_mod.fmt, shape, glu=proj == "gate_up"))[0]
+    I = sm_mod.intermediate
+    dense = {proj: unpack(sm_mod._packed(proj))[0] for proj in _PROJS}
     original = sm_mod._original
     rg = original.__dict__.pop("_samoyeds_requires_grad", False)
     for k, w in (("gate_proj", dense["gate_up"][:I]), ("up_proj", dense["gate_up"][I:]), ("down_proj", dense["down"])):
@@ -821,18 +818,21 @@ def is_patched(model: nn.Module) -> bool:
     return any(getattr(m, "_samoyeds", None) is not None or isinstance(m, SamoyedsMLP) for m in model.modules())
 
 
-def experts_weight_nbytes(model: nn.Module) -> int:
+def experts_weight_nbytes(model: nn.Module, shared_experts: bool = False) -> int:
     """Bytes held by the expert weight matrices (gate_up and down; biases excluded):
-    the dense Parameters, or the packed values, metadata and row indices."""
-    total = 0
-    for t in _find_experts(model):
+    the dense Parameters, or the packed values, metadata and row indices.  With
+    ``shared_experts``, the MoE blocks' shared-experts MLPs too (their dense ``nn.Linear``
+    weights, or a :class:`SamoyedsMLP`'s packed buffers)."""
+    packed_names = [f"samoyeds_{proj}_{a}" for proj in _PROJS for a in _ARRAYS]
+    held = []
+    targets = _find_experts(model)
+    for t in targets:
         mod = t.experts
-        if getattr(mod, "_samoyeds", None) is not None:
-            names = [f"samoyeds_{proj}_{a}" for proj in _PROJS for a in _ARRAYS]
+        names = packed_names if getattr(mod, "_samoyeds", None) is not None else ["gate_up_proj", "down_proj"]
+        held += [getattr(mod, n, None) for n in names]
+    for st in _find_shared(model, targets) if shared_experts else []:
+        if isinstance(st.mlp, SamoyedsMLP):
+            held += [getattr(st.mlp, n) for n in packed_names]
         else:
-            names = ["gate_up_proj", "down_proj"]
-        for n in names:
-            x = getattr(mod, n, None)
-            if x is not None:
-                total += x.numel() * x.element_size()
-    return total
+            held += [getattr(st.mlp._modules.get(k), "weight", None) for k in _MLP_PROJS]
+    return sum(x.numel() * x.element_size() for x in held if x is not None)

@@ -385,6 +385,29 @@ def test_shared_experts_packed_match_masked_eager(family):
     assert not any(isinstance(m, shf.SamoyedsMLP) for m in plain.modules())
 
 
+def test_experts_weight_nbytes_counts_shared_experts_on_request():
+    """experts_weight_nbytes(shared_experts=True) adds the shared MLPs: their Linear weights
+    when dense, their packed buffers when packed (fewer bytes); without it, routed experts only."""
+    model = _model("deepseek_v2", seed=81)
+
+    def shared_bytes(kind):
+        mods = [m for m in model.modules() if isinstance(m, kind)]
+        assert mods
+        if kind is shf.SamoyedsMLP:
+            return sum(b.numel() * b.element_size() for m in mods for b in m.buffers())
+        return sum(m.weight.numel() * m.weight.element_size()
+                   for n, m in model.named_modules() if isinstance(m, kind) and ".shared_experts." in f".{n}.")
+
+    dense_routed = shf.experts_weight_nbytes(model)
+    assert shf.experts_weight_nbytes(model, shared_experts=True) == dense_routed + shared_bytes(torch.nn.Linear)
+    dense_shared = shared_bytes(torch.nn.Linear)
+    sm.patch_model(model, FMT, progress=False, shared_experts=True)
+    packed_routed = shf.experts_weight_nbytes(model)
+    packed_shared = shared_bytes(shf.SamoyedsMLP)
+    assert shf.experts_weight_nbytes(model, shared_experts=True) == packed_routed + packed_shared
+    assert packed_routed < dense_routed and 0 < packed_shared < dense_shared
+
+
 def test_shared_experts_masks_method_errors_and_checkpoint(tmp_path):
     """Shared experts take precomputed masks and mask functions like the routed experts;
     bad masks and models without shared experts raise before anything changes; a model
