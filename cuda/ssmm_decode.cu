@@ -136,10 +136,275 @@ struct SliceWalk {
     }
 };
 
+// One warp's copy plan for a work item (expert e, row tile rt) and a token pass: where
+// each lane's 16-byte pieces of a k-tile come from.  Storage rows: tiles [0, MT/2) start
+// at base0, tiles [MT/2, MT) at base1 (GLU: the gate and up rows of the same condensed rows).
+template <typename T, typename Cf> struct DPlan {
+    static constexpr int M = Cf::M, MT = Cf::MT, NT = Cf::NT, ROWS = Cf::ROWS;
+    const T *a_src0, *a_src1;
+    const uint32_t *m_src;
+    const uint8_t *i_src;
+    const T *b_src[2 * NT];
+
+    __device__ __forceinline__ void item(const DParams &p, int e, int rt, int lane) {
+        int64_t base0, base1;
+        if (p.glu) {
+            const int64_t q0 = (int64_t)rt * (ROWS / 2);
+            base0 = sam_storage_index(1, 0, q0);
+            base1 = sam_storage_index(1, 1, q0);
+        } else {
+            base0 = (int64_t)rt * ROWS;
+            base1 = base0 + ROWS / 2;
+        }
+        const int64_t pitch = p.cp / 2;  // packed values per storage row
+        const T *vals = static_cast<const T *>(p.values) + (int64_t)e * p.rp * pitch;
+        // A: lane copies chunk lane%4 of local rows 8i + lane/4, i < 2*MT
+        a_src0 = vals + (base0 + (lane >> 2)) * pitch + (lane & 3) * 8;
+        a_src1 = vals + (base1 + (lane >> 2)) * pitch + (lane & 3) * 8;
+        // metadata: lane < 8*MT copies chunk lane%8 of row tile lane/8 (two k32 tiles = 128 bytes)
+        const int mi = lane >> 3;
+        const int64_t m_base = mi < MT ? (mi < MT / 2 ? base0 + 16 * mi : base1 + 16 * (mi - MT / 2)) : 0;
+        m_src = p.meta + ((int64_t)e * (p.rp / 16) + m_base / 16) * (p.cp / 32) * 16 + (lane & 7) * 4;
+        // indices: lane < MT copies the 16 bytes of row tile lane (at a slice start)
+        const int64_t i_base = lane < MT / 2 ? base0 + 16 * lane : base1 + 16 * (lane - MT / 2);
+        i_src = (M > 1 && lane < MT) ? p.idx + (int64_t)e * p.slices * p.rp + i_base : nullptr;
+    }
+    // B: lane copies chunk lane%8 of token rows lane/8 + 4i, i < 2*NT (tok: -1 = none)
+    __device__ __forceinline__ void tokens(const DParams &p, const int32_t *tok, int lane) {
+        const T *x = static_cast<const T *>(p.x);
+#pragma unroll
+        for (int i = 0; i < 2 * NT; i++) {
+            const int t = tok[(lane >> 3) + 4 * i];
+            b_src[i] = t >= 0 ? x + (int64_t)t * p.ldx + (lane & 7) * 8 : nullptr;
+        }
+    }
+    // k-tile kt into the stage at `base`; `fresh`: its slice differs from the previous
+    // copy's, so the row-selection indices of `slice` come too
+    __device__ __forceinline__ void issue(const DParams &p, uint32_t base, int kt, bool fresh, int slice,
+                                          int lane) const {
+        const int64_t pitch = p.cp / 2, ka = (int64_t)kt * 32;
+        const uint32_t a_dst = Cf::a_off(lane >> 2, lane & 3);  // + 512*i (the swizzle only uses row bits 1-2)
+#pragma unroll
+        for (int i = 0; i < 2 * MT; i++) {
+            const T *src = (i < MT ? a_src0 : a_src1) + (int64_t)(i % MT) * 8 * pitch + ka;
+            cp_async16(base + a_dst + 512 * i, src, true);
+        }
+        const int brow = lane >> 3, bch = lane & 7;
+        const bool col_ok = kt * 64 + bch * 8 < p.C;
+#pragma unroll
+        for (int i = 0; i < 2 * NT; i++) {
+            const bool ok = col_ok && b_src[i] != nullptr;
+            cp_async16(base + Cf::B_OFF + Cf::b_off(brow + 4 * i, bch), ok ? b_src[i] + kt * 64 : p.x, ok);
+        }
+        if ((lane >> 3) < MT)
+            cp_async16(base + Cf::META_OFF + (lane >> 3) * 128 + (lane & 7) * 16, m_src + (int64_t)kt * 32, true);
+        if (M > 1 && lane < MT && fresh) cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)slice * p.rp, true);
+    }
+};
+
+// A warp's k-tiles (64 columns each).  Interleaved (IL): warp, warp + W, ...: at any
+// moment the W warps read W*64 contiguous bytes of every row (DRAM page locality);
+// else a contiguous range.
+template <typename Cf> struct DRange {
+    static constexpr int KSTEP = Cf::IL ? Cf::W : 1;
+    int kt0, n_it, kt_end;
+    __device__ __forceinline__ DRange(const DParams &p, int warp) {
+        const int KT = (int)(p.cp / 64), W = Cf::W;
+        kt0 = Cf::IL ? warp : warp * KT / W;
+        n_it = Cf::IL ? (warp < KT ? (KT - warp + W - 1) / W : 0) : (warp + 1) * KT / W - kt0;
+        kt_end = kt0 + n_it * KSTEP;
+    }
+};
+
+// The first ST - 1 stages of the warp's range, one commit group each (empty past the
+// range).  cw walks the slices of the k-tiles copied (a k-tile whose slice differs from
+// the warp's previous one brings the row-selection indices).
+template <typename T, typename Cf>
+__device__ __forceinline__ void d_prologue(const DParams &p, const DPlan<T, Cf> &pl, const DRange<Cf> &r,
+                                           SliceWalk &cw, uint32_t wbase_u, int lane) {
+    cw.start(r.kt0, p.kps);
+#pragma unroll
+    for (int s = 0; s < Cf::ST - 1; s++) {
+        if (s < r.n_it) {
+            const bool fresh = s == 0 || cw.next(DRange<Cf>::KSTEP, p.kps);
+            pl.issue(p, wbase_u + s * Cf::STAGE, r.kt0 + s * DRange<Cf>::KSTEP, fresh, cw.slice, lane);
+        }
+        cp_async_commit();
+    }
+}
+
+// The warp's k-tiles through its ST-stage ring (d_prologue issued the first ST - 1):
+// MT x NT mma.sp m16n8k32 per 32 columns on ldmatrix fragments (weights = the sparse A
+// operand).  Row selection (1:M:V): M accumulator sets per condensed row, set 0 the one
+// mma writes, swapped whenever a k-tile lies in another slice than the warp's previous
+// one; perm: which row of its group each set holds.  Ends with every copy landed.
+template <typename T, typename Cf>
+__device__ __forceinline__ void d_kloop(const DParams &p, const DPlan<T, Cf> &pl, const DRange<Cf> &r,
+                                        SliceWalk &cw, unsigned char *wbase, int lane,
+                                        float (&acc)[Cf::M][Cf::MT][Cf::NT][4], uint32_t (&perm)[Cf::MT][2]) {
+    constexpr int M = Cf::M, MT = Cf::MT, NT = Cf::NT, ST = Cf::ST, KSTEP = DRange<Cf>::KSTEP;
+    const int g = lane >> 2, q = lane & 3;
+    const uint32_t wbase_u = smem_u32(wbase);
+    init_row_sets(acc, perm);
+    SliceWalk mw;
+    mw.start(r.kt0, p.kps);
+    int rd = 0;
+#pragma unroll 1
+    for (int kt = r.kt0; kt < r.kt_end; kt += KSTEP) {
+        cp_async_wait<ST - 2>();
+        __syncwarp();  // every lane's copies of k-tile kt landed; the slot refilled below is free
+        {
+            const int nk = kt + (ST - 1) * KSTEP;
+            if (nk < r.kt_end) {
+                const bool fresh = cw.next(KSTEP, p.kps);
+                pl.issue(p, wbase_u + (rd == 0 ? ST - 1 : rd - 1) * Cf::STAGE, nk, fresh, cw.slice, lane);
+            }
+            cp_async_commit();
+        }
+        const unsigned char *stage = wbase + rd * Cf::STAGE;
+        if (M > 1 && (kt == r.kt0 || mw.next(KSTEP, p.kps))) {
+            const uint8_t *idx_s = stage + Cf::IDX_OFF;
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const uint32_t want = idx_s[i * 16 + g + 8 * hh];
+                    select_row_set<M, NT>([&](int a, int j, int k) -> float & { return acc[a][i][j][k]; },
+                                          perm[i][hh], want, hh);
+                }
+        }
+        const uint32_t sa = smem_u32(stage);
+        const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(stage + Cf::META_OFF);
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            uint32_t af[MT][4], bf[NT][4], ef[MT];
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                const int row = i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int ch = 2 * ks + (lane >> 4);
+                ldmatrix_x4(sa + Cf::a_off(row, ch), af[i][0], af[i][1], af[i][2], af[i][3]);
+                ef[i] = mt_s[(i * 2 + ks) * 16 + 2 * g + (q & 1)];
+            }
+#pragma unroll
+            for (int jj = 0; jj < NT; jj++) {
+                const int rr = jj * 8 + (lane & 7);
+                const int ch = 4 * ks + (lane >> 3);
+                ldmatrix_x4(sa + Cf::B_OFF + Cf::b_off(rr, ch), bf[jj][0], bf[jj][1], bf[jj][2], bf[jj][3]);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int jj = 0; jj < NT; jj++) MmaSp<T>::run(acc[0][i][jj], af[i], bf[jj], ef[i]);
+        }
+        rd = rd + 1 == ST ? 0 : rd + 1;
+    }
+}
+
+// The warp's sums into a [BN][FS] fp32 tile: column = local row * M + row of its group.
+template <typename Cf>
+__device__ __forceinline__ void d_store_tile(float *tile, const float (&acc)[Cf::M][Cf::MT][Cf::NT][4],
+                                             const uint32_t (&perm)[Cf::MT][2], int lane) {
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < Cf::MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int lrow = i * 16 + g + 8 * hh;
+#pragma unroll
+            for (int a = 0; a < Cf::M; a++) {
+                const int c = lrow * Cf::M + (int)((perm[i][hh] >> (4 * a)) & 15u);
+#pragma unroll
+                for (int jj = 0; jj < Cf::NT; jj++) {
+                    const int ltok = jj * 8 + 2 * q;
+                    tile[ltok * Cf::FS + c] = acc[a][i][jj][2 * hh];
+                    tile[(ltok + 1) * Cf::FS + c] = acc[a][i][jj][2 * hh + 1];
+                }
+            }
+        }
+}
+
+// The NPART tiles at red summed in order, then the prefill epilogue semantics: bias,
+// SwiGLU / GPT-OSS (gate row i pairs with up row i: a GLU CTA takes ROWS/2 condensed
+// rows of the gate chunk and the same rows of the up chunk), routing scale, rounding
+// once to bf16/fp16, 16-byte stores.  Token pass at sorted row s0 of expert e, row tile
+// rt; tok: the pass's token ids (-1 = no row).  Shared by the CTA's threads.
+template <typename T, typename Cf, int NPART>
+__device__ __forceinline__ void d_epilogue(const DParams &p, const float *red, const int32_t *tok, int64_t s0,
+                                           int e, int rt, int tid) {
+    constexpr int ROWS = Cf::ROWS, M = Cf::M, BN = Cf::BN, FS = Cf::FS;
+    const bool gated = p.act != SAM_ACT_NONE;
+    const int OCOLS = gated ? ROWS / 2 * M : ROWS * M;  // output columns of this CTA
+    const int64_t col0 = gated ? (int64_t)rt * (ROWS / 2) * M : (int64_t)rt * ROWS * M;
+    const int64_t bias_up = gated ? p.R / 2 : 0;
+    T *out = static_cast<T *>(p.out);
+    const bool vec_ok = (p.ldo % 8 == 0) && ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0);
+    const int chunks = OCOLS / 8;
+#pragma unroll 1
+    for (int id = tid; id < BN * chunks; id += Cf::THREADS) {
+        const int ltok = id / chunks, ch = id % chunks;
+        if (tok[ltok] < 0) continue;
+        const int64_t s = s0 + ltok;
+        const float sc = p.scale ? p.scale[s] : 1.0f;
+        const int64_t c0 = col0 + ch * 8;
+        float v[8], u[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = u[k] = 0.0f;
+#pragma unroll 1
+        for (int w = 0; w < NPART; w++) {
+            const float *src = red + (w * BN + ltok) * FS + ch * 8;
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] += src[k];
+            if (gated) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) u[k] += src[OCOLS + k];
+            }
+        }
+        float y8[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int64_t col = c0 + k;
+            const bool in = col < p.out_cols;
+            float y = v[k];
+            if (p.bias && in) y += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + col);
+            if (gated) {
+                float uu = u[k];
+                if (p.bias && in) uu += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
+                y = gated_act(p, y, uu);
+            }
+            y8[k] = y * sc;
+        }
+        T *dst = out + s * p.ldo + c0;
+        if (vec_ok && c0 + 8 <= p.out_cols) {
+            uint4 pk;
+            pk.x = Elem<T>::pack2(y8[0], y8[1]);
+            pk.y = Elem<T>::pack2(y8[2], y8[3]);
+            pk.z = Elem<T>::pack2(y8[4], y8[5]);
+            pk.w = Elem<T>::pack2(y8[6], y8[7]);
+            *reinterpret_cast<uint4 *>(dst) = pk;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (c0 + k < p.out_cols) dst[k] = Elem<T>::from_f(y8[k]);
+        }
+    }
+}
+
+// The token ids of the pass at sorted row s0 of rows [s0, s_end): row i's token, or -1
+// (past the expert's rows, or an invalid id: it reads and writes nothing).
+__device__ __forceinline__ int32_t d_token(const DParams &p, int64_t s0, int64_t s_end, int i) {
+    const int64_t s = s0 + i;
+    int32_t t = -1;
+    if (s < s_end) {
+        const int64_t v = p.token_ids ? (int64_t)p.token_ids[s] : s;
+        if (v >= 0 && v < p.T) t = (int32_t)v;
+    }
+    return t;
+}
+
+// One CTA per work item (routed expert, row tile).
 template <typename T, typename Cf>
 __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DParams p) {
-    constexpr int M = Cf::M, MT = Cf::MT, NT = Cf::NT, W = Cf::W, ST = Cf::ST, BN = Cf::BN, ROWS = Cf::ROWS,
-                  THREADS = Cf::THREADS, FS = Cf::FS;
+    constexpr int BN = Cf::BN, THREADS = Cf::THREADS;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((128u - (smem_u32(smem_raw) & 127u)) & 127u);
     __shared__ int32_t tok_s[BN];
@@ -147,7 +412,6 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
     __shared__ int sh_e;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, q = lane & 3;
     const int rt = (int)(blockIdx.x % (unsigned)p.nrt), j = (int)(blockIdx.x / (unsigned)p.nrt);
     if (warp == 0) {
         int64_t b0 = 0, b1 = 0;
@@ -163,257 +427,244 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
     if (e < 0) return;
     const int64_t s_begin = sh_rows[0], s_end = sh_rows[1];
 
-    // storage rows: tiles [0, MT/2) start at base0, tiles [MT/2, MT) at base1
-    // (GLU: the gate and up rows of the same condensed rows)
-    int64_t base0, base1;
-    if (p.glu) {
-        const int64_t q0 = (int64_t)rt * (ROWS / 2);
-        base0 = sam_storage_index(1, 0, q0);
-        base1 = sam_storage_index(1, 1, q0);
-    } else {
-        base0 = (int64_t)rt * ROWS;
-        base1 = base0 + ROWS / 2;
-    }
-    const int64_t pitch = p.cp / 2;  // packed values per storage row
-    const T *vals = static_cast<const T *>(p.values) + (int64_t)e * p.rp * pitch;
-    const uint32_t *meta = p.meta + (int64_t)e * (p.rp / 16) * (p.cp / 32) * 16;
-    const T *x = static_cast<const T *>(p.x);
-
-    // this warp's k-tiles (64 columns each)
-    const int KT = (int)(p.cp / 64);
-    // interleaved (IL): k-tiles warp, warp + W, ...: at any moment the W warps read
-    // W*64 contiguous bytes of every row (DRAM page locality); else a contiguous range
-    constexpr int KSTEP = Cf::IL ? W : 1;
-    const int kt0 = Cf::IL ? warp : warp * KT / W;
-    const int n_it = Cf::IL ? (warp < KT ? (KT - warp + W - 1) / W : 0) : (warp + 1) * KT / W - kt0;
-    const int kt_end = kt0 + n_it * KSTEP;
-    // a k-tile whose slice differs from the warp's previous one selects rows anew; the
-    // slices of the k-tiles copied (cp) and computed (mm) are walked without a division
-    SliceWalk cp_walk, mm_walk;
-
-    // per-lane copy plan (fixed for the CTA)
-    // A: lane copies chunk lane%4 of local rows 8i + lane/4, i < 2*MT
-    const int arow = lane >> 2, ach = lane & 3;
-    const T *a_src0 = vals + (base0 + arow) * pitch + ach * 8;
-    const T *a_src1 = vals + (base1 + arow) * pitch + ach * 8;
-    const uint32_t a_dst = Cf::a_off(arow, ach);  // + 512*i (the swizzle only uses row bits 1-2)
-    // metadata: lane < 8*MT copies chunk lane%8 of row tile lane/8 (two k32 tiles = 128 bytes)
-    const int mi = lane >> 3, mc = lane & 7;
-    const bool m_load = mi < MT;
-    const int64_t m_base = m_load ? (mi < MT / 2 ? base0 + 16 * mi : base1 + 16 * (mi - MT / 2)) : 0;
-    const uint32_t *m_src = meta + (m_base / 16) * (p.cp / 32) * 16 + mc * 4;
-    // indices: lane < MT copies the 16 bytes of row tile lane (at a slice start)
-    const bool i_load = M > 1 && lane < MT;
-    const int64_t i_base = lane < MT / 2 ? base0 + 16 * lane : base1 + 16 * (lane - MT / 2);
-    const uint8_t *i_src = i_load ? p.idx + (int64_t)e * p.slices * p.rp + i_base : nullptr;
-    // B: lane copies chunk lane%8 of token rows lane/8 + 4i, i < 2*NT
-    const int brow = lane >> 3, bch = lane & 7;
-
+    DPlan<T, Cf> pl;
+    pl.item(p, e, rt, lane);
+    const DRange<Cf> r(p, warp);
+    SliceWalk cw;
     unsigned char *wbase = smem + warp * Cf::WARP_BYTES;
-    const uint32_t wbase_u = smem_u32(wbase);
-
-    const bool gated = p.act != SAM_ACT_NONE;
-    const int OCOLS = gated ? ROWS / 2 * M : ROWS * M;  // output columns of this CTA
-    const int64_t col0 = gated ? (int64_t)rt * (ROWS / 2) * M : (int64_t)rt * ROWS * M;
-    const int64_t bias_up = gated ? p.R / 2 : 0;
-    T *out = static_cast<T *>(p.out);
-    const bool vec_ok = (p.ldo % 8 == 0) && ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0);
+    float *red = reinterpret_cast<float *>(smem);
 
 #pragma unroll 1
     for (int64_t s0 = s_begin; s0 < s_end; s0 += BN) {
-        for (int i = tid; i < BN; i += THREADS) {
-            const int64_t s = s0 + i;
-            int32_t t = -1;
-            if (s < s_end) {
-                const int64_t v = p.token_ids ? (int64_t)p.token_ids[s] : s;
-                if (v >= 0 && v < p.T) t = (int32_t)v;
-            }
-            tok_s[i] = t;
-        }
+        for (int i = tid; i < BN; i += THREADS) tok_s[i] = d_token(p, s0, s_end, i);
         __syncthreads();
-        const T *b_src[2 * NT];
-#pragma unroll
-        for (int i = 0; i < 2 * NT; i++) {
-            const int t = tok_s[brow + 4 * i];
-            b_src[i] = t >= 0 ? x + (int64_t)t * p.ldx + bch * 8 : nullptr;
-        }
-
-        // k-tile kt into stage st; `fresh`: its slice differs from the previous copy's
-        auto issue = [&](int st, int kt, bool fresh) {
-            const uint32_t base = wbase_u + st * Cf::STAGE;
-            const int64_t ka = (int64_t)kt * 32;
-#pragma unroll
-            for (int i = 0; i < 2 * MT; i++) {
-                const T *src = (i < MT ? a_src0 : a_src1) + (int64_t)(i % MT) * 8 * pitch + ka;
-                cp_async16(base + a_dst + 512 * i, src, true);
-            }
-            const int col = kt * 64 + bch * 8;
-            const bool col_ok = col < p.C;
-#pragma unroll
-            for (int i = 0; i < 2 * NT; i++) {
-                const bool ok = col_ok && b_src[i] != nullptr;
-                cp_async16(base + Cf::B_OFF + Cf::b_off(brow + 4 * i, bch), ok ? b_src[i] + kt * 64 : x, ok);
-            }
-            if (m_load) cp_async16(base + Cf::META_OFF + mi * 128 + mc * 16, m_src + (int64_t)kt * 32, true);
-            if (M > 1 && i_load && fresh)
-                cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)cp_walk.slice * p.rp, true);
-        };
-
-        // perm[i][hh]: 4 bits per set a: which row of its group set a holds
-        // (set 0 is the one mma writes: the row selected in the current slice)
-        float acc[M][MT][NT][4];
-        uint32_t perm[MT][2];
-        init_row_sets(acc, perm);
-        auto select_rows = [&](const unsigned char *stage) {
-            const uint8_t *idx_s = stage + Cf::IDX_OFF;
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const uint32_t want = idx_s[i * 16 + g + 8 * hh];
-                    select_row_set<M, NT>([&](int a, int j, int k) -> float & { return acc[a][i][j][k]; },
-                                          perm[i][hh], want, hh);
-                }
-        };
-
-        // ---- this warp's K range through its own pipeline
-        cp_walk.start(kt0, p.kps);
-        mm_walk.start(kt0, p.kps);
-#pragma unroll
-        for (int s = 0; s < ST - 1; s++) {
-            if (s < n_it) issue(s, kt0 + s * KSTEP, s == 0 || cp_walk.next(KSTEP, p.kps));
-            cp_async_commit();
-        }
-        int rd = 0;
-#pragma unroll 1
-        for (int kt = kt0; kt < kt_end; kt += KSTEP) {
-            cp_async_wait<ST - 2>();
-            __syncwarp();  // every lane's copies of k-tile kt landed; the slot refilled below is free
-            {
-                const int nk = kt + (ST - 1) * KSTEP;
-                if (nk < kt_end) issue(rd == 0 ? ST - 1 : rd - 1, nk, cp_walk.next(KSTEP, p.kps));
-                cp_async_commit();
-            }
-            const unsigned char *stage = wbase + rd * Cf::STAGE;
-            if (M > 1 && (kt == kt0 || mm_walk.next(KSTEP, p.kps))) select_rows(stage);
-            const uint32_t sa = smem_u32(stage);
-            const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(stage + Cf::META_OFF);
-#pragma unroll
-            for (int ks = 0; ks < 2; ks++) {
-                uint32_t af[MT][4], bf[NT][4], ef[MT];
-#pragma unroll
-                for (int i = 0; i < MT; i++) {
-                    const int row = i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                    const int ch = 2 * ks + (lane >> 4);
-                    ldmatrix_x4(sa + Cf::a_off(row, ch), af[i][0], af[i][1], af[i][2], af[i][3]);
-                    ef[i] = mt_s[(i * 2 + ks) * 16 + 2 * g + (q & 1)];
-                }
-#pragma unroll
-                for (int jj = 0; jj < NT; jj++) {
-                    const int r = jj * 8 + (lane & 7);
-                    const int ch = 4 * ks + (lane >> 3);
-                    ldmatrix_x4(sa + Cf::B_OFF + Cf::b_off(r, ch), bf[jj][0], bf[jj][1], bf[jj][2], bf[jj][3]);
-                }
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-#pragma unroll
-                    for (int jj = 0; jj < NT; jj++) MmaSp<T>::run(acc[0][i][jj], af[i], bf[jj], ef[i]);
-            }
-            rd = rd + 1 == ST ? 0 : rd + 1;
-        }
+        pl.tokens(p, tok_s, lane);
+        float acc[Cf::M][Cf::MT][Cf::NT][4];
+        uint32_t perm[Cf::MT][2];
+        d_prologue(p, pl, r, cw, smem_u32(wbase), lane);
+        d_kloop(p, pl, r, cw, wbase, lane, acc, perm);
         cp_async_wait<0>();
-        __syncthreads();  // every warp is done with its pipeline: the tile below overlays it
-
-        // ---- partial tiles -> shared memory [W][BN][FS]
-        float *red = reinterpret_cast<float *>(smem);
-        float *mine = red + warp * BN * FS;
-#pragma unroll
-        for (int i = 0; i < MT; i++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int lrow = i * 16 + g + 8 * hh;
-#pragma unroll
-                for (int a = 0; a < M; a++) {
-                    const int c = lrow * M + (int)((perm[i][hh] >> (4 * a)) & 15u);
-#pragma unroll
-                    for (int jj = 0; jj < NT; jj++) {
-                        const int ltok = jj * 8 + 2 * q;
-                        mine[ltok * FS + c] = acc[a][i][jj][2 * hh];
-                        mine[(ltok + 1) * FS + c] = acc[a][i][jj][2 * hh + 1];
-                    }
-                }
-            }
+        __syncthreads();  // every warp is done with its pipeline: the tiles below overlay it
+        d_store_tile<Cf>(red + warp * BN * Cf::FS, acc, perm, lane);
         __syncthreads();
-
-        // ---- fixed-order reduction over warps, epilogue, 16-byte stores
-        const int chunks = OCOLS / 8;
-#pragma unroll 1
-        for (int id = tid; id < BN * chunks; id += THREADS) {
-            const int ltok = id / chunks, ch = id % chunks;
-            if (tok_s[ltok] < 0) continue;
-            const int64_t s = s0 + ltok;
-            const float sc = p.scale ? p.scale[s] : 1.0f;
-            const int64_t c0 = col0 + ch * 8;
-            float v[8], u[8];
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = u[k] = 0.0f;
-#pragma unroll 1
-            for (int w = 0; w < W; w++) {
-                const float *src = red + (w * BN + ltok) * FS + ch * 8;
-#pragma unroll
-                for (int k = 0; k < 8; k++) v[k] += src[k];
-                if (gated) {
-#pragma unroll
-                    for (int k = 0; k < 8; k++) u[k] += src[OCOLS + k];
-                }
-            }
-            float y8[8];
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const int64_t col = c0 + k;
-                const bool in = col < p.out_cols;
-                float y = v[k];
-                if (p.bias && in) y += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + col);
-                if (gated) {
-                    float uu = u[k];
-                    if (p.bias && in) uu += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
-                    y = gated_act(p, y, uu);
-                }
-                y8[k] = y * sc;
-            }
-            T *dst = out + s * p.ldo + c0;
-            if (vec_ok && c0 + 8 <= p.out_cols) {
-                uint4 pk;
-                pk.x = Elem<T>::pack2(y8[0], y8[1]);
-                pk.y = Elem<T>::pack2(y8[2], y8[3]);
-                pk.z = Elem<T>::pack2(y8[4], y8[5]);
-                pk.w = Elem<T>::pack2(y8[6], y8[7]);
-                *reinterpret_cast<uint4 *>(dst) = pk;
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; k++)
-                    if (c0 + k < p.out_cols) dst[k] = Elem<T>::from_f(y8[k]);
-            }
-        }
+        d_epilogue<T, Cf, Cf::W>(p, red, tok_s, s0, e, rt, tid);
         __syncthreads();  // the next pass rewrites tok_s and the pipeline
     }
 }
 
-template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
+// ---- persistent: a CTA walks work items blockIdx.x + n * gridDim.x --------------------------
+//
+// Each warp's ring runs on from one token pass to the next: the next pass's first ST - 1
+// stages are requested before this pass's partial sums are reduced and stored, so the
+// reduction and epilogue overlap the next weights' loads, and a CTA finds its experts once
+// (one pass over the offsets for all its items).  The partial sums leave the warps through
+// their own shared memory (not the ring's): warps 1..W-1 hand theirs to warp 0 unpermuted,
+// warp 0 adds them in warp order (the sums of the one-CTA-per-item kernel, bit for bit) and
+// lays the tile out for the epilogue.
+
+constexpr int DP_ITEMS = 32;  // work items per persistent CTA at most (the launcher sizes the grid)
+
+template <typename Cf> struct DPersist {
+    static constexpr int NACC = Cf::M * Cf::MT * Cf::NT * 4;  // accumulators per thread
+    static constexpr int HANDOVER = (Cf::W - 1) * NACC * 32 * 4;
+    static constexpr int TILE = Cf::BN * Cf::FS * 4;
+    static constexpr int RED = HANDOVER > TILE ? HANDOVER : TILE;
+    static constexpr int SMEM = Cf::PIPE + RED + 128;
+};
+
+// This CTA's work items blockIdx.x + n * gridDim.x (item = j * nrt + rt, j the j-th expert
+// with rows in [0, S)): their experts and row ranges into the tables, in one pass over the
+// offsets.  Run by one whole warp; returns how many items exist (<= DP_ITEMS).
+__device__ __forceinline__ int routed_items(const DParams &p, int lane, int *te, int64_t *tb0, int64_t *tb1) {
+    constexpr int RCH = 8;
+    int run = 0, n = 0;
+    int64_t item = blockIdx.x;
+    for (int e0 = 0; e0 < p.E && n < DP_ITEMS; e0 += 32 * RCH) {
+        int32_t lo[RCH], hi[RCH];
+#pragma unroll
+        for (int c = 0; c < RCH; c++) {
+            const int e = e0 + 32 * c + lane;
+            lo[c] = hi[c] = 0;
+            if (e < p.E) {
+                lo[c] = p.offsets[e];
+                hi[c] = p.offsets[e + 1];
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < RCH; c++) {
+            const int64_t a = max(0, lo[c]), b = min((int64_t)hi[c], p.S);
+            const unsigned bal = __ballot_sync(0xffffffffu, b > a);
+            const int cnt = __popc(bal);
+            while (n < DP_ITEMS && item / p.nrt < run + cnt) {  // (warp-uniform)
+                unsigned bb = bal;
+                for (int k = (int)(item / p.nrt) - run; k > 0; k--) bb &= bb - 1;
+                const int src = __ffs(bb) - 1;
+                const int64_t b0 = __shfl_sync(0xffffffffu, a, src), b1 = __shfl_sync(0xffffffffu, b, src);
+                if (lane == 0) {
+                    te[n] = e0 + 32 * c + src;
+                    tb0[n] = b0;
+                    tb1[n] = b1;
+                }
+                n++;
+                item += gridDim.x;
+            }
+            run += cnt;
+        }
+    }
+    return n;
+}
+
+template <typename T, typename Cf>
+__global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_persistent_kernel(const DParams p) {
+    constexpr int M = Cf::M, MT = Cf::MT, NT = Cf::NT, BN = Cf::BN, W = Cf::W;
+    static_assert(BN <= Cf::THREADS, "one token id per thread");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((128u - (smem_u32(smem_raw) & 127u)) & 127u);
+    __shared__ int32_t tok_s[2][BN];
+    __shared__ int it_e[DP_ITEMS];
+    __shared__ int64_t it_b0[DP_ITEMS], it_b1[DP_ITEMS];
+    __shared__ int sh_n;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (warp == 0) {
+        const int n = routed_items(p, lane, it_e, it_b0, it_b1);
+        if (lane == 0) sh_n = n;
+    }
+    __syncthreads();
+    const int n_items = sh_n;
+    if (n_items == 0) return;
+    auto rt_of = [&](int n) { return (int)(((int64_t)blockIdx.x + (int64_t)n * gridDim.x) % p.nrt); };
+
+    DPlan<T, Cf> pl;
+    const DRange<Cf> r(p, warp);
+    SliceWalk cw;
+    unsigned char *wbase = smem + warp * Cf::WARP_BYTES;
+    float *red = reinterpret_cast<float *>(smem + Cf::PIPE);
+    float2 *hand = reinterpret_cast<float2 *>(red);
+
+    int n = 0, buf = 0;
+    int64_t s0 = it_b0[0];
+    if (tid < BN) tok_s[0][tid] = d_token(p, s0, it_b1[0], tid);
+    __syncthreads();
+    pl.item(p, it_e[0], rt_of(0), lane);
+    pl.tokens(p, tok_s[0], lane);
+    d_prologue(p, pl, r, cw, smem_u32(wbase), lane);
+#pragma unroll 1
+    for (;;) {
+        // the next token pass: this item's next one, or the next item's first
+        int nn = n;
+        int64_t ns0 = s0 + BN;
+        if (ns0 >= it_b1[n]) {
+            nn = n + 1;
+            ns0 = nn < n_items ? it_b0[nn] : 0;
+        }
+        const bool more = nn < n_items;
+        int32_t tnext = -1;  // its token ids, loaded while this pass streams
+        if (more && tid < BN) tnext = d_token(p, ns0, it_b1[nn], tid);
+
+        float acc[M][MT][NT][4];
+        uint32_t perm[MT][2];
+        d_kloop(p, pl, r, cw, wbase, lane, acc, perm);
+        __syncthreads();  // the previous pass's epilogue is done with red and tok_s[buf ^ 1]
+        if (tid < BN) tok_s[buf ^ 1][tid] = tnext;
+        if (warp > 0) {
+            float2 *mine = hand + (warp - 1) * (DPersist<Cf>::NACC / 2) * 32;
+#pragma unroll
+            for (int a = 0; a < M; a++)
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int rg = (int)((perm[i][hh] >> (4 * a)) & 15u);
+#pragma unroll
+                        for (int jj = 0; jj < NT; jj++)
+                            mine[(((rg * MT + i) * NT + jj) * 2 + hh) * 32 + lane] =
+                                make_float2(acc[a][i][jj][2 * hh], acc[a][i][jj][2 * hh + 1]);
+                    }
+        }
+        __syncthreads();
+        const int e = it_e[n], rt = rt_of(n);
+        const int64_t s_ep = s0;
+        if (more) {  // the next pass's first stages stream during the reduction and epilogue
+            pl.item(p, it_e[nn], rt_of(nn), lane);
+            pl.tokens(p, tok_s[buf ^ 1], lane);
+            d_prologue(p, pl, r, cw, smem_u32(wbase), lane);
+        }
+        if (warp == 0) {
+#pragma unroll 1
+            for (int w = 1; w < W; w++) {
+                const float2 *theirs = hand + (w - 1) * (DPersist<Cf>::NACC / 2) * 32;
+#pragma unroll
+                for (int a = 0; a < M; a++)
+#pragma unroll
+                    for (int i = 0; i < MT; i++)
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            const int rg = (int)((perm[i][hh] >> (4 * a)) & 15u);
+#pragma unroll
+                            for (int jj = 0; jj < NT; jj++) {
+                                const float2 v = theirs[(((rg * MT + i) * NT + jj) * 2 + hh) * 32 + lane];
+                                acc[a][i][jj][2 * hh] += v.x;
+                                acc[a][i][jj][2 * hh + 1] += v.y;
+                            }
+                        }
+            }
+            __syncwarp();  // the hand-over is read: the tile overlays it
+            d_store_tile<Cf>(red, acc, perm, lane);
+        }
+        __syncthreads();
+        d_epilogue<T, Cf, 1>(p, red, tok_s[buf], s_ep, e, rt, tid);
+        if (!more) break;
+        n = nn;
+        s0 = ns0;
+        buf ^= 1;
+    }
+}
+
+// P: the persistent kernel, a grid of at most the CTAs that fit on the device at once
+// (and at least enough that no CTA has more than DP_ITEMS work items).
+template <typename T, typename Cf, bool P = false>
+sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     DParams k;
     static_cast<SsmmArgs &>(k) = ssmm_args(ps);
     k.kps = Cf::M > 1 ? ps->f.v / 64 : (1 << 30);
     k.nrt = (int)(ps->d.rp / Cf::ROWS);
     const int64_t routed = std::min<int64_t>(ps->d.E, ps->S);  // experts that can own a row
-    const int64_t grid = (int64_t)k.nrt * routed;
-    if (grid == 0) return SAM_STATUS_OK;
+    const int64_t items = (int64_t)k.nrt * routed;
+    if (items == 0) return SAM_STATUS_OK;
+    void (*kernel)(DParams);
+    int smem;
+    if constexpr (P) {
+        kernel = ssmm_decode_persistent_kernel<T, Cf>;
+        smem = DPersist<Cf>::SMEM;
+    } else {
+        kernel = ssmm_decode_kernel<T, Cf>;
+        smem = Cf::SMEM;
+    }
+    int64_t grid = items;
+    if (P) {
+        // CTAs per SM: asked once per process and device (the attribute below is set first)
+        static int per_sm[64];
+        int dev = 0;
+        SAM_CUDA_TRY(cudaGetDevice(&dev), "ssmm");
+        int occ = dev < 64 ? per_sm[dev] : 0;
+        if (occ == 0) {
+            SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "ssmm");
+            SAM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, Cf::THREADS, smem), "ssmm");
+            occ = std::max(occ, 1);
+            if (dev < 64) per_sm[dev] = occ;
+        }
+        // SAMOYEDS_DECODE_CTAS > 0 caps the grid lower (tests walk many items per CTA)
+        const int cap = env_int("SAMOYEDS_DECODE_CTAS", 0);
+        const int64_t fit = cap > 0 ? cap : (int64_t)occ * device_sm_count();
+        grid = std::max(std::min(items, fit), (items + DP_ITEMS - 1) / DP_ITEMS);
+    }
     if (grid > INT32_MAX) {
         set_error("ssmm: problem too large for one decode launch (%lld CTAs)", (long long)grid);
         return SAM_STATUS_UNSUPPORTED;
     }
-    auto kernel = ssmm_decode_kernel<T, Cf>;
-    SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cf::SMEM), "ssmm");
-    kernel<<<(unsigned)grid, Cf::THREADS, Cf::SMEM, stream>>>(k);
+    SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "ssmm");
+    kernel<<<(unsigned)grid, Cf::THREADS, smem, stream>>>(k);
     return launch_status("ssmm");
 }
 
@@ -455,6 +706,10 @@ template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *
     if (variant == 4) return launch<T, DCfg<M, 2, NT, 4, 4>>(ps, s);
     if (variant == 5) return launch<T, DCfg<M, 4, NT, 4, 2>>(ps, s);
     if (variant == 6) return launch<T, DCfg<M, 4, NT, 2, 3>>(ps, s);
+    if (variant == 9) return launch<T, DCfg<M, 4, NT, 2, 3>, true>(ps, s);
+    if (variant == 10) return launch<T, DCfg<M, 4, NT, 2, 4>, true>(ps, s);
+    if (variant == 11) return launch<T, DCfg<M, 2, NT, 2, 4>, true>(ps, s);
+    if (variant == 12) return launch<T, DCfg<M, 4, NT, 4, 3>, true>(ps, s);
     return launch<T, DCfg<M, 4, NT, 4, 4>>(ps, s);
 }
 
