@@ -276,14 +276,17 @@ def decode_table(d: dict) -> str:
     """The decode kernel: achieved bandwidth over the routed experts' packed bytes, and the block."""
     rows = ["| model | projection | T | routed rows S | experts read | MB read | decode kernel | TB/s | of device copy "
             "| mma.sp | wgmma.sp |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    blocks = ["| model | T | MoE block, impl auto | decode | mma.sp | wgmma.sp | auto vs mma.sp |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+    serial = any("auto/serial" in r.get("ms", {}) for r in d.get("rows", []) if r.get("proj") == "block")
+    blocks = ["| model | T | MoE block, impl auto | " + ("launches one after another | " if serial else "")
+              + "decode | mma.sp | wgmma.sp | auto vs mma.sp |",
+              "|---|---:|---:|" + ("---:|" if serial else "") + "---:|---:|---:|---:|"]
     for r in d.get("rows", []):
         m = r.get("ms", {})
         if r.get("proj") == "block":
             if m.get("auto") and m.get("mma_sp"):
-                blocks.append(f"| {r['model']} | {r['T']} | {m['auto']:.3f} ms | {_f(m.get('decode'), '.3f')} ms | {m['mma_sp']:.3f} ms | "
-                              f"{_f(m.get('wgmma_sp'), '.3f')} ms | {_x(m['mma_sp'] / m['auto'])} |")
+                ser = f"{_f(m.get('auto/serial'), '.3f')} ms | " if serial else ""
+                blocks.append(f"| {r['model']} | {r['T']} | {m['auto']:.3f} ms | {ser}{_f(m.get('decode'), '.3f')} ms | "
+                              f"{m['mma_sp']:.3f} ms | {_f(m.get('wgmma_sp'), '.3f')} ms | {_x(m['mma_sp'] / m['auto'])} |")
             continue
         if "decode_ms" not in r:
             continue

@@ -994,6 +994,7 @@ PyObject *sam_py_moe_forward(PyObject *self, PyObject *args, PyObject *kw)
     d->alpha = alpha; d->limit = limit;
     d->out = base + L.y; d->ldo = H;
     d->impl = impl;
+    d->offsets_ready = 1;  /* routed two launches back (cuda/samoyeds_cuda.h) */
     int status;
     if (c.cuda) {
 #if SAM_WITH_CUDA

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "samoyeds_cuda.h"
 
@@ -39,6 +40,48 @@ int env_int(const char *name, int dflt);
 
 // Streaming multiprocessors of the current device, cached per device (0 when unknown).
 int device_sm_count();
+
+// ---- programmatic dependent launch (sm_90+) -------------------------------------------
+//
+// A kernel launched with pdl = true may be scheduled while the kernel before it on the
+// stream is still running (once every CTA of that one has called pdl_trigger() or
+// ended).  Such a kernel calls pdl_wait() in every CTA before it reads what an earlier
+// kernel writes, writes what an earlier kernel reads, or ends: pdl_wait() returns once
+// the kernel before has completed and its writes are visible.  Both are no-ops on a
+// kernel launched without the attribute and below sm_90.
+
+// Whether the current device runs programmatic dependent launches (compute capability 9.0
+// or newer) and SAMOYEDS_PDL is not 0; cached per device, the variable read per call.
+bool pdl_enabled();
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          bool pdl, Args &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    if (pdl) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 // ---- element types ----------------------------------------------------------------
 

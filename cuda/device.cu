@@ -45,6 +45,23 @@ int device_sm_count() {
     return cache[dev];
 }
 
+bool pdl_enabled() {
+    static int cache[64];  // 0: not asked yet, 1: no, 2: yes
+    int dev = 0;
+    if (env_int("SAMOYEDS_PDL", 1) == 0) return false;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return false;
+    }
+    if (cache[dev] == 0) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) major = 0;
+        cudaGetLastError();
+        cache[dev] = major >= 9 ? 2 : 1;
+    }
+    return cache[dev] == 2;
+}
+
 }  // namespace sam
 
 extern "C" {

@@ -62,6 +62,8 @@ __global__ void route_kernel(const void *top_k_index, sam_dtype it, int64_t T, i
                              int32_t *offsets, int32_t *token_ids, int32_t *perm, int32_t *pos, int mode,
                              int32_t *blk, int64_t rb, float *scale, const void *w, sam_dtype wt) {
     extern __shared__ int32_t sm[];  // cnt[warps][E], then tot[E + 1]
+    pdl_wait();  // (mode 0 is a programmatic dependent launch: common.cuh)
+    pdl_trigger();
     const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int32_t *cnt = sm, *tot = sm + warps * E;
     const int64_t n = T * K;
@@ -178,6 +180,7 @@ template <> __device__ __forceinline__ float2 load2<float>(const float *p) { ret
 template <typename TY, typename TO>
 __global__ void combine_kernel(TO *out, const TY *y, const int32_t *pos, int64_t T, int64_t K, int64_t H,
                                int64_t ldy, int64_t S) {
+    pdl_wait();  // a programmatic dependent launch (common.cuh)
     const int64_t pairs = (H + 1) / 2;
     const int64_t gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (gid >= T * pairs) return;
@@ -207,6 +210,7 @@ template <typename TY, typename TO>
 __global__ void combine_kernel_v8(TO *out, const TY *y, const int32_t *pos, int64_t K, int64_t H, int64_t ldy,
                                   int64_t S) {
     static_assert(sizeof(TY) == 2, "2-byte y");
+    pdl_wait();  // a programmatic dependent launch (common.cuh)
     const int64_t t = blockIdx.x;
     for (int64_t h = (int64_t)threadIdx.x * 8; h < H; h += (int64_t)blockDim.x * 8) {
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -250,21 +254,23 @@ sam_status combine_out(void *out, sam_dtype ot, const TY *y, const int32_t *pos,
     if constexpr (sizeof(TY) == 2) {
         if (H % 8 == 0 && ldy % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0 &&
             (reinterpret_cast<uintptr_t>(out) & 15) == 0 && T <= INT32_MAX) {
-            const unsigned threads = (unsigned)std::min<int64_t>(256, std::max<int64_t>(32, H / 8));
+            const dim3 grid((unsigned)T), block((unsigned)std::min<int64_t>(256, std::max<int64_t>(32, H / 8)));
+            const bool pdl = pdl_enabled();
             switch (ot) {
-            case SAM_BF16: combine_kernel_v8<TY, __nv_bfloat16><<<(unsigned)T, threads, 0, stream>>>((__nv_bfloat16 *)out, y, pos, K, H, ldy, S); break;
-            case SAM_F16: combine_kernel_v8<TY, __half><<<(unsigned)T, threads, 0, stream>>>((__half *)out, y, pos, K, H, ldy, S); break;
-            case SAM_F32: combine_kernel_v8<TY, float><<<(unsigned)T, threads, 0, stream>>>((float *)out, y, pos, K, H, ldy, S); break;
+            case SAM_BF16: SAM_CUDA_TRY(launch_kernel(combine_kernel_v8<TY, __nv_bfloat16>, grid, block, 0, stream, pdl, (__nv_bfloat16 *)out, y, pos, K, H, ldy, S), "moe_combine"); break;
+            case SAM_F16: SAM_CUDA_TRY(launch_kernel(combine_kernel_v8<TY, __half>, grid, block, 0, stream, pdl, (__half *)out, y, pos, K, H, ldy, S), "moe_combine"); break;
+            case SAM_F32: SAM_CUDA_TRY(launch_kernel(combine_kernel_v8<TY, float>, grid, block, 0, stream, pdl, (float *)out, y, pos, K, H, ldy, S), "moe_combine"); break;
             default: set_error("moe_combine: unsupported output dtype"); return SAM_STATUS_UNSUPPORTED;
             }
             return launch_status("moe_combine");
         }
     }
-    const unsigned blocks = (unsigned)ceil_div(n, 256);
+    const dim3 grid((unsigned)ceil_div(n, 256)), block(256);
+    const bool pdl = pdl_enabled();
     switch (ot) {
-    case SAM_BF16: combine_kernel<TY, __nv_bfloat16><<<blocks, 256, 0, stream>>>((__nv_bfloat16 *)out, y, pos, T, K, H, ldy, S); break;
-    case SAM_F16: combine_kernel<TY, __half><<<blocks, 256, 0, stream>>>((__half *)out, y, pos, T, K, H, ldy, S); break;
-    case SAM_F32: combine_kernel<TY, float><<<blocks, 256, 0, stream>>>((float *)out, y, pos, T, K, H, ldy, S); break;
+    case SAM_BF16: SAM_CUDA_TRY(launch_kernel(combine_kernel<TY, __nv_bfloat16>, grid, block, 0, stream, pdl, (__nv_bfloat16 *)out, y, pos, T, K, H, ldy, S), "moe_combine"); break;
+    case SAM_F16: SAM_CUDA_TRY(launch_kernel(combine_kernel<TY, __half>, grid, block, 0, stream, pdl, (__half *)out, y, pos, T, K, H, ldy, S), "moe_combine"); break;
+    case SAM_F32: SAM_CUDA_TRY(launch_kernel(combine_kernel<TY, float>, grid, block, 0, stream, pdl, (float *)out, y, pos, T, K, H, ldy, S), "moe_combine"); break;
     default: set_error("moe_combine: unsupported output dtype"); return SAM_STATUS_UNSUPPORTED;
     }
     return launch_status("moe_combine");
@@ -289,9 +295,10 @@ extern "C" sam_status sam_moe_route_cuda(const void *top_k_index, sam_dtype inde
                  "moe_route");
     const int64_t n = T * K;
     if (n <= 2 * sam::RB) {  // one CTA
-        sam::route_kernel<<<1, warps * 32, smem, s>>>(top_k_index, index_dtype, T, K, (int32_t)E, offsets,
-                                                      token_ids, perm, pos, 0, nullptr, 0, scale, weights,
-                                                      weights_dtype);
+        SAM_CUDA_TRY(sam::launch_kernel(sam::route_kernel, dim3(1), dim3(warps * 32), smem, s, sam::pdl_enabled(),
+                                        top_k_index, index_dtype, T, K, (int32_t)E, offsets, token_ids, perm, pos,
+                                        0, (int32_t *)nullptr, (int64_t)0, scale, weights, weights_dtype),
+                     "moe_route");
         return sam::launch_status("moe_route");
     }
     const int64_t rb = std::max(sam::RB, sam::ceil_div(n, sam::RB_BLOCKS)), B = sam::ceil_div(n, rb);

@@ -117,6 +117,14 @@ typedef struct sam_ssmm_params {
     int impl;                /* 0: best for the device (the decode kernel when
                                 sam_ssmm_use_decode(p)); 1: mma.sp; 2: wgmma.sp
                                 (sm_90a); 3: decode (split-K, cuda/ssmm_decode.cu) */
+    int offsets_ready;       /* 1: offsets were complete before the kernel launched just
+                                before this one on the stream let its dependents start
+                                (samoyeds kernels do so only after their own wait for the
+                                kernel before them): moe_forward's down projection, whose
+                                offsets come from the routing two launches back.  The
+                                decode kernel then finds its expert and requests weights
+                                while that kernel ends (programmatic dependent launch).
+                                0 for any other call. */
 } sam_ssmm_params;
 
 sam_status sam_ssmm_cuda(const sam_ssmm_params *p, void *stream);

@@ -80,8 +80,9 @@ template <int M_, int MT_, int NT_, int W_, int ST_, bool IL_ = true> struct DCf
 };
 
 struct DParams : SsmmArgs {
-    int kps;  // k-tiles (64 columns) per slice; 1 << 30 without row selection
-    int nrt;  // row tiles per expert
+    int kps;    // k-tiles (64 columns) per slice; 1 << 30 without row selection
+    int nrt;    // row tiles per expert
+    int early;  // offsets and weights may be read before pdl_wait() (sam_ssmm_params.offsets_ready)
 };
 
 // The j-th expert (in expert order) that owns at least one sorted row in
@@ -178,10 +179,10 @@ template <typename T, typename Cf> struct DPlan {
             b_src[i] = t >= 0 ? x + (int64_t)t * p.ldx + (lane & 7) * 8 : nullptr;
         }
     }
-    // k-tile kt into the stage at `base`; `fresh`: its slice differs from the previous
-    // copy's, so the row-selection indices of `slice` come too
-    __device__ __forceinline__ void issue(const DParams &p, uint32_t base, int kt, bool fresh, int slice,
-                                          int lane) const {
+    // the weights of k-tile kt into the stage at `base`; `fresh`: its slice differs from
+    // the previous copy's, so the row-selection indices of `slice` come too
+    __device__ __forceinline__ void issue_w(const DParams &p, uint32_t base, int kt, bool fresh, int slice,
+                                            int lane) const {
         const int64_t pitch = p.cp / 2, ka = (int64_t)kt * 32;
         const uint32_t a_dst = Cf::a_off(lane >> 2, lane & 3);  // + 512*i (the swizzle only uses row bits 1-2)
 #pragma unroll
@@ -189,6 +190,12 @@ template <typename T, typename Cf> struct DPlan {
             const T *src = (i < MT ? a_src0 : a_src1) + (int64_t)(i % MT) * 8 * pitch + ka;
             cp_async16(base + a_dst + 512 * i, src, true);
         }
+        if ((lane >> 3) < MT)
+            cp_async16(base + Cf::META_OFF + (lane >> 3) * 128 + (lane & 7) * 16, m_src + (int64_t)kt * 32, true);
+        if (M > 1 && lane < MT && fresh) cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)slice * p.rp, true);
+    }
+    // the token rows of k-tile kt
+    __device__ __forceinline__ void issue_b(const DParams &p, uint32_t base, int kt, int lane) const {
         const int brow = lane >> 3, bch = lane & 7;
         const bool col_ok = kt * 64 + bch * 8 < p.C;
 #pragma unroll
@@ -196,9 +203,11 @@ template <typename T, typename Cf> struct DPlan {
             const bool ok = col_ok && b_src[i] != nullptr;
             cp_async16(base + Cf::B_OFF + Cf::b_off(brow + 4 * i, bch), ok ? b_src[i] + kt * 64 : p.x, ok);
         }
-        if ((lane >> 3) < MT)
-            cp_async16(base + Cf::META_OFF + (lane >> 3) * 128 + (lane & 7) * 16, m_src + (int64_t)kt * 32, true);
-        if (M > 1 && lane < MT && fresh) cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)slice * p.rp, true);
+    }
+    __device__ __forceinline__ void issue(const DParams &p, uint32_t base, int kt, bool fresh, int slice,
+                                          int lane) const {
+        issue_w(p, base, kt, fresh, slice, lane);
+        issue_b(p, base, kt, lane);
     }
 };
 
@@ -218,18 +227,25 @@ template <typename Cf> struct DRange {
 
 // The first ST - 1 stages of the warp's range, one commit group each (empty past the
 // range).  cw walks the slices of the k-tiles copied (a k-tile whose slice differs from
-// the warp's previous one brings the row-selection indices).
-template <typename T, typename Cf>
+// the warp's previous one brings the row-selection indices).  WEIGHTS / TOKENS: which
+// parts to request; the weights alone are not committed, so that with the token rows
+// requested later (TOKENS alone) each stage's group still holds all of its copies.
+template <bool WEIGHTS, bool TOKENS, typename T, typename Cf>
 __device__ __forceinline__ void d_prologue(const DParams &p, const DPlan<T, Cf> &pl, const DRange<Cf> &r,
                                            SliceWalk &cw, uint32_t wbase_u, int lane) {
-    cw.start(r.kt0, p.kps);
+    if (WEIGHTS) cw.start(r.kt0, p.kps);
 #pragma unroll
     for (int s = 0; s < Cf::ST - 1; s++) {
         if (s < r.n_it) {
-            const bool fresh = s == 0 || cw.next(DRange<Cf>::KSTEP, p.kps);
-            pl.issue(p, wbase_u + s * Cf::STAGE, r.kt0 + s * DRange<Cf>::KSTEP, fresh, cw.slice, lane);
+            const uint32_t base = wbase_u + s * Cf::STAGE;
+            const int kt = r.kt0 + s * DRange<Cf>::KSTEP;
+            if (WEIGHTS) {
+                const bool fresh = s == 0 || cw.next(DRange<Cf>::KSTEP, p.kps);
+                pl.issue_w(p, base, kt, fresh, cw.slice, lane);
+            }
+            if (TOKENS) pl.issue_b(p, base, kt, lane);
         }
-        cp_async_commit();
+        if (TOKENS) cp_async_commit();
     }
 }
 
@@ -413,6 +429,14 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int rt = (int)(blockIdx.x % (unsigned)p.nrt), j = (int)(blockIdx.x / (unsigned)p.nrt);
+    // Launched as a programmatic dependent of the kernel before it on the stream: that
+    // kernel may still be running until pdl_wait().  offsets, the weights and this CTA's
+    // shared memory may be read first only where the caller says the offsets are ready
+    // (early: moe_forward's down projection, whose offsets come from two launches back).
+    if (!p.early) {
+        pdl_wait();
+        pdl_trigger();
+    }
     if (warp == 0) {
         int64_t b0 = 0, b1 = 0;
         const int e = routed_expert(p, j, lane, b0, b1);
@@ -424,7 +448,10 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
     }
     __syncthreads();
     const int e = sh_e;
-    if (e < 0) return;
+    if (e < 0) {
+        if (p.early) pdl_wait();  // the grid ends only after the one before it
+        return;
+    }
     const int64_t s_begin = sh_rows[0], s_end = sh_rows[1];
 
     DPlan<T, Cf> pl;
@@ -434,6 +461,11 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
     unsigned char *wbase = smem + warp * Cf::WARP_BYTES;
     float *red = reinterpret_cast<float *>(smem);
 
+    if (p.early) {  // the first pass's first weights stream while the kernel before ends
+        d_prologue<true, false>(p, pl, r, cw, smem_u32(wbase), lane);
+        pdl_wait();
+        pdl_trigger();
+    }
 #pragma unroll 1
     for (int64_t s0 = s_begin; s0 < s_end; s0 += BN) {
         for (int i = tid; i < BN; i += THREADS) tok_s[i] = d_token(p, s0, s_end, i);
@@ -441,7 +473,10 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
         pl.tokens(p, tok_s, lane);
         float acc[Cf::M][Cf::MT][Cf::NT][4];
         uint32_t perm[Cf::MT][2];
-        d_prologue(p, pl, r, cw, smem_u32(wbase), lane);
+        if (p.early && s0 == s_begin)
+            d_prologue<false, true>(p, pl, r, cw, smem_u32(wbase), lane);
+        else
+            d_prologue<true, true>(p, pl, r, cw, smem_u32(wbase), lane);
         d_kloop(p, pl, r, cw, wbase, lane, acc, perm);
         cp_async_wait<0>();
         __syncthreads();  // every warp is done with its pipeline: the tiles below overlay it
@@ -452,219 +487,23 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
     }
 }
 
-// ---- persistent: a CTA walks work items blockIdx.x + n * gridDim.x --------------------------
-//
-// Each warp's ring runs on from one token pass to the next: the next pass's first ST - 1
-// stages are requested before this pass's partial sums are reduced and stored, so the
-// reduction and epilogue overlap the next weights' loads, and a CTA finds its experts once
-// (one pass over the offsets for all its items).  The partial sums leave the warps through
-// their own shared memory (not the ring's): warps 1..W-1 hand theirs to warp 0 unpermuted,
-// warp 0 adds them in warp order (the sums of the one-CTA-per-item kernel, bit for bit) and
-// lays the tile out for the epilogue.
-
-constexpr int DP_ITEMS = 32;  // work items per persistent CTA at most (the launcher sizes the grid)
-
-template <typename Cf> struct DPersist {
-    static constexpr int NACC = Cf::M * Cf::MT * Cf::NT * 4;  // accumulators per thread
-    static constexpr int HANDOVER = (Cf::W - 1) * NACC * 32 * 4;
-    static constexpr int TILE = Cf::BN * Cf::FS * 4;
-    static constexpr int RED = HANDOVER > TILE ? HANDOVER : TILE;
-    static constexpr int SMEM = Cf::PIPE + RED + 128;
-};
-
-// This CTA's work items blockIdx.x + n * gridDim.x (item = j * nrt + rt, j the j-th expert
-// with rows in [0, S)): their experts and row ranges into the tables, in one pass over the
-// offsets.  Run by one whole warp; returns how many items exist (<= DP_ITEMS).
-__device__ __forceinline__ int routed_items(const DParams &p, int lane, int *te, int64_t *tb0, int64_t *tb1) {
-    constexpr int RCH = 8;
-    int run = 0, n = 0;
-    int64_t item = blockIdx.x;
-    for (int e0 = 0; e0 < p.E && n < DP_ITEMS; e0 += 32 * RCH) {
-        int32_t lo[RCH], hi[RCH];
-#pragma unroll
-        for (int c = 0; c < RCH; c++) {
-            const int e = e0 + 32 * c + lane;
-            lo[c] = hi[c] = 0;
-            if (e < p.E) {
-                lo[c] = p.offsets[e];
-                hi[c] = p.offsets[e + 1];
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < RCH; c++) {
-            const int64_t a = max(0, lo[c]), b = min((int64_t)hi[c], p.S);
-            const unsigned bal = __ballot_sync(0xffffffffu, b > a);
-            const int cnt = __popc(bal);
-            while (n < DP_ITEMS && item / p.nrt < run + cnt) {  // (warp-uniform)
-                unsigned bb = bal;
-                for (int k = (int)(item / p.nrt) - run; k > 0; k--) bb &= bb - 1;
-                const int src = __ffs(bb) - 1;
-                const int64_t b0 = __shfl_sync(0xffffffffu, a, src), b1 = __shfl_sync(0xffffffffu, b, src);
-                if (lane == 0) {
-                    te[n] = e0 + 32 * c + src;
-                    tb0[n] = b0;
-                    tb1[n] = b1;
-                }
-                n++;
-                item += gridDim.x;
-            }
-            run += cnt;
-        }
-    }
-    return n;
-}
-
-template <typename T, typename Cf>
-__global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_persistent_kernel(const DParams p) {
-    constexpr int M = Cf::M, MT = Cf::MT, NT = Cf::NT, BN = Cf::BN, W = Cf::W;
-    static_assert(BN <= Cf::THREADS, "one token id per thread");
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    unsigned char *smem = smem_raw + ((128u - (smem_u32(smem_raw) & 127u)) & 127u);
-    __shared__ int32_t tok_s[2][BN];
-    __shared__ int it_e[DP_ITEMS];
-    __shared__ int64_t it_b0[DP_ITEMS], it_b1[DP_ITEMS];
-    __shared__ int sh_n;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (warp == 0) {
-        const int n = routed_items(p, lane, it_e, it_b0, it_b1);
-        if (lane == 0) sh_n = n;
-    }
-    __syncthreads();
-    const int n_items = sh_n;
-    if (n_items == 0) return;
-    auto rt_of = [&](int n) { return (int)(((int64_t)blockIdx.x + (int64_t)n * gridDim.x) % p.nrt); };
-
-    DPlan<T, Cf> pl;
-    const DRange<Cf> r(p, warp);
-    SliceWalk cw;
-    unsigned char *wbase = smem + warp * Cf::WARP_BYTES;
-    float *red = reinterpret_cast<float *>(smem + Cf::PIPE);
-    float2 *hand = reinterpret_cast<float2 *>(red);
-
-    int n = 0, buf = 0;
-    int64_t s0 = it_b0[0];
-    if (tid < BN) tok_s[0][tid] = d_token(p, s0, it_b1[0], tid);
-    __syncthreads();
-    pl.item(p, it_e[0], rt_of(0), lane);
-    pl.tokens(p, tok_s[0], lane);
-    d_prologue(p, pl, r, cw, smem_u32(wbase), lane);
-#pragma unroll 1
-    for (;;) {
-        // the next token pass: this item's next one, or the next item's first
-        int nn = n;
-        int64_t ns0 = s0 + BN;
-        if (ns0 >= it_b1[n]) {
-            nn = n + 1;
-            ns0 = nn < n_items ? it_b0[nn] : 0;
-        }
-        const bool more = nn < n_items;
-        int32_t tnext = -1;  // its token ids, loaded while this pass streams
-        if (more && tid < BN) tnext = d_token(p, ns0, it_b1[nn], tid);
-
-        float acc[M][MT][NT][4];
-        uint32_t perm[MT][2];
-        d_kloop(p, pl, r, cw, wbase, lane, acc, perm);
-        __syncthreads();  // the previous pass's epilogue is done with red and tok_s[buf ^ 1]
-        if (tid < BN) tok_s[buf ^ 1][tid] = tnext;
-        if (warp > 0) {
-            float2 *mine = hand + (warp - 1) * (DPersist<Cf>::NACC / 2) * 32;
-#pragma unroll
-            for (int a = 0; a < M; a++)
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int rg = (int)((perm[i][hh] >> (4 * a)) & 15u);
-#pragma unroll
-                        for (int jj = 0; jj < NT; jj++)
-                            mine[(((rg * MT + i) * NT + jj) * 2 + hh) * 32 + lane] =
-                                make_float2(acc[a][i][jj][2 * hh], acc[a][i][jj][2 * hh + 1]);
-                    }
-        }
-        __syncthreads();
-        const int e = it_e[n], rt = rt_of(n);
-        const int64_t s_ep = s0;
-        if (more) {  // the next pass's first stages stream during the reduction and epilogue
-            pl.item(p, it_e[nn], rt_of(nn), lane);
-            pl.tokens(p, tok_s[buf ^ 1], lane);
-            d_prologue(p, pl, r, cw, smem_u32(wbase), lane);
-        }
-        if (warp == 0) {
-#pragma unroll 1
-            for (int w = 1; w < W; w++) {
-                const float2 *theirs = hand + (w - 1) * (DPersist<Cf>::NACC / 2) * 32;
-#pragma unroll
-                for (int a = 0; a < M; a++)
-#pragma unroll
-                    for (int i = 0; i < MT; i++)
-#pragma unroll
-                        for (int hh = 0; hh < 2; hh++) {
-                            const int rg = (int)((perm[i][hh] >> (4 * a)) & 15u);
-#pragma unroll
-                            for (int jj = 0; jj < NT; jj++) {
-                                const float2 v = theirs[(((rg * MT + i) * NT + jj) * 2 + hh) * 32 + lane];
-                                acc[a][i][jj][2 * hh] += v.x;
-                                acc[a][i][jj][2 * hh + 1] += v.y;
-                            }
-                        }
-            }
-            __syncwarp();  // the hand-over is read: the tile overlays it
-            d_store_tile<Cf>(red, acc, perm, lane);
-        }
-        __syncthreads();
-        d_epilogue<T, Cf, 1>(p, red, tok_s[buf], s_ep, e, rt, tid);
-        if (!more) break;
-        n = nn;
-        s0 = ns0;
-        buf ^= 1;
-    }
-}
-
-// P: the persistent kernel, a grid of at most the CTAs that fit on the device at once
-// (and at least enough that no CTA has more than DP_ITEMS work items).
-template <typename T, typename Cf, bool P = false>
-sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
+template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream) {
     DParams k;
     static_cast<SsmmArgs &>(k) = ssmm_args(ps);
     k.kps = Cf::M > 1 ? ps->f.v / 64 : (1 << 30);
     k.nrt = (int)(ps->d.rp / Cf::ROWS);
     const int64_t routed = std::min<int64_t>(ps->d.E, ps->S);  // experts that can own a row
-    const int64_t items = (int64_t)k.nrt * routed;
-    if (items == 0) return SAM_STATUS_OK;
-    void (*kernel)(DParams);
-    int smem;
-    if constexpr (P) {
-        kernel = ssmm_decode_persistent_kernel<T, Cf>;
-        smem = DPersist<Cf>::SMEM;
-    } else {
-        kernel = ssmm_decode_kernel<T, Cf>;
-        smem = Cf::SMEM;
-    }
-    int64_t grid = items;
-    if (P) {
-        // CTAs per SM: asked once per process and device (the attribute below is set first)
-        static int per_sm[64];
-        int dev = 0;
-        SAM_CUDA_TRY(cudaGetDevice(&dev), "ssmm");
-        int occ = dev < 64 ? per_sm[dev] : 0;
-        if (occ == 0) {
-            SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "ssmm");
-            SAM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, Cf::THREADS, smem), "ssmm");
-            occ = std::max(occ, 1);
-            if (dev < 64) per_sm[dev] = occ;
-        }
-        // SAMOYEDS_DECODE_CTAS > 0 caps the grid lower (tests walk many items per CTA)
-        const int cap = env_int("SAMOYEDS_DECODE_CTAS", 0);
-        const int64_t fit = cap > 0 ? cap : (int64_t)occ * device_sm_count();
-        grid = std::max(std::min(items, fit), (items + DP_ITEMS - 1) / DP_ITEMS);
-    }
+    const int64_t grid = (int64_t)k.nrt * routed;
+    if (grid == 0) return SAM_STATUS_OK;
     if (grid > INT32_MAX) {
         set_error("ssmm: problem too large for one decode launch (%lld CTAs)", (long long)grid);
         return SAM_STATUS_UNSUPPORTED;
     }
-    SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "ssmm");
-    kernel<<<(unsigned)grid, Cf::THREADS, smem, stream>>>(k);
+    const bool pdl = pdl_enabled();
+    k.early = pdl && ps->offsets_ready;
+    auto kernel = ssmm_decode_kernel<T, Cf>;
+    SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cf::SMEM), "ssmm");
+    SAM_CUDA_TRY(launch_kernel(kernel, dim3((unsigned)grid), dim3(Cf::THREADS), Cf::SMEM, stream, pdl, k), "ssmm");
     return launch_status("ssmm");
 }
 
@@ -706,10 +545,6 @@ template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *
     if (variant == 4) return launch<T, DCfg<M, 2, NT, 4, 4>>(ps, s);
     if (variant == 5) return launch<T, DCfg<M, 4, NT, 4, 2>>(ps, s);
     if (variant == 6) return launch<T, DCfg<M, 4, NT, 2, 3>>(ps, s);
-    if (variant == 9) return launch<T, DCfg<M, 4, NT, 2, 3>, true>(ps, s);
-    if (variant == 10) return launch<T, DCfg<M, 4, NT, 2, 4>, true>(ps, s);
-    if (variant == 11) return launch<T, DCfg<M, 2, NT, 2, 4>, true>(ps, s);
-    if (variant == 12) return launch<T, DCfg<M, 4, NT, 4, 3>, true>(ps, s);
     return launch<T, DCfg<M, 4, NT, 4, 4>>(ps, s);
 }
 

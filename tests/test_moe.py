@@ -102,6 +102,47 @@ def test_moe_forward_cuda_graph():
     assert torch.equal(y, moe_forward(x, idx, w, gu, dn))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "2:4"])
+@pytest.mark.parametrize("T", [1, 5, 37, 300])
+def test_moe_forward_programmatic_launches(fmt, T, monkeypatch):
+    """The routing, the decode kernels and the combine are programmatic dependent launches
+    on sm_90 (each may start while the launch before it ends; the down projection finds its
+    expert and requests weights before it waits): three layers chained, the routing from a
+    torch top-k just before each, eagerly and in a CUDA graph, bit for bit what the same
+    launches give one after the other (SAMOYEDS_PDL=0)."""
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    K, E, H, I = 4, 48, 512, 768
+    layers = [tuple(a.to("cuda") for a in _layer(E, H, I, torch.bfloat16, gen, fmt)) for _ in range(3)]
+    router = (torch.randn(H, E, generator=gen) * H ** -0.5).to(torch.bfloat16).cuda()
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+
+    def chain(x):
+        for gu, dn in layers:
+            w, idx = torch.topk(torch.softmax((x @ router).float(), dim=-1), K, dim=-1)
+            x = moe_forward(x, idx, w, gu, dn) + x
+        return x
+
+    monkeypatch.setenv("SAMOYEDS_PDL", "0")
+    want = chain(x)
+    monkeypatch.setenv("SAMOYEDS_PDL", "1")
+    got = [chain(x) for _ in range(3)]  # back to back, no synchronisation between
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chain(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = chain(x)
+    g.replay()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(want).all()
+    for o in got + [y]:
+        assert torch.equal(o, want)
+
+
 def _composed(x, idx, w, gu, dn, act="swiglu", gu_bias=None, dn_bias=None, impl="auto"):
     """moe_forward's steps as separate public ops (route, gather_weights, ssmm x2, combine)."""
     r = sm.route(idx, gu.num_experts)

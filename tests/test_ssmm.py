@@ -327,31 +327,6 @@ def test_decode_variants(variant, shape, fmt, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ctas", ["", "1", "3"])
-@pytest.mark.parametrize("variant,same_as", [("9", "6"), ("10", "6"), ("11", "6"), ("12", "0")])
-@pytest.mark.parametrize("shape", [DECODE_SHAPES[2], DECODE_SHAPES[3], DECODE_SHAPES[6],
-                                   (37, 3, 40, 136, 392, "skewed")])
-@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "1:4:64"])
-@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-def test_decode_persistent(variant, same_as, ctas, shape, fmt, act, glu, monkeypatch):
-    """The persistent decode kernel (a CTA walks work items, its ring running on from one
-    token pass to the next) against the C reference and the float64 oracle, and bit for bit
-    against the one-CTA-per-item kernel with the same warps: grids capped at 1 and 3 CTAs
-    (SAMOYEDS_DECODE_CTAS), so that CTAs take many items, several token passes and experts
-    without rows between their items; empty experts and invalid ids."""
-    seed = torch.seed() % 2**31
-    x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, act, glu, bias=act != "none", scale=True, seed=seed)
-    if ctas:
-        monkeypatch.setenv("SAMOYEDS_DECODE_CTAS", ctas)
-    monkeypatch.setenv("SAMOYEDS_DECODE_VARIANT", variant)
-    out = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="decode")
-    monkeypatch.setenv("SAMOYEDS_DECODE_VARIANT", same_as)
-    ref = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="decode")
-    n = int(r.offsets[-1])
-    assert torch.equal(out[:n], ref[:n])
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "1:4:64"])
 def test_decode_deterministic_and_close_to_mma_sp(fmt):
     """Two runs bit-identical (fixed-order split-K reduction); close to the
