@@ -32,15 +32,24 @@ constexpr int64_t RB_BLOCKS = 256;  // blocks at most (the scan walks them per e
 
 // tot[0..E) (the routed rows per expert) -> exclusive offsets in tot[0..E], also written to
 // offsets[]; then the CTA is synchronised.
+// The scan by warp 0, 32 experts per step (shuffles, not one expert after another).
 __device__ __forceinline__ void expert_offsets(int32_t *tot, int32_t E, int32_t *offsets) {
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
         int32_t run = 0;
-        for (int e = 0; e < E; e++) {
-            const int32_t c = tot[e];
-            tot[e] = run;
-            run += c;
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            const int e = e0 + lane;
+            const int32_t c = e < E ? tot[e] : 0;
+            int32_t v = c;  // inclusive scan over the lanes
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const int32_t u = __shfl_up_sync(FULL, v, d);
+                if (lane >= d) v += u;
+            }
+            if (e < E) tot[e] = run + v - c;
+            run += __shfl_sync(FULL, v, 31);
         }
-        tot[E] = run;
+        if (lane == 0) tot[E] = run;
     }
     __syncthreads();
     for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = tot[e];
@@ -284,8 +293,11 @@ extern "C" sam_status sam_moe_route_cuda(const void *top_k_index, sam_dtype inde
                                          int32_t *pos, float *scale, const void *weights, sam_dtype weights_dtype,
                                          void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
-    // warps * E counters must fit in 96 KB of shared memory
+    const int64_t n = T * K;
+    // warps * E counters must fit in 96 KB of shared memory; one CTA takes a warp per 64
+    // pairs (the scan over warps per expert is serial: no more warps than pairs need)
     int warps = (int)std::min<int64_t>(32, std::max<int64_t>(1, (96 * 1024 / 4 - E - 1) / std::max<int64_t>(E, 1)));
+    if (n <= 2 * sam::RB) warps = (int)std::min<int64_t>(warps, std::max<int64_t>(1, sam::ceil_div(n, 64)));
     if (E > 96 * 1024 / 4 / 2) {
         sam::set_error("moe_route: %lld experts is more than this kernel supports (12287)", (long long)E);
         return SAM_STATUS_UNSUPPORTED;
@@ -293,7 +305,6 @@ extern "C" sam_status sam_moe_route_cuda(const void *top_k_index, sam_dtype inde
     const size_t smem = sizeof(int32_t) * (size_t)(warps * E + E + 1);
     SAM_CUDA_TRY(cudaFuncSetAttribute(sam::route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "moe_route");
-    const int64_t n = T * K;
     if (n <= 2 * sam::RB) {  // one CTA
         SAM_CUDA_TRY(sam::launch_kernel(sam::route_kernel, dim3(1), dim3(warps * 32), smem, s, sam::pdl_enabled(),
                                         top_k_index, index_dtype, T, K, (int32_t)E, offsets, token_ids, perm, pos,

@@ -61,7 +61,8 @@ def test_combine_and_gather_reference():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,K,E", [(0, 2, 4), (1, 1, 1), (333, 2, 8), (2048, 2, 16), (2049, 2, 16), (4096, 8, 128),
+@pytest.mark.parametrize("T,K,E", [(0, 2, 4), (1, 1, 1), (1, 6, 64), (3, 2, 33), (16, 8, 128), (100, 3, 300),
+                                   (333, 2, 8), (2048, 2, 16), (2049, 2, 16), (4096, 8, 128),
                                    (20000, 6, 64), (50, 2, 1000), (7001, 3, 3000), (140000, 4, 8)])
 @pytest.mark.parametrize("pattern", ["uniform", "skewed", "placeholder", "one"])
 def test_route_gpu_bit_identical(T, K, E, pattern):
