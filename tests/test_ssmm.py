@@ -240,6 +240,103 @@ def test_wgmma_tokens_by_tma(shape, fmt, act, glu, kernel, monkeypatch):
         sm.ssmm(xg, pg, offg, tok, act=act, impl="wgmma_sp")
 
 
+SPLIT_SHAPES = [  # T, K, E, R, C, pattern: launches whose work items fill few SMs
+    (200, 1, 1, 256, 4096, "uniform"),      # one expert, one row tile, long rows
+    (37, 2, 3, 136, 2104, "skewed"),        # tails in rows, tokens and columns (C % 64 != 0)
+    (129, 4, 6, 192, 1536, "placeholder"),  # rows past offsets[E]: never stored
+]
+
+
+def _profiled(fn):
+    """fn()'s result and whether it launched the split-K reduction."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, any("splitk_reduce" in e.name for e in prof.events())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SPLIT_SHAPES)
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:256"])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
+@pytest.mark.parametrize("splits", ["auto", "3", "64"])
+@pytest.mark.parametrize("row_map", [True, False])
+def test_wgmma_split_k(shape, fmt, act, glu, splits, row_map, monkeypatch):
+    """Split K in the warp-specialised kernel (auto, or SAMOYEDS_SPLIT_K ranges, at most
+    what K allows): the reduction runs, the result is within the oracle tolerance of the C
+    reference, bit-identical run to run, close to the unsplit kernel's (=0, which launches
+    no reduction), and rows past offsets[E] stay untouched; token rows by index and, without
+    a row map, by TMA (rows past offsets[E] NaN: nothing of them may reach a stored row)."""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    seed = torch.seed() % 2**31
+    T, K, E, R, C, pattern = shape
+    gen = torch.Generator().manual_seed(seed)
+    x, p, r, b, sc = _case(T, K, E, R, C, fmt, torch.bfloat16, pattern, act, glu, gen, bias=True, scale=True)
+    S, n = T * K, int(r.offsets[-1])
+    tok = r.token_ids
+    if not row_map:
+        x = torch.randn(S, C, generator=gen).to(torch.bfloat16)
+        x[n:] = float("nan")
+        tok = None
+    cols = R if act == "none" else R // 2
+    ref = _poisoned(S, cols, torch.bfloat16, "cpu")
+    sm.ssmm(x, p, r.offsets, tok, out=ref, act=act, bias=b, scale=sc)
+    oracle = oracle_ssmm(x, sm.unpack(p), r.offsets, tok, act, b, sc)[:n]
+    pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
+    tokg = None if tok is None else tok.cuda()
+
+    def run():
+        out = _poisoned(S, cols, torch.bfloat16, "cuda")
+        sm.ssmm(xg, pg, offg, tokg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
+        return out
+
+    monkeypatch.setenv("SAMOYEDS_SPLIT_K", "-1" if splits == "auto" else splits)
+    a, split = _profiled(run)
+    assert split, "the split-K reduction did not run"
+    again = run()
+    torch.cuda.synchronize()
+    assert torch.equal(a[:n], again[:n]), "split K must be bit-identical run to run"
+    a = a.cpu()
+    assert torch.isfinite(a[:n]).all(), "unwritten or non-finite output rows"
+    assert torch.isnan(a[n:]).all(), "rows past offsets[E] were written"
+    e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(a[:n], oracle)
+    assert e_cuda <= 2 * e_ref + 1e-6, (e_cuda, e_ref)
+    monkeypatch.setenv("SAMOYEDS_SPLIT_K", "0")
+    whole, split = _profiled(run)
+    assert not split, "SAMOYEDS_SPLIT_K=0 launched the reduction"
+    assert rel_err(a[:n], whole.cpu()[:n].double()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
+def test_wgmma_split_k_in_cuda_graph(fmt):
+    """Split K allocates its partial sums stream-ordered: a CUDA graph captures it, and its
+    replays equal the eager call bit for bit."""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    x, p, r, b, sc = _case(200, 1, 1, 256, 4096, fmt, torch.bfloat16, "uniform", "swiglu", True, gen,
+                           bias=True, scale=True)
+    xg, pg, offg, tokg, bg, scg = x.cuda(), p.to("cuda"), r.offsets.cuda(), r.token_ids.cuda(), b.cuda(), sc.cuda()
+    eager, split = _profiled(lambda: sm.ssmm(xg, pg, offg, tokg, act="swiglu", bias=bg, scale=scg))
+    assert split, "the split-K reduction did not run"
+    out = torch.full_like(eager, float("nan"))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sm.ssmm(xg, pg, offg, tokg, out=out, act="swiglu", bias=bg, scale=scg)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sm.ssmm(xg, pg, offg, tokg, out=out, act="swiglu", bias=bg, scale=scg)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
 @pytest.mark.gpu
 def test_wgmma_refuses_what_it_cannot_run():
     if not _sm90():
