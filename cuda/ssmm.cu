@@ -94,13 +94,6 @@ struct KParams : SsmmArgs {
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
-    // split K (warp-specialised kernel, ssmm_ws.cuh): each tile's k-tiles in `splits` ranges
-    // of kt_split (the last one shorter), each range a work item of its own whose fp32 sums
-    // go to partial[split][S][planes][out_cols] (planes: 2 with a gated activation, gate
-    // then up, else 1); ssmm_splitk_reduce_kernel adds them in split order and applies the
-    // epilogue.  splits = 1: kt_split = all k-tiles, partial null.
-    int splits, kt_split;
-    float *partial;
 };
 
 
@@ -630,85 +623,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
 
 #include "ssmm_ws.cuh"
 
-// Split K, second step: out[s][col] = epilogue(sum over the splits, in order, of
-// partial[split][s][plane][col]) for every row s the kernel would have stored (a row of an
-// expert with a valid token); bias, activation, routing scale and rounding as in the
-// warp-specialised kernel's epilogue.  A CTA per row at a time, threads along the columns.
-template <typename T> __global__ void __launch_bounds__(256) ssmm_splitk_reduce_kernel(const KParams p) {
-    __shared__ int sh_e;
-    __shared__ float sh_sc;
-    const bool gated = p.act != SAM_ACT_NONE;
-    const int64_t oc = p.out_cols, row_elems = (gated ? 2 : 1) * oc, split_elems = p.S * row_elems;
-    T *out = static_cast<T *>(p.out);
-    for (int64_t s = blockIdx.x; s < p.S; s += gridDim.x) {
-        if (threadIdx.x == 0) {
-            // the expert of row s: the last e whose rows start at or before s
-            int lo = 0, hi = p.E - 1, e = -1;
-            while (lo <= hi) {
-                const int mid = (lo + hi) / 2;
-                if ((int64_t)max(0, p.offsets[mid]) <= s) {
-                    e = mid;
-                    lo = mid + 1;
-                } else {
-                    hi = mid - 1;
-                }
-            }
-            if (e >= 0 && row_token(p, s, expert_s_end(p, e)) < 0) e = -1;
-            sh_e = e;
-            sh_sc = e >= 0 && p.scale ? p.scale[s] : 1.0f;
-        }
-        __syncthreads();
-        const int e = sh_e;
-        const float sc = sh_sc;
-        if (e >= 0) {
-            const float *src = p.partial + s * row_elems;
-            for (int64_t col = threadIdx.x; col < oc; col += blockDim.x) {
-                float v = 0.0f, u = 0.0f;
-                for (int k = 0; k < p.splits; k++) {
-                    v += src[(int64_t)k * split_elems + col];
-                    if (gated) u += src[(int64_t)k * split_elems + oc + col];
-                }
-                if (p.bias) {
-                    v += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + col);
-                    if (gated) u += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + p.R / 2 + col);
-                }
-                const float r = gated ? gated_act(p, v, u) : v;
-                out[s * p.ldo + col] = Elem<T>::from_f(r * sc);
-            }
-        }
-        __syncthreads();  // sh_e / sh_sc of the next row
-    }
-}
-
-// Split K for the warp-specialised kernel (tiles of BMT storage rows x BN tokens, BK
-// columns per k-tile): the k-tiles per range, so that a launch whose work items cannot fill
-// the SMs (few experts with tokens, few rows, few tokens, long rows) runs on more of them;
-// 0: no split.  The work items are at most nrt x (ceil(S / BN) + min(E, S) - 1) (the token
-// counts per expert are on the device); auto splits while that fills at most half the SMs,
-// into ranges of at least 8 k-tiles (512 columns), the partial sums at most 256 MiB.
-// SAMOYEDS_SPLIT_K: unset or -1 auto, 0 never, N > 0 N ranges wherever K allows (tests).
-// Ranges are whole k-tile pairs, and whole slices of 1:M:V.
-int ws_split_ktiles(const sam_ssmm_params *ps, int BMT, int BN, int BK) {
-    const int forced = env_int("SAMOYEDS_SPLIT_K", -1);
-    const int KT = (int)(ps->d.cp / BK), align = ps->f.m > 1 ? std::max(2, ps->f.v / BK) : 2;
-    if (forced == 0 || ps->S == 0 || KT < 2 * align) return 0;
-    int64_t want;
-    if (forced > 0) {
-        want = forced;
-    } else {
-        const int64_t items = ceil_div(ps->d.rp, BMT) * (ceil_div(ps->S, BN) + std::min<int64_t>(ps->d.E, ps->S) - 1);
-        const int sms = device_sm_count();
-        if (items <= 0 || 2 * items > sms) return 0;
-        want = std::min<int64_t>(sms / items, KT / 8);
-    }
-    want = std::min<int64_t>(want, KT / align);
-    const int64_t out_cols = ps->act == SAM_ACT_NONE ? ps->d.R : ps->d.R / 2;
-    const int64_t split_bytes = (int64_t)sizeof(float) * (ps->act != SAM_ACT_NONE ? 2 : 1) * out_cols * ps->S;
-    if (split_bytes > 0) want = std::min<int64_t>(want, ((int64_t)256 << 20) / split_bytes);
-    if (want < 2) return 0;
-    return (int)(ceil_div(ceil_div(KT, want), align) * align);
-}
-
 int wgmma_meta_remap() {
     static int v = -1;
     if (v < 0) v = env_int("SAMOYEDS_WGMMA_META", 0);
@@ -791,9 +705,6 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
     }
     k.meta_remap = wgmma_meta_remap();
     k.work = nullptr;
-    k.splits = 1;
-    k.kt_split = (int)(ps->d.cp / 64);  // every k-tile (64 columns) in one range
-    k.partial = nullptr;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;
         if (!ws_tensor_maps<T, C>(ps, maps)) {
@@ -848,24 +759,6 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
             ssmm_ws_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
             const cudaError_t launched = cudaGetLastError();
             SAM_CUDA_TRY(cudaFreeAsync(k.work, stream), "ssmm");
-            SAM_CUDA_TRY(launched, "ssmm");
-        } else if constexpr (C::SK) {
-            // split K (launch_ws chose it): the partial sums of this launch alone, stream-ordered
-            const int KT = (int)(ps->d.cp / C::BK);
-            k.kt_split = ws_split_ktiles(ps, C::BMT, C::BN, C::BK);
-            k.splits = (int)ceil_div(KT, k.kt_split);
-            const size_t bytes = sizeof(float) * (size_t)k.splits * (size_t)(k.act != SAM_ACT_NONE ? 2 : 1) *
-                                 (size_t)k.out_cols * (size_t)k.S;
-            SAM_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void **>(&k.partial), bytes, stream), "ssmm");
-            grid *= k.splits;
-            if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
-            ssmm_ws_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
-            cudaError_t launched = cudaGetLastError();
-            if (launched == cudaSuccess) {
-                ssmm_splitk_reduce_kernel<T><<<(unsigned)std::min<int64_t>(k.S, 8192), 256, 0, stream>>>(k);
-                launched = cudaGetLastError();
-            }
-            SAM_CUDA_TRY(cudaFreeAsync(k.partial, stream), "ssmm");
             SAM_CUDA_TRY(launched, "ssmm");
         } else {
             if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
@@ -922,13 +815,6 @@ bool device_has_wgmma() {
 // by TMA (BT) when bmap is given.
 template <typename T, int M, bool PP = false, int CL = 1, bool DYN = false>
 sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, const CUtensorMap *bmap) {
-    if constexpr (!PP && CL == 1 && !DYN) {  // the persistent cooperative kernel: split K where it pays
-        using C = WsCfg<M>;
-        if (ctas > 0 && ws_split_ktiles(ps, C::BMT, C::BN, C::BK) > 0) {
-            if (bmap) return launch<T, WsCfg<M, false, 1, false, true, true>, K_WGMMA_WS>(ps, stream, ctas, bmap);
-            return launch<T, WsCfg<M, false, 1, false, false, true>, K_WGMMA_WS>(ps, stream, ctas);
-        }
-    }
     if (bmap) return launch<T, WsCfg<M, PP, CL, DYN, true>, K_WGMMA_WS>(ps, stream, ctas, bmap);
     return launch<T, WsCfg<M, PP, CL, DYN>, K_WGMMA_WS>(ps, stream, ctas);
 }

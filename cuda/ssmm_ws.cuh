@@ -95,12 +95,9 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M2_BT
 #define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
 #endif
-template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false, bool SK_ = false>
-struct WsCfg {
+template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false> struct WsCfg {
     static constexpr int M = M_;
     static constexpr bool BT = BT_;
-    static constexpr bool SK = SK_;  // split K: items are (tile, k range), fp32 partial sums out
-    static_assert(!SK || (!PP_ && CL_ == 1 && !DYN_), "split K: the persistent cooperative kernel");
     static constexpr bool PP = PP_;
     static constexpr int CL = CL_;
     static constexpr bool DYN = DYN_;
@@ -137,8 +134,8 @@ struct WsCfg {
     static constexpr int XT = 32, XS = BMW * M + 4;
     static constexpr int STG_OFF = PIPE_BYTES, XCH_OFF = STG_OFF + STG_BYTES;
     static constexpr int EPI_BYTES = STG_BYTES + (M > 1 && XT * XS * 4 > STG_BYTES ? XT * XS * 4 : STG_BYTES);
-    // NSLOT work slots, each: BN token rows, BN routing scales, (e, rt, s0, k split)
-    static constexpr int SLOT_OFF = STG_OFF + EPI_BYTES, SLOT_BYTES = BN * 8 + 32;
+    // NSLOT work slots, each: BN token rows, BN routing scales, (e, rt, s0)
+    static constexpr int SLOT_OFF = STG_OFF + EPI_BYTES, SLOT_BYTES = BN * 8 + 16;
     static constexpr int BAR_OFF = SLOT_OFF + NSLOT * SLOT_BYTES;  // full[ST] empty[ST] tfull[NSLOT] tempty[NSLOT]
     static constexpr int SMEM = BAR_OFF + (2 * ST + 2 * NSLOT) * 8 + 1024;  // + alignment slack
     static_assert(SMEM <= 227 * 1024, "shared memory");
@@ -160,7 +157,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
     auto tfull_bar = [&](int s) { return bar0 + 8u * (2 * ST + s); };
     auto tempty_bar = [&](int s) { return bar0 + 8u * (2 * ST + NSLOT + s); };
-    // work slot: int32 tok[BN], float scale[BN], then e, rt, s0 as int64, and the k split
+    // work slot: int32 tok[BN], float scale[BN], then e, rt, and s0 as int64
     auto slot_tok = [&](int s) { return reinterpret_cast<int32_t *>(smem + C::SLOT_OFF + s * C::SLOT_BYTES); };
     auto slot_scale = [&](int s) { return reinterpret_cast<float *>(slot_tok(s) + BN); };
     auto slot_info = [&](int s) { return slot_tok(s) + 2 * BN; };
@@ -224,16 +221,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     L = CL == 1 ? (int64_t)blockIdx.x + (int64_t)n * gridDim.x
                                 : (int64_t)cluster_id() + (int64_t)n * cluster_count();
                 }
-                int sp = 0;  // split K: the splits of a tile are consecutive items
-                if constexpr (C::SK) {
-                    sp = (int)(L % p.splits);
-                    L /= p.splits;
-                }
                 decode_tile<BN * CL>(p, L, total, lane, e, rt, tt);
                 if (lane == 0) {
                     info[0] = e;
                     info[1] = rt;
-                    info[4] = sp;
                     // clusters: token tile 2 tt + rank (past the expert's rows for an odd tile count: no tokens)
                     *reinterpret_cast<int64_t *>(info + 2) = e >= 0 ? tile_s0<BN * CL>(p, e, tt) + rank * BN : 0;
                 }
@@ -270,10 +261,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
             const bool i_ok = i_load && row0 + tid * 16 < p.rp;
             const uint8_t *i_src = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp + (i_ok ? row0 + tid * 16 : 0) : nullptr;
-            // this item's k-tiles (split K: one range; kt_split is a multiple of kt_per_slice)
-            const int kt0 = C::SK ? info[4] * p.kt_split : 0, kt1 = C::SK ? min(KT, kt0 + p.kt_split) : KT;
-            int slice = C::SK && M > 1 ? kt0 / kt_per_slice : 0, slice_left = kt_per_slice;  // (then no division)
-            for (int kt = kt0; kt < kt1; kt++, it++) {
+            int slice = 0, slice_left = kt_per_slice;  // (M > 1: the k-tile's slice, without a division)
+            for (int kt = 0; kt < KT; kt++, it++) {
                 const int s = it % ST;
                 if (it >= ST) mbar_wait(empty_bar(s), ((it / ST) - 1) & 1);
                 const uint32_t base = smem_u32(stage_ptr(s));
@@ -365,7 +354,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         }
     };
     // k-tile kt of the item, ring position it; `boundary`: the first k-tile of a slice
-    auto step = [&](auto par_c, int kt, int kt0, uint32_t it, bool boundary) {
+    auto step = [&](auto par_c, int kt, uint32_t it, bool boundary) {
         constexpr int par = decltype(par_c)::value;
         const int st = it % ST;
         mbar_wait(full_bar(st), (it / ST) & 1);
@@ -388,10 +377,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
                 WgmmaSpSS<T>::run(acc[b], smem_desc_sw64(sa + (crow + b * 64) * 64 + ks * 32),
-                                  smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > kt0 || ks > 0);
+                                  smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
         wgmma_commit();
         wgmma_wait<1>();
-        if (kt > kt0) release((it - 1) % ST);
+        if (kt > 0) release((it - 1) % ST);
     };
 
     T *out = static_cast<T *>(p.out);
@@ -524,54 +513,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         }
     };
 
-    // ---- split K: the accumulators as they are, fp32, into partial[sp][s][plane][col] (the
-    // columns of the epilogue above, before bias, activation and scale; with a gated
-    // activation plane 0 the gate values, plane 1 the up values: M = 1, each consumer holds
-    // both as its two m64 blocks; M > 1, consumer 0 the gate rows, consumer 1 the up rows).
-    // Every stored row of the item, every column below out_cols; ssmm_splitk_reduce_kernel
-    // does the rest.
-    auto epilogue_partial = [&](auto gated_c, const int32_t *tok, int64_t row0, int64_t s0, int sp) {
-        constexpr bool GATED = decltype(gated_c)::value;
-        constexpr int PL = GATED ? 2 : 1;
-        const int lr = warp * 16 + g;
-        const int64_t oc = p.out_cols;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-            for (int t = 0; t < 2; t++) {
-                const int tl = j * 8 + 2 * q + t;
-                if (tok[tl] < 0) continue;
-                float *prow = p.partial + ((int64_t)sp * p.S + s0 + tl) * PL * oc;
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int i = 4 * j + 2 * hh + t;
-                    if constexpr (M == 1) {
-                        if constexpr (GATED) {
-                            const int64_t col = (row0 / 128) * 64 + (PP ? 0 : c * 64) + lr + 8 * hh;
-                            if (col < oc) {
-                                prow[col] = acc[0][i];
-                                prow[oc + col] = acc[1][i];
-                            }
-                        } else {
-#pragma unroll
-                            for (int b = 0; b < 2; b++) {
-                                const int64_t col = row0 + crow + b * 64 + lr + 8 * hh;
-                                if (col < oc) prow[col] = acc[b][i];
-                            }
-                        }
-                    } else {
-                        const int64_t base = (GATED ? row0 : (row0 + crow) * 2) + (lr + 8 * hh) * 2;
-                        float *pl = prow + (GATED ? c * oc : 0);
-#pragma unroll
-                        for (int a = 0; a < 2; a++) {
-                            const int64_t col = base + (int)((perm[hh] >> (4 * a)) & 15u);
-                            if (col < oc) pl[col] = acc[a][i];
-                        }
-                    }
-                }
-            }
-    };
-
     // cooperative: every item, ring positions running on; ping-pong: items c, c + 2, ...,
     // item n's k-tiles at ring positions n * KT on (every item has KT k-tiles)
     uint32_t it = 0;
@@ -583,8 +524,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         if (e < 0) break;
         if (PP) it = (uint32_t)n * (uint32_t)KT;
         const int64_t row0 = (int64_t)info[1] * BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
-        const int sp = C::SK ? info[4] : 0, kt0 = sp * p.kt_split, kt1 = C::SK ? min(KT, kt0 + p.kt_split) : KT;
-        if (zero_init || kt1 == kt0) {
+        if (zero_init || KT == 0) {
 #pragma unroll
             for (int a = 0; a < 2; a++)
 #pragma unroll
@@ -592,23 +532,17 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         }
         perm[0] = perm[1] = identity_perm<M>();
         SliceStart slice;
-        for (int kt = kt0; kt < kt1; kt += 2, it += 2) {  // (kt1 - kt0 even: columns padded to 128)
-            step(std::integral_constant<int, 0>{}, kt, kt0, it, slice.next(kt_per_slice));
-            step(std::integral_constant<int, 1>{}, kt + 1, kt0, it + 1, slice.next(kt_per_slice));
+        for (int kt = 0; kt < KT; kt += 2, it += 2) {
+            step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
+            step(std::integral_constant<int, 1>{}, kt + 1, it + 1, slice.next(kt_per_slice));
         }
         wgmma_wait<0>();
 #pragma unroll
         for (int a = 0; a < 2; a++) fence_regs(acc[a]);
-        if (kt1 > kt0) release((it - 1) % ST);
+        if (KT > 0) release((it - 1) % ST);
 
-        if constexpr (C::SK) {
-            if (p.act != SAM_ACT_NONE) epilogue_partial(std::true_type{}, slot_tok(slot), row0, s0, sp);
-            else epilogue_partial(std::false_type{}, slot_tok(slot), row0, s0, sp);
-        } else if (p.act != SAM_ACT_NONE) {
-            epilogue(std::true_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
-        } else {
-            epilogue(std::false_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
-        }
+        if (p.act != SAM_ACT_NONE) epilogue(std::true_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
+        else epilogue(std::false_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
         mbar_arrive(tempty_bar(slot));
     }
     if (CL > 1) cluster_sync();
