@@ -234,6 +234,8 @@ static PyMethodDef sam_methods[] = {
     {"ssmm", (PyCFunction)(void (*)(void))sam_py_ssmm, METH_VARARGS | METH_KEYWORDS,
      "ssmm(out, x, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, act=0, "
      "bias=None, scale=None, alpha=1.702, limit=7.0, impl=0, stream=None)."},
+    {"dense_decode", (PyCFunction)(void (*)(void))sam_py_dense_decode, METH_VARARGS | METH_KEYWORDS,
+     "dense_decode(out, x, w, up=None, act=0, alpha=1.702, limit=7.0, weights_ready=False, stream=None)."},
     {"moe_route", (PyCFunction)(void (*)(void))sam_py_moe_route, METH_VARARGS | METH_KEYWORDS,
      "moe_route(offsets, token_ids, perm, pos, top_k_index, stream=None)."},
     {"moe_gather_weights", (PyCFunction)(void (*)(void))sam_py_moe_gather_weights,

@@ -535,6 +535,120 @@ PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw)
     return finish(&c, status, last_error(c.cuda));
 }
 
+/* ---- dense weights at a few tokens ------------------------------------------------- */
+
+/* w (and up): [R, C] of x's dtype, rows contiguous; on the GPU C a multiple of 8 and a
+ * 16-byte aligned start. */
+static int check_dense_weight(op_ctx *c, sam_tensor *w, const sam_tensor *x, const sam_tensor *like)
+{
+    if (sam_check_ndim(w, 2) < 0) return -1;
+    if (w->dtype != x->dtype) {
+        PyErr_Format(PyExc_TypeError, "%s: %s: expected dtype %s (that of x), got %s", c->op, w->name,
+                     sam_dtype_name(x->dtype), sam_dtype_name(w->dtype));
+        return -1;
+    }
+    if (like != NULL && (w->shape[0] != like->shape[0] || w->shape[1] != like->shape[1])) {
+        PyErr_Format(PyExc_ValueError, "%s: %s: expected shape (%lld, %lld) (that of %s), got (%lld, %lld)",
+                     c->op, w->name, (long long)like->shape[0], (long long)like->shape[1], like->name,
+                     (long long)w->shape[0], (long long)w->shape[1]);
+        return -1;
+    }
+    if (w->shape[0] > INT32_MAX - 16 || w->shape[1] > INT32_MAX - 512) {
+        PyErr_Format(PyExc_ValueError, "%s: %s has shape (%lld, %lld); expected sizes below 2**31", c->op,
+                     w->name, (long long)w->shape[0], (long long)w->shape[1]);
+        return -1;
+    }
+    if (sam_check_contiguous(w) < 0) return -1;
+    if (c->cuda && w->shape[1] % 8 != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: %s has %lld columns; the GPU kernel reads 16-byte pieces of rows "
+                     "and needs a multiple of 8", c->op, w->name, (long long)w->shape[1]);
+        return -1;
+    }
+    return check_cuda_alignment(c, w, 16);
+}
+
+PyObject *sam_py_dense_decode(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"out", "x", "w", "up", "act", "alpha", "limit", "weights_ready", "stream", NULL};
+    PyObject *o_out, *o_x, *o_w, *o_up = Py_None, *o_stream = Py_None;
+    int act = 0, ready = 0;
+    float alpha = 1.702f, limit = 7.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OiffpO:dense_decode", kwlist, &o_out, &o_x, &o_w, &o_up,
+                                     &act, &alpha, &limit, &ready, &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "dense_decode", stream);
+    if (act < SAM_ACT_NONE || act > SAM_ACT_GPTOSS) {
+        PyErr_Format(PyExc_ValueError, "dense_decode: act = %d; expected 0 (none), 1 (swiglu) or 2 (gptoss)", act);
+        return NULL;
+    }
+    sam_tensor out, x, w, up;
+    if (sam_tensor_take(&c.call, &out, o_out, "out", 0) < 0 ||
+        sam_tensor_take(&c.call, &x, o_x, "x", 0) < 0 ||
+        sam_tensor_take(&c.call, &w, o_w, "w", 0) < 0 ||
+        sam_tensor_take(&c.call, &up, o_up, "up", 1) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    if ((act != SAM_ACT_NONE) != (up.present != 0)) {
+        PyErr_SetString(PyExc_ValueError, act != SAM_ACT_NONE
+                        ? "dense_decode: up: a gated activation needs the up rows (w holds the gate rows)"
+                        : "dense_decode: up: given without a gated activation (act = 0 multiplies by w only)");
+        return fail(&c);
+    }
+    if (sam_check_dtype(&x, c.cuda ? SAM_DT_HALF : SAM_DT_FLOAT) < 0 || sam_check_ndim(&x, 2) < 0 ||
+        check_dense_weight(&c, &w, &x, NULL) < 0 || (up.present && check_dense_weight(&c, &up, &x, &w) < 0))
+        return fail(&c);
+    const int64_t R = w.shape[0], C = w.shape[1], T = x.shape[0];
+    int64_t ldx;
+    if (check_x_rows(&c, &x, C, &ldx) < 0) return fail(&c);
+    if (sam_check_ndim(&out, 2) < 0 || sam_check_writable(&out) < 0) return fail(&c);
+    if (out.dtype != x.dtype) {
+        PyErr_Format(PyExc_TypeError, "dense_decode: out: expected dtype %s (that of x), got %s",
+                     sam_dtype_name(x.dtype), sam_dtype_name(out.dtype));
+        return fail(&c);
+    }
+    if (out.shape[0] != T || out.shape[1] != R || (R > 1 && out.strides[1] != 1) ||
+        (T > 1 && out.strides[0] < R)) {
+        PyErr_Format(PyExc_ValueError, "dense_decode: out: expected %lld rows (x's) of %lld contiguous columns "
+                     "(w's rows), got shape (%lld, %lld) with strides (%lld, %lld)", (long long)T, (long long)R,
+                     (long long)out.shape[0], (long long)out.shape[1], (long long)out.strides[0],
+                     (long long)out.strides[1]);
+        return fail(&c);
+    }
+    if (sam_check_no_overlap(&out, &x) < 0 || sam_check_no_overlap(&out, &w) < 0 ||
+        sam_check_no_overlap(&out, &up) < 0)
+        return fail(&c);
+    sam_dense_params p;
+    memset(&p, 0, sizeof p);
+    p.x = x.data;
+    p.T = T;
+    p.ldx = ldx;
+    p.w = w.data;
+    p.up = up.present ? up.data : NULL;
+    p.R = R;
+    p.C = C;
+    p.dtype = x.dtype;
+    p.act = (sam_act)act;
+    p.alpha = alpha;
+    p.limit = limit;
+    p.out = out.data;
+    p.ldo = T > 1 ? out.strides[0] : R;
+    p.weights_ready = ready;
+    int status;
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, sam_dense_decode_cuda(&p, c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, sam_dense_ref(&p));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
 /* ---- MoE routing ------------------------------------------------------------------ */
 
 PyObject *sam_py_moe_route(PyObject *self, PyObject *args, PyObject *kw)

@@ -111,6 +111,17 @@ static inline int64_t sam_load_index(const void *p, sam_dtype t, int64_t i)
     return t == SAM_I64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
 }
 
+/* A gated activation of gate g and up u, as every op defines it: SwiGLU silu(g) * u,
+ * or GPT-OSS's clamped variant (alpha, limit). */
+static inline float sam_act_glu(sam_act act, float g, float u, float alpha, float limit)
+{
+    if (act == SAM_ACT_SWIGLU) return g / (1.0f + expf(-g)) * u;
+    g = g < limit ? g : limit;
+    u = u < limit ? u : limit;
+    u = u > -limit ? u : -limit;
+    return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+}
+
 /* ---- format (csrc/format_ref.c) ---------------------------------------------------- */
 
 sam_status sam_format_mask_ref(uint8_t *mask, const void *w, sam_dtype wt,
@@ -126,6 +137,10 @@ sam_status sam_format_unpack_ref(void *out, const void *values, const uint32_t *
 /* ---- ssmm (csrc/ssmm_ref.c): same params struct as the CUDA launcher ----------- */
 
 sam_status sam_ssmm_ref(const sam_ssmm_params *p);
+
+/* ---- dense weights (csrc/dense_ref.c): same params struct as the CUDA launcher ---- */
+
+sam_status sam_dense_ref(const sam_dense_params *p);
 
 /* ---- MoE routing and combine (csrc/moe_ref.c) ------------------------------------ */
 

@@ -18,17 +18,6 @@
 
 #include <stdlib.h>
 
-static float silu(float g) { return g / (1.0f + expf(-g)); }
-
-static float act_glu(sam_act act, float g, float u, float alpha, float limit)
-{
-    if (act == SAM_ACT_SWIGLU) return silu(g) * u;
-    g = g < limit ? g : limit;
-    u = u < limit ? u : limit;
-    u = u > -limit ? u : -limit;
-    return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
-}
-
 sam_status sam_ssmm_ref(const sam_ssmm_params *p)
 {
     const sam_format f = p->f;
@@ -127,7 +116,7 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
             for (int64_t i = 0; i < out_cols; i++) {
                 float y = p->act == SAM_ACT_NONE
                               ? acc[i]
-                              : act_glu(p->act, acc[i], acc[R / 2 + i], p->alpha, p->limit);
+                              : sam_act_glu(p->act, acc[i], acc[R / 2 + i], p->alpha, p->limit);
                 sam_store_f32(p->out, p->dtype, s * p->ldo + i, y * sc);
             }
         }

@@ -142,6 +142,35 @@ int sam_ssmm_decode_max_rows(void);
 int sam_ssmm_decode_rows_per_expert(void);
 int sam_ssmm_use_decode(const sam_ssmm_params *p);
 
+/* ---- dense weights at a few tokens (cuda/dense_decode.cu) --------------------- */
+
+/* out[t][r] = act(x[t] @ w[r]^T, x[t] @ up[r]^T) for t < T, r < R, fp32 accumulation,
+ * rounded once to out's dtype: act NONE gives x[t] @ w[r]^T (up unused, NULL); a gated
+ * act takes w as the gate rows and up as the up rows (SAM_ACT_SWIGLU: silu(g) * u).
+ * Bound by reading the weights: every weight is read once per pass of up to 32 tokens
+ * (one pass for T <= 32), split over the K dimension by the warps of a CTA and reduced
+ * in a fixed order (deterministic).  The path of a block's unpruned shared experts at
+ * decode sizes. */
+typedef struct sam_dense_params {
+    const void *x;           /* x[T][ldx], C columns used */
+    int64_t T, ldx;
+    const void *w, *up;      /* [R][C], rows contiguous (row stride C) */
+    int64_t R, C;
+    sam_dtype dtype;         /* x, w, up, out: SAM_BF16 or SAM_F16 (the C reference: also SAM_F32) */
+    sam_act act;
+    float alpha, limit;      /* SAM_ACT_GPTOSS constants */
+    void *out;               /* out[T][ldo], R columns */
+    int64_t ldo;
+    int weights_ready;       /* 1: neither w nor up is written by the kernel launched just before
+                                this one on the stream, which lets its dependents start only
+                                after its own wait for the kernel before it (a samoyeds kernel:
+                                the down projection after the gate/up one): the weights are then
+                                requested while that kernel ends.  0 for any other call. */
+} sam_dense_params;
+
+/* GPU: C a multiple of 8, ldx a multiple of 8, x, w and up 16-byte aligned. */
+sam_status sam_dense_decode_cuda(const sam_dense_params *p, void *stream);
+
 /* ---- MoE routing and combine (cuda/moe.cu) -------------------------------- */
 
 /* From top_k_index[T][K] (int32 or int64; ids >= E or < 0 are skipped):

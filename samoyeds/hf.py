@@ -30,7 +30,17 @@ every expert on every token.  Its patched block gathers the scaled rows
 tokens with one expert each and routing weight 1, and sums the ``K`` rows of each
 token: the same result without the dense all-experts matmul.
 
-Shared experts (opt-in, ``patch_model(..., shared_experts=True)``).  The always-on MLP that
+Shared experts, unpruned (the default).  The always-on MLP that DeepSeek-V2/V3, Qwen2-MoE
+and Llama 4 blocks run beside their routed experts (``shared_experts`` / ``shared_expert``:
+``down_proj(silu(gate_proj(x)) * up_proj(x))`` with bias-free ``nn.Linear``) keeps its dense
+weights, its parameters and its state-dict names; its class becomes a subclass of its own
+(``SamoyedsDense<...>``) whose forward, for inference on the GPU at up to
+``SAMOYEDS_DENSE_DECODE_MAX_ROWS`` tokens (default 16; 0 turns it off), runs two
+:func:`samoyeds.dense_decode` launches (gate, up and SiLU in one; down in the other, its
+weights requested while the first ends) instead of five; otherwise the module's own forward.
+:func:`unpatch_model` gives the module its class back.
+
+Shared experts, packed (opt-in, ``patch_model(..., shared_experts=True)``).  The always-on MLP that
 DeepSeek-V2/V3, Qwen2-MoE and Llama 4 blocks run beside their routed experts
 (``shared_experts`` / ``shared_expert``: ``down_proj(silu(gate_proj(x)) * up_proj(x))``
 with bias-free ``nn.Linear``) is replaced by a :class:`SamoyedsMLP` holding it in the
@@ -50,6 +60,7 @@ from torch import nn
 
 from . import torch_ops
 from .format import SparseFormat
+from .ops import dense_decode as _dense_decode
 from .ops import ssmm as _ssmm
 from .packed import PackedDims, PackedWeight, mask as _magnitude_mask, pack, unpack
 
@@ -220,11 +231,16 @@ def _patched_llama4_class(base: type) -> type:
 
 
 def __getattr__(name: str) -> Any:
-    # Pickled patched Llama 4 blocks refer to their class by this module's attribute.
+    # Pickled patched Llama 4 blocks and unpruned shared MLPs refer to their class by this
+    # module's attribute.
     if name == "SamoyedsLlama4TextMoe":
         base = _llama4_moe_class()
         if base is not None:
             return _patched_llama4_class(base)
+    if name.startswith(_DENSE_PREFIX) and name.endswith(">"):
+        base = _dense_shared_base(name)
+        if base is not None:
+            return _dense_shared_class(base)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -509,6 +525,109 @@ def _shared_dims(st: _SharedTarget, model: nn.Module, fmt: SparseFormat) -> tupl
     return H, I
 
 
+# --- unpruned shared experts: the dense decode path --------------------------------------------
+
+_DENSE_SHARED_CLASSES: Dict[type, type] = {}
+_DENSE_PREFIX = "SamoyedsDense<"
+
+
+def _dense_decode_max_rows() -> int:
+    import os
+
+    raw = os.environ.get("SAMOYEDS_DENSE_DECODE_MAX_ROWS", "")
+    try:
+        return int(raw) if raw.strip() else 16
+    except ValueError:
+        raise ValueError(f"SAMOYEDS_DENSE_DECODE_MAX_ROWS: expected an integer, got {raw!r}") from None
+
+
+def _dense_shared_fast(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The shared MLP's output by two dense_decode launches, or None where the module's own
+    forward runs: off the GPU, past the row limit, with autograd or under torch.compile,
+    and for weights or rows the kernel does not take (dtype, alignment, strides)."""
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) or torch.compiler.is_compiling():
+        return None
+    lin = [mod._modules.get(k) for k in _MLP_PROJS]
+    if not all(type(m) is nn.Linear and m.bias is None for m in lin):
+        return None
+    ws = [m.weight for m in lin]
+    if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws)):
+        return None
+    H = ws[0].shape[1]
+    if x.shape[-1] != H or x.numel() > _dense_decode_max_rows() * H:
+        return None
+    I = ws[0].shape[0]
+    if H % 8 or I % 8 or any(w.dtype != x.dtype or w.device != x.device or not w.is_contiguous()
+                             or w.data_ptr() % 16 for w in ws):
+        return None
+    x2 = x.reshape(-1, H)
+    if x2.stride(-1) != 1 or x2.data_ptr() % 16 or (x2.shape[0] > 1 and x2.stride(0) % 8):
+        x2 = x2.contiguous()
+    h = _dense_decode(x2, ws[0], ws[1], act="swiglu")
+    # the kernel just before is the gate/up one, which writes neither weight
+    return _dense_decode(h, ws[2], weights_ready=True).reshape(x.shape)
+
+
+def _dense_shared_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    y = _dense_shared_fast(self, x)
+    return y if y is not None else type(self)._samoyeds_base.forward(self, x)
+
+
+def _dense_shared_class(base: type) -> type:
+    cls = _DENSE_SHARED_CLASSES.get(base)
+    if cls is None:
+        # the name says where the base class lives: pickles find the class through this
+        # module's __getattr__ in a fresh process
+        name = f"{_DENSE_PREFIX}{base.__module__.replace('.', ':')}:{base.__qualname__.replace('.', ':')}>"
+        cls = type(name, (base,), {
+            "forward": _dense_shared_forward, "__module__": __name__, "__qualname__": name,
+            "_samoyeds_base": base, "_samoyeds_dense_shared": True,
+            "__doc__": f"{base.__name__} whose forward runs samoyeds.dense_decode at decode sizes on the GPU."})
+        _DENSE_SHARED_CLASSES[base] = cls
+    return cls
+
+
+def _dense_shared_base(name: str) -> Optional[type]:
+    """The base class a ``SamoyedsDense<...>`` name stands for, or None."""
+    import importlib
+
+    parts = name[len(_DENSE_PREFIX):-1].split(":")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        return obj if isinstance(obj, type) else None
+    return None
+
+
+def _dense_shared_ok(mod: nn.Module) -> bool:
+    """A gated SiLU MLP of bias-free nn.Linear projections, not patched yet."""
+    if getattr(type(mod), "_samoyeds_dense_shared", False) or isinstance(mod, SamoyedsMLP):
+        return False
+    lin = [mod._modules.get(k) for k in _MLP_PROJS]
+    if not all(type(m) is nn.Linear and m.bias is None for m in lin):
+        return False
+    act = getattr(mod, "act_fn", getattr(mod, "activation_fn", None))
+    g, u, d = (m.weight for m in lin)
+    return _is_silu(act) and g.shape == u.shape and tuple(d.shape) == (g.shape[1], g.shape[0])
+
+
+def _dense_shared_patch(mod: nn.Module) -> None:
+    mod.__class__ = _dense_shared_class(type(mod))
+
+
+def _dense_shared_unpatch_all(model: nn.Module) -> None:
+    for mod in model.modules():
+        if getattr(type(mod), "_samoyeds_dense_shared", False):
+            mod.__class__ = type(mod)._samoyeds_base
+
+
 def _shared_weights(mod: nn.Module) -> Dict[str, torch.Tensor]:
     """A shared MLP's weights in packing layout: gate_up [1, 2I, H], down [1, H, I]."""
     return {"gate_up": torch.cat([mod.gate_proj.weight.detach(), mod.up_proj.weight.detach()], 0)[None].contiguous(),
@@ -688,6 +807,10 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
             token passes through them, so this changes the model more than the routed
             experts' packing does.  A ``method`` callable gets ``"gate_up_proj"`` (``[1, 2I,
             H]``, gate rows then up rows) and ``"down_proj"`` (``[1, H, I]``) for them.
+            Without it, shared experts that are a gated SiLU MLP of bias-free ``nn.Linear``
+            keep their dense weights and run :func:`samoyeds.dense_decode` at decode sizes
+            on the GPU (their class becomes a ``SamoyedsDense<...>`` subclass; see the
+            module's notes).
     Returns:
         ``model``, with ``gate_up_proj``/``down_proj`` (and GPT-OSS's
         ``gate_up_proj_bias``) replaced by ``samoyeds_*`` buffers and the experts
@@ -719,6 +842,7 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         raise ValueError(f"{type(model).__name__} is already patched ({done[0]!r}, ...); "
                          "call samoyeds.unpatch_model(model) first")
     shared = _find_shared(model, targets) if shared_experts else []
+    dense_shared = [] if shared_experts else [st for st in _find_shared(model, targets) if _dense_shared_ok(st.mlp)]
     if shared_experts and not shared:
         raise UnsupportedModelError(f"{type(model).__name__}: shared_experts=True, but its MoE blocks have no "
                                     f"shared experts (a child named {' or '.join(_SHARED_NAMES)})")
@@ -778,6 +902,8 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
                 e.add_note(f"samoyeds.patch_model failed at {failing!r}; the {len(done) + len(done_shared)} "
                            "module(s) packed before it were unpacked and now hold their masked dense weights")
             raise
+    for st in dense_shared:
+        _dense_shared_patch(st.mlp)
     setattr(model, _PREVIOUS_ATTR, previous)
     _set_implementation(model, [t.experts for t in targets if t.block is None], IMPLEMENTATION)
     return model
@@ -788,7 +914,8 @@ def unpatch_model(model: nn.Module) -> nn.Module:
     again, in the model's own layout, holding the masked weights (exactly
     ``w * mask``), and the previous experts implementation is restored; every
     :class:`SamoyedsMLP` gives way to the module it replaced, with dense ``nn.Linear``
-    projections holding its masked weights.  Returns ``model``."""
+    projections holding its masked weights, and unpruned shared experts get their own
+    class back.  Returns ``model``."""
     targets = [t for t in _find_experts(model) if getattr(t.experts, "_samoyeds", None) is not None]
     shared = _packed_shared(model)
     if not targets and not shared:
@@ -802,6 +929,7 @@ def unpatch_model(model: nn.Module) -> nn.Module:
                 t.block.__class__ = type(t.block)._samoyeds_base
         for _, parent, attr in shared:
             _unpatch_shared(parent, attr)
+        _dense_shared_unpatch_all(model)
     previous = getattr(model, _PREVIOUS_ATTR, None)
     if hasattr(model, _PREVIOUS_ATTR):
         delattr(model, _PREVIOUS_ATTR)

@@ -1,5 +1,6 @@
-"""The sparse-sparse matmul and the MoE routing/combine ops (out-parameter
-style, like BLAS: outputs are allocated here in the inputs' framework)."""
+"""The sparse-sparse matmul, dense weights at a few tokens and the MoE routing/combine
+ops (out-parameter style, like BLAS: outputs are allocated here in the inputs'
+framework)."""
 from __future__ import annotations
 
 import math
@@ -72,6 +73,43 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
     _C.ssmm(out, x, w.values, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(),
             act=ACTS[act], bias=bias, scale=scale, alpha=alpha, limit=limit, impl=IMPLS[impl],
             stream=stream)
+    return out
+
+
+def dense_decode(x: Any, w: Any, up: Optional[Any] = None, out: Optional[Any] = None, *, act: str = "none",
+                 alpha: float = 1.702, limit: float = 7.0, weights_ready: bool = False,
+                 stream: Optional[int] = None) -> Any:
+    """Dense weights at a few tokens: ``out = x @ w.T`` or, with a gated ``act``,
+    ``out = act(x @ w.T, x @ up.T)`` (``w`` the gate rows, ``up`` the up rows), fp32
+    accumulation, one rounding.
+
+    The GPU kernel is bound by reading the weights: one launch streams ``w`` (and ``up``)
+    once per pass of up to 32 tokens, with the activation fused, and sums in a fixed
+    order (deterministic).  It is what a block's unpruned shared experts run at decode
+    sizes (:func:`samoyeds.patch_model`); past a few dozen tokens a GEMM library's tiles
+    reuse the weights better.
+
+    Args:
+        x: ``[T, C]`` (bf16/fp16 on the GPU; also fp32 on the CPU), rows of unit
+           column stride.
+        w, up: ``[R, C]`` contiguous, x's dtype; on the GPU ``C`` a multiple of 8.
+        out: ``[T, R]``; allocated if None.
+        act: ``"none"``, ``"swiglu"`` (``silu(x @ w.T) * (x @ up.T)``) or ``"gptoss"``.
+        weights_ready: the kernel just before this one on the stream writes neither
+           ``w`` nor ``up`` and is a samoyeds kernel (it lets its dependents start only
+           after its own wait): the weights are then requested while it ends (sm_90).
+           Leave False unless both hold.
+        stream: CUDA stream; None uses the producer's current stream.
+    """
+    if act not in ACTS:
+        raise ValueError(f"act: expected one of {sorted(ACTS)}, got {act!r}")
+    x, w, up = tensor_arg(x, "x"), tensor_arg(w, "w"), tensor_arg(up, "up", optional=True)
+    if out is None:
+        if len(x.shape) != 2 or len(w.shape) != 2:
+            raise ValueError(f"x, w: expected 2-d tensors, got shapes {tuple(x.shape)} and {tuple(w.shape)}")
+        out = empty(x, (x.shape[0], w.shape[0]), dtype_name(x))
+    _C.dense_decode(out, x, w, up, act=ACTS[act], alpha=alpha, limit=limit, weights_ready=bool(weights_ready),
+                    stream=stream if stream is not None else current_stream(x))
     return out
 
 
