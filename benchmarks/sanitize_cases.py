@@ -1,7 +1,7 @@
 """A representative subset of every CUDA kernel, small enough to run under
 compute-sanitizer (memcheck, racecheck): odd shapes, tails, empty experts,
 every epilogue, both dtypes, every matmul kernel (mma.sp, wgmma.sp, the decode
-split-K kernel) and every row-group size (M = 1, 2, 4); and the shared-memory fill-rate
+split-K kernel, the dense decode kernel) and every row-group size (M = 1, 2, 4); and the shared-memory fill-rate
 kernels (every way, on a few SMs, one and several stages) under memcheck: each
 measurement calibrates its launches to ~10 ms, which racecheck stretches past the step's
 time limit, and nothing reads what those kernels write to shared memory but their
@@ -92,6 +92,14 @@ def main() -> None:
         sm.moe_forward(x, idx, torch.rand(T, K, generator=gen).cuda(), gu, dn, act="gptoss",
                        gate_up_bias=torch.randn(E, 2 * I, generator=gen).cuda(),
                        down_bias=torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda())
+    # dense weights at a few tokens: every token-tile width, one and several token passes, row
+    # and column tails, every activation, the down projection's early weight reads
+    for T, R, C, act in [(1, 17, 72, "swiglu"), (9, 33, 200, "none"), (20, 40, 136, "gptoss"), (70, 50, 264, "swiglu")]:
+        x = torch.randn(T, C, generator=gen).to(torch.bfloat16).cuda()
+        g, u = (torch.randn(R, C, generator=gen).to(torch.bfloat16).cuda() for _ in range(2))
+        h = sm.dense_decode(x, g, u if act != "none" else None, act=act)
+        sm.dense_decode(h, torch.randn(24, R, generator=gen).to(torch.bfloat16).cuda(), weights_ready=True) \
+            if R % 8 == 0 else None
     # the fill-rate kernels (sm_90a): rings of one stage and of several, clusters for multicast
     if ("sm_90a" in sm.build_info()["cuda_archs"].split() and torch.cuda.get_device_capability() == (9, 0)
             and os.environ.get("SAMOYEDS_SANITIZE_TOOL", "memcheck") == "memcheck"):

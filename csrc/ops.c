@@ -177,7 +177,7 @@ static int check_x_rows(op_ctx *c, sam_tensor *x, int64_t C, int64_t *ldx)
                      c->op, (long long)x->strides[0], (long long)x->strides[1]);
         return -1;
     }
-    *ldx = x->shape[0] > 1 ? x->strides[0] : C;
+    *ldx = x->shape[0] > 1 && C > 0 ? x->strides[0] : C; /* (no columns: no stride to honour) */
     if (c->cuda && (*ldx % 8 != 0 || check_cuda_alignment(c, x, 16) < 0)) {
         if (!PyErr_Occurred())
             PyErr_Format(PyExc_ValueError, "%s: x: the row stride (%lld elements) must be a multiple of 8 "
