@@ -296,6 +296,19 @@ def decode_table(d: dict) -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(blocks)
 
 
+def dense_decode_table(d: dict) -> str:
+    """dense_decode.json: unpruned shared experts at decode sizes, samoyeds.dense_decode against the
+    transformers MLP, and the weight bandwidth against the device copy of the same run."""
+    rows = ["| shared MLP | H | I | T | transformers | dense_decode | speed-up | TB/s | of device copy |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d.get("rows", []):
+        m = r["ms"]
+        rows.append(f"| {r['shape']} | {r['H']} | {r['I']} | {r['T']} | {m['transformers'] * 1e3:.1f} us | "
+                    f"{m['dense_decode'] * 1e3:.1f} us | {_x(r['speedup'])} | {r['dense_decode_tb_s']:.2f} | "
+                    f"{r['frac_of_copy']:.0%} |")
+    return "\n".join(rows)
+
+
 def ssmm_kernels_table(d: dict) -> str:
     """The GPU kernels of ssmm and cuBLAS on the same inputs: mma.sp, single-role wgmma.sp, the
     warp-specialised one with one item per CTA, on its persistent grid (auto's), with ping-pong
@@ -419,6 +432,12 @@ def headline(gpu: str) -> str:
                  for c in d["cases"]]
         rows.append(f"| MoE layer, T >= 4096: expert matmuls' share of samoyeds' GPU kernel time | "
                     f"{_range(share, '{:.0%}')} | {link('layer_trace.json')} |")
+    d, _ = _load(gpu, "dense_decode.json")
+    if d and d.get("rows"):
+        small = [r for r in d["rows"] if r["T"] <= 16]
+        rows.append(f"| unpruned shared experts, T <= 16: dense_decode vs the transformers MLP; weight stream, "
+                    f"of the device copy rate | {_range([r['speedup'] for r in small], bold=True)}; "
+                    f"{_range([r['frac_of_copy'] for r in small], '{:.0%}')} | {link('dense_decode.json')} |")
     d, _ = _load(gpu, "accuracy.json")
     if d and d.get("targets"):
         t = d["targets"]
@@ -443,7 +462,7 @@ def main() -> None:
                      ("e2e.json", e2e_table), ("memory.json", memory_table), ("breakdown.json", breakdown_table),
                      ("accuracy.json", accuracy_table), ("bench_decode.json", decode_table),
                      ("ssmm_kernels.json", ssmm_kernels_table), ("fill_rate.json", fill_rate_table),
-                     ("layer_trace.json", layer_trace_table)):
+                     ("layer_trace.json", layer_trace_table), ("dense_decode.json", dense_decode_table)):
         d, path = _load(a.gpu, name)
         if d is None:
             print(f"(no {path})")
