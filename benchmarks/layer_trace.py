@@ -29,6 +29,7 @@ CALLS = 5  # profiled calls per case (after two untimed ones)
 
 # kernel name fragments -> group (first match wins; the order matters)
 GROUPS = (
+    ("dense_decode", "shared experts (dense decode)"),
     ("ssmm", "expert matmuls"),
     ("grouped_mm", "expert matmuls"),
     ("cutlass", "expert matmuls"),
