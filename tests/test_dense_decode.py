@@ -248,7 +248,8 @@ def test_patch_keeps_unpruned_shared_experts_dense(family, tmp_path):
     code = (f"import torch; m = torch.load({str(path)!r}, weights_only=False); "
             "s = [x for n, x in m.named_modules() if n.endswith(('shared_experts', 'shared_expert'))]; "
             "print(type(s[0]).__mro__[1].__name__)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    # (from tmp_path: a checkout in the working directory would shadow the installed package)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == next(iter(before.values())).__name__
     sm.unpatch_model(model)
