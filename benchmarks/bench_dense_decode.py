@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
-from common import environment, gpu_dir, time_graph, write_json  # noqa: E402
+from common import copy_rate_tb_s, environment, gpu_dir, time_graph, write_json  # noqa: E402
 
 SHAPES = [  # name, hidden H, shared MLP width I (shared experts x their width)
     ("deepseek-v2-lite", 2048, 2 * 1408),
@@ -32,16 +32,6 @@ SHAPES = [  # name, hidden H, shared MLP width I (shared experts x their width)
     ("llama4-scout", 5120, 8192),
 ]
 ROTATE_BYTES = 256 * 2**20  # weight copies rotated per replay: several times the L2
-
-
-def copy_rate_tb_s() -> float:
-    src = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    src.random_(0, 255)
-    ms = time_graph(lambda: dst.copy_(src), budget_s=0.5)["ms"]
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * 2 * 2**30 / (ms * 1e-3) / 1e12
 
 
 def main() -> None:

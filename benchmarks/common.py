@@ -148,6 +148,17 @@ def time_graph(fn: Callable[[], None], *, inner: int = 1, min_reps: int = 10, bu
     return {"ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1], "reps": reps}
 
 
+def copy_rate_tb_s() -> float:
+    """Device-to-device copy bandwidth of 2 GiB (read + write counted), TB/s."""
+    src = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    src.random_(0, 255)
+    t_cp = time_graph(lambda: dst.copy_(src), budget_s=0.5)["ms"]
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * 2 * 2**30 / (t_cp * 1e-3) / 1e12
+
+
 def measure_ceilings() -> dict:
     """Dense bf16 matmul rate (8192^3, random data), device copy bandwidth, and
     the issue rate of each tensor-core instruction form (samoyeds.tensor_core_rate,
@@ -158,15 +169,9 @@ def measure_ceilings() -> dict:
     c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
     t_mm = time_graph(lambda: torch.mm(a, b, out=c), budget_s=0.5)["ms"]
     del a, b, c
-    src = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    src.random_(0, 255)
-    t_cp = time_graph(lambda: dst.copy_(src), budget_s=0.5)["ms"]
-    del src, dst
-    torch.cuda.empty_cache()
     ceil = {
         "dense_bf16_tflops": 2 * n ** 3 / (t_mm * 1e-3) / 1e12,
-        "copy_tb_s": 2 * 2 * 2**30 / (t_cp * 1e-3) / 1e12,
+        "copy_tb_s": copy_rate_tb_s(),
     }
     ceil.update(tensor_core_rates())
     ceil.update(shared_fill_rates())

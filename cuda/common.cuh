@@ -235,11 +235,14 @@ inline SsmmArgs ssmm_args(const sam_ssmm_params *ps) {
 
 // The gated activation of gate v and up u (bias added), as every kernel and the C
 // reference compute it: SwiGLU silu(v) * u, or GPT-OSS's clamped variant.
+__device__ __forceinline__ float gated_act(sam_act act, float alpha, float limit, float v, float u) {
+    if (act == SAM_ACT_SWIGLU) return __fdividef(v, 1.0f + __expf(-v)) * u;
+    const float gc = fminf(v, limit);
+    const float uc = fmaxf(fminf(u, limit), -limit);
+    return (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-alpha * gc));
+}
 __device__ __forceinline__ float gated_act(const SsmmArgs &p, float v, float u) {
-    if (p.act == SAM_ACT_SWIGLU) return __fdividef(v, 1.0f + __expf(-v)) * u;
-    const float gc = fminf(v, p.limit);
-    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
-    return (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
+    return gated_act((sam_act)p.act, p.alpha, p.limit, v, u);
 }
 
 // Runs f(T{}) with T the tensor-core element type of dt (bfloat16 or float16).

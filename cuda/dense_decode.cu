@@ -88,13 +88,6 @@ struct DenseArgs {
     int weights_ready;
 };
 
-__device__ __forceinline__ float dense_act(const DenseArgs &p, float g, float u) {
-    if (p.act == SAM_ACT_SWIGLU) return __fdividef(g, 1.0f + __expf(-g)) * u;
-    const float gc = fminf(g, p.limit);
-    const float uc = fmaxf(fminf(u, p.limit), -p.limit);
-    return (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-p.alpha * gc));
-}
-
 // MW: weight matrices (1, or 2 for gate + up); NT: n8 token tiles per pass; U: 32-column
 // pieces per block (the registers of one block: 4 x U x (2 MW + NT) per thread).
 template <int MW_, int NT_, int U_> struct DDCfg {
@@ -228,7 +221,7 @@ __global__ void __launch_bounds__(DD_THREADS, 2) dense_decode_kernel(const Dense
                 v += red[w][0][row][tok];
                 if (MW == 2) u += red[w][MW - 1][row][tok];
             }
-            out[(int64_t)t * p.ldo + r] = Elem<T>::from_f(MW == 2 ? dense_act(p, v, u) : v);
+            out[(int64_t)t * p.ldo + r] = Elem<T>::from_f(MW == 2 ? gated_act(p.act, p.alpha, p.limit, v, u) : v);
         }
         __syncthreads();  // the next pass rewrites red
     }
