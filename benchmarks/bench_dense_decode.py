@@ -54,11 +54,11 @@ def main() -> None:
         for T in tokens:
             x = torch.randn(T, H, device="cuda").to(torch.bfloat16)
 
-            def hf(x=x):
+            def hf(x=x, ws=ws):
                 for g, u, d in ws:
                     F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d)
 
-            def ours(x=x):
+            def ours(x=x, ws=ws):
                 for g, u, d in ws:
                     sm.dense_decode(sm.dense_decode(x, g, u, act="swiglu"), d, weights_ready=True)
 

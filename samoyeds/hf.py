@@ -37,7 +37,8 @@ weights, its parameters and its state-dict names; its class becomes a subclass o
 (``SamoyedsDense<...>``) whose forward, for inference on the GPU at up to
 ``SAMOYEDS_DENSE_DECODE_MAX_ROWS`` tokens (default 16; 0 turns it off), runs two
 :func:`samoyeds.dense_decode` launches (gate, up and SiLU in one; down in the other, its
-weights requested while the first ends) instead of five; otherwise the module's own forward.
+weights requested while the first ends) instead of five, under ``torch.compile`` as the op
+``torch.ops.samoyeds.shared_mlp``; otherwise the module's own forward.
 :func:`unpatch_model` gives the module its class back.
 
 Shared experts, packed (opt-in, ``patch_model(..., shared_experts=True)``).  The always-on MLP that
@@ -60,7 +61,6 @@ from torch import nn
 
 from . import torch_ops
 from .format import SparseFormat
-from .ops import dense_decode as _dense_decode
 from .ops import ssmm as _ssmm
 from .packed import PackedDims, PackedWeight, mask as _magnitude_mask, pack, unpack
 
@@ -542,10 +542,11 @@ def _dense_decode_max_rows() -> int:
 
 
 def _dense_shared_fast(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
-    """The shared MLP's output by two dense_decode launches, or None where the module's own
-    forward runs: off the GPU, past the row limit, with autograd or under torch.compile,
-    and for weights or rows the kernel does not take (dtype, alignment, strides)."""
-    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16) or torch.compiler.is_compiling():
+    """The shared MLP's output by two dense_decode launches (torch.ops.samoyeds.shared_mlp
+    under torch.compile), or None where the module's own forward runs: off the GPU, past the
+    row limit, with autograd, and for modules or dtypes the kernel does not take (the op
+    itself falls back to torch for tensors it cannot read as they lie)."""
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
         return None
     lin = [mod._modules.get(k) for k in _MLP_PROJS]
     if not all(type(m) is nn.Linear and m.bias is None for m in lin):
@@ -556,16 +557,11 @@ def _dense_shared_fast(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor
     H = ws[0].shape[1]
     if x.shape[-1] != H or x.numel() > _dense_decode_max_rows() * H:
         return None
-    I = ws[0].shape[0]
-    if H % 8 or I % 8 or any(w.dtype != x.dtype or w.device != x.device or not w.is_contiguous()
-                             or w.data_ptr() % 16 for w in ws):
+    if any(w.dtype != x.dtype or w.device != x.device for w in ws):
         return None
-    x2 = x.reshape(-1, H)
-    if x2.stride(-1) != 1 or x2.data_ptr() % 16 or (x2.shape[0] > 1 and x2.stride(0) % 8):
-        x2 = x2.contiguous()
-    h = _dense_decode(x2, ws[0], ws[1], act="swiglu")
-    # the kernel just before is the gate/up one, which writes neither weight
-    return _dense_decode(h, ws[2], weights_ready=True).reshape(x.shape)
+    if torch.compiler.is_compiling():
+        return torch.ops.samoyeds.shared_mlp(x, *ws)
+    return torch_ops.shared_mlp_eager(x, *ws)
 
 
 def _dense_shared_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The Samoyeds MoE forward as a torch custom op, ``torch.ops.samoyeds.moe_forward``.
+"""The Samoyeds MoE forward as a torch custom op, ``torch.ops.samoyeds.moe_forward``, and
+a dense gated MLP at decode sizes, ``torch.ops.samoyeds.shared_mlp``.
 
 ``torch.compile`` treats the op as one opaque node (no graph break, no tracing
 into the C extension): the fake implementation gives the output's shape and
@@ -19,7 +20,8 @@ from . import moe as _moe
 from .ops import ACTS
 from .packed import PackedWeight
 
-__all__ = ["ACT_IDS", "act_id", "moe_forward", "moe_forward_eager", "moe_forward_packed"]
+__all__ = ["ACT_IDS", "act_id", "moe_forward", "moe_forward_eager", "moe_forward_packed", "shared_mlp",
+           "shared_mlp_eager"]
 
 #: The activation names of :func:`samoyeds.moe.moe_forward` and the int the op takes.
 ACT_IDS = {"swiglu": ACTS["swiglu"], "gptoss": ACTS["gptoss"]}
@@ -118,3 +120,48 @@ def moe_forward_packed(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights
         gate_up.values, gate_up.meta, gate_up.idx, gr, gc,
         down.values, down.meta, down.idx, dr, dc,
         n, m, v, act_id(act), gate_up_bias, down_bias, float(alpha), float(limit))
+
+
+@torch.library.custom_op("samoyeds::shared_mlp", mutates_args=())
+def shared_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """``down(silu(gate(x)) * up(x))`` with dense bias-free weights ``gate, up [I, H]``,
+    ``down [H, I]`` (an unpruned shared-experts MLP): on the GPU, where the kernel takes
+    the tensors, two :func:`samoyeds.dense_decode` launches (gate, up and SiLU fused into
+    the first); otherwise the same three matmuls in torch.  Inference only (no backward).
+    Returns ``[..., H]`` in x's dtype."""
+    return shared_mlp_eager(x, gate, up, down)
+
+
+def _dense_decode_takes(x2: torch.Tensor, ws) -> bool:
+    """Whether samoyeds.dense_decode takes x2 and the weights as they are (GPU, bf16/fp16,
+    one dtype and device, contiguous 16-byte aligned weight rows of a multiple of 8)."""
+    if not x2.is_cuda or x2.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return all(w.dtype == x2.dtype and w.device == x2.device and w.is_contiguous() and w.shape[-1] % 8 == 0
+               and w.data_ptr() % 16 == 0 for w in ws)
+
+
+def shared_mlp_eager(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The body of :func:`shared_mlp`, callable without the dispatcher (eager inference)."""
+    from torch.nn import functional as F
+
+    from .ops import dense_decode
+
+    H = gate.shape[1]
+    if x.shape[-1] != H or tuple(up.shape) != tuple(gate.shape) or tuple(down.shape) != (H, gate.shape[0]):
+        raise ValueError(f"x, gate, up, down: expected [..., H], [I, H], [I, H] and [H, I], got {tuple(x.shape)}, "
+                         f"{tuple(gate.shape)}, {tuple(up.shape)} and {tuple(down.shape)}")
+    x2 = x.reshape(-1, H)
+    if not _dense_decode_takes(x2, (gate, up, down)):
+        return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+    if x2.stride(-1) != 1 or x2.data_ptr() % 16 or (x2.shape[0] > 1 and x2.stride(0) % 8):
+        x2 = x2.contiguous()
+    h = dense_decode(x2, gate, up, act="swiglu")
+    # the kernel just before is the gate/up one, which writes neither weight
+    return dense_decode(h, down, weights_ready=True).reshape(x.shape)
+
+
+@shared_mlp.register_fake
+def _shared_mlp_fake(x, gate, up, down):
+    torch._check(x.shape[-1] == gate.shape[1], lambda: f"x: expected {gate.shape[1]} columns, got {x.shape[-1]}")
+    return x.new_empty(x.shape)

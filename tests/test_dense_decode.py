@@ -316,3 +316,47 @@ def test_unpruned_shared_experts_gpu(family, monkeypatch):
         got = model(ids).logits
         theirs = hf16(ids).logits
     assert rel_err(got, want) <= 2 * rel_err(theirs, want) + 1e-3
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_shared_mlp_op(device):
+    """torch.ops.samoyeds.shared_mlp: the gated MLP on dense weights (on the GPU in bf16 by the
+    dense decode kernel, elsewhere in torch) against the float64 MLP, through torch.library's
+    op checks and inside a torch.compile'd function (one opaque node, no graph break)."""
+    gen = torch.Generator().manual_seed(31)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    H, I = 64, 40
+    g, u = ((torch.randn(I, H, generator=gen) / H ** 0.5).to(dtype).to(device) for _ in range(2))
+    d = (torch.randn(H, I, generator=gen) / I ** 0.5).to(dtype).to(device)
+    x = torch.randn(2, 3, H, generator=gen).to(dtype).to(device)
+    want = oracle(oracle(x.reshape(-1, H), g, u, "swiglu"), d).reshape(2, 3, H)
+    got = torch.ops.samoyeds.shared_mlp(x, g, u, d)
+    assert got.shape == x.shape and got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert rel_err(got, want) <= tol
+    compiled = torch.compile(lambda t: torch.ops.samoyeds.shared_mlp(t, g, u, d), backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), got)
+    torch.library.opcheck(torch.ops.samoyeds.shared_mlp.default, (x, g, u, d))
+    with pytest.raises(ValueError, match="expected"):
+        torch.ops.samoyeds.shared_mlp(x, g, u[:5], d)
+
+
+@pytest.mark.gpu
+def test_unpruned_shared_experts_compiled_gpu():
+    """Under torch.compile the patched shared MLP runs torch.ops.samoyeds.shared_mlp (the
+    dense decode kernel) at decode sizes, and its own compiled forward above the limit;
+    both agree with the eager module."""
+    model = build_model("deepseek_v2", SHAPE, seed=13)
+    sm.patch_model(model, "samoyeds-1:2:128", progress=False)
+    model.to(device="cuda", dtype=torch.bfloat16)
+    mlp = next(iter(_shared(model).values()))
+    compiled = torch.compile(mlp, backend="eager", fullgraph=True)
+    gen = torch.Generator().manual_seed(14)
+    for T in (1, 9, 40):
+        x = torch.randn(T, SHAPE.hidden, generator=gen).to(torch.bfloat16).cuda()
+        with torch.no_grad():
+            names = _kernel_names(lambda: compiled(x))
+            got = compiled(x)
+            eager = mlp(x)
+        assert any("dense_decode_kernel" in k for k in names) == (T <= 16), (T, names)
+        assert rel_err(got, eager) <= 1e-2, T
