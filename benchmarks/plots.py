@@ -354,6 +354,33 @@ def accuracy(d: dict):
 
 # --- all figures --------------------------------------------------------------------------------------
 
+def dense_decode(d: dict):
+    """Unpruned shared experts at decode sizes: samoyeds.dense_decode against the transformers MLP
+    by token count (left), and the weight stream against the device copy rate (right)."""
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    shapes = sorted({r["shape"] for r in d.get("rows", [])}, key=lambda n: [r["shape"] for r in d["rows"]].index(n))
+    for name in shapes:
+        rows = sorted((r for r in d["rows"] if r["shape"] == name), key=lambda r: r["T"])
+        label = f"{name} ({rows[0]['H']} x {rows[0]['I']})"
+        a1.plot([r["T"] for r in rows], [r["speedup"] for r in rows], "o-", label=label)
+        a2.plot([r["T"] for r in rows], [100 * r["frac_of_copy"] for r in rows], "o-", label=label)
+    a1.axhline(1.0, color="k", lw=0.8)
+    a2.axhline(100.0, color="k", lw=0.8)
+    ts = sorted({r["T"] for r in d.get("rows", [])})
+    for ax in (a1, a2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ts, [str(t) for t in ts])
+        ax.set_xlabel("tokens T")
+        ax.grid(alpha=0.3)
+    a1.set_ylabel("speed vs the transformers MLP")
+    a2.set_ylabel("weights read, % of the copy rate")
+    a1.legend(fontsize=8)
+    _title(fig, "Dense decode kernel: a shared-experts MLP (gate, up, SiLU; down)", {"env": d.get("env") or d})
+    fig.tight_layout()
+    return fig
+
+
 FIGURES = [  # (png name, JSON file, function)
     ("kernel_models", "kernel.json", kernel_models),
     ("kernel_sweep", "sweep.json", kernel_sweep_lines),
@@ -363,6 +390,7 @@ FIGURES = [  # (png name, JSON file, function)
     ("e2e", "e2e.json", e2e),
     ("memory", "memory.json", memory),
     ("accuracy", "accuracy.json", accuracy),
+    ("dense_decode", "dense_decode.json", dense_decode),
 ]
 
 
