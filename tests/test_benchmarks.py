@@ -101,6 +101,18 @@ def test_breakdown_variants_compute_the_same_layer(tmp_path):
         assert r["rel_err_vs_e"] < 1e-5, (name, r)
 
 
+def test_dense_decode_benchmark_smoke(tmp_path):
+    """bench_dense_decode.py's CPU smoke run: the C reference and the torch MLP on the same toy
+    weights agree with the float64 MLP, and the JSON holds every token count."""
+    p = _run([os.path.join(BENCH, "bench_dense_decode.py"), "--tiny", "--device", "cpu", "--out", str(tmp_path),
+              "--tokens", "1,3,17"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads((tmp_path / "dense_decode.json").read_text())
+    assert [r["T"] for r in d["rows"]] == [1, 3, 17]
+    for r in d["rows"]:
+        assert r["rel_err_vs_fp64"] < 1e-5 and r["ms"]["dense_decode"] > 0 and r["frac_of_copy"] is None, r
+
+
 def test_memory_jobs_in_their_own_process(tmp_path):
     p = _run([os.path.join(BENCH, "bench_memory.py"), "--tiny", "--device", "cpu", "--isolate", "yes",
               "--scopes", "layer", "--layer-models", "mixtral-8x7b", "--out", str(tmp_path)])
