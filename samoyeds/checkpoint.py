@@ -249,7 +249,8 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
         model_class: the transformers class to build (default: the class that was
             saved, looked up in ``transformers``).
     Returns:
-        The model in eval mode, patched (``experts_implementation="samoyeds"``).
+        The model in eval mode, patched (``experts_implementation="samoyeds"``; unpruned
+        shared experts on the dense decode path, as :func:`samoyeds.patch_model` leaves them).
     Raises:
         FileNotFoundError: a file of the checkpoint is missing.
         CheckpointError: a file is corrupt or truncated, of another checkpoint or
@@ -377,6 +378,7 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
     if os.path.isfile(gen_file) and hasattr(model, "generation_config"):
         model.generation_config = transformers.GenerationConfig.from_pretrained(path)
     _hf.register()
+    _hf._dense_shared_patch_all(model, targets)
     _hf._set_implementation(model, [t.experts for t in targets if t.block is None], _hf.IMPLEMENTATION)
     return model
 

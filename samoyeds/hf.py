@@ -614,8 +614,12 @@ def _dense_shared_ok(mod: nn.Module) -> bool:
     return _is_silu(act) and g.shape == u.shape and tuple(d.shape) == (g.shape[1], g.shape[0])
 
 
-def _dense_shared_patch(mod: nn.Module) -> None:
-    mod.__class__ = _dense_shared_class(type(mod))
+def _dense_shared_patch_all(model: nn.Module, targets: List[_Target]) -> None:
+    """Gives every unpruned shared MLP of the blocks owning ``targets`` that the dense decode
+    path takes its SamoyedsDense subclass (patch_model, from_pretrained)."""
+    for st in _find_shared(model, targets):
+        if _dense_shared_ok(st.mlp):
+            st.mlp.__class__ = _dense_shared_class(type(st.mlp))
 
 
 def _dense_shared_unpatch_all(model: nn.Module) -> None:
@@ -838,7 +842,6 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         raise ValueError(f"{type(model).__name__} is already patched ({done[0]!r}, ...); "
                          "call samoyeds.unpatch_model(model) first")
     shared = _find_shared(model, targets) if shared_experts else []
-    dense_shared = [] if shared_experts else [st for st in _find_shared(model, targets) if _dense_shared_ok(st.mlp)]
     if shared_experts and not shared:
         raise UnsupportedModelError(f"{type(model).__name__}: shared_experts=True, but its MoE blocks have no "
                                     f"shared experts (a child named {' or '.join(_SHARED_NAMES)})")
@@ -898,8 +901,8 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
                 e.add_note(f"samoyeds.patch_model failed at {failing!r}; the {len(done) + len(done_shared)} "
                            "module(s) packed before it were unpacked and now hold their masked dense weights")
             raise
-    for st in dense_shared:
-        _dense_shared_patch(st.mlp)
+    if not shared_experts:
+        _dense_shared_patch_all(model, targets)
     setattr(model, _PREVIOUS_ATTR, previous)
     _set_implementation(model, [t.experts for t in targets if t.block is None], IMPLEMENTATION)
     return model

@@ -360,3 +360,27 @@ def test_unpruned_shared_experts_compiled_gpu():
             eager = mlp(x)
         assert any("dense_decode_kernel" in k for k in names) == (T <= 16), (T, names)
         assert rel_err(got, eager) <= 1e-2, T
+
+
+def test_checkpoint_and_sparsify_keep_the_dense_shared_path(tmp_path):
+    """A model saved with save_pretrained and loaded with samoyeds.from_pretrained, and one
+    pruned by sparsify_model, hold their unpruned shared experts on the dense decode path
+    too; the loaded model's logits equal the saved one's, and unpatch_model undoes it."""
+    model = build_model("deepseek_v2", SHAPE, seed=15)
+    sm.patch_model(model, "samoyeds-1:2:128", progress=False)
+    ids = torch.randint(3, SHAPE.vocab, (1, 9), generator=torch.Generator().manual_seed(16))
+    with torch.no_grad():
+        want = model(ids).logits
+    sm.save_pretrained(model, tmp_path / "ckpt")
+    loaded = sm.from_pretrained(tmp_path / "ckpt")
+    kinds = [type(m) for m in _shared(loaded).values()]
+    assert kinds and all(k.__name__.startswith("SamoyedsDense<") for k in kinds)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, want)
+    sm.unpatch_model(loaded)
+    assert not any(type(m).__name__.startswith("SamoyedsDense<") for m in loaded.modules())
+    pruned = build_model("qwen2_moe", SHAPE, seed=17)
+    sm.sparsify_model(pruned, "samoyeds-1:2:128", "magnitude")
+    kinds = [type(m) for m in _shared(pruned).values()]
+    assert kinds and all(k.__name__.startswith("SamoyedsDense<") for k in kinds)
+
