@@ -98,8 +98,8 @@ def main() -> None:
         x = torch.randn(T, C, generator=gen).to(torch.bfloat16).cuda()
         g, u = (torch.randn(R, C, generator=gen).to(torch.bfloat16).cuda() for _ in range(2))
         h = sm.dense_decode(x, g, u if act != "none" else None, act=act)
-        sm.dense_decode(h, torch.randn(24, R, generator=gen).to(torch.bfloat16).cuda(), weights_ready=True) \
-            if R % 8 == 0 else None
+        if R % 8 == 0:
+            sm.dense_decode(h, torch.randn(24, R, generator=gen).to(torch.bfloat16).cuda(), weights_ready=True)
     # the fill-rate kernels (sm_90a): rings of one stage and of several, clusters for multicast
     if ("sm_90a" in sm.build_info()["cuda_archs"].split() and torch.cuda.get_device_capability() == (9, 0)
             and os.environ.get("SAMOYEDS_SANITIZE_TOOL", "memcheck") == "memcheck"):

@@ -541,23 +541,26 @@ def _dense_decode_max_rows() -> int:
         raise ValueError(f"SAMOYEDS_DENSE_DECODE_MAX_ROWS: expected an integer, got {raw!r}") from None
 
 
-def _dense_shared_fast(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
-    """The shared MLP's output by two dense_decode launches (torch.ops.samoyeds.shared_mlp
-    under torch.compile), or None where the module's own forward runs: off the GPU, past the
-    row limit, with autograd, and for modules or dtypes the kernel does not take (the op
-    itself falls back to torch for tensors it cannot read as they lie)."""
-    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
-        return None
+def _mlp_weights(mod: nn.Module) -> Optional[List[torch.Tensor]]:
+    """The gate, up and down weights of an MLP of three bias-free ``nn.Linear``, else None."""
     lin = [mod._modules.get(k) for k in _MLP_PROJS]
     if not all(type(m) is nn.Linear and m.bias is None for m in lin):
         return None
-    ws = [m.weight for m in lin]
-    if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws)):
+    return [m.weight for m in lin]
+
+
+def _dense_shared_fast(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The shared MLP's output by two dense_decode launches (torch.ops.samoyeds.shared_mlp
+    under torch.compile), or None where the module's own forward runs: off the GPU, past the
+    row limit, with autograd, and for modules the kernel does not take (the op itself falls
+    back to torch for weights it cannot read as they lie: dtype, device, alignment)."""
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    ws = _mlp_weights(mod)  # (again per call: a projection may have been replaced since)
+    if ws is None or (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws))):
         return None
     H = ws[0].shape[1]
     if x.shape[-1] != H or x.numel() > _dense_decode_max_rows() * H:
-        return None
-    if any(w.dtype != x.dtype or w.device != x.device for w in ws):
         return None
     if torch.compiler.is_compiling():
         return torch.ops.samoyeds.shared_mlp(x, *ws)
@@ -606,11 +609,11 @@ def _dense_shared_ok(mod: nn.Module) -> bool:
     """A gated SiLU MLP of bias-free nn.Linear projections, not patched yet."""
     if getattr(type(mod), "_samoyeds_dense_shared", False) or isinstance(mod, SamoyedsMLP):
         return False
-    lin = [mod._modules.get(k) for k in _MLP_PROJS]
-    if not all(type(m) is nn.Linear and m.bias is None for m in lin):
+    ws = _mlp_weights(mod)
+    if ws is None:
         return False
     act = getattr(mod, "act_fn", getattr(mod, "activation_fn", None))
-    g, u, d = (m.weight for m in lin)
+    g, u, d = ws
     return _is_silu(act) and g.shape == u.shape and tuple(d.shape) == (g.shape[1], g.shape[0])
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.nn import functional as F
 
 from . import moe as _moe
-from .ops import ACTS
+from .ops import ACTS, dense_decode
 from .packed import PackedWeight
 
 __all__ = ["ACT_IDS", "act_id", "moe_forward", "moe_forward_eager", "moe_forward_packed", "shared_mlp",
@@ -143,10 +144,6 @@ def _dense_decode_takes(x2: torch.Tensor, ws) -> bool:
 
 def shared_mlp_eager(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """The body of :func:`shared_mlp`, callable without the dispatcher (eager inference)."""
-    from torch.nn import functional as F
-
-    from .ops import dense_decode
-
     H = gate.shape[1]
     if x.shape[-1] != H or tuple(up.shape) != tuple(gate.shape) or tuple(down.shape) != (H, gate.shape[0]):
         raise ValueError(f"x, gate, up, down: expected [..., H], [I, H], [I, H] and [H, I], got {tuple(x.shape)}, "
