@@ -236,6 +236,9 @@ static PyMethodDef sam_methods[] = {
      "bias=None, scale=None, alpha=1.702, limit=7.0, impl=0, stream=None)."},
     {"dense_decode", (PyCFunction)(void (*)(void))sam_py_dense_decode, METH_VARARGS | METH_KEYWORDS,
      "dense_decode(out, x, w, up=None, act=0, alpha=1.702, limit=7.0, weights_ready=False, stream=None)."},
+    {"router", (PyCFunction)(void (*)(void))sam_py_router, METH_VARARGS | METH_KEYWORDS,
+     "router(logits, weights, ids, x, w, k, bias=None, mode=0, n_group=1, topk_group=1, renorm=False, scale=1.0, "
+     "stream=None): router logits, weights and top-k expert ids."},
     {"moe_route", (PyCFunction)(void (*)(void))sam_py_moe_route, METH_VARARGS | METH_KEYWORDS,
      "moe_route(offsets, token_ids, perm, pos, top_k_index, stream=None)."},
     {"moe_gather_weights", (PyCFunction)(void (*)(void))sam_py_moe_gather_weights,

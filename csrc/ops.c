@@ -649,6 +649,129 @@ PyObject *sam_py_dense_decode(PyObject *self, PyObject *args, PyObject *kw)
     return finish(&c, status, last_error(c.cuda));
 }
 
+/* ---- the router --------------------------------------------------------------------- */
+
+/* t: float32 or x's dtype, [rows, cols] contiguous, writable (an output). */
+static int check_router_out(op_ctx *c, sam_tensor *t, const sam_tensor *x, int64_t rows, int64_t cols,
+                            unsigned dtypes)
+{
+    int64_t shape[2] = {rows, cols};
+    if (sam_check_shape(t, 2, shape) < 0 || sam_check_contiguous(t) < 0 || sam_check_writable(t) < 0) return -1;
+    if (dtypes == 0 && t->dtype != SAM_F32 && t->dtype != x->dtype) {
+        PyErr_Format(PyExc_TypeError, "%s: %s: expected dtype float32 or %s (that of x), got %s", c->op, t->name,
+                     sam_dtype_name(x->dtype), sam_dtype_name(t->dtype));
+        return -1;
+    }
+    return dtypes == 0 ? 0 : sam_check_dtype(t, dtypes);
+}
+
+PyObject *sam_py_router(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"logits", "weights", "ids", "x", "w", "k", "bias", "mode", "n_group", "topk_group",
+                             "renorm", "scale", "stream", NULL};
+    PyObject *o_logits, *o_weights, *o_ids, *o_x, *o_w, *o_bias = Py_None, *o_stream = Py_None;
+    int k, mode = 0, n_group = 1, topk_group = 1, renorm = 0;
+    float scale = 1.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOi|OiiipfO:router", kwlist, &o_logits, &o_weights, &o_ids,
+                                     &o_x, &o_w, &k, &o_bias, &mode, &n_group, &topk_group, &renorm, &scale,
+                                     &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "router", stream);
+    if (mode != SAM_ROUTER_SOFTMAX_TOPK && mode != SAM_ROUTER_TOPK_SOFTMAX) {
+        PyErr_Format(PyExc_ValueError, "router: mode = %d; expected 0 (softmax, then top-k) or 1 (top-k, then "
+                     "softmax)", mode);
+        return NULL;
+    }
+    sam_tensor logits, weights, ids, x, w, bias;
+    if (sam_tensor_take(&c.call, &logits, o_logits, "logits", 0) < 0 ||
+        sam_tensor_take(&c.call, &weights, o_weights, "weights", 0) < 0 ||
+        sam_tensor_take(&c.call, &ids, o_ids, "ids", 0) < 0 ||
+        sam_tensor_take(&c.call, &x, o_x, "x", 0) < 0 ||
+        sam_tensor_take(&c.call, &w, o_w, "w", 0) < 0 ||
+        sam_tensor_take(&c.call, &bias, o_bias, "bias", 1) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    if (sam_check_dtype(&x, c.cuda ? SAM_DT_HALF : SAM_DT_FLOAT) < 0 || sam_check_ndim(&x, 2) < 0 ||
+        check_dense_weight(&c, &w, &x, NULL) < 0)
+        return fail(&c);
+    const int64_t E = w.shape[0], H = w.shape[1], T = x.shape[0];
+    int64_t ldx;
+    if (check_x_rows(&c, &x, H, &ldx) < 0) return fail(&c);
+    if (E < 1 || E > SAM_ROUTER_MAX_EXPERTS) {
+        PyErr_Format(PyExc_ValueError, "router: w has %lld rows (experts); expected 1 to %d", (long long)E,
+                     SAM_ROUTER_MAX_EXPERTS);
+        return fail(&c);
+    }
+    if (k < 1 || k > E || k > SAM_ROUTER_MAX_K) {
+        PyErr_Format(PyExc_ValueError, "router: k = %d; expected 1 <= k <= min(experts = %lld, %d)", k,
+                     (long long)E, SAM_ROUTER_MAX_K);
+        return fail(&c);
+    }
+    if (n_group < 1 || n_group > SAM_ROUTER_MAX_GROUPS || E % n_group != 0 || topk_group < 1 ||
+        topk_group > n_group || (mode == SAM_ROUTER_TOPK_SOFTMAX && n_group != 1)) {
+        PyErr_Format(PyExc_ValueError, "router: n_group = %d, topk_group = %d; expected n_group <= %d dividing the "
+                     "%lld experts and 1 <= topk_group <= n_group (groups only with mode 0)", n_group, topk_group,
+                     SAM_ROUTER_MAX_GROUPS, (long long)E);
+        return fail(&c);
+    }
+    if (bias.present) {
+        int64_t bs[1] = {E};
+        if (sam_check_shape(&bias, 1, bs) < 0 || sam_check_contiguous(&bias) < 0) return fail(&c);
+        if (bias.dtype != SAM_F32 && bias.dtype != x.dtype) {
+            PyErr_Format(PyExc_TypeError, "router: bias: expected dtype float32 or %s (that of x), got %s",
+                         sam_dtype_name(x.dtype), sam_dtype_name(bias.dtype));
+            return fail(&c);
+        }
+    }
+    if (check_router_out(&c, &logits, &x, T, E, 0) < 0 || check_router_out(&c, &weights, &x, T, k, 0) < 0 ||
+        check_router_out(&c, &ids, &x, T, k, SAM_DT(SAM_I64)) < 0)
+        return fail(&c);
+    sam_tensor *outs[] = {&logits, &weights, &ids};
+    sam_tensor *ins[] = {&x, &w, &bias};
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; j < 3; j++)
+            if (sam_check_no_overlap(outs[i], ins[j]) < 0) return fail(&c);
+        for (int j = i + 1; j < 3; j++)
+            if (sam_check_no_overlap(outs[i], outs[j]) < 0) return fail(&c);
+    }
+    sam_router_params p;
+    memset(&p, 0, sizeof p);
+    p.x = x.data;
+    p.T = T;
+    p.ldx = ldx;
+    p.dtype = x.dtype;
+    p.w = w.data;
+    p.E = E;
+    p.H = H;
+    p.bias = bias.present ? bias.data : NULL;
+    p.bias_dtype = bias.present ? bias.dtype : SAM_F32;
+    p.k = k;
+    p.mode = mode;
+    p.n_group = n_group;
+    p.topk_group = topk_group;
+    p.renorm = renorm;
+    p.scale = scale;
+    p.logits = logits.data;
+    p.logits_dtype = logits.dtype;
+    p.weights = weights.data;
+    p.weights_dtype = weights.dtype;
+    p.ids = (int64_t *)ids.data;
+    int status;
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, sam_router_cuda(&p, c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, sam_router_ref(&p));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
 /* ---- MoE routing ------------------------------------------------------------------ */
 
 PyObject *sam_py_moe_route(PyObject *self, PyObject *args, PyObject *kw)

@@ -171,6 +171,52 @@ typedef struct sam_dense_params {
 /* GPU: C a multiple of 8, ldx a multiple of 8, x, w and up 16-byte aligned. */
 sam_status sam_dense_decode_cuda(const sam_dense_params *p, void *stream);
 
+/* ---- the router: logits, scores and top-k experts (cuda/router.cu) ------------- */
+
+typedef enum sam_router_mode {
+    SAM_ROUTER_SOFTMAX_TOPK = 0, /* scores = softmax(logits); the k largest scores (Mixtral, Qwen, OLMoE,
+                                    DeepSeek-V2) */
+    SAM_ROUTER_TOPK_SOFTMAX = 1  /* the k largest logits; weights = softmax over those k (GPT-OSS) */
+} sam_router_mode;
+
+#define SAM_ROUTER_MAX_EXPERTS 512
+#define SAM_ROUTER_MAX_K 32
+#define SAM_ROUTER_MAX_GROUPS 32
+
+/* For every token t < T (fp32 accumulation):
+ *     logits[t][e] = round_L(sum_c x[t][c] * w[e][c] + bias[e])       e < E, L = logits_dtype
+ *   SOFTMAX_TOPK:
+ *     p = softmax(logits[t]) in fp32, from the rounded logits
+ *     n_group > 1 (group-limited): a group's score is the largest p of its E / n_group
+ *     experts (groups contiguous); the p of every expert outside the topk_group best
+ *     groups counts as 0
+ *     sel = the k largest p, largest first (equal values: the lower expert id first)
+ *     v = p[sel]; renorm: v /= (v[0] + ... + v[k-1]); v *= scale
+ *   TOPK_SOFTMAX:
+ *     sel = the k largest logits, largest first (ties as above); v = softmax(logits[sel]) * scale
+ *   weights[t][j] = round_W(v[j]), ids[t][j] = sel[j] (int64).
+ * Two launches on the GPU (logits; selection), each with programmatic dependent launch. */
+typedef struct sam_router_params {
+    const void *x;          /* x[T][ldx], H columns used */
+    int64_t T, ldx;
+    sam_dtype dtype;        /* x and w: SAM_BF16 or SAM_F16 (the C reference: also SAM_F32) */
+    const void *w;          /* [E][H] contiguous */
+    int64_t E, H;
+    const void *bias;       /* [E] or NULL */
+    sam_dtype bias_dtype;   /* SAM_F32 or dtype */
+    int k, mode, n_group, topk_group, renorm;
+    float scale;
+    void *logits;           /* [T][E] contiguous */
+    sam_dtype logits_dtype; /* SAM_F32 or dtype */
+    void *weights;          /* [T][k] contiguous */
+    sam_dtype weights_dtype;/* SAM_F32 or dtype */
+    int64_t *ids;           /* [T][k] contiguous */
+} sam_router_params;
+
+/* GPU: H and ldx multiples of 8, x and w 16-byte aligned, E <= SAM_ROUTER_MAX_EXPERTS,
+ * 1 <= k <= min(E, SAM_ROUTER_MAX_K), n_group <= SAM_ROUTER_MAX_GROUPS dividing E. */
+sam_status sam_router_cuda(const sam_router_params *p, void *stream);
+
 /* ---- MoE routing and combine (cuda/moe.cu) -------------------------------- */
 
 /* From top_k_index[T][K] (int32 or int64; ids >= E or < 0 are skipped):

@@ -41,6 +41,17 @@ weights requested while the first ends) instead of five, under ``torch.compile``
 ``torch.ops.samoyeds.shared_mlp``; otherwise the module's own forward.
 :func:`unpatch_model` gives the module its class back.
 
+Routers.  The router of every patched block whose rule samoyeds knows (Mixtral,
+Qwen2/3-MoE, OLMoE, DeepSeek-V2 greedy and group-limited greedy, GPT-OSS) gets a subclass
+of its own class too (``SamoyedsRouter<...>``), kept only where it gives the router's own
+outputs on a probe of random tokens at patch time.  For inference on the GPU its forward is
+one :func:`samoyeds.router` call (two launches: logits on tensor cores, then softmax,
+group limit, top-k and renormalisation one warp per token) in place of the model's GEMM
+(DeepSeek-V2's in fp32 after casting the hidden states), softmax, top-k and elementwise
+launches; with autograd, under ``torch.compile``, on the CPU, for tensors the kernel does
+not take, or with ``SAMOYEDS_ROUTER=0``, the module's own forward.  The returned
+``router_logits`` are the module's (same dtype); equal scores pick the lower expert id.
+
 Shared experts, packed (opt-in, ``patch_model(..., shared_experts=True)``).  The always-on MLP that
 DeepSeek-V2/V3, Qwen2-MoE and Llama 4 blocks run beside their routed experts
 (``shared_experts`` / ``shared_expert``: ``down_proj(silu(gate_proj(x)) * up_proj(x))``
@@ -238,9 +249,13 @@ def __getattr__(name: str) -> Any:
         if base is not None:
             return _patched_llama4_class(base)
     if name.startswith(_DENSE_PREFIX) and name.endswith(">"):
-        base = _dense_shared_base(name)
+        base = _class_by_name(name, _DENSE_PREFIX)
         if base is not None:
             return _dense_shared_class(base)
+    if name.startswith(_ROUTER_PREFIX) and name.endswith(">"):
+        base = _class_by_name(name, _ROUTER_PREFIX)
+        if base is not None:
+            return _router_class(base)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -586,11 +601,11 @@ def _dense_shared_class(base: type) -> type:
     return cls
 
 
-def _dense_shared_base(name: str) -> Optional[type]:
-    """The base class a ``SamoyedsDense<...>`` name stands for, or None."""
+def _class_by_name(name: str, prefix: str) -> Optional[type]:
+    """The base class a ``SamoyedsDense<...>`` / ``SamoyedsRouter<...>`` name stands for, or None."""
     import importlib
 
-    parts = name[len(_DENSE_PREFIX):-1].split(":")
+    parts = name[len(prefix):-1].split(":")
     for i in range(len(parts) - 1, 0, -1):
         try:
             obj: Any = importlib.import_module(".".join(parts[:i]))
@@ -629,6 +644,170 @@ def _dense_shared_unpatch_all(model: nn.Module) -> None:
     for mod in model.modules():
         if getattr(type(mod), "_samoyeds_dense_shared", False):
             mod.__class__ = type(mod)._samoyeds_base
+
+
+# --- routers: one fused op ------------------------------------------------------------------------
+
+_ROUTER_CLASSES: Dict[type, type] = {}
+_ROUTER_PREFIX = "SamoyedsRouter<"
+_ROUTER_NAMES = ("gate", "router")
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """What a router computes, in :func:`samoyeds.router`'s terms."""
+    k: int
+    mode: str = "softmax_topk"
+    n_group: int = 1
+    topk_group: int = 1
+    renorm: bool = False
+    scale: float = 1.0
+    logits_fp32: bool = False   # logits in float32 (else in the hidden states' dtype)
+    weights_fp32: bool = True   # routing weights in float32 (else in the logits' dtype)
+    bias: bool = False
+
+
+def _router_spec(mod: nn.Module) -> Optional[RouterSpec]:
+    """The rule of a router module samoyeds knows, from its class and attributes, else None
+    (what it claims is checked against the module's own forward before it is used)."""
+    w = getattr(mod, "weight", None)
+    k = getattr(mod, "top_k", None)
+    if not isinstance(w, torch.Tensor) or w.ndim != 2 or not isinstance(k, int):
+        return None
+    name = type(mod).__name__
+    if name == "DeepseekV2TopkRouter":
+        method = getattr(mod, "topk_method", None)
+        if method == "greedy":
+            groups = (1, 1)
+        elif method == "group_limited_greedy":
+            groups = (int(mod.num_group), int(mod.topk_group))
+        else:
+            return None
+        return RouterSpec(k, n_group=groups[0], topk_group=groups[1], scale=float(mod.routed_scaling_factor),
+                          logits_fp32=True)
+    if name == "MixtralTopKRouter":
+        return RouterSpec(k, renorm=True)
+    if name in ("Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter"):
+        return RouterSpec(k, renorm=bool(getattr(mod, "norm_topk_prob", False)), weights_fp32=False)
+    if name == "GptOssTopKRouter":
+        return RouterSpec(k, mode="topk_softmax", weights_fp32=False, bias=getattr(mod, "bias", None) is not None)
+    return None
+
+
+def _router_on() -> bool:
+    import os
+
+    return os.environ.get("SAMOYEDS_ROUTER", "1").strip() != "0"
+
+
+def _router_run(mod: nn.Module, spec: RouterSpec, x: torch.Tensor) -> tuple:
+    from .ops import router as _router
+
+    ld = "float32" if spec.logits_fp32 else str(x.dtype).replace("torch.", "")
+    return _router(x, mod.weight, spec.k, bias=mod.bias if spec.bias else None, mode=spec.mode,
+                   n_group=spec.n_group, topk_group=spec.topk_group, renorm=spec.renorm, scale=spec.scale,
+                   logits_dtype=ld, weights_dtype="float32" if spec.weights_fp32 else ld)
+
+
+def _router_fast(mod: nn.Module, hidden_states: torch.Tensor) -> Optional[tuple]:
+    """The router's outputs by samoyeds.router, or None where its own forward runs."""
+    spec = getattr(mod, "_samoyeds_router_spec", None)
+    w = getattr(mod, "weight", None)
+    if (spec is None or not hidden_states.is_cuda or not isinstance(w, torch.Tensor)
+            or hidden_states.dtype not in (torch.bfloat16, torch.float16) or w.dtype != hidden_states.dtype
+            or w.device != hidden_states.device or torch.compiler.is_compiling() or not _router_on()):
+        return None
+    b = getattr(mod, "bias", None) if spec.bias else None
+    if torch.is_grad_enabled() and (hidden_states.requires_grad or w.requires_grad
+                                    or (b is not None and b.requires_grad)):
+        return None
+    H = w.shape[1]
+    if hidden_states.shape[-1] != H or H % 8 or not w.is_contiguous() or w.data_ptr() % 16:
+        return None
+    x = hidden_states.reshape(-1, H)
+    if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
+        return None
+    if b is not None and (b.dtype not in (torch.float32, x.dtype) or b.device != x.device
+                          or not b.is_contiguous()):
+        return None
+    return _router_run(mod, spec, x)
+
+
+def _router_forward(self: nn.Module, hidden_states: torch.Tensor) -> Any:
+    out = _router_fast(self, hidden_states)
+    return out if out is not None else type(self)._samoyeds_base.forward(self, hidden_states)
+
+
+def _router_class(base: type) -> type:
+    cls = _ROUTER_CLASSES.get(base)
+    if cls is None:
+        name = f"{_ROUTER_PREFIX}{base.__module__.replace('.', ':')}:{base.__qualname__.replace('.', ':')}>"
+        cls = type(name, (base,), {
+            "forward": _router_forward, "__module__": __name__, "__qualname__": name,
+            "_samoyeds_base": base, "_samoyeds_router": True,
+            "__doc__": f"{base.__name__} whose forward runs samoyeds.router for inference on the GPU."})
+        _ROUTER_CLASSES[base] = cls
+    return cls
+
+
+def _router_agrees(mod: nn.Module, spec: RouterSpec) -> bool:
+    """Whether samoyeds.router with ``spec`` gives ``mod``'s own outputs on 37 random tokens
+    (on the module's device: the kernel on the GPU, the C reference on the CPU)."""
+    w = mod.weight
+    if w.device.type == "meta" or w.dtype not in _SUPPORTED_DTYPES:
+        return False
+    H = w.shape[1]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(37, H, generator=g).to(device=w.device, dtype=w.dtype)
+    try:
+        with torch.no_grad():
+            ref = type(mod).forward(mod, x)
+            got = _router_run(mod, spec, x)
+    except (ValueError, TypeError, RuntimeError):
+        return False
+    if not isinstance(ref, tuple) or len(ref) != 3:
+        return False
+    for a, b in zip(got, ref):
+        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
+            return False
+    rl, gl = ref[0].float(), got[0].float()
+    tol = 1e-2 * rl.abs() + 1e-3 * float(rl.abs().max()) + 1e-6
+    if not bool(((gl - rl).abs() <= tol).all()):
+        return False
+    # the same choice up to equal scores: the reference's logits at either set of ids
+    pick_ref = rl.gather(1, ref[2]).sort(dim=1).values
+    pick_got = rl.gather(1, got[2]).sort(dim=1).values
+    if not bool(((pick_got - pick_ref).abs() <= tol.gather(1, ref[2]).sort(dim=1).values).all()):
+        return False
+    wr, wg = ref[1].float().sort(dim=1).values, got[1].float().sort(dim=1).values
+    return bool(((wg - wr).abs() <= 1e-2 * wr.abs() + 1e-5).all())
+
+
+def _router_patch_all(model: nn.Module, targets: List[_Target]) -> None:
+    """Gives every router of the blocks owning ``targets`` whose rule samoyeds knows, and
+    whose outputs it reproduces, its SamoyedsRouter subclass (patch_model, from_pretrained)."""
+    seen = set()
+    for t in targets:
+        bname = t.name.rsplit(".", 1)[0] if "." in t.name else ""
+        block = t.block if t.block is not None else (model.get_submodule(bname) if bname else model)
+        if id(block) in seen:
+            continue
+        seen.add(id(block))
+        for attr in _ROUTER_NAMES:
+            mod = block._modules.get(attr)
+            if mod is None or getattr(type(mod), "_samoyeds_router", False):
+                continue
+            spec = _router_spec(mod)
+            if spec is not None and _router_agrees(mod, spec):
+                mod._samoyeds_router_spec = spec
+                mod.__class__ = _router_class(type(mod))
+
+
+def _router_unpatch_all(model: nn.Module) -> None:
+    for mod in model.modules():
+        if getattr(type(mod), "_samoyeds_router", False):
+            mod.__class__ = type(mod)._samoyeds_base
+            mod.__dict__.pop("_samoyeds_router_spec", None)
 
 
 def _shared_weights(mod: nn.Module) -> Dict[str, torch.Tensor]:
@@ -906,6 +1085,7 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
             raise
     if not shared_experts:
         _dense_shared_patch_all(model, targets)
+    _router_patch_all(model, targets)
     setattr(model, _PREVIOUS_ATTR, previous)
     _set_implementation(model, [t.experts for t in targets if t.block is None], IMPLEMENTATION)
     return model
@@ -932,6 +1112,7 @@ def unpatch_model(model: nn.Module) -> nn.Module:
         for _, parent, attr in shared:
             _unpatch_shared(parent, attr)
         _dense_shared_unpatch_all(model)
+        _router_unpatch_all(model)
     previous = getattr(model, _PREVIOUS_ATTR, None)
     if hasattr(model, _PREVIOUS_ATTR):
         delattr(model, _PREVIOUS_ATTR)

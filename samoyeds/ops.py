@@ -1,5 +1,5 @@
-"""The sparse-sparse matmul, dense weights at a few tokens and the MoE routing/combine
-ops (out-parameter style, like BLAS: outputs are allocated here in the inputs'
+"""The sparse-sparse matmul, dense weights at a few tokens, the router and the MoE
+routing/combine ops (out-parameter style, like BLAS: outputs are allocated here in the inputs'
 framework)."""
 from __future__ import annotations
 
@@ -111,6 +111,66 @@ def dense_decode(x: Any, w: Any, up: Optional[Any] = None, out: Optional[Any] = 
     _C.dense_decode(out, x, w, up, act=ACTS[act], alpha=alpha, limit=limit, weights_ready=bool(weights_ready),
                     stream=stream if stream is not None else current_stream(x))
     return out
+
+
+ROUTER_MODES = {"softmax_topk": 0, "topk_softmax": 1}
+
+
+def router(x: Any, w: Any, k: int, *, bias: Optional[Any] = None, mode: str = "softmax_topk", n_group: int = 1,
+           topk_group: int = 1, renorm: bool = False, scale: float = 1.0, logits_dtype: Optional[str] = None,
+           weights_dtype: Optional[str] = None, out: Optional[tuple] = None,
+           stream: Optional[int] = None) -> tuple:
+    """An MoE router: logits, routing weights and the top-k experts of every token.
+
+    For every token (fp32 accumulation)::
+
+        logits = x @ w.T (+ bias), rounded to logits_dtype
+        "softmax_topk": p = softmax(logits) (fp32, from the rounded logits); with
+            n_group > 1 the experts outside the topk_group groups of largest max(p)
+            count as 0 (groups: E / n_group contiguous experts); ids = the k largest p,
+            largest first (equal values: the lower id); v = p[ids]; renorm:
+            v /= v.sum()
+        "topk_softmax": ids = the k largest logits; v = softmax(logits[ids])
+        weights = v * scale, rounded to weights_dtype
+
+    which is what Mixtral's, Qwen2/3-MoE's and OLMoE's routers (softmax_topk, renorm as
+    ``norm_topk_prob``), DeepSeek-V2's (greedy or group-limited greedy, fp32 logits, the
+    routed scaling factor) and GPT-OSS's (topk_softmax with a bias) compute.  On the GPU
+    two launches: the logits on tensor cores (16-bit products are exact in fp32, so
+    this equals an fp32 GEMM on the same values up to the order of the sums) and one
+    warp per token for the rest.
+
+    Args:
+        x: ``[T, H]`` (bf16/fp16 on the GPU; also fp32 on the CPU), rows of unit column
+           stride; on the GPU ``H`` and the row stride multiples of 8.
+        w: ``[E, H]`` contiguous, x's dtype; ``E <= 512``.
+        k: experts per token, ``1 <= k <= min(E, 32)``.
+        bias: ``[E]``, float32 or x's dtype.
+        mode: ``"softmax_topk"`` or ``"topk_softmax"``.
+        n_group, topk_group: group-limited selection (``softmax_topk`` only; ``n_group``
+           at most 32 and dividing E).
+        logits_dtype, weights_dtype: ``"float32"`` or x's dtype (default: x's dtype for
+           the logits, float32 for the weights).
+        out: ``(logits [T, E], weights [T, k], ids [T, k] int64)`` to write; allocated if None.
+        stream: CUDA stream; None uses the producer's current stream.
+    Returns:
+        ``(logits, weights, ids)``.
+    """
+    if mode not in ROUTER_MODES:
+        raise ValueError(f"mode: expected one of {sorted(ROUTER_MODES)}, got {mode!r}")
+    x, w, bias = tensor_arg(x, "x"), tensor_arg(w, "w"), tensor_arg(bias, "bias", optional=True)
+    if out is None:
+        if len(x.shape) != 2 or len(w.shape) != 2:
+            raise ValueError(f"x, w: expected 2-d tensors, got shapes {tuple(x.shape)} and {tuple(w.shape)}")
+        T, E = x.shape[0], w.shape[0]
+        out = (empty(x, (T, E), logits_dtype or dtype_name(x)), empty(x, (T, k), weights_dtype or "float32"),
+               empty(x, (T, k), "int64"))
+    elif not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise TypeError("out: expected a tuple (logits, weights, ids)")
+    _C.router(out[0], out[1], out[2], x, w, int(k), bias, mode=ROUTER_MODES[mode], n_group=int(n_group),
+              topk_group=int(topk_group), renorm=bool(renorm), scale=float(scale),
+              stream=stream if stream is not None else current_stream(x))
+    return tuple(out)
 
 
 def _check_routing(x: Any, offsets: Any, token_ids: Optional[Any], out: Any, forced: bool) -> None:

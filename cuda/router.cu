@@ -1,0 +1,358 @@
+// router.cu -- an MoE block's router: logits, scores and the top-k experts of every token
+// (the definition is csrc/router_ref.c; the rule is written out at sam_router_params).
+//
+// Under torch a router is a GEMM launch (DeepSeek-V2's first casts the hidden states
+// and its weight to fp32 and runs an FFMA GEMM), a softmax, a top-k (a sort) and one or
+// two elementwise launches.  Here it is two launches:
+//
+//   * logits: CTA = 8 warps on BE experts x BM tokens (grid: token tiles x expert tiles),
+//     the K dimension split over the warps (warp w: 32-column blocks w, w + 8, ...).
+//     Lane (g, q) loads 16 bytes of expert rows g, g + 8 and of token g at column 8q of a
+//     block straight into the fragments of two mma.sync m16n8k16 (the K permutation of
+//     dense_decode.cu: the same for both operands, so the sums are those of x W^T);
+//     bf16 / fp16 products are exact in fp32, so an fp32 GEMM on the same values (what
+//     DeepSeek-V2's router computes) differs only in the order of the sums.  Two blocks
+//     of loads in flight per warp; the eight partial tiles are summed in a fixed order
+//     (warp w + 4 into warp w, then warps 0..3), the bias added, one rounding.
+//   * selection: one warp per token reads its logits as stored; softmax by warp
+//     reductions in a fixed order; the group limit, then k rounds of a warp arg-max
+//     (largest first, equal values: the lower id); the renormalising sum in selection
+//     order, as the reference.
+//
+// Both launch as programmatic dependents: each waits for the kernel before it on the
+// stream before reading anything, and lets its own dependent start at once.
+#include "common.cuh"
+
+#include <math.h>
+
+namespace sam {
+namespace {
+
+constexpr int RT_WARPS = 8, RT_THREADS = 32 * RT_WARPS;
+constexpr int RT_SEL_WARPS = 8;
+
+struct RouterArgs {
+    const void *x;
+    int64_t ldx;
+    int T;
+    const void *w;
+    int E, H;
+    const void *bias;
+    sam_dtype bias_dtype;
+    void *logits;
+    sam_dtype logits_dtype;
+    int k, mode, n_group, topk_group, renorm;
+    float scale;
+    void *weights;
+    sam_dtype weights_dtype;
+    int64_t *ids;
+};
+
+// ME: 16-expert m tiles, NT: 8-token n tiles of a CTA.
+template <int ME_, int NT_> struct RCfg {
+    static constexpr int ME = ME_, NT = NT_, BE = 16 * ME_, BM = 8 * NT_;
+};
+
+template <typename Cf> struct RBlock {
+    uint4 a[Cf::ME][2];  // expert rows g, g + 8 of each m tile
+    uint4 b[Cf::NT];     // token g of each n tile
+};
+
+__device__ __forceinline__ uint4 ld_nc16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+template <typename Cf>
+__device__ __forceinline__ void rt_load(RBlock<Cf> &bl, const RouterArgs &p, int e0, int t0, int blk, int g, int q) {
+    const int col = 32 * blk + 8 * q;
+    const bool cok = col < p.H;
+#pragma unroll
+    for (int m = 0; m < Cf::ME; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int e = e0 + 16 * m + 8 * h + g;
+            const char *src = static_cast<const char *>(p.w) + ((int64_t)e * p.H + col) * 2;
+            bl.a[m][h] = cok && e < p.E ? ld_nc16(src) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+    for (int j = 0; j < Cf::NT; j++) {
+        const int t = t0 + 8 * j + g;
+        const char *src = static_cast<const char *>(p.x) + ((int64_t)t * p.ldx + col) * 2;
+        bl.b[j] = cok && t < p.T ? *reinterpret_cast<const uint4 *>(src) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <typename T, typename Cf>
+__device__ __forceinline__ void rt_compute(const RBlock<Cf> &bl, float (&acc)[Cf::ME][Cf::NT][4]) {
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int m = 0; m < Cf::ME; m++) {
+            const uint4 &lo = bl.a[m][0], &hi = bl.a[m][1];
+            const uint32_t a0 = s ? lo.z : lo.x, a1 = s ? hi.z : hi.x;
+            const uint32_t a2 = s ? lo.w : lo.y, a3 = s ? hi.w : hi.y;
+#pragma unroll
+            for (int j = 0; j < Cf::NT; j++) {
+                const uint4 &bb = bl.b[j];
+                Mma16816<T>::run(acc[m][j], a0, a1, a2, a3, s ? bb.z : bb.x, s ? bb.w : bb.y);
+            }
+        }
+}
+
+template <typename T, typename Cf>
+__global__ void __launch_bounds__(RT_THREADS, 1) router_logits_kernel(const RouterArgs p) {
+    constexpr int ME = Cf::ME, NT = Cf::NT, BE = Cf::BE, BM = Cf::BM, W = RT_WARPS;
+    __shared__ float red[W / 2][BE][BM + 1];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+    const int t0 = blockIdx.x * BM, e0 = blockIdx.y * BE;
+    const int nblk = (p.H + 31) / 32;
+    pdl_wait();
+    pdl_trigger();
+    float acc[ME][NT][4];
+#pragma unroll
+    for (int m = 0; m < ME; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][j][i] = 0.0f;
+    RBlock<Cf> b0, b1;
+    if (warp < nblk) rt_load(b0, p, e0, t0, warp, g, q);
+#pragma unroll 1
+    for (int blk = warp; blk < nblk;) {
+        int nx = blk + W;
+        if (nx < nblk) rt_load(b1, p, e0, t0, nx, g, q);
+        rt_compute<T, Cf>(b0, acc);
+        blk = nx;
+        if (blk >= nblk) break;
+        nx = blk + W;
+        if (nx < nblk) rt_load(b0, p, e0, t0, nx, g, q);
+        rt_compute<T, Cf>(b1, acc);
+        blk = nx;
+    }
+    // a warp's tile: expert rows 16m + g (+ 8), tokens 8j + 2q (+ 1)
+    auto put = [&](int slot) {
+#pragma unroll
+        for (int m = 0; m < ME; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                red[slot][16 * m + g][8 * j + 2 * q] = acc[m][j][0];
+                red[slot][16 * m + g][8 * j + 2 * q + 1] = acc[m][j][1];
+                red[slot][16 * m + g + 8][8 * j + 2 * q] = acc[m][j][2];
+                red[slot][16 * m + g + 8][8 * j + 2 * q + 1] = acc[m][j][3];
+            }
+    };
+    if (warp >= W / 2) put(warp - W / 2);
+    __syncthreads();
+    if (warp < W / 2) {
+#pragma unroll
+        for (int m = 0; m < ME; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                acc[m][j][0] += red[warp][16 * m + g][8 * j + 2 * q];
+                acc[m][j][1] += red[warp][16 * m + g][8 * j + 2 * q + 1];
+                acc[m][j][2] += red[warp][16 * m + g + 8][8 * j + 2 * q];
+                acc[m][j][3] += red[warp][16 * m + g + 8][8 * j + 2 * q + 1];
+            }
+        __syncwarp();
+        put(warp);
+    }
+    __syncthreads();
+    for (int id = tid; id < BE * BM; id += RT_THREADS) {
+        const int row = id % BE, tok = id / BE;  // consecutive threads: consecutive experts of a token
+        const int e = e0 + row, t = t0 + tok;
+        if (e >= p.E || t >= p.T) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W / 2; w++) v += red[w][row][tok];
+        if (p.bias != nullptr) v += load_as_float(p.bias, p.bias_dtype, e);
+        const int64_t o = (int64_t)t * p.E + e;
+        switch (p.logits_dtype) {
+        case SAM_F32: static_cast<float *>(p.logits)[o] = v; break;
+        case SAM_BF16: static_cast<__nv_bfloat16 *>(p.logits)[o] = __float2bfloat16_rn(v); break;
+        default: static_cast<__half *>(p.logits)[o] = __float2half_rn(v); break;
+        }
+    }
+}
+
+// (value, id) a better than (value, id) b: larger first, a NaN below every number, equal
+// values by the lower id.
+__device__ __forceinline__ bool rt_better(float a, int ia, float b, int ib) {
+    if (ia < 0) return false;
+    if (ib < 0) return true;
+    const bool na = isnan(a), nb = isnan(b);
+    if (na != nb) return nb;
+    if (!na && a != b) return a > b;
+    return ia < ib;
+}
+
+__device__ __forceinline__ void rt_warp_best(float &v, int &id) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, id, o);
+        if (rt_better(ov, oi, v, id)) v = ov, id = oi;
+    }
+}
+
+__global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const RouterArgs p) {
+    constexpr int PER = SAM_ROUTER_MAX_EXPERTS / 32;
+    __shared__ float sc[RT_SEL_WARPS][SAM_ROUTER_MAX_EXPERTS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t = blockIdx.x * RT_SEL_WARPS + warp;
+    pdl_wait();
+    pdl_trigger();
+    if (t >= p.T) return;
+    const int E = p.E;
+    float v[PER];
+    uint32_t open = 0;  // bit i: entry lane + 32 i is an expert not taken yet
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < E ? load_as_float(p.logits, p.logits_dtype, (int64_t)t * E + e) : 0.0f;
+        if (e < E) open |= 1u << i;
+    }
+    if (p.mode == SAM_ROUTER_SOFTMAX_TOPK) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if (open >> i & 1) m = fmaxf(m, v[i]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if (open >> i & 1) s += (v[i] = expf(v[i] - m));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+#pragma unroll
+        for (int i = 0; i < PER; i++) v[i] /= s;
+        if (p.n_group > 1) {
+            const int G = p.n_group, gs = E / G;
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (open >> i & 1) sc[warp][lane + 32 * i] = v[i];
+            __syncwarp();
+            float gv = 0.0f;
+            if (lane < G) {
+                gv = sc[warp][lane * gs];
+                for (int i = 1; i < gs; i++) gv = fmaxf(gv, sc[warp][lane * gs + i]);
+            }
+            uint32_t chosen = 0;
+            for (int j = 0; j < p.topk_group; j++) {
+                float bv = gv;
+                int bi = lane < G && !(chosen >> lane & 1) ? lane : -1;
+                rt_warp_best(bv, bi);
+                chosen |= 1u << bi;
+            }
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if ((open >> i & 1) && !(chosen >> ((lane + 32 * i) / gs) & 1)) v[i] = 0.0f;
+        }
+    }
+    float mine = 0.0f, tot = 0.0f, first = 0.0f;
+    int mine_id = 0;
+    for (int j = 0; j < p.k; j++) {
+        float bv = 0.0f;
+        int bi = -1;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if ((open >> i & 1) && rt_better(v[i], lane + 32 * i, bv, bi)) bv = v[i], bi = lane + 32 * i;
+        rt_warp_best(bv, bi);
+        if ((bi & 31) == lane) open &= ~(1u << (bi >> 5));
+        if (j == 0) first = bv;
+        if (p.mode == SAM_ROUTER_TOPK_SOFTMAX) bv = expf(bv - first);
+        tot += bv;
+        if (lane == j) mine = bv, mine_id = bi;
+    }
+    if (lane < p.k) {
+        float w = mine;
+        if (p.mode == SAM_ROUTER_TOPK_SOFTMAX || p.renorm) w /= tot;
+        w *= p.scale;
+        const int64_t o = (int64_t)t * p.k + lane;
+        switch (p.weights_dtype) {
+        case SAM_F32: static_cast<float *>(p.weights)[o] = w; break;
+        case SAM_BF16: static_cast<__nv_bfloat16 *>(p.weights)[o] = __float2bfloat16_rn(w); break;
+        default: static_cast<__half *>(p.weights)[o] = __float2half_rn(w); break;
+        }
+        p.ids[o] = mine_id;
+    }
+}
+
+template <typename T, int ME, int NT> sam_status rt_launch(const RouterArgs &a, cudaStream_t stream) {
+    using Cf = RCfg<ME, NT>;
+    const dim3 grid((unsigned)((a.T + Cf::BM - 1) / Cf::BM), (unsigned)((a.E + Cf::BE - 1) / Cf::BE));
+    SAM_CUDA_TRY(launch_kernel(router_logits_kernel<T, Cf>, grid, dim3(RT_THREADS), 0, stream, pdl_enabled(), a),
+                 "router");
+    return launch_status("router");
+}
+
+}  // namespace
+}  // namespace sam
+
+extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) {
+    using namespace sam;
+    if (p->dtype != SAM_BF16 && p->dtype != SAM_F16) {
+        set_error("router: the GPU kernel takes bfloat16 or float16");
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    auto half_or_f32 = [&](sam_dtype t) { return t == SAM_F32 || t == p->dtype; };
+    if (!half_or_f32(p->logits_dtype) || !half_or_f32(p->weights_dtype) ||
+        (p->bias != nullptr && !half_or_f32(p->bias_dtype))) {
+        set_error("router: logits, weights and bias are float32 or x's dtype");
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    if (p->T < 0 || p->T > INT32_MAX - 64 || p->E < 1 || p->E > SAM_ROUTER_MAX_EXPERTS || p->H < 0 ||
+        p->H > INT32_MAX - 64 || p->k < 1 || p->k > p->E || p->k > SAM_ROUTER_MAX_K || p->n_group < 1 ||
+        p->n_group > SAM_ROUTER_MAX_GROUPS || p->E % p->n_group != 0 || p->topk_group < 1 ||
+        p->topk_group > p->n_group || (p->mode != SAM_ROUTER_SOFTMAX_TOPK && p->mode != SAM_ROUTER_TOPK_SOFTMAX) ||
+        (p->mode == SAM_ROUTER_TOPK_SOFTMAX && p->n_group != 1)) {
+        set_error("router: T = %lld, E = %lld, H = %lld, k = %d, mode = %d, n_group = %d, topk_group = %d out of "
+                  "range", (long long)p->T, (long long)p->E, (long long)p->H, p->k, p->mode, p->n_group,
+                  p->topk_group);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    const uintptr_t mis = (reinterpret_cast<uintptr_t>(p->x) | reinterpret_cast<uintptr_t>(p->w)) & 15u;
+    if (p->H % 8 != 0 || p->ldx % 8 != 0 || mis != 0) {
+        set_error("router: the GPU kernel needs H and x's row stride multiples of 8 and x, w at 16-byte aligned "
+                  "addresses (H = %lld, ldx = %lld)", (long long)p->H, (long long)p->ldx);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    if (p->T == 0) return SAM_STATUS_OK;
+    RouterArgs a;
+    a.x = p->x;
+    a.ldx = p->ldx;
+    a.T = (int)p->T;
+    a.w = p->w;
+    a.E = (int)p->E;
+    a.H = (int)p->H;
+    a.bias = p->bias;
+    a.bias_dtype = p->bias_dtype;
+    a.logits = p->logits;
+    a.logits_dtype = p->logits_dtype;
+    a.k = p->k;
+    a.mode = p->mode;
+    a.n_group = p->n_group;
+    a.topk_group = p->topk_group;
+    a.renorm = p->renorm;
+    a.scale = p->scale;
+    a.weights = p->weights;
+    a.weights_dtype = p->weights_dtype;
+    a.ids = p->ids;
+    cudaStream_t s = (cudaStream_t)stream;
+    const sam_status st = with_tc_dtype(p->dtype, [&](auto t) {
+        using T = decltype(t);
+        if (a.T <= 8) return rt_launch<T, 1, 1>(a, s);
+        if (a.T <= 16) return rt_launch<T, 1, 2>(a, s);
+        if (a.T <= 1024) return rt_launch<T, 2, 4>(a, s);
+        return rt_launch<T, 4, 4>(a, s);
+    });
+    if (st != SAM_STATUS_OK) return st;
+    const unsigned grid = (unsigned)((a.T + RT_SEL_WARPS - 1) / RT_SEL_WARPS);
+    SAM_CUDA_TRY(launch_kernel(router_select_kernel, dim3(grid), dim3(32 * RT_SEL_WARPS), 0, s, pdl_enabled(), a),
+                 "router");
+    return launch_status("router");
+}
