@@ -100,6 +100,12 @@ def main() -> None:
         h = sm.dense_decode(x, g, u if act != "none" else None, act=act)
         if R % 8 == 0:
             sm.dense_decode(h, torch.randn(24, R, generator=gen).to(torch.bfloat16).cuda(), weights_ready=True)
+    # the router: every logits tile configuration, tails of tokens, experts and columns, groups, a bias
+    for T, E, H, k, ng in [(1, 60, 72, 6, 4), (13, 33, 136, 3, 1), (40, 128, 264, 8, 8), (1100, 96, 40, 2, 1)]:
+        x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+        w = torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda()
+        sm.router(x, w, k, n_group=ng, topk_group=max(1, ng // 2), logits_dtype="float32", renorm=True)
+        sm.router(x, w, k, bias=torch.randn(E, generator=gen).cuda(), mode="topk_softmax")
     # the fill-rate kernels (sm_90a): rings of one stage and of several, clusters for multicast
     if ("sm_90a" in sm.build_info()["cuda_archs"].split() and torch.cuda.get_device_capability() == (9, 0)
             and os.environ.get("SAMOYEDS_SANITIZE_TOOL", "memcheck") == "memcheck"):

@@ -113,6 +113,20 @@ def test_dense_decode_benchmark_smoke(tmp_path):
         assert r["rel_err_vs_fp64"] < 1e-5 and r["ms"]["dense_decode"] > 0 and r["frac_of_copy"] is None, r
 
 
+def test_router_benchmark_smoke(tmp_path):
+    """bench_router.py's CPU smoke run: each toy router is patched, the C reference chooses the
+    experts the module's own forward chooses, and the JSON holds every token count."""
+    p = _run([os.path.join(BENCH, "bench_router.py"), "--tiny", "--device", "cpu", "--out", str(tmp_path),
+              "--tokens", "1,37"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads((tmp_path / "router.json").read_text())
+    assert [(r["model"], r["T"]) for r in d["rows"]] == [(m, t) for m in ("tiny-deepseek", "tiny-gpt-oss")
+                                                         for t in (1, 37)]
+    for r in d["rows"]:
+        assert r["patched"] and r["rows_choosing_differently"] == 0 and r["max_abs_logit_diff"] < 1e-2, r
+        assert r["ms"]["samoyeds"] > 0 and r["frac_of_copy"] is None, r
+
+
 def test_memory_jobs_in_their_own_process(tmp_path):
     p = _run([os.path.join(BENCH, "bench_memory.py"), "--tiny", "--device", "cpu", "--isolate", "yes",
               "--scopes", "layer", "--layer-models", "mixtral-8x7b", "--out", str(tmp_path)])

@@ -1,0 +1,352 @@
+"""samoyeds.router: an MoE block's logits, routing weights and top-k experts.
+
+Every output (the C reference on the CPU, the GPU kernels) is checked against the rule in
+float64: the logits against x @ w.T + bias; the choice against the scores computed from
+the logits as returned (a valid top-k, largest first, the group limit honoured, equal
+scores by either id); the weights against those scores.  Then the patched routers of
+transformers' MoE families against their own forward."""
+from __future__ import annotations
+
+import copy
+import io
+import os
+
+import pytest
+import torch
+
+import samoyeds as sm
+from samoyeds import hf_families
+
+DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _eps(dtype):
+    return {torch.float32: 2.0 ** -23, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
+
+
+def check(x, w, k, got, *, bias=None, mode="softmax_topk", n_group=1, topk_group=1, renorm=False, scale=1.0):
+    """Asserts that (logits, weights, ids) follow samoyeds.router's rule for these inputs."""
+    logits, weights, ids = (t.cpu() for t in got)
+    T, E = x.shape[0], w.shape[0]
+    assert logits.shape == (T, E) and weights.shape == (T, k) and ids.shape == (T, k)
+    assert ids.dtype == torch.int64
+    if T == 0:
+        return
+    l64 = x.cpu().double() @ w.cpu().double().T
+    if bias is not None:
+        l64 = l64 + bias.cpu().double()
+    mag = x.cpu().double().abs() @ w.cpu().double().abs().T + 1e-30
+    # one rounding to the logits' dtype, plus fp32 sums of H products
+    tol_l = _eps(logits.dtype) * l64.abs() + 1e-5 * mag + 1e-6
+    assert ((logits.double() - l64).abs() <= tol_l).all(), float((logits.double() - l64).abs().max())
+    ld = logits.double()
+    if mode == "softmax_topk":
+        s = torch.softmax(ld, dim=1)
+        if n_group > 1:
+            gmax = s.view(T, n_group, E // n_group).amax(dim=2)
+            # the chosen groups: a valid top-topk_group of the group maxima (ties either way)
+            kth = gmax.topk(topk_group, dim=1).values[:, -1:]
+            keep = gmax >= kth - 1e-6
+            # where ties make more groups eligible, any expert of them may be picked
+            s = torch.where(keep.repeat_interleave(E // n_group, dim=1), s, torch.zeros_like(s))
+        tol_s = 1e-6 * s.abs().amax(dim=1, keepdim=True) + 1e-12
+    else:
+        s = ld
+        tol_s = 1e-6 * (ld.abs().amax(dim=1, keepdim=True) + 1)
+    assert (ids >= 0).all() and (ids < E).all()
+    assert all(len(set(r)) == k for r in ids.tolist()), "an expert picked twice"
+    pick = s.gather(1, ids)
+    assert (pick[:, :-1] >= pick[:, 1:] - tol_s).all(), "not largest first"
+    rest = s.scatter(1, ids, float("-inf"))
+    assert (pick[:, -1:] >= rest.amax(dim=1, keepdim=True) - tol_s).all(), "not the k largest"
+    if mode == "softmax_topk":
+        v = pick
+        if renorm:
+            v = v / v.sum(dim=1, keepdim=True)
+    else:
+        v = torch.softmax(pick, dim=1)
+    v = v * scale
+    tol_w = 2 * _eps(weights.dtype) * v.abs() + 1e-6 * abs(scale)
+    assert ((weights.double() - v).abs() <= tol_w).all(), float((weights.double() - v).abs().max())
+
+
+def _inputs(T, E, H, dtype, gen, device="cpu", bias_dtype=None, spread=3.0):
+    x = torch.randn(T, H, generator=gen).to(dtype)
+    w = (spread * torch.randn(E, H, generator=gen) / H ** 0.5).to(dtype)
+    b = None if bias_dtype is None else torch.randn(E, generator=gen).to(bias_dtype).to(device)
+    return x.to(device), w.to(device), b
+
+
+def _poisoned(T, E, k, ld, wd, device="cpu"):
+    return (torch.full((T, E), float("nan"), dtype=ld, device=device),
+            torch.full((T, k), float("nan"), dtype=wd, device=device),
+            torch.full((T, k), -7, dtype=torch.int64, device=device))
+
+
+CASES = [  # (mode, k, n_group, topk_group, renorm, scale, with bias)
+    ("softmax_topk", 2, 1, 1, True, 1.0, False),       # Mixtral
+    ("softmax_topk", 8, 1, 1, False, 1.0, False),      # Qwen3 / OLMoE without norm_topk_prob
+    ("softmax_topk", 6, 1, 1, False, 2.5, False),      # DeepSeek-V2 greedy
+    ("softmax_topk", 6, 4, 2, False, 16.0, False),     # DeepSeek-V2 group-limited
+    ("softmax_topk", 1, 1, 1, True, 1.0, True),
+    ("topk_softmax", 4, 1, 1, False, 1.0, True),       # GPT-OSS
+]
+
+
+def _fits(case, E):
+    mode, k, ng, tg, *_ = case
+    return k <= E and E % ng == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_reference_follows_the_rule(dtype):
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for T, E, H in ((1, 8, 8), (5, 12, 24), (9, 64, 40), (3, 33, 3), (0, 16, 8), (4, 16, 0)):
+        for case in CASES:
+            if not _fits(case, E):
+                continue
+            mode, k, ng, tg, renorm, scale, with_bias = case
+            for ld in {dtype, "float32"}:
+                x, w, b = _inputs(T, E, H, DT[dtype], gen, bias_dtype=DT[dtype] if with_bias else None)
+                out = _poisoned(T, E, k, DT[ld], torch.float32)
+                got = sm.router(x, w, k, bias=b, mode=mode, n_group=ng, topk_group=tg, renorm=renorm, scale=scale,
+                                out=out)
+                assert all(a is b_ for a, b_ in zip(got, out))
+                check(x, w, k, got, bias=b, mode=mode, n_group=ng, topk_group=tg, renorm=renorm, scale=scale)
+
+
+def test_reference_ties_pick_the_lower_id():
+    x = torch.ones(3, 8)
+    w = torch.zeros(6, 8)
+    w[[1, 3, 4]] = 1.0   # experts 1, 3 and 4 tie at the top
+    logits, weights, ids = sm.router(x, w, 2, logits_dtype="float32")
+    assert ids.tolist() == [[1, 3]] * 3
+    assert torch.allclose(weights, weights[:, :1].expand(3, 2))
+    # group-limited: groups {0, 1}, {2, 3}, {4, 5}; the first two tie at the top
+    _, _, ids = sm.router(x, w, 2, n_group=3, topk_group=1, logits_dtype="float32")
+    assert ids.tolist() == [[1, 0]] * 3
+
+
+def test_defaults_and_strided_rows():
+    gen = torch.Generator().manual_seed(2)
+    big = torch.randn(6, 40, generator=gen).to(torch.bfloat16)
+    w = torch.randn(10, 24, generator=gen).to(torch.bfloat16)
+    logits, weights, ids = sm.router(big[:, :24], w, 3)
+    assert logits.dtype == torch.bfloat16 and weights.dtype == torch.float32
+    check(big[:, :24], w, 3, (logits, weights, ids))
+
+
+def test_errors_name_the_argument():
+    x, w = torch.randn(4, 16), torch.randn(8, 16)
+    i64 = torch.empty(4, 2, dtype=torch.int64)
+    cases = [
+        (lambda: sm.router(x, w, 0), ValueError, "k = 0"),
+        (lambda: sm.router(x, w, 9), ValueError, "k = 9"),
+        (lambda: sm.router(x, torch.randn(40, 16), 33), ValueError, "k = 33"),
+        (lambda: sm.router(x, torch.randn(513, 16), 2), ValueError, "w has 513 rows"),
+        (lambda: sm.router(x, w, 2, n_group=3), ValueError, "n_group = 3"),
+        (lambda: sm.router(x, w, 2, n_group=4, topk_group=5), ValueError, "topk_group = 5"),
+        (lambda: sm.router(x, w, 2, n_group=2, mode="topk_softmax"), ValueError, "groups only with mode 0"),
+        (lambda: sm.router(x, w, 2, mode="sigmoid"), ValueError, "mode: expected one of"),
+        (lambda: sm.router(x[:, :8], w, 2), ValueError, "x: expected 16 columns"),
+        (lambda: sm.router(x, w.half(), 2), TypeError, "w: expected dtype float32"),
+        (lambda: sm.router(x, w, 2, bias=torch.randn(7)), ValueError, "bias"),
+        (lambda: sm.router(x, w, 2, bias=torch.randn(8).double()), TypeError, "bias: expected dtype"),
+        (lambda: sm.router(x, w, 2, logits_dtype="float64"), TypeError, "logits: expected dtype"),
+        (lambda: sm.router(x, w, 2, out=(torch.empty(4, 8), torch.empty(4, 2), torch.empty(4, 2, dtype=torch.int32))),
+         TypeError, "ids"),
+        (lambda: sm.router(x, w, 2, out=(torch.empty(4, 7), torch.empty(4, 2), i64)), ValueError, "logits"),
+        (lambda: sm.router(x, w, 2, out=(torch.empty(4, 8), torch.empty(4, 3), i64)), ValueError, "weights"),
+        (lambda: sm.router(x, w, 2, out=(x.view(-1)[:32].view(4, 8), torch.empty(4, 2), i64)), ValueError, "logits: shares memory"),
+        (lambda: sm.router(x, w, 2, out=(torch.empty(4, 8),)), TypeError, "out: expected a tuple"),
+        (lambda: sm.router([1.0], w, 2), TypeError, "x: expected a tensor"),
+    ]
+    for fn, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            fn()
+
+
+# ---- patched models (CPU) -------------------------------------------------------------------
+
+SHAPE = hf_families.Shape(hidden=64, intermediate=32, experts=8, top_k=2, layers=2)
+ROUTED = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "gpt_oss"]
+
+
+def _routers(model):
+    return {n: m for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in ("gate", "router")
+            and hasattr(m, "top_k")}
+
+
+@pytest.mark.parametrize("family", ROUTED + ["deepseek_v3", "phimoe"])
+def test_patch_swaps_known_routers(family):
+    """The routers whose rule samoyeds knows take a SamoyedsRouter subclass of their own class
+    (checked against their own forward at patch time), keep their parameters and give the
+    same logits on the CPU (their own forward runs there); others are left alone;
+    unpatch_model gives the class back."""
+    model = hf_families.build_model(family, SHAPE, seed=3)
+    before = {n: type(m) for n, m in _routers(model).items()}
+    params = {n: m.weight for n, m in _routers(model).items()}
+    keys = set(model.state_dict())
+    sm.patch_model(model, "samoyeds-1:2:128", progress=False)
+    known = family in ROUTED
+    for n, m in _routers(model).items():
+        assert isinstance(m, before[n]) and m.weight is params[n]
+        assert type(m).__name__.startswith("SamoyedsRouter<") == known, type(m).__name__
+    router_keys = {k for k in keys if any(k.startswith(n + ".") for n in before)}
+    assert router_keys and router_keys <= set(model.state_dict())
+    ids = torch.randint(3, SHAPE.vocab, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(ids).logits
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        assert torch.equal(loaded(ids).logits, logits)
+        assert torch.equal(copy.deepcopy(model)(ids).logits, logits)
+    assert [type(m) for m in _routers(loaded).values()] == [type(m) for m in _routers(model).values()]
+    sm.unpatch_model(model)
+    assert {n: type(m) for n, m in _routers(model).items()} == before
+
+
+def test_patch_keeps_a_router_whose_rule_differs(monkeypatch):
+    """A rule that does not give the module's own outputs on the probe is not used."""
+    from samoyeds import hf
+
+    real = hf._router_spec
+
+    def wrong(mod):
+        spec = real(mod)
+        return None if spec is None else hf.RouterSpec(spec.k, renorm=not spec.renorm)
+
+    monkeypatch.setattr(hf, "_router_spec", wrong)
+    model = hf_families.build_model("mixtral", SHAPE, seed=3)
+    sm.patch_model(model, "samoyeds-1:2:128", progress=False)
+    assert not any(type(m).__name__.startswith("SamoyedsRouter<") for m in _routers(model).values())
+
+
+def test_group_limited_deepseek_router_is_swapped():
+    model = hf_families.build_model("deepseek_v2", SHAPE, seed=3, topk_method="group_limited_greedy", n_group=4,
+                                    topk_group=2)
+    sm.patch_model(model, "samoyeds-1:2:128", progress=False)
+    (r,) = _routers(model).values()
+    assert type(r).__name__.startswith("SamoyedsRouter<")
+    assert (r._samoyeds_router_spec.n_group, r._samoyeds_router_spec.topk_group) == (4, 2)
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+SHAPES = [  # (T, E, H): token tiles of 8 / 16 / 32, expert tiles of 16 / 32 / 64, 8-warp column blocks
+    (1, 8, 8), (1, 64, 2048), (2, 60, 72), (5, 128, 264), (8, 16, 40), (9, 33, 136), (16, 64, 8),
+    (17, 256, 1032), (33, 100, 256), (100, 64, 2048), (1023, 512, 64), (1025, 64, 264), (2051, 128, 512),
+    (0, 64, 64),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gpu_follows_the_rule_and_matches_reference(dtype):
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for i, (T, E, H) in enumerate(SHAPES):
+        for j, case in enumerate(CASES):
+            if not _fits(case, E) or (T > 1000 and j % 2):
+                continue
+            mode, k, ng, tg, renorm, scale, with_bias = case
+            ld = "float32" if (i + j) % 2 else dtype
+            wd = "float32" if (i + j) % 3 else dtype
+            bd = (torch.float32 if j % 2 else DT[dtype]) if with_bias else None
+            x, w, b = _inputs(T, E, H, DT[dtype], gen, bias_dtype=bd)
+            kw = dict(bias=b, mode=mode, n_group=ng, topk_group=tg, renorm=renorm, scale=scale)
+            out = _poisoned(T, E, k, DT[ld], DT[wd], "cuda")
+            got = sm.router(x.cuda(), w.cuda(), k, out=out, **{**kw, "bias": None if b is None else b.cuda()})
+            assert all(a is b_ for a, b_ in zip(got, out))
+            check(x, w, k, got, **kw)
+            ref = sm.router(x, w, k, logits_dtype=ld, weights_dtype=wd, **kw)
+            check(x, w, k, ref, **kw)
+            if T:
+                gl, rl = got[0].cpu().double(), ref[0].double()
+                assert ((gl - rl).abs() <= 2 * _eps(DT[ld]) * rl.abs() + 1e-4).all(), (T, E, H, case)
+
+
+@pytest.mark.gpu
+def test_gpu_strided_rows_and_deterministic():
+    gen = torch.Generator().manual_seed(4)
+    big = torch.randn(300, 2056, generator=gen).to(torch.bfloat16).cuda()
+    w = (torch.randn(64, 2048, generator=gen) / 16).to(torch.bfloat16).cuda()
+    x = big[:, :2048]
+    a = sm.router(x, w, 6, n_group=8, topk_group=3, logits_dtype="float32", scale=16.0)
+    b = sm.router(x, w, 6, n_group=8, topk_group=3, logits_dtype="float32", scale=16.0)
+    check(x, w, 6, a, n_group=8, topk_group=3, scale=16.0)
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+@pytest.mark.gpu
+def test_gpu_errors():
+    x = torch.randn(4, 20, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(8, 20, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        sm.router(x, w, 2)
+    with pytest.raises(TypeError, match="x"):
+        sm.router(x.float(), w.float(), 2)
+    w16 = torch.randn(8, 16, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="w"):
+        sm.router(torch.randn(4, 16, dtype=torch.bfloat16, device="cuda"), w16.cpu(), 2)
+
+
+def _kernel_names(fn):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,overrides", [
+    ("mixtral", {}), ("qwen3_moe", {"norm_topk_prob": True}), ("qwen2_moe", {}), ("olmoe", {}),
+    ("deepseek_v2", {}), ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}),
+    ("gpt_oss", {}),
+])
+def test_patched_router_gpu(family, overrides, monkeypatch):
+    """On the GPU in bf16 inference a patched router runs the two router kernels and gives
+    its own forward's outputs (dtypes, shapes; the choice up to equal scores); with
+    autograd, with SAMOYEDS_ROUTER=0 and under torch.compile its own forward runs."""
+    shape = hf_families.Shape(hidden=256, intermediate=64, experts=16, top_k=4, layers=2)
+    model = hf_families.build_model(family, shape, seed=7, dtype=torch.bfloat16, device="cuda", **overrides)
+    sm.patch_model(model, "samoyeds-1:2:128", progress=False)
+    (name, r), *_ = _routers(model).items()
+    assert type(r).__name__.startswith("SamoyedsRouter<"), type(r).__name__
+    base = type(r)._samoyeds_base
+    spec = r._samoyeds_router_spec
+    gen = torch.Generator().manual_seed(8)
+    for T in (1, 37, 300):
+        h = torch.randn(T, 256, generator=gen).to(torch.bfloat16).cuda()
+        with torch.no_grad():
+            want = base.forward(r, h)
+            names = _kernel_names(lambda: r(h))
+            got = r(h)
+        assert any("router_logits_kernel" in n for n in names) and any("router_select_kernel" in n for n in names)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape
+        check(h, r.weight, spec.k, got, bias=r.bias if spec.bias else None, mode=spec.mode, n_group=spec.n_group,
+              topk_group=spec.topk_group, renorm=spec.renorm, scale=spec.scale)
+        rl = want[0].float()
+        tol = 2 ** -7 * rl.abs() + 1e-3
+        assert ((got[0].float() - rl).abs() <= tol).all()
+        pick_w, pick_g = rl.gather(1, want[2]).sort(1).values, rl.gather(1, got[2]).sort(1).values
+        assert ((pick_g - pick_w).abs() <= 2 * (2 ** -7 * pick_w.abs() + 1e-3)).all()
+    h = torch.randn(5, 256, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    assert not any("router_" in n for n in _kernel_names(lambda: r(h)))
+    monkeypatch.setenv("SAMOYEDS_ROUTER", "0")
+    with torch.no_grad():
+        assert not any("router_" in n for n in _kernel_names(lambda: r(h)))
+    monkeypatch.delenv("SAMOYEDS_ROUTER")
+    compiled = torch.compile(r, fullgraph=False)
+    with torch.no_grad():
+        out = compiled(h.detach())
+        want = base.forward(r, h.detach())
+    for a, b in zip(out, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+    rl = want[0].float()
+    assert ((out[0].float() - rl).abs() <= 2 ** -7 * rl.abs() + 1e-3).all()
+    assert torch.allclose(rl.gather(1, out[2]).sort(1).values, rl.gather(1, want[2]).sort(1).values, atol=1e-3)
