@@ -198,9 +198,10 @@ __device__ __forceinline__ void rt_warp_best(float &v, int &id) {
     }
 }
 
+// PER: experts per lane (E <= 32 PER).
+template <int PER>
 __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const RouterArgs p) {
-    constexpr int PER = SAM_ROUTER_MAX_EXPERTS / 32;
-    __shared__ float sc[RT_SEL_WARPS][SAM_ROUTER_MAX_EXPERTS];
+    __shared__ float sc[RT_SEL_WARPS][32 * PER];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t = blockIdx.x * RT_SEL_WARPS + warp;
     pdl_wait();
@@ -290,6 +291,14 @@ template <typename T, int ME, int NT> sam_status rt_launch(const RouterArgs &a, 
     return launch_status("router");
 }
 
+template <int PER> sam_status rt_select(const RouterArgs &a, cudaStream_t stream) {
+    const unsigned grid = (unsigned)((a.T + RT_SEL_WARPS - 1) / RT_SEL_WARPS);
+    SAM_CUDA_TRY(launch_kernel(router_select_kernel<PER>, dim3(grid), dim3(32 * RT_SEL_WARPS), 0, stream,
+                               pdl_enabled(), a),
+                 "router");
+    return launch_status("router");
+}
+
 }  // namespace
 }  // namespace sam
 
@@ -345,14 +354,17 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
     cudaStream_t s = (cudaStream_t)stream;
     const sam_status st = with_tc_dtype(p->dtype, [&](auto t) {
         using T = decltype(t);
+        // few tokens: 16-expert tiles over many CTAs; else 32 tokens by up to 64 experts
         if (a.T <= 8) return rt_launch<T, 1, 1>(a, s);
         if (a.T <= 16) return rt_launch<T, 1, 2>(a, s);
-        if (a.T <= 1024) return rt_launch<T, 2, 4>(a, s);
+        if (a.E <= 16) return rt_launch<T, 1, 4>(a, s);
+        if (a.E <= 32 || a.T <= 1024) return rt_launch<T, 2, 4>(a, s);
         return rt_launch<T, 4, 4>(a, s);
     });
     if (st != SAM_STATUS_OK) return st;
-    const unsigned grid = (unsigned)((a.T + RT_SEL_WARPS - 1) / RT_SEL_WARPS);
-    SAM_CUDA_TRY(launch_kernel(router_select_kernel, dim3(grid), dim3(32 * RT_SEL_WARPS), 0, s, pdl_enabled(), a),
-                 "router");
-    return launch_status("router");
+    if (a.E <= 32) return rt_select<1>(a, s);
+    if (a.E <= 64) return rt_select<2>(a, s);
+    if (a.E <= 128) return rt_select<4>(a, s);
+    if (a.E <= 256) return rt_select<8>(a, s);
+    return rt_select<16>(a, s);
 }

@@ -32,6 +32,7 @@ def check(x, w, k, got, *, bias=None, mode="softmax_topk", n_group=1, topk_group
     assert ids.dtype == torch.int64
     if T == 0:
         return
+    assert (ids >= 0).all() and (ids < E).all()
     l64 = x.cpu().double() @ w.cpu().double().T
     if bias is not None:
         l64 = l64 + bias.cpu().double()
@@ -43,22 +44,29 @@ def check(x, w, k, got, *, bias=None, mode="softmax_topk", n_group=1, topk_group
     if mode == "softmax_topk":
         s = torch.softmax(ld, dim=1)
         if n_group > 1:
-            gmax = s.view(T, n_group, E // n_group).amax(dim=2)
-            # the chosen groups: a valid top-topk_group of the group maxima (ties either way)
+            gs = E // n_group
+            gmax = s.view(T, n_group, gs).amax(dim=2)
             kth = gmax.topk(topk_group, dim=1).values[:, -1:]
-            keep = gmax >= kth - 1e-6
-            # where ties make more groups eligible, any expert of them may be picked
-            s = torch.where(keep.repeat_interleave(E // n_group, dim=1), s, torch.zeros_like(s))
+            tol_g = 1e-6 * gmax.amax(dim=1, keepdim=True) + 1e-12
+            # groups above the topk_group-th are chosen; of those tied with it, the ones
+            # an expert was picked from (equal group scores may go either way)
+            tied = (gmax - kth).abs() <= tol_g
+            picked = torch.zeros(T, n_group, dtype=torch.bool).scatter_(1, ids // gs, True)
+            chosen = (gmax > kth + tol_g) | (tied & picked)
+            assert (chosen.sum(dim=1) <= topk_group).all(), "more groups than topk_group"
+            s = torch.where(chosen.repeat_interleave(gs, dim=1), s, torch.zeros_like(s))
         tol_s = 1e-6 * s.abs().amax(dim=1, keepdim=True) + 1e-12
     else:
         s = ld
         tol_s = 1e-6 * (ld.abs().amax(dim=1, keepdim=True) + 1)
-    assert (ids >= 0).all() and (ids < E).all()
     assert all(len(set(r)) == k for r in ids.tolist()), "an expert picked twice"
     pick = s.gather(1, ids)
-    assert (pick[:, :-1] >= pick[:, 1:] - tol_s).all(), "not largest first"
+    bad = ~(pick[:, :-1] >= pick[:, 1:] - tol_s).all(dim=1)
+    assert not bad.any(), ("not largest first", bad.nonzero()[:3].tolist(), ids[bad][:3].tolist(), pick[bad][:3])
     rest = s.scatter(1, ids, float("-inf"))
-    assert (pick[:, -1:] >= rest.amax(dim=1, keepdim=True) - tol_s).all(), "not the k largest"
+    bad = ~(pick[:, -1:] >= rest.amax(dim=1, keepdim=True) - tol_s).all(dim=1)
+    assert not bad.any(), ("not the k largest", bad.nonzero()[:3].tolist(), ids[bad][:3].tolist(), pick[bad][:3],
+                           rest[bad].topk(2, dim=1))
     if mode == "softmax_topk":
         v = pick
         if renorm:
