@@ -51,6 +51,24 @@ def _router(family, H, E, k, overrides, dtype, dev):
     raise RuntimeError(f"{family}: no router module")
 
 
+def _kernel_us(fn, calls: int = 5) -> dict:
+    """Mean GPU time per call of each kernel fn launches (torch.profiler), in microseconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out: dict = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            name = e.name.split("<")[0].split("(")[0].replace("void ", "").split("::")[-1]
+            out[name] = out.get(name, 0.0) + e.device_time / calls
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default=None, help="token counts (default 1,16,256,4096,16384; --tiny 1,37)")
@@ -95,17 +113,20 @@ def main() -> None:
                 t_hf, t_ours = (time_graph(fn)["ms"] for fn in (theirs, ours))
             else:
                 t_hf, t_ours = (time_ms(fn, dev, budget_s=0.05)["ms"] for fn in (theirs, ours))
+            kernels = _kernel_us(ours) if dev == "cuda" and T >= 4096 else None
             nbytes = (T * H + E * H) * 2 + T * E * got[0].element_size()
             tb_s = nbytes / (t_ours * 1e-3) / 1e12
             row = {"model": name, "family": family, "H": H, "E": E, "k": k, "T": T, "patched": patched,
                    "ms": {"transformers": t_hf, "samoyeds": t_ours}, "speedup": t_hf / t_ours, "bytes": nbytes,
                    "samoyeds_tb_s": tb_s, "frac_of_copy": tb_s / copy if copy else None,
                    "rows_choosing_differently": differ, "differences_are_ties": ties,
-                   "max_abs_logit_diff": float((got[0].float() - rl).abs().max()) if T else 0.0}
+                   "max_abs_logit_diff": float((got[0].float() - rl).abs().max()) if T else 0.0,
+                   "kernels_us": kernels}
             rows.append(row)
             frac = f"{row['frac_of_copy']:.0%} of copy" if copy else "(CPU: the C reference)"
             print(f"{name:26s} T={T:5d}  transformers {t_hf * 1e3:8.1f} us  samoyeds {t_ours * 1e3:7.1f} us  "
-                  f"{row['speedup']:5.2f}x  {frac}  differing rows {differ} (ties: {ties})", flush=True)
+                  f"{row['speedup']:5.2f}x  {frac}  differing rows {differ} (ties: {ties})"
+                  + (f"  kernels {({k: round(v, 1) for k, v in kernels.items()})}" if kernels else ""), flush=True)
         del r
         if dev == "cuda":
             torch.cuda.empty_cache()

@@ -4,7 +4,7 @@
 # results JSON go to $OUT (or ./gpu_out).
 #   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
 #                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [token-stream] [fill] [layer-trace] [test-ssmm] [accuracy]
-#                                [smoke-gpu] [demo] [profile] [profile-tokens] [bench-moe-shared] [bench-dense] [bench-router]
+#                                [smoke-gpu] [demo] [profile] [profile-tokens] [bench-moe-shared] [bench-dense] [bench-router] [bench-shared-mlp]
 #                                [bench-moe-models: MOE_MODELS=a,b MOE_TOKENS=1,16]
 #                                [test-k: PYTEST_K=expr] ...
 set -uo pipefail
@@ -57,6 +57,7 @@ for step in $steps; do
     bench-decode) run bench_decode 25 $PY benchmarks/bench_decode.py --out "$OUT" ;;
     bench-dense) run bench_dense_decode 30 $PY benchmarks/bench_dense_decode.py --out "$OUT" ;;
     bench-router) run bench_router 12 $PY benchmarks/bench_router.py --out "$OUT" ;;
+    bench-shared-mlp) run bench_shared_mlp 12 $PY benchmarks/bench_shared_mlp.py --out "$OUT" ;;
     bench-moe-models) run bench_moe_models 30 $PY benchmarks/bench_moe.py --models "${MOE_MODELS:?set MOE_MODELS}" \
       --tokens "${MOE_TOKENS:-1,16}" --out "$OUT" ;;
     ssmm-kernels) run ssmm_kernels 12 $PY benchmarks/ssmm_kernels.py --out "$OUT" ;;

@@ -106,6 +106,11 @@ def main() -> None:
         w = torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda()
         sm.router(x, w, k, n_group=ng, topk_group=max(1, ng // 2), logits_dtype="float32", renorm=True)
         sm.router(x, w, k, bias=torch.randn(E, generator=gen).cuda(), mode="topk_softmax")
+    # the gated activation: 16-byte pieces and single elements, column slices of wider rows
+    for T, I in [(3, 24), (5, 13), (40, 1416)]:
+        wide = torch.randn(T, 2 * I + 8, generator=gen).to(torch.bfloat16).cuda()
+        sm.glu(wide[:, :I], wide[:, I + 8:], act="swiglu")
+        sm.glu(wide[:, :I].contiguous(), wide[:, I:2 * I].contiguous(), act="gptoss")
     # the fill-rate kernels (sm_90a): rings of one stage and of several, clusters for multicast
     if ("sm_90a" in sm.build_info()["cuda_archs"].split() and torch.cuda.get_device_capability() == (9, 0)
             and os.environ.get("SAMOYEDS_SANITIZE_TOOL", "memcheck") == "memcheck"):

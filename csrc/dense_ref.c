@@ -39,3 +39,19 @@ sam_status sam_dense_ref(const sam_dense_params *p)
     free(xf);
     return SAM_STATUS_OK;
 }
+
+/* out[t][i] = act(g[t][i], u[t][i]), rounded once to out's dtype. */
+sam_status sam_glu_ref(const sam_glu_params *p)
+{
+    if (p->act != SAM_ACT_SWIGLU && p->act != SAM_ACT_GPTOSS) {
+        sam_ref_set_error("glu: act %d is not a gated activation", (int)p->act);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    for (int64_t t = 0; t < p->T; t++)
+        for (int64_t i = 0; i < p->I; i++) {
+            const float g = sam_load_f32(p->g, p->dtype, t * p->ldg + i);
+            const float u = sam_load_f32(p->u, p->dtype, t * p->ldu + i);
+            sam_store_f32(p->out, p->dtype, t * p->ldo + i, sam_act_glu(p->act, g, u, p->alpha, p->limit));
+        }
+    return SAM_STATUS_OK;
+}

@@ -236,6 +236,8 @@ static PyMethodDef sam_methods[] = {
      "bias=None, scale=None, alpha=1.702, limit=7.0, impl=0, stream=None)."},
     {"dense_decode", (PyCFunction)(void (*)(void))sam_py_dense_decode, METH_VARARGS | METH_KEYWORDS,
      "dense_decode(out, x, w, up=None, act=0, alpha=1.702, limit=7.0, weights_ready=False, stream=None)."},
+    {"glu", (PyCFunction)(void (*)(void))sam_py_glu, METH_VARARGS | METH_KEYWORDS,
+     "glu(out, g, u, act=1, alpha=1.702, limit=7.0, stream=None): out = act(g, u) elementwise."},
     {"router", (PyCFunction)(void (*)(void))sam_py_router, METH_VARARGS | METH_KEYWORDS,
      "router(logits, weights, ids, x, w, k, bias=None, mode=0, n_group=1, topk_group=1, renorm=False, scale=1.0, "
      "stream=None): router logits, weights and top-k expert ids."},

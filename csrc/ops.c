@@ -649,6 +649,87 @@ PyObject *sam_py_dense_decode(PyObject *self, PyObject *args, PyObject *kw)
     return finish(&c, status, last_error(c.cuda));
 }
 
+/* ---- a gated activation ---------------------------------------------------------------- */
+
+/* t: [T, I] of dtype, unit column stride, rows not overlapping; *ld its row stride. */
+static int check_glu_rows(op_ctx *c, sam_tensor *t, const sam_tensor *like, int64_t *ld)
+{
+    if (sam_check_ndim(t, 2) < 0) return -1;
+    if (like != NULL && t->dtype != like->dtype) {
+        PyErr_Format(PyExc_TypeError, "%s: %s: expected dtype %s (that of %s), got %s", c->op, t->name,
+                     sam_dtype_name(like->dtype), like->name, sam_dtype_name(t->dtype));
+        return -1;
+    }
+    if (like != NULL && (t->shape[0] != like->shape[0] || t->shape[1] != like->shape[1])) {
+        PyErr_Format(PyExc_ValueError, "%s: %s: expected shape (%lld, %lld) (that of %s), got (%lld, %lld)", c->op,
+                     t->name, (long long)like->shape[0], (long long)like->shape[1], like->name,
+                     (long long)t->shape[0], (long long)t->shape[1]);
+        return -1;
+    }
+    const int64_t T = t->shape[0], I = t->shape[1];
+    if ((I > 1 && t->strides[1] != 1) || (T > 1 && t->strides[0] < I)) {
+        PyErr_Format(PyExc_ValueError, "%s: %s: rows must have unit column stride and not overlap (strides (%lld, "
+                     "%lld))", c->op, t->name, (long long)t->strides[0], (long long)t->strides[1]);
+        return -1;
+    }
+    *ld = T > 1 ? t->strides[0] : I;
+    return 0;
+}
+
+PyObject *sam_py_glu(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"out", "g", "u", "act", "alpha", "limit", "stream", NULL};
+    PyObject *o_out, *o_g, *o_u, *o_stream = Py_None;
+    int act = SAM_ACT_SWIGLU;
+    float alpha = 1.702f, limit = 7.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|iffO:glu", kwlist, &o_out, &o_g, &o_u, &act, &alpha, &limit,
+                                     &o_stream))
+        return NULL;
+    op_ctx c;
+    int64_t stream;
+    if (parse_stream(o_stream, &stream) < 0) return NULL;
+    ctx_init(&c, "glu", stream);
+    if (act != SAM_ACT_SWIGLU && act != SAM_ACT_GPTOSS) {
+        PyErr_Format(PyExc_ValueError, "glu: act = %d; expected 1 (swiglu) or 2 (gptoss)", act);
+        return NULL;
+    }
+    sam_tensor out, g, u;
+    if (sam_tensor_take(&c.call, &out, o_out, "out", 0) < 0 || sam_tensor_take(&c.call, &g, o_g, "g", 0) < 0 ||
+        sam_tensor_take(&c.call, &u, o_u, "u", 0) < 0 || ctx_device(&c) < 0)
+        return fail(&c);
+    int64_t ldg, ldu, ldo;
+    if (sam_check_dtype(&g, c.cuda ? SAM_DT_HALF : SAM_DT_FLOAT) < 0 || check_glu_rows(&c, &g, NULL, &ldg) < 0 ||
+        check_glu_rows(&c, &u, &g, &ldu) < 0 || check_glu_rows(&c, &out, &g, &ldo) < 0 ||
+        sam_check_writable(&out) < 0 || sam_check_no_overlap(&out, &g) < 0 || sam_check_no_overlap(&out, &u) < 0)
+        return fail(&c);
+    sam_glu_params p;
+    memset(&p, 0, sizeof p);
+    p.g = g.data;
+    p.u = u.data;
+    p.ldg = ldg;
+    p.ldu = ldu;
+    p.out = out.data;
+    p.ldo = ldo;
+    p.T = g.shape[0];
+    p.I = g.shape[1];
+    p.dtype = g.dtype;
+    p.act = (sam_act)act;
+    p.alpha = alpha;
+    p.limit = limit;
+    int status;
+    if (c.cuda) {
+#if SAM_WITH_CUDA
+        CUDA_RUN(&c, status, sam_glu_cuda(&p, c.call.launch_stream));
+#else
+        status = SAM_STATUS_UNSUPPORTED;
+#endif
+    } else {
+        REF_RUN(status, sam_glu_ref(&p));
+    }
+    return finish(&c, status, last_error(c.cuda));
+}
+
 /* ---- the router --------------------------------------------------------------------- */
 
 /* t: float32 or x's dtype, [rows, cols] contiguous, writable (an output). */

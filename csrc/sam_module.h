@@ -30,6 +30,7 @@ PyObject *sam_py_format_unpack(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sam_py_dense_decode(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sam_py_router(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *sam_py_glu(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sam_py_moe_route(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sam_py_moe_gather_weights(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sam_py_moe_combine(PyObject *self, PyObject *args, PyObject *kw);

@@ -171,6 +171,23 @@ typedef struct sam_dense_params {
 /* GPU: C a multiple of 8, ldx a multiple of 8, x, w and up 16-byte aligned. */
 sam_status sam_dense_decode_cuda(const sam_dense_params *p, void *stream);
 
+/* ---- a gated activation of two matrices (cuda/glu.cu) --------------------------- */
+
+/* out[t][i] = act(g[t][i], u[t][i]) for t < T, i < I (a gated act: SAM_ACT_SWIGLU or
+ * SAM_ACT_GPTOSS), in fp32, rounded once: the activation between a dense MLP's gate/up
+ * matmuls and its down matmul at prefill sizes, one pass instead of two. */
+typedef struct sam_glu_params {
+    const void *g, *u;       /* [T][ldg], [T][ldu]: I columns used */
+    int64_t ldg, ldu;
+    void *out;               /* [T][ldo] */
+    int64_t ldo, T, I;
+    sam_dtype dtype;         /* all three: SAM_BF16 or SAM_F16 (the C reference: also SAM_F32) */
+    sam_act act;
+    float alpha, limit;
+} sam_glu_params;
+
+sam_status sam_glu_cuda(const sam_glu_params *p, void *stream);
+
 /* ---- the router: logits, scores and top-k experts (cuda/router.cu) ------------- */
 
 typedef enum sam_router_mode {

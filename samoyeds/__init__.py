@@ -9,7 +9,7 @@ from __future__ import annotations
 from . import _C
 from ._C import CudaError
 from .format import PRESETS, SparseFormat
-from .ops import Routing, combine, dense_decode, gather_weights, route, router, ssmm
+from .ops import Routing, combine, dense_decode, gather_weights, glu, route, router, ssmm
 from .packed import PackedWeight, mask, pack, unpack
 from .routing import token_rounding
 
@@ -17,7 +17,7 @@ __version__ = _C.__version__
 
 __all__ = [
     "CudaError", "PRESETS", "PackedWeight", "Routing", "SparseFormat", "__version__", "build_info",
-    "combine", "cuda_available", "dense_decode", "from_pretrained", "gather_weights", "mask", "moe_forward", "pack",
+    "combine", "cuda_available", "dense_decode", "from_pretrained", "gather_weights", "glu", "mask", "moe_forward", "pack",
     "patch_model", "route", "router", "save_pretrained", "shared_fill_rate", "sparsify_model", "ssmm", "tensor_core_rate", "to_dense", "unpack",
     "unpatch_model",
 ]

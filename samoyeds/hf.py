@@ -565,21 +565,25 @@ def _mlp_weights(mod: nn.Module) -> Optional[List[torch.Tensor]]:
 
 
 def _dense_shared_fast(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
-    """The shared MLP's output by two dense_decode launches (torch.ops.samoyeds.shared_mlp
-    under torch.compile), or None where the module's own forward runs: off the GPU, past the
-    row limit, with autograd, and for modules the kernel does not take (the op itself falls
-    back to torch for weights it cannot read as they lie: dtype, device, alignment)."""
+    """The shared MLP's output on the GPU in inference: up to the row limit two dense_decode
+    launches (torch.ops.samoyeds.shared_mlp under torch.compile), above it cuBLAS's matmuls
+    with SiLU and the product in one samoyeds.glu pass (under torch.compile: None, inductor
+    fuses them itself); else None, where the module's own forward runs: off the GPU, with
+    autograd, and for modules the kernels do not take (the op itself falls back to torch
+    for weights it cannot read as they lie: dtype, device, alignment)."""
     if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
         return None
     ws = _mlp_weights(mod)  # (again per call: a projection may have been replaced since)
     if ws is None or (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws))):
         return None
     H = ws[0].shape[1]
-    if x.shape[-1] != H or x.numel() > _dense_decode_max_rows() * H:
+    if x.shape[-1] != H:
         return None
+    rows = _dense_decode_max_rows()
+    small = x.numel() <= rows * H
     if torch.compiler.is_compiling():
-        return torch.ops.samoyeds.shared_mlp(x, *ws)
-    return torch_ops.shared_mlp_eager(x, *ws)
+        return torch.ops.samoyeds.shared_mlp(x, *ws) if small else None
+    return torch_ops.shared_mlp_eager(x, *ws, decode_rows=rows)
 
 
 def _dense_shared_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:

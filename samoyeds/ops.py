@@ -113,6 +113,29 @@ def dense_decode(x: Any, w: Any, up: Optional[Any] = None, out: Optional[Any] = 
     return out
 
 
+def glu(gate: Any, up: Any, out: Optional[Any] = None, *, act: str = "swiglu", alpha: float = 1.702,
+        limit: float = 7.0, stream: Optional[int] = None) -> Any:
+    """A gated activation of two matrices, elementwise: ``out = silu(gate) * up``
+    (``act="swiglu"``) or GPT-OSS's clamped variant (``"gptoss"``), in fp32 with one
+    rounding.  One pass over ``gate`` and ``up`` (torch's ``F.silu(gate) * up`` makes two):
+    what a dense MLP runs between its gate/up and down matmuls at prefill sizes.
+
+    Args:
+        gate, up: ``[T, I]`` of one dtype (bf16/fp16 on the GPU; also fp32 on the CPU),
+           rows of unit column stride (they may be column slices of wider arrays).
+        out: ``[T, I]`` of that dtype; allocated if None.
+        stream: CUDA stream; None uses the producer's current stream.
+    """
+    if act not in ("swiglu", "silu", "gptoss"):
+        raise ValueError(f"act: expected 'swiglu' or 'gptoss', got {act!r}")
+    gate, up = tensor_arg(gate, "gate"), tensor_arg(up, "up")
+    if out is None:
+        out = empty(gate, tuple(gate.shape), dtype_name(gate))
+    _C.glu(out, gate, up, act=ACTS[act], alpha=alpha, limit=limit,
+           stream=stream if stream is not None else current_stream(gate))
+    return out
+
+
 ROUTER_MODES = {"softmax_topk": 0, "topk_softmax": 1}
 
 

@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from . import moe as _moe
-from .ops import ACTS, dense_decode
+from .ops import ACTS, dense_decode, glu
 from .packed import PackedWeight
 
 __all__ = ["ACT_IDS", "act_id", "moe_forward", "moe_forward_eager", "moe_forward_packed", "shared_mlp",
@@ -142,8 +142,11 @@ def _dense_decode_takes(x2: torch.Tensor, ws) -> bool:
                and w.data_ptr() % 16 == 0 for w in ws)
 
 
-def shared_mlp_eager(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """The body of :func:`shared_mlp`, callable without the dispatcher (eager inference)."""
+def shared_mlp_eager(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                     decode_rows: int = 32) -> torch.Tensor:
+    """The body of :func:`shared_mlp`, callable without the dispatcher (eager inference):
+    up to ``decode_rows`` token rows two dense_decode launches; above, the three matmuls in
+    torch with SiLU and the product in one :func:`samoyeds.glu` pass."""
     H = gate.shape[1]
     if x.shape[-1] != H or tuple(up.shape) != tuple(gate.shape) or tuple(down.shape) != (H, gate.shape[0]):
         raise ValueError(f"x, gate, up, down: expected [..., H], [I, H], [I, H] and [H, I], got {tuple(x.shape)}, "
@@ -151,6 +154,8 @@ def shared_mlp_eager(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down
     x2 = x.reshape(-1, H)
     if not _dense_decode_takes(x2, (gate, up, down)):
         return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+    if x2.shape[0] > decode_rows:
+        return F.linear(glu(F.linear(x2, gate), F.linear(x2, up)), down).reshape(x.shape)
     if x2.stride(-1) != 1 or x2.data_ptr() % 16 or (x2.shape[0] > 1 and x2.stride(0) % 8):
         x2 = x2.contiguous()
     h = dense_decode(x2, gate, up, act="swiglu")

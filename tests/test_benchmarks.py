@@ -127,6 +127,15 @@ def test_router_benchmark_smoke(tmp_path):
         assert r["ms"]["samoyeds"] > 0 and r["frac_of_copy"] is None, r
 
 
+def test_shared_mlp_benchmark_smoke(tmp_path):
+    """bench_shared_mlp.py's CPU smoke run: the torch MLP and the path with samoyeds.glu agree
+    with the float64 MLP."""
+    p = _run([os.path.join(BENCH, "bench_shared_mlp.py"), "--tiny", "--device", "cpu", "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stderr[-2000:]
+    (r,) = json.loads((tmp_path / "shared_mlp.json").read_text())["rows"]
+    assert r["T"] == 40 and max(r["rel_err_vs_fp64"].values()) < 1e-5 and r["ms"]["samoyeds"] > 0, r
+
+
 def test_memory_jobs_in_their_own_process(tmp_path):
     p = _run([os.path.join(BENCH, "bench_memory.py"), "--tiny", "--device", "cpu", "--isolate", "yes",
               "--scopes", "layer", "--layer-models", "mixtral-8x7b", "--out", str(tmp_path)])

@@ -270,9 +270,10 @@ def _kernel_names(fn):
 @pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe"])
 def test_unpruned_shared_experts_gpu(family, monkeypatch):
     """On the GPU in bf16 inference, a patched model's unpruned shared MLP runs two
-    dense_decode launches up to SAMOYEDS_DENSE_DECODE_MAX_ROWS tokens and its own forward
-    above (and with 0, and with autograd): both against the float64 MLP; the whole model's
-    logits stay as close to the float64 model as transformers' own bf16 run."""
+    dense_decode launches up to SAMOYEDS_DENSE_DECODE_MAX_ROWS tokens and the matmuls with
+    one samoyeds.glu pass above (and with 0), its own forward with autograd: against the
+    float64 MLP; the whole model's logits stay as close to the float64 model as
+    transformers' own bf16 run."""
     model = build_model(family, SHAPE, seed=9)
     sm.patch_model(model, "samoyeds-1:2:128", progress=False)
     model.to(device="cuda", dtype=torch.bfloat16)
@@ -292,15 +293,18 @@ def test_unpruned_shared_experts_gpu(family, monkeypatch):
             theirs = ref(x)
         fast = rows <= 16
         assert any("dense_decode_kernel" in k for k in names) == fast, (T, names)
+        assert any("glu_kernel" in k for k in names) == (not fast), (T, names)
         assert got.shape == x.shape and got.dtype == torch.bfloat16
         assert rel_err(got, want) <= max(2 * rel_err(theirs, want), 1e-2), (T, rel_err(got, want))
     x = torch.randn(4, H, generator=gen).to(torch.bfloat16).cuda()
     monkeypatch.setenv("SAMOYEDS_DENSE_DECODE_MAX_ROWS", "0")
     with torch.no_grad():
-        assert not any("dense_decode_kernel" in k for k in _kernel_names(lambda: mlp(x)))
-        assert torch.equal(mlp(x), ref(x))
+        names = _kernel_names(lambda: mlp(x))
+        assert not any("dense_decode_kernel" in k for k in names) and any("glu_kernel" in k for k in names)
+        assert rel_err(mlp(x), ref64(x.double())) <= max(2 * rel_err(ref(x), ref64(x.double())), 1e-2)
     monkeypatch.delenv("SAMOYEDS_DENSE_DECODE_MAX_ROWS")
     xg = x.clone().requires_grad_(True)
+    assert not any("glu_kernel" in k or "dense_decode" in k for k in _kernel_names(lambda: mlp(xg)))
     y = mlp(xg)
     y.float().sum().backward()  # autograd: the module's own forward
     assert xg.grad is not None and torch.isfinite(xg.grad).all()
@@ -384,3 +388,58 @@ def test_checkpoint_and_sparsify_keep_the_dense_shared_path(tmp_path):
     kinds = [type(m) for m in _shared(pruned).values()]
     assert kinds and all(k.__name__.startswith("SamoyedsDense<") for k in kinds)
 
+
+
+# ---- samoyeds.glu ---------------------------------------------------------------------------
+
+def _glu64(g, u, act):
+    g, u = g.cpu().double(), u.cpu().double()
+    if act == "swiglu":
+        return F.silu(g) * u
+    gc, uc = g.clamp(max=7.0), u.clamp(-7.0, 7.0)
+    return (uc + 1) * gc * torch.sigmoid(1.702 * gc)
+
+
+GLU_SHAPES = [(1, 8), (3, 7), (5, 64), (0, 16), (4, 0), (33, 1416), (257, 2816), (1000, 24), (9, 13)]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+def test_glu(device, dtype, act):
+    """samoyeds.glu against the float64 activation, one rounding (the C reference on the CPU,
+    the kernel's 16-byte and element paths on the GPU: I a multiple of 8 or not, column
+    slices of wider rows, T = 0, I = 0, a poisoned output); the GPU also against the CPU."""
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for T, I in GLU_SHAPES:
+        wide = (3 * torch.randn(T, 2 * I + 8, generator=gen)).to(dtype).to(device)
+        for g, u in ((wide[:, :I], wide[:, I + 8:2 * I + 8]), (wide[:, :I].contiguous(), wide[:, I:2 * I].clone())):
+            out = torch.full((T, I), float("nan"), dtype=dtype, device=device)
+            got = sm.glu(g, u, out, act=act)
+            assert got is out
+            want = _glu64(g, u, act)
+            if T * I == 0:
+                continue
+            assert torch.isfinite(got).all()
+            assert rel_err(got, want) <= 2 * _rounding(want, dtype) + 1e-5, (T, I, rel_err(got, want))
+            if device == "cuda":
+                ref = sm.glu(g.cpu(), u.cpu(), act=act)
+                assert rel_err(got, ref) <= 3 * _rounding(want, dtype) + 1e-5
+
+
+def test_glu_errors():
+    g, u = torch.randn(4, 16), torch.randn(4, 16)
+    cases = [
+        (lambda: sm.glu(g, u, act="none"), ValueError, "act: expected"),
+        (lambda: sm.glu(g, u[:, :8]), ValueError, r"u: expected shape \(4, 16\)"),
+        (lambda: sm.glu(g, u.double()), TypeError, "u: expected dtype"),
+        (lambda: sm.glu(g.double(), u.double()), TypeError, "g"),
+        (lambda: sm.glu(g, u, out=torch.empty(4, 16).half()), TypeError, "out: expected dtype"),
+        (lambda: sm.glu(g, u, out=g), ValueError, "out: shares memory with g"),
+        (lambda: sm.glu(g[:, ::2], u[:, ::2]), ValueError, "g: rows must have unit column stride"),
+        (lambda: sm.glu(g.reshape(2, 2, 16), u), ValueError, "g"),
+        (lambda: sm.glu([1.0], u), TypeError, "gate: expected a tensor"),
+    ]
+    for fn, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            fn()
