@@ -64,7 +64,8 @@ def _kernel_us(fn, calls: int = 5) -> dict:
     out: dict = {}
     for e in prof.events():
         if e.device_type.name == "CUDA":
-            name = e.name.split("<")[0].split("(")[0].replace("void ", "").split("::")[-1]
+            name = e.name.replace("(anonymous namespace)::", "").split("<")[0].split("(")[0].split("::")[-1]
+            name = name.replace("void ", "")
             out[name] = out.get(name, 0.0) + e.device_time / calls
     return out
 
@@ -72,6 +73,7 @@ def _kernel_us(fn, calls: int = 5) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default=None, help="token counts (default 1,16,256,4096,16384; --tiny 1,37)")
+    ap.add_argument("--models", default=None, help="comma-separated model names (default: all)")
     add_run_args(ap, "toy shapes: a CPU check of the script (the C reference against torch)")
     args = ap.parse_args()
     setup_run(args)
@@ -80,7 +82,10 @@ def main() -> None:
     tokens = [int(t) for t in (args.tokens or ("1,37" if args.tiny else "1,16,256,4096,16384")).split(",")]
     copy = copy_rate_tb_s() if dev == "cuda" else None
     rows = []
-    for name, family, H, E, k, overrides in TINY if args.tiny else MODELS:
+    models = TINY if args.tiny else MODELS
+    if args.models:
+        models = [m for m in models if m[0] in args.models.split(",")]
+    for name, family, H, E, k, overrides in models:
         r = _router(family, H, E, k, overrides, dtype, dev)
         patched = type(r).__name__.startswith("SamoyedsRouter<")
         base = type(r)._samoyeds_base if patched else type(r)

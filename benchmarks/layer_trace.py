@@ -30,6 +30,9 @@ CALLS = 5  # profiled calls per case (after two untimed ones)
 # kernel name fragments -> group (first match wins; the order matters)
 GROUPS = (
     ("dense_decode", "shared experts (dense decode)"),
+    ("router_logits", "router (samoyeds)"),
+    ("router_select", "router (samoyeds)"),
+    ("glu_kernel", "elementwise / reductions"),
     ("ssmm", "expert matmuls"),
     ("grouped_mm", "expert matmuls"),
     ("cutlass", "expert matmuls"),
