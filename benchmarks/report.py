@@ -309,6 +309,33 @@ def dense_decode_table(d: dict) -> str:
     return "\n".join(rows)
 
 
+def router_table(d: dict) -> str:
+    """router.json: each family's transformers router module against its patched forward
+    (samoyeds.router), CUDA-graph replays; bytes against the device copy of the same run."""
+    rows = ["| router | H | experts | k | T | transformers | samoyeds | speed-up | of device copy | "
+            "tokens choosing other experts (all ties) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in d.get("rows", []):
+        m = r["ms"]
+        rows.append(f"| {r['model']} | {r['H']} | {r['E']} | {r['k']} | {r['T']} | {m['transformers'] * 1e3:.1f} us | "
+                    f"{m['samoyeds'] * 1e3:.1f} us | {_x(r['speedup'])} | {_f(r.get('frac_of_copy'), '.0%')} | "
+                    f"{r['rows_choosing_differently']} ({'yes' if r['differences_are_ties'] else 'no'}) |")
+    return "\n".join(rows)
+
+
+def shared_mlp_table(d: dict) -> str:
+    """shared_mlp.json: unpruned shared experts at prefill sizes, the patched path (cuBLAS's
+    matmuls with samoyeds.glu) against the transformers MLP, and the activation alone."""
+    rows = ["| shared MLP | H | I | T | transformers | samoyeds | speed-up | silu * up | glu | glu of device copy |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d.get("rows", []):
+        m = r["ms"]
+        rows.append(f"| {r['shape']} | {r['H']} | {r['I']} | {r['T']} | {m['transformers'] * 1e3:.1f} us | "
+                    f"{m['samoyeds'] * 1e3:.1f} us | {_x(r['speedup'])} | {m['act_torch'] * 1e3:.1f} us | "
+                    f"{m['act_glu'] * 1e3:.1f} us | {_f(r.get('glu_frac_of_copy'), '.0%')} |")
+    return "\n".join(rows)
+
+
 def ssmm_kernels_table(d: dict) -> str:
     """The GPU kernels of ssmm and cuBLAS on the same inputs: mma.sp, single-role wgmma.sp, the
     warp-specialised one with one item per CTA, on its persistent grid (auto's), with ping-pong
@@ -438,6 +465,18 @@ def headline(gpu: str) -> str:
         rows.append(f"| unpruned shared experts, T <= 16: dense_decode vs the transformers MLP; weight stream, "
                     f"of the device copy rate | {_range([r['speedup'] for r in small], bold=True)}; "
                     f"{_range([r['frac_of_copy'] for r in small], '{:.0%}')} | {link('dense_decode.json')} |")
+    d, _ = _load(gpu, "router.json")
+    if d and d.get("rows"):
+        big, small = [r for r in d["rows"] if r["T"] >= 4096], [r for r in d["rows"] if r["T"] <= 16]
+        rows.append(f"| router (logits, softmax, top-k) vs the transformers router module, T <= 16; T >= 4096 | "
+                    f"{_range([r['speedup'] for r in small], bold=True)}; {_range([r['speedup'] for r in big], bold=True)}"
+                    f" | {link('router.json')} |")
+    d, _ = _load(gpu, "shared_mlp.json")
+    if d and d.get("rows"):
+        big = [r for r in d["rows"] if r["T"] >= 4096]
+        rows.append(f"| unpruned shared experts, T >= 4096: SiLU-times-up, samoyeds.glu vs torch; the MLP | "
+                    f"{_range([r['act_speedup'] for r in big], bold=True)}; {_range([r['speedup'] for r in big], bold=True)}"
+                    f" | {link('shared_mlp.json')} |")
     d, _ = _load(gpu, "accuracy.json")
     if d and d.get("targets"):
         t = d["targets"]
@@ -462,7 +501,8 @@ def main() -> None:
                      ("e2e.json", e2e_table), ("memory.json", memory_table), ("breakdown.json", breakdown_table),
                      ("accuracy.json", accuracy_table), ("bench_decode.json", decode_table),
                      ("ssmm_kernels.json", ssmm_kernels_table), ("fill_rate.json", fill_rate_table),
-                     ("layer_trace.json", layer_trace_table), ("dense_decode.json", dense_decode_table)):
+                     ("layer_trace.json", layer_trace_table), ("dense_decode.json", dense_decode_table),
+                     ("router.json", router_table), ("shared_mlp.json", shared_mlp_table)):
         d, path = _load(a.gpu, name)
         if d is None:
             print(f"(no {path})")
