@@ -591,18 +591,25 @@ def _dense_shared_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return y if y is not None else type(self)._samoyeds_base.forward(self, x)
 
 
-def _dense_shared_class(base: type) -> type:
-    cls = _DENSE_SHARED_CLASSES.get(base)
+def _swapped_class(cache: Dict[type, type], prefix: str, base: type, forward: Callable, flag: str,
+                   doc: str) -> type:
+    """The subclass of ``base`` with ``forward`` that a patched module's class becomes (one per
+    base, kept in ``cache``); ``flag`` is set on it, ``_samoyeds_base`` names the base."""
+    cls = cache.get(base)
     if cls is None:
         # the name says where the base class lives: pickles find the class through this
         # module's __getattr__ in a fresh process
-        name = f"{_DENSE_PREFIX}{base.__module__.replace('.', ':')}:{base.__qualname__.replace('.', ':')}>"
-        cls = type(name, (base,), {
-            "forward": _dense_shared_forward, "__module__": __name__, "__qualname__": name,
-            "_samoyeds_base": base, "_samoyeds_dense_shared": True,
-            "__doc__": f"{base.__name__} whose forward runs samoyeds.dense_decode at decode sizes on the GPU."})
-        _DENSE_SHARED_CLASSES[base] = cls
+        name = f"{prefix}{base.__module__.replace('.', ':')}:{base.__qualname__.replace('.', ':')}>"
+        cls = type(name, (base,), {"forward": forward, "__module__": __name__, "__qualname__": name,
+                                   "_samoyeds_base": base, flag: True, "__doc__": f"{base.__name__} {doc}"})
+        cache[base] = cls
     return cls
+
+
+def _dense_shared_class(base: type) -> type:
+    return _swapped_class(_DENSE_SHARED_CLASSES, _DENSE_PREFIX, base, _dense_shared_forward,
+                          "_samoyeds_dense_shared", "whose forward runs samoyeds.dense_decode at decode sizes "
+                          "and samoyeds.glu above, on the GPU.")
 
 
 def _class_by_name(name: str, prefix: str) -> Optional[type]:
@@ -743,15 +750,8 @@ def _router_forward(self: nn.Module, hidden_states: torch.Tensor) -> Any:
 
 
 def _router_class(base: type) -> type:
-    cls = _ROUTER_CLASSES.get(base)
-    if cls is None:
-        name = f"{_ROUTER_PREFIX}{base.__module__.replace('.', ':')}:{base.__qualname__.replace('.', ':')}>"
-        cls = type(name, (base,), {
-            "forward": _router_forward, "__module__": __name__, "__qualname__": name,
-            "_samoyeds_base": base, "_samoyeds_router": True,
-            "__doc__": f"{base.__name__} whose forward runs samoyeds.router for inference on the GPU."})
-        _ROUTER_CLASSES[base] = cls
-    return cls
+    return _swapped_class(_ROUTER_CLASSES, _ROUTER_PREFIX, base, _router_forward, "_samoyeds_router",
+                          "whose forward runs samoyeds.router for inference on the GPU.")
 
 
 def _router_agrees(mod: nn.Module, spec: RouterSpec) -> bool:

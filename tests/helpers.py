@@ -63,3 +63,13 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def to_cpu_packed(p: sm.PackedWeight) -> sm.PackedWeight:
     return p.to("cpu")
+
+
+def kernel_names(fn) -> list:
+    """The names of the CUDA kernels fn launches (torch.profiler; synchronises)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import samoyeds as sm
 
-from helpers import rel_err
+from helpers import kernel_names as _kernel_names, rel_err
 
 ACTS = ("none", "swiglu", "gptoss")
 
@@ -255,15 +255,6 @@ def test_patch_keeps_unpruned_shared_experts_dense(family, tmp_path):
     sm.unpatch_model(model)
     assert {n: type(m) for n, m in _shared(model).items()} == before
     assert shared_keys() == keys
-
-
-def _kernel_names(fn):
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
 @pytest.mark.gpu

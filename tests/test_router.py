@@ -17,6 +17,8 @@ import torch
 import samoyeds as sm
 from samoyeds import hf_families
 
+from helpers import kernel_names as _kernel_names
+
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -298,15 +300,6 @@ def test_gpu_errors():
     w16 = torch.randn(8, 16, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="w"):
         sm.router(torch.randn(4, 16, dtype=torch.bfloat16, device="cuda"), w16.cpu(), 2)
-
-
-def _kernel_names(fn):
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
 @pytest.mark.gpu
