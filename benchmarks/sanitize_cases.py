@@ -106,6 +106,8 @@ def main() -> None:
         w = torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda()
         sm.router(x, w, k, n_group=ng, topk_group=max(1, ng // 2), logits_dtype="float32", renorm=True)
         sm.router(x, w, k, bias=torch.randn(E, generator=gen).cuda(), mode="topk_softmax")
+        sm.router(x, w, k, mode="sigmoid_topk", n_group=ng, topk_group=max(1, ng // 2), renorm=True,
+                  choice_bias=torch.randn(E, generator=gen).cuda(), logits_dtype="float32")
     # the gated activation: 16-byte pieces and single elements, column slices of wider rows
     for T, I in [(3, 24), (5, 13), (40, 1416)]:
         wide = torch.randn(T, 2 * I + 8, generator=gen).to(torch.bfloat16).cuda()

@@ -240,7 +240,7 @@ static PyMethodDef sam_methods[] = {
      "glu(out, g, u, act=1, alpha=1.702, limit=7.0, stream=None): out = act(g, u) elementwise."},
     {"router", (PyCFunction)(void (*)(void))sam_py_router, METH_VARARGS | METH_KEYWORDS,
      "router(logits, weights, ids, x, w, k, bias=None, mode=0, n_group=1, topk_group=1, renorm=False, scale=1.0, "
-     "stream=None): router logits, weights and top-k expert ids."},
+     "choice_bias=None, stream=None): router logits, weights and top-k expert ids."},
     {"moe_route", (PyCFunction)(void (*)(void))sam_py_moe_route, METH_VARARGS | METH_KEYWORDS,
      "moe_route(offsets, token_ids, perm, pos, top_k_index, stream=None)."},
     {"moe_gather_weights", (PyCFunction)(void (*)(void))sam_py_moe_gather_weights,

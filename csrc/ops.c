@@ -750,30 +750,35 @@ PyObject *sam_py_router(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
     static char *kwlist[] = {"logits", "weights", "ids", "x", "w", "k", "bias", "mode", "n_group", "topk_group",
-                             "renorm", "scale", "stream", NULL};
-    PyObject *o_logits, *o_weights, *o_ids, *o_x, *o_w, *o_bias = Py_None, *o_stream = Py_None;
+                             "renorm", "scale", "choice_bias", "stream", NULL};
+    PyObject *o_logits, *o_weights, *o_ids, *o_x, *o_w, *o_bias = Py_None, *o_choice = Py_None, *o_stream = Py_None;
     int k, mode = 0, n_group = 1, topk_group = 1, renorm = 0;
     float scale = 1.0f;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOi|OiiipfO:router", kwlist, &o_logits, &o_weights, &o_ids,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOi|OiiipfOO:router", kwlist, &o_logits, &o_weights, &o_ids,
                                      &o_x, &o_w, &k, &o_bias, &mode, &n_group, &topk_group, &renorm, &scale,
-                                     &o_stream))
+                                     &o_choice, &o_stream))
         return NULL;
     op_ctx c;
     int64_t stream;
     if (parse_stream(o_stream, &stream) < 0) return NULL;
     ctx_init(&c, "router", stream);
-    if (mode != SAM_ROUTER_SOFTMAX_TOPK && mode != SAM_ROUTER_TOPK_SOFTMAX) {
-        PyErr_Format(PyExc_ValueError, "router: mode = %d; expected 0 (softmax, then top-k) or 1 (top-k, then "
-                     "softmax)", mode);
+    if (mode < SAM_ROUTER_SOFTMAX_TOPK || mode > SAM_ROUTER_SIGMOID_TOPK) {
+        PyErr_Format(PyExc_ValueError, "router: mode = %d; expected 0 (softmax, then top-k), 1 (top-k, then "
+                     "softmax) or 2 (sigmoid, top-k by score + choice_bias)", mode);
         return NULL;
     }
-    sam_tensor logits, weights, ids, x, w, bias;
+    if (o_choice != Py_None && mode != SAM_ROUTER_SIGMOID_TOPK) {
+        PyErr_SetString(PyExc_ValueError, "router: choice_bias: only with mode 2 (sigmoid, then top-k)");
+        return NULL;
+    }
+    sam_tensor logits, weights, ids, x, w, bias, choice;
     if (sam_tensor_take(&c.call, &logits, o_logits, "logits", 0) < 0 ||
         sam_tensor_take(&c.call, &weights, o_weights, "weights", 0) < 0 ||
         sam_tensor_take(&c.call, &ids, o_ids, "ids", 0) < 0 ||
         sam_tensor_take(&c.call, &x, o_x, "x", 0) < 0 ||
         sam_tensor_take(&c.call, &w, o_w, "w", 0) < 0 ||
-        sam_tensor_take(&c.call, &bias, o_bias, "bias", 1) < 0 || ctx_device(&c) < 0)
+        sam_tensor_take(&c.call, &bias, o_bias, "bias", 1) < 0 ||
+        sam_tensor_take(&c.call, &choice, o_choice, "choice_bias", 1) < 0 || ctx_device(&c) < 0)
         return fail(&c);
     if (sam_check_dtype(&x, c.cuda ? SAM_DT_HALF : SAM_DT_FLOAT) < 0 || sam_check_ndim(&x, 2) < 0 ||
         check_dense_weight(&c, &w, &x, NULL) < 0)
@@ -792,18 +797,22 @@ PyObject *sam_py_router(PyObject *self, PyObject *args, PyObject *kw)
         return fail(&c);
     }
     if (n_group < 1 || n_group > SAM_ROUTER_MAX_GROUPS || E % n_group != 0 || topk_group < 1 ||
-        topk_group > n_group || (mode == SAM_ROUTER_TOPK_SOFTMAX && n_group != 1)) {
+        topk_group > n_group || (mode == SAM_ROUTER_TOPK_SOFTMAX && n_group != 1) ||
+        (mode == SAM_ROUTER_SIGMOID_TOPK && n_group > 1 && E / n_group < 2)) {
         PyErr_Format(PyExc_ValueError, "router: n_group = %d, topk_group = %d; expected n_group <= %d dividing the "
-                     "%lld experts and 1 <= topk_group <= n_group (groups only with mode 0)", n_group, topk_group,
-                     SAM_ROUTER_MAX_GROUPS, (long long)E);
+                     "%lld experts and 1 <= topk_group <= n_group (groups only with modes 0 and 2; mode 2: at "
+                     "least two experts per group)", n_group, topk_group, SAM_ROUTER_MAX_GROUPS, (long long)E);
         return fail(&c);
     }
-    if (bias.present) {
+    sam_tensor *biases[] = {&bias, &choice};
+    for (int i = 0; i < 2; i++) {
+        sam_tensor *b = biases[i];
+        if (!b->present) continue;
         int64_t bs[1] = {E};
-        if (sam_check_shape(&bias, 1, bs) < 0 || sam_check_contiguous(&bias) < 0) return fail(&c);
-        if (bias.dtype != SAM_F32 && bias.dtype != x.dtype) {
-            PyErr_Format(PyExc_TypeError, "router: bias: expected dtype float32 or %s (that of x), got %s",
-                         sam_dtype_name(x.dtype), sam_dtype_name(bias.dtype));
+        if (sam_check_shape(b, 1, bs) < 0 || sam_check_contiguous(b) < 0) return fail(&c);
+        if (b->dtype != SAM_F32 && b->dtype != x.dtype) {
+            PyErr_Format(PyExc_TypeError, "router: %s: expected dtype float32 or %s (that of x), got %s", b->name,
+                         sam_dtype_name(x.dtype), sam_dtype_name(b->dtype));
             return fail(&c);
         }
     }
@@ -811,9 +820,9 @@ PyObject *sam_py_router(PyObject *self, PyObject *args, PyObject *kw)
         check_router_out(&c, &ids, &x, T, k, SAM_DT(SAM_I64)) < 0)
         return fail(&c);
     sam_tensor *outs[] = {&logits, &weights, &ids};
-    sam_tensor *ins[] = {&x, &w, &bias};
+    sam_tensor *ins[] = {&x, &w, &bias, &choice};
     for (int i = 0; i < 3; i++) {
-        for (int j = 0; j < 3; j++)
+        for (int j = 0; j < 4; j++)
             if (sam_check_no_overlap(outs[i], ins[j]) < 0) return fail(&c);
         for (int j = i + 1; j < 3; j++)
             if (sam_check_no_overlap(outs[i], outs[j]) < 0) return fail(&c);
@@ -829,6 +838,8 @@ PyObject *sam_py_router(PyObject *self, PyObject *args, PyObject *kw)
     p.H = H;
     p.bias = bias.present ? bias.data : NULL;
     p.bias_dtype = bias.present ? bias.dtype : SAM_F32;
+    p.choice_bias = choice.present ? choice.data : NULL;
+    p.choice_bias_dtype = choice.present ? choice.dtype : SAM_F32;
     p.k = k;
     p.mode = mode;
     p.n_group = n_group;

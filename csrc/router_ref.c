@@ -39,8 +39,9 @@ sam_status sam_router_ref(const sam_router_params *p)
     const int k = p->k;
     if (E < 1 || E > SAM_ROUTER_MAX_EXPERTS || k < 1 || k > E || k > SAM_ROUTER_MAX_K || p->n_group < 1 ||
         p->n_group > SAM_ROUTER_MAX_GROUPS || E % p->n_group != 0 || p->topk_group < 1 ||
-        p->topk_group > p->n_group || (p->mode != SAM_ROUTER_SOFTMAX_TOPK && p->mode != SAM_ROUTER_TOPK_SOFTMAX) ||
-        (p->mode == SAM_ROUTER_TOPK_SOFTMAX && p->n_group != 1)) {
+        p->topk_group > p->n_group || p->mode < SAM_ROUTER_SOFTMAX_TOPK || p->mode > SAM_ROUTER_SIGMOID_TOPK ||
+        (p->mode == SAM_ROUTER_TOPK_SOFTMAX && p->n_group != 1) ||
+        (p->mode == SAM_ROUTER_SIGMOID_TOPK && p->n_group > 1 && E / p->n_group < 2)) {
         sam_ref_set_error("router: E = %lld, k = %d, mode = %d, n_group = %d, topk_group = %d out of range",
                           (long long)E, k, p->mode, p->n_group, p->topk_group);
         return SAM_STATUS_INVALID_ARGUMENT;
@@ -49,9 +50,10 @@ sam_status sam_router_ref(const sam_router_params *p)
     float *xf = (float *)malloc(sizeof(float) * (size_t)(H + 1));
     float *l = (float *)malloc(sizeof(float) * (size_t)E);
     float *s = (float *)malloc(sizeof(float) * (size_t)E);
+    float *ch = (float *)malloc(sizeof(float) * (size_t)E);
     unsigned char *taken = (unsigned char *)malloc((size_t)E);
-    if (xf == NULL || l == NULL || s == NULL || taken == NULL) {
-        free(xf), free(l), free(s), free(taken);
+    if (xf == NULL || l == NULL || s == NULL || ch == NULL || taken == NULL) {
+        free(xf), free(l), free(s), free(ch), free(taken);
         sam_ref_set_error("router: out of memory for %lld experts", (long long)E);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
@@ -95,6 +97,35 @@ sam_status sam_router_ref(const sam_router_params *p)
                 for (int j = 0; j < k; j++) tot += v[j];
                 for (int j = 0; j < k; j++) v[j] /= tot;
             }
+        } else if (p->mode == SAM_ROUTER_SIGMOID_TOPK) {
+            for (int64_t e = 0; e < E; e++) {
+                s[e] = 1.0f / (1.0f + expf(-l[e]));
+                ch[e] = s[e] + (p->choice_bias != NULL ? sam_load_f32(p->choice_bias, p->choice_bias_dtype, e) : 0.0f);
+            }
+            if (G > 1) {
+                float gsc[SAM_ROUTER_MAX_GROUPS];
+                unsigned char gtaken[SAM_ROUTER_MAX_GROUPS] = {0};
+                for (int g = 0; g < G; g++) {  /* the two largest of the group, summed */
+                    float a = -INFINITY, b = -INFINITY;
+                    for (int i = 0; i < gs; i++) {
+                        const float c = ch[g * gs + i];
+                        if (c > a) b = a, a = c;
+                        else if (c > b) b = c;
+                    }
+                    gsc[g] = a + b;
+                }
+                for (int j = 0; j < p->topk_group; j++) gtaken[arg_best(gsc, gtaken, G)] = 1;
+                for (int64_t e = 0; e < E; e++)
+                    if (!gtaken[e / gs]) ch[e] = -INFINITY;
+            }
+            float tot = 0.0f;
+            for (int j = 0; j < k; j++) {
+                sel[j] = arg_best(ch, taken, (int)E);
+                taken[sel[j]] = 1;
+                tot += (v[j] = s[sel[j]]);
+            }
+            if (p->renorm)
+                for (int j = 0; j < k; j++) v[j] /= tot + 1e-20f;
         } else {
             for (int j = 0; j < k; j++) {
                 sel[j] = arg_best(l, taken, (int)E);
@@ -111,6 +142,6 @@ sam_status sam_router_ref(const sam_router_params *p)
             p->ids[t * k + j] = sel[j];
         }
     }
-    free(xf), free(l), free(s), free(taken);
+    free(xf), free(l), free(s), free(ch), free(taken);
     return SAM_STATUS_OK;
 }

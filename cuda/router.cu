@@ -15,9 +15,9 @@
 //     of loads in flight per warp; the eight partial tiles are summed in a fixed order
 //     (warp w + 4 into warp w, then warps 0..3), the bias added, one rounding.
 //   * selection: one warp per token reads its logits as stored; softmax by warp
-//     reductions in a fixed order; the group limit, then k rounds of a warp arg-max
-//     (largest first, equal values: the lower id); the renormalising sum in selection
-//     order, as the reference.
+//     reductions in a fixed order (or DeepSeek-V3's sigmoid with a bias that only
+//     chooses); the group limit, then k rounds of a warp arg-max (largest first, equal
+//     values: the lower id); the renormalising sum in selection order, as the reference.
 //
 // Both launch as programmatic dependents: each waits for the kernel before it on the
 // stream before reading anything, and lets its own dependent start at once.
@@ -39,6 +39,8 @@ struct RouterArgs {
     int E, H;
     const void *bias;
     sam_dtype bias_dtype;
+    const void *choice_bias;
+    sam_dtype choice_bias_dtype;
     void *logits;
     sam_dtype logits_dtype;
     int k, mode, n_group, topk_group, renorm;
@@ -254,6 +256,43 @@ __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const 
                 if ((open >> i & 1) && !(chosen >> ((lane + 32 * i) / gs) & 1)) v[i] = 0.0f;
         }
     }
+    float pv[PER];  // SIGMOID_TOPK: the scores (v holds the choice values)
+    if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int e = lane + 32 * i;
+            pv[i] = 1.0f / (1.0f + expf(-v[i]));
+            v[i] = pv[i] + (p.choice_bias != nullptr && e < E ? load_as_float(p.choice_bias, p.choice_bias_dtype, e)
+                                                               : 0.0f);
+        }
+        if (p.n_group > 1) {
+            const int G = p.n_group, gs = E / G;
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (open >> i & 1) sc[warp][lane + 32 * i] = v[i];
+            __syncwarp();
+            float gv = 0.0f;
+            if (lane < G) {  // the group's two largest, summed
+                float a = -INFINITY, b = -INFINITY;
+                for (int i = 0; i < gs; i++) {
+                    const float c = sc[warp][lane * gs + i];
+                    if (c > a) b = a, a = c;
+                    else if (c > b) b = c;
+                }
+                gv = a + b;
+            }
+            uint32_t chosen = 0;
+            for (int j = 0; j < p.topk_group; j++) {
+                float bv = gv;
+                int bi = lane < G && !(chosen >> lane & 1) ? lane : -1;
+                rt_warp_best(bv, bi);
+                chosen |= 1u << bi;
+            }
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if ((open >> i & 1) && !(chosen >> ((lane + 32 * i) / gs) & 1)) v[i] = -INFINITY;
+        }
+    }
     float mine = 0.0f, tot = 0.0f, first = 0.0f;
     int mine_id = 0;
     for (int j = 0; j < p.k; j++) {
@@ -266,12 +305,19 @@ __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const 
         if ((bi & 31) == lane) open &= ~(1u << (bi >> 5));
         if (j == 0) first = bv;
         if (p.mode == SAM_ROUTER_TOPK_SOFTMAX) bv = expf(bv - first);
+        if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {  // the chosen expert's score, from its lane
+            float sv = 0.0f;
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (i == (bi >> 5)) sv = pv[i];
+            bv = __shfl_sync(0xffffffffu, sv, bi & 31);
+        }
         tot += bv;
         if (lane == j) mine = bv, mine_id = bi;
     }
     if (lane < p.k) {
         float w = mine;
-        if (p.mode == SAM_ROUTER_TOPK_SOFTMAX || p.renorm) w /= tot;
+        if (p.mode == SAM_ROUTER_TOPK_SOFTMAX || p.renorm) w /= p.mode == SAM_ROUTER_SIGMOID_TOPK ? tot + 1e-20f : tot;
         w *= p.scale;
         const int64_t o = (int64_t)t * p.k + lane;
         switch (p.weights_dtype) {
@@ -310,15 +356,17 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
     }
     auto half_or_f32 = [&](sam_dtype t) { return t == SAM_F32 || t == p->dtype; };
     if (!half_or_f32(p->logits_dtype) || !half_or_f32(p->weights_dtype) ||
-        (p->bias != nullptr && !half_or_f32(p->bias_dtype))) {
-        set_error("router: logits, weights and bias are float32 or x's dtype");
+        (p->bias != nullptr && !half_or_f32(p->bias_dtype)) ||
+        (p->choice_bias != nullptr && !half_or_f32(p->choice_bias_dtype))) {
+        set_error("router: logits, weights, bias and choice_bias are float32 or x's dtype");
         return SAM_STATUS_INVALID_ARGUMENT;
     }
     if (p->T < 0 || p->T > INT32_MAX - 64 || p->E < 1 || p->E > SAM_ROUTER_MAX_EXPERTS || p->H < 0 ||
         p->H > INT32_MAX - 64 || p->k < 1 || p->k > p->E || p->k > SAM_ROUTER_MAX_K || p->n_group < 1 ||
         p->n_group > SAM_ROUTER_MAX_GROUPS || p->E % p->n_group != 0 || p->topk_group < 1 ||
-        p->topk_group > p->n_group || (p->mode != SAM_ROUTER_SOFTMAX_TOPK && p->mode != SAM_ROUTER_TOPK_SOFTMAX) ||
-        (p->mode == SAM_ROUTER_TOPK_SOFTMAX && p->n_group != 1)) {
+        p->topk_group > p->n_group || p->mode < SAM_ROUTER_SOFTMAX_TOPK || p->mode > SAM_ROUTER_SIGMOID_TOPK ||
+        (p->mode == SAM_ROUTER_TOPK_SOFTMAX && p->n_group != 1) ||
+        (p->mode == SAM_ROUTER_SIGMOID_TOPK && p->n_group > 1 && p->E / p->n_group < 2)) {
         set_error("router: T = %lld, E = %lld, H = %lld, k = %d, mode = %d, n_group = %d, topk_group = %d out of "
                   "range", (long long)p->T, (long long)p->E, (long long)p->H, p->k, p->mode, p->n_group,
                   p->topk_group);
@@ -340,6 +388,8 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
     a.H = (int)p->H;
     a.bias = p->bias;
     a.bias_dtype = p->bias_dtype;
+    a.choice_bias = p->mode == SAM_ROUTER_SIGMOID_TOPK ? p->choice_bias : nullptr;
+    a.choice_bias_dtype = p->choice_bias_dtype;
     a.logits = p->logits;
     a.logits_dtype = p->logits_dtype;
     a.k = p->k;

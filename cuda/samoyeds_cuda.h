@@ -193,7 +193,8 @@ sam_status sam_glu_cuda(const sam_glu_params *p, void *stream);
 typedef enum sam_router_mode {
     SAM_ROUTER_SOFTMAX_TOPK = 0, /* scores = softmax(logits); the k largest scores (Mixtral, Qwen, OLMoE,
                                     DeepSeek-V2) */
-    SAM_ROUTER_TOPK_SOFTMAX = 1  /* the k largest logits; weights = softmax over those k (GPT-OSS) */
+    SAM_ROUTER_TOPK_SOFTMAX = 1, /* the k largest logits; weights = softmax over those k (GPT-OSS) */
+    SAM_ROUTER_SIGMOID_TOPK = 2  /* scores = sigmoid(logits), chosen by scores + choice_bias (DeepSeek-V3) */
 } sam_router_mode;
 
 #define SAM_ROUTER_MAX_EXPERTS 512
@@ -211,6 +212,12 @@ typedef enum sam_router_mode {
  *     v = p[sel]; renorm: v /= (v[0] + ... + v[k-1]); v *= scale
  *   TOPK_SOFTMAX:
  *     sel = the k largest logits, largest first (ties as above); v = softmax(logits[sel]) * scale
+ *   SIGMOID_TOPK:
+ *     p = sigmoid(logits) in fp32, c = p + choice_bias (the bias only chooses)
+ *     n_group > 1: a group's score is the sum of its two largest c; c of every expert outside
+ *     the topk_group best groups counts as -inf
+ *     sel = the k largest c, largest first (ties as above); v = p[sel];
+ *     renorm: v /= (v[0] + ... + v[k-1] + 1e-20); v *= scale
  *   weights[t][j] = round_W(v[j]), ids[t][j] = sel[j] (int64).
  * Two launches on the GPU (logits; selection), each with programmatic dependent launch. */
 typedef struct sam_router_params {
@@ -219,8 +226,10 @@ typedef struct sam_router_params {
     sam_dtype dtype;        /* x and w: SAM_BF16 or SAM_F16 (the C reference: also SAM_F32) */
     const void *w;          /* [E][H] contiguous */
     int64_t E, H;
-    const void *bias;       /* [E] or NULL */
+    const void *bias;       /* [E] or NULL: added to the logits */
     sam_dtype bias_dtype;   /* SAM_F32 or dtype */
+    const void *choice_bias;/* [E] (SIGMOID_TOPK) or NULL: added to the scores to choose */
+    sam_dtype choice_bias_dtype;
     int k, mode, n_group, topk_group, renorm;
     float scale;
     void *logits;           /* [T][E] contiguous */
@@ -231,7 +240,8 @@ typedef struct sam_router_params {
 } sam_router_params;
 
 /* GPU: H and ldx multiples of 8, x and w 16-byte aligned, E <= SAM_ROUTER_MAX_EXPERTS,
- * 1 <= k <= min(E, SAM_ROUTER_MAX_K), n_group <= SAM_ROUTER_MAX_GROUPS dividing E. */
+ * 1 <= k <= min(E, SAM_ROUTER_MAX_K), n_group <= SAM_ROUTER_MAX_GROUPS dividing E (SIGMOID_TOPK with
+ * groups: at least two experts per group). */
 sam_status sam_router_cuda(const sam_router_params *p, void *stream);
 
 /* ---- MoE routing and combine (cuda/moe.cu) -------------------------------- */

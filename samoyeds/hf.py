@@ -42,7 +42,7 @@ weights requested while the first ends) instead of five, under ``torch.compile``
 :func:`unpatch_model` gives the module its class back.
 
 Routers.  The router of every patched block whose rule samoyeds knows (Mixtral,
-Qwen2/3-MoE, OLMoE, DeepSeek-V2 greedy and group-limited greedy, GPT-OSS) gets a subclass
+Qwen2/3-MoE, OLMoE, DeepSeek-V2 greedy and group-limited greedy, DeepSeek-V3, GPT-OSS) gets a subclass
 of its own class too (``SamoyedsRouter<...>``), kept only where it gives the router's own
 outputs on a probe of random tokens at patch time.  For inference on the GPU its forward is
 one :func:`samoyeds.router` call (two launches: logits on tensor cores, then softmax,
@@ -675,7 +675,8 @@ class RouterSpec:
     scale: float = 1.0
     logits_fp32: bool = False   # logits in float32 (else in the hidden states' dtype)
     weights_fp32: bool = True   # routing weights in float32 (else in the logits' dtype)
-    bias: bool = False
+    bias: bool = False          # the module's ``bias`` added to the logits
+    choice_bias: bool = False   # the module's ``e_score_correction_bias`` (sigmoid_topk)
 
 
 def _router_spec(mod: nn.Module) -> Optional[RouterSpec]:
@@ -696,6 +697,13 @@ def _router_spec(mod: nn.Module) -> Optional[RouterSpec]:
             return None
         return RouterSpec(k, n_group=groups[0], topk_group=groups[1], scale=float(mod.routed_scaling_factor),
                           logits_fp32=True)
+    if name == "DeepseekV3TopkRouter":
+        cb = getattr(mod, "e_score_correction_bias", None)
+        if not isinstance(cb, torch.Tensor):
+            return None
+        return RouterSpec(k, mode="sigmoid_topk", n_group=int(mod.num_group), topk_group=int(mod.topk_group),
+                          renorm=bool(mod.norm_topk_prob), scale=float(mod.routed_scaling_factor), logits_fp32=True,
+                          choice_bias=True)
     if name == "MixtralTopKRouter":
         return RouterSpec(k, renorm=True)
     if name in ("Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter"):
@@ -717,6 +725,7 @@ def _router_run(mod: nn.Module, spec: RouterSpec, x: torch.Tensor) -> tuple:
     ld = "float32" if spec.logits_fp32 else str(x.dtype).replace("torch.", "")
     return _router(x, mod.weight, spec.k, bias=mod.bias if spec.bias else None, mode=spec.mode,
                    n_group=spec.n_group, topk_group=spec.topk_group, renorm=spec.renorm, scale=spec.scale,
+                   choice_bias=mod.e_score_correction_bias if spec.choice_bias else None,
                    logits_dtype=ld, weights_dtype="float32" if spec.weights_fp32 else ld)
 
 
@@ -738,9 +747,11 @@ def _router_fast(mod: nn.Module, hidden_states: torch.Tensor) -> Optional[tuple]
     x = hidden_states.reshape(-1, H)
     if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
         return None
-    if b is not None and (b.dtype not in (torch.float32, x.dtype) or b.device != x.device
-                          or not b.is_contiguous()):
-        return None
+    cb = getattr(mod, "e_score_correction_bias", None) if spec.choice_bias else None
+    for t in (b, cb):
+        if t is not None and (t.dtype not in (torch.float32, x.dtype) or t.device != x.device
+                              or not t.is_contiguous()):
+            return None
     return _router_run(mod, spec, x)
 
 

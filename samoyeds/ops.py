@@ -136,12 +136,12 @@ def glu(gate: Any, up: Any, out: Optional[Any] = None, *, act: str = "swiglu", a
     return out
 
 
-ROUTER_MODES = {"softmax_topk": 0, "topk_softmax": 1}
+ROUTER_MODES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_topk": 2}
 
 
 def router(x: Any, w: Any, k: int, *, bias: Optional[Any] = None, mode: str = "softmax_topk", n_group: int = 1,
-           topk_group: int = 1, renorm: bool = False, scale: float = 1.0, logits_dtype: Optional[str] = None,
-           weights_dtype: Optional[str] = None, out: Optional[tuple] = None,
+           topk_group: int = 1, renorm: bool = False, scale: float = 1.0, choice_bias: Optional[Any] = None,
+           logits_dtype: Optional[str] = None, weights_dtype: Optional[str] = None, out: Optional[tuple] = None,
            stream: Optional[int] = None) -> tuple:
     """An MoE router: logits, routing weights and the top-k experts of every token.
 
@@ -154,11 +154,16 @@ def router(x: Any, w: Any, k: int, *, bias: Optional[Any] = None, mode: str = "s
             largest first (equal values: the lower id); v = p[ids]; renorm:
             v /= v.sum()
         "topk_softmax": ids = the k largest logits; v = softmax(logits[ids])
+        "sigmoid_topk": p = sigmoid(logits), c = p + choice_bias; with n_group > 1 a
+            group's score is the sum of its two largest c and the experts outside the
+            topk_group best groups count as -inf; ids = the k largest c; v = p[ids];
+            renorm: v /= v.sum() + 1e-20
         weights = v * scale, rounded to weights_dtype
 
     which is what Mixtral's, Qwen2/3-MoE's and OLMoE's routers (softmax_topk, renorm as
     ``norm_topk_prob``), DeepSeek-V2's (greedy or group-limited greedy, fp32 logits, the
-    routed scaling factor) and GPT-OSS's (topk_softmax with a bias) compute.  On the GPU
+    routed scaling factor), DeepSeek-V3's (sigmoid_topk, its score correction bias as
+    choice_bias) and GPT-OSS's (topk_softmax with a bias) compute.  On the GPU
     two launches: the logits on tensor cores (16-bit products are exact in fp32, so
     this equals an fp32 GEMM on the same values up to the order of the sums) and one
     warp per token for the rest.
@@ -169,9 +174,11 @@ def router(x: Any, w: Any, k: int, *, bias: Optional[Any] = None, mode: str = "s
         w: ``[E, H]`` contiguous, x's dtype; ``E <= 512``.
         k: experts per token, ``1 <= k <= min(E, 32)``.
         bias: ``[E]``, float32 or x's dtype.
-        mode: ``"softmax_topk"`` or ``"topk_softmax"``.
-        n_group, topk_group: group-limited selection (``softmax_topk`` only; ``n_group``
-           at most 32 and dividing E).
+        mode: ``"softmax_topk"``, ``"topk_softmax"`` or ``"sigmoid_topk"``.
+        n_group, topk_group: group-limited selection (not with ``topk_softmax``; ``n_group``
+           at most 32 and dividing E; ``sigmoid_topk``: at least two experts per group).
+        choice_bias: ``[E]``, float32 or x's dtype, added to the scores to choose
+           (``sigmoid_topk`` only; None: zeros).
         logits_dtype, weights_dtype: ``"float32"`` or x's dtype (default: x's dtype for
            the logits, float32 for the weights).
         out: ``(logits [T, E], weights [T, k], ids [T, k] int64)`` to write; allocated if None.
@@ -182,6 +189,7 @@ def router(x: Any, w: Any, k: int, *, bias: Optional[Any] = None, mode: str = "s
     if mode not in ROUTER_MODES:
         raise ValueError(f"mode: expected one of {sorted(ROUTER_MODES)}, got {mode!r}")
     x, w, bias = tensor_arg(x, "x"), tensor_arg(w, "w"), tensor_arg(bias, "bias", optional=True)
+    choice_bias = tensor_arg(choice_bias, "choice_bias", optional=True)
     if out is None:
         if len(x.shape) != 2 or len(w.shape) != 2:
             raise ValueError(f"x, w: expected 2-d tensors, got shapes {tuple(x.shape)} and {tuple(w.shape)}")
@@ -191,7 +199,7 @@ def router(x: Any, w: Any, k: int, *, bias: Optional[Any] = None, mode: str = "s
     elif not isinstance(out, (tuple, list)) or len(out) != 3:
         raise TypeError("out: expected a tuple (logits, weights, ids)")
     _C.router(out[0], out[1], out[2], x, w, int(k), bias, mode=ROUTER_MODES[mode], n_group=int(n_group),
-              topk_group=int(topk_group), renorm=bool(renorm), scale=float(scale),
+              topk_group=int(topk_group), renorm=bool(renorm), scale=float(scale), choice_bias=choice_bias,
               stream=stream if stream is not None else current_stream(x))
     return tuple(out)
 

@@ -120,8 +120,8 @@ def test_router_benchmark_smoke(tmp_path):
               "--tokens", "1,37"])
     assert p.returncode == 0, p.stderr[-2000:]
     d = json.loads((tmp_path / "router.json").read_text())
-    assert [(r["model"], r["T"]) for r in d["rows"]] == [(m, t) for m in ("tiny-deepseek", "tiny-gpt-oss")
-                                                         for t in (1, 37)]
+    assert [(r["model"], r["T"]) for r in d["rows"]] == [
+        (m, t) for m in ("tiny-deepseek", "tiny-gpt-oss", "tiny-deepseek-v3") for t in (1, 37)]
     for r in d["rows"]:
         assert r["patched"] and r["rows_choosing_differently"] == 0 and r["max_abs_logit_diff"] < 1e-2, r
         assert r["ms"]["samoyeds"] > 0 and r["frac_of_copy"] is None, r

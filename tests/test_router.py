@@ -26,7 +26,20 @@ def _eps(dtype):
     return {torch.float32: 2.0 ** -23, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
 
 
-def check(x, w, k, got, *, bias=None, mode="softmax_topk", n_group=1, topk_group=1, renorm=False, scale=1.0):
+def _chosen_groups(gscore, ids, gs, topk_group):
+    """The groups a valid choice took: those above the topk_group-th group score, and of those
+    tied with it, the ones an expert was picked from (equal group scores may go either way)."""
+    kth = gscore.topk(topk_group, dim=1).values[:, -1:]
+    tol_g = 1e-6 * gscore.abs().amax(dim=1, keepdim=True) + 1e-12
+    tied = (gscore - kth).abs() <= tol_g
+    picked = torch.zeros_like(gscore, dtype=torch.bool).scatter_(1, ids // gs, True)
+    chosen = (gscore > kth + tol_g) | (tied & picked)
+    assert (chosen.sum(dim=1) <= topk_group).all(), "more groups than topk_group"
+    return chosen.repeat_interleave(gs, dim=1)
+
+
+def check(x, w, k, got, *, bias=None, mode="softmax_topk", n_group=1, topk_group=1, renorm=False, scale=1.0,
+          choice_bias=None):
     """Asserts that (logits, weights, ids) follow samoyeds.router's rule for these inputs."""
     logits, weights, ids = (t.cpu() for t in got)
     T, E = x.shape[0], w.shape[0]
@@ -47,17 +60,17 @@ def check(x, w, k, got, *, bias=None, mode="softmax_topk", n_group=1, topk_group
         s = torch.softmax(ld, dim=1)
         if n_group > 1:
             gs = E // n_group
-            gmax = s.view(T, n_group, gs).amax(dim=2)
-            kth = gmax.topk(topk_group, dim=1).values[:, -1:]
-            tol_g = 1e-6 * gmax.amax(dim=1, keepdim=True) + 1e-12
-            # groups above the topk_group-th are chosen; of those tied with it, the ones
-            # an expert was picked from (equal group scores may go either way)
-            tied = (gmax - kth).abs() <= tol_g
-            picked = torch.zeros(T, n_group, dtype=torch.bool).scatter_(1, ids // gs, True)
-            chosen = (gmax > kth + tol_g) | (tied & picked)
-            assert (chosen.sum(dim=1) <= topk_group).all(), "more groups than topk_group"
-            s = torch.where(chosen.repeat_interleave(gs, dim=1), s, torch.zeros_like(s))
+            chosen = _chosen_groups(s.view(T, n_group, gs).amax(dim=2), ids, gs, topk_group)
+            s = torch.where(chosen, s, torch.zeros_like(s))
         tol_s = 1e-6 * s.abs().amax(dim=1, keepdim=True) + 1e-12
+    elif mode == "sigmoid_topk":
+        p = torch.sigmoid(ld)
+        s = p + (choice_bias.cpu().double() if choice_bias is not None else 0.0)
+        if n_group > 1:
+            gs = E // n_group
+            chosen = _chosen_groups(s.view(T, n_group, gs).topk(2, dim=2).values.sum(dim=2), ids, gs, topk_group)
+            s = torch.where(chosen, s, torch.full_like(s, float("-inf")))
+        tol_s = 1e-6 * (s.abs().nan_to_num(posinf=0.0).amax(dim=1, keepdim=True) + 1)
     else:
         s = ld
         tol_s = 1e-6 * (ld.abs().amax(dim=1, keepdim=True) + 1)
@@ -73,6 +86,10 @@ def check(x, w, k, got, *, bias=None, mode="softmax_topk", n_group=1, topk_group
         v = pick
         if renorm:
             v = v / v.sum(dim=1, keepdim=True)
+    elif mode == "sigmoid_topk":
+        v = p.gather(1, ids)
+        if renorm:
+            v = v / (v.sum(dim=1, keepdim=True) + 1e-20)
     else:
         v = torch.softmax(pick, dim=1)
     v = v * scale
@@ -93,19 +110,31 @@ def _poisoned(T, E, k, ld, wd, device="cpu"):
             torch.full((T, k), -7, dtype=torch.int64, device=device))
 
 
-CASES = [  # (mode, k, n_group, topk_group, renorm, scale, with bias)
+CASES = [  # (mode, k, n_group, topk_group, renorm, scale, with bias: the choice bias for sigmoid_topk)
     ("softmax_topk", 2, 1, 1, True, 1.0, False),       # Mixtral
     ("softmax_topk", 8, 1, 1, False, 1.0, False),      # Qwen3 / OLMoE without norm_topk_prob
     ("softmax_topk", 6, 1, 1, False, 2.5, False),      # DeepSeek-V2 greedy
     ("softmax_topk", 6, 4, 2, False, 16.0, False),     # DeepSeek-V2 group-limited
     ("softmax_topk", 1, 1, 1, True, 1.0, True),
     ("topk_softmax", 4, 1, 1, False, 1.0, True),       # GPT-OSS
+    ("sigmoid_topk", 8, 4, 2, True, 2.5, True),        # DeepSeek-V3
+    ("sigmoid_topk", 3, 1, 1, False, 1.0, False),
 ]
+
+
+def _kwargs(case, b):
+    mode, k, ng, tg, renorm, scale, _ = case
+    return dict(mode=mode, n_group=ng, topk_group=tg, renorm=renorm, scale=scale,
+                **{"choice_bias" if mode == "sigmoid_topk" else "bias": b})
+
+
+def _on(kw, device):
+    return {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
 
 
 def _fits(case, E):
     mode, k, ng, tg, *_ = case
-    return k <= E and E % ng == 0
+    return k <= E and E % ng == 0 and (mode != "sigmoid_topk" or ng == 1 or E // ng >= 2)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -115,14 +144,14 @@ def test_reference_follows_the_rule(dtype):
         for case in CASES:
             if not _fits(case, E):
                 continue
-            mode, k, ng, tg, renorm, scale, with_bias = case
+            k, with_bias = case[1], case[6]
             for ld in {dtype, "float32"}:
                 x, w, b = _inputs(T, E, H, DT[dtype], gen, bias_dtype=DT[dtype] if with_bias else None)
                 out = _poisoned(T, E, k, DT[ld], torch.float32)
-                got = sm.router(x, w, k, bias=b, mode=mode, n_group=ng, topk_group=tg, renorm=renorm, scale=scale,
-                                out=out)
+                kw = _kwargs(case, b)
+                got = sm.router(x, w, k, out=out, **kw)
                 assert all(a is b_ for a, b_ in zip(got, out))
-                check(x, w, k, got, bias=b, mode=mode, n_group=ng, topk_group=tg, renorm=renorm, scale=scale)
+                check(x, w, k, got, **kw)
 
 
 def test_reference_ties_pick_the_lower_id():
@@ -156,8 +185,11 @@ def test_errors_name_the_argument():
         (lambda: sm.router(x, torch.randn(513, 16), 2), ValueError, "w has 513 rows"),
         (lambda: sm.router(x, w, 2, n_group=3), ValueError, "n_group = 3"),
         (lambda: sm.router(x, w, 2, n_group=4, topk_group=5), ValueError, "topk_group = 5"),
-        (lambda: sm.router(x, w, 2, n_group=2, mode="topk_softmax"), ValueError, "groups only with mode 0"),
+        (lambda: sm.router(x, w, 2, n_group=2, mode="topk_softmax"), ValueError, "groups only with modes 0 and 2"),
         (lambda: sm.router(x, w, 2, mode="sigmoid"), ValueError, "mode: expected one of"),
+        (lambda: sm.router(x, w, 2, choice_bias=torch.randn(8)), ValueError, "choice_bias: only with mode 2"),
+        (lambda: sm.router(x, w, 2, mode="sigmoid_topk", choice_bias=torch.randn(7)), ValueError, "choice_bias"),
+        (lambda: sm.router(x, w, 2, mode="sigmoid_topk", n_group=8), ValueError, "at least two experts per group"),
         (lambda: sm.router(x[:, :8], w, 2), ValueError, "x: expected 16 columns"),
         (lambda: sm.router(x, w.half(), 2), TypeError, "w: expected dtype float32"),
         (lambda: sm.router(x, w, 2, bias=torch.randn(7)), ValueError, "bias"),
@@ -179,7 +211,7 @@ def test_errors_name_the_argument():
 # ---- patched models (CPU) -------------------------------------------------------------------
 
 SHAPE = hf_families.Shape(hidden=64, intermediate=32, experts=8, top_k=2, layers=2)
-ROUTED = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "gpt_oss"]
+ROUTED = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss"]
 
 
 def _routers(model):
@@ -187,7 +219,7 @@ def _routers(model):
             and hasattr(m, "top_k")}
 
 
-@pytest.mark.parametrize("family", ROUTED + ["deepseek_v3", "phimoe"])
+@pytest.mark.parametrize("family", ROUTED + ["phimoe", "granitemoe"])
 def test_patch_swaps_known_routers(family):
     """The routers whose rule samoyeds knows take a SamoyedsRouter subclass of their own class
     (checked against their own forward at patch time), keep their parameters and give the
@@ -260,14 +292,14 @@ def test_gpu_follows_the_rule_and_matches_reference(dtype):
         for j, case in enumerate(CASES):
             if not _fits(case, E) or (T > 1000 and j % 2):
                 continue
-            mode, k, ng, tg, renorm, scale, with_bias = case
+            k, with_bias = case[1], case[6]
             ld = "float32" if (i + j) % 2 else dtype
             wd = "float32" if (i + j) % 3 else dtype
             bd = (torch.float32 if j % 2 else DT[dtype]) if with_bias else None
             x, w, b = _inputs(T, E, H, DT[dtype], gen, bias_dtype=bd)
-            kw = dict(bias=b, mode=mode, n_group=ng, topk_group=tg, renorm=renorm, scale=scale)
+            kw = _kwargs(case, b)
             out = _poisoned(T, E, k, DT[ld], DT[wd], "cuda")
-            got = sm.router(x.cuda(), w.cuda(), k, out=out, **{**kw, "bias": None if b is None else b.cuda()})
+            got = sm.router(x.cuda(), w.cuda(), k, out=out, **_on(kw, "cuda"))
             assert all(a is b_ for a, b_ in zip(got, out))
             check(x, w, k, got, **kw)
             ref = sm.router(x, w, k, logits_dtype=ld, weights_dtype=wd, **kw)
@@ -306,6 +338,7 @@ def test_gpu_errors():
 @pytest.mark.parametrize("family,overrides", [
     ("mixtral", {}), ("qwen3_moe", {"norm_topk_prob": True}), ("qwen2_moe", {}), ("olmoe", {}),
     ("deepseek_v2", {}), ("deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}),
+    ("deepseek_v3", {"n_group": 4, "topk_group": 2, "norm_topk_prob": True, "routed_scaling_factor": 2.5}),
     ("gpt_oss", {}),
 ])
 def test_patched_router_gpu(family, overrides, monkeypatch):
@@ -314,11 +347,20 @@ def test_patched_router_gpu(family, overrides, monkeypatch):
     autograd, with SAMOYEDS_ROUTER=0 and under torch.compile its own forward runs."""
     shape = hf_families.Shape(hidden=256, intermediate=64, experts=16, top_k=4, layers=2)
     model = hf_families.build_model(family, shape, seed=7, dtype=torch.bfloat16, device="cuda", **overrides)
+    with torch.no_grad():
+        for m in model.modules():  # (DeepSeek-V3: a score correction bias that changes the choice)
+            if isinstance(getattr(m, "e_score_correction_bias", None), torch.Tensor):
+                m.e_score_correction_bias.normal_(0.0, 0.05)
     sm.patch_model(model, "samoyeds-1:2:128", progress=False)
     (name, r), *_ = _routers(model).items()
     assert type(r).__name__.startswith("SamoyedsRouter<"), type(r).__name__
     base = type(r)._samoyeds_base
     spec = r._samoyeds_router_spec
+    cb = r.e_score_correction_bias if spec.choice_bias else None
+
+    def key(logits):  # what the router chooses by
+        return torch.sigmoid(logits) + cb.float() if cb is not None else logits
+
     gen = torch.Generator().manual_seed(8)
     for T in (1, 37, 300):
         h = torch.randn(T, 256, generator=gen).to(torch.bfloat16).cuda()
@@ -330,11 +372,12 @@ def test_patched_router_gpu(family, overrides, monkeypatch):
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and a.shape == b.shape
         check(h, r.weight, spec.k, got, bias=r.bias if spec.bias else None, mode=spec.mode, n_group=spec.n_group,
-              topk_group=spec.topk_group, renorm=spec.renorm, scale=spec.scale)
+              topk_group=spec.topk_group, renorm=spec.renorm, scale=spec.scale, choice_bias=cb)
         rl = want[0].float()
         tol = 2 ** -7 * rl.abs() + 1e-3
         assert ((got[0].float() - rl).abs() <= tol).all()
-        pick_w, pick_g = rl.gather(1, want[2]).sort(1).values, rl.gather(1, got[2]).sort(1).values
+        kl = key(rl)
+        pick_w, pick_g = kl.gather(1, want[2]).sort(1).values, kl.gather(1, got[2]).sort(1).values
         assert ((pick_g - pick_w).abs() <= 2 * (2 ** -7 * pick_w.abs() + 1e-3)).all()
     h = torch.randn(5, 256, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     assert not any("router_" in n for n in _kernel_names(lambda: r(h)))
@@ -350,4 +393,5 @@ def test_patched_router_gpu(family, overrides, monkeypatch):
         assert a.dtype == b.dtype and a.shape == b.shape
     rl = want[0].float()
     assert ((out[0].float() - rl).abs() <= 2 ** -7 * rl.abs() + 1e-3).all()
-    assert torch.allclose(rl.gather(1, out[2]).sort(1).values, rl.gather(1, want[2]).sort(1).values, atol=1e-3)
+    kl = key(rl)
+    assert torch.allclose(kl.gather(1, out[2]).sort(1).values, kl.gather(1, want[2]).sort(1).values, atol=1e-3)
