@@ -38,7 +38,9 @@ weights, its parameters and its state-dict names; its class becomes a subclass o
 ``SAMOYEDS_DENSE_DECODE_MAX_ROWS`` tokens (default 16; 0 turns it off), runs two
 :func:`samoyeds.dense_decode` launches (gate, up and SiLU in one; down in the other, its
 weights requested while the first ends) instead of five, under ``torch.compile`` as the op
-``torch.ops.samoyeds.shared_mlp``; otherwise the module's own forward.
+``torch.ops.samoyeds.shared_mlp``; above that limit, in eager inference on the GPU, cuBLAS's
+three matmuls with SiLU-times-up as one :func:`samoyeds.glu` pass; otherwise (autograd, the
+CPU, ``torch.compile`` above the limit) the module's own forward.
 :func:`unpatch_model` gives the module its class back.
 
 Routers.  The router of every patched block whose rule samoyeds knows (Mixtral,
