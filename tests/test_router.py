@@ -250,6 +250,23 @@ def test_patch_swaps_known_routers(family):
     assert {n: type(m) for n, m in _routers(model).items()} == before
 
 
+def test_checkpoint_and_sparsify_swap_routers(tmp_path):
+    """samoyeds.from_pretrained and sparsify_model give the routers their SamoyedsRouter
+    subclass as patch_model does; unpatch_model undoes it."""
+    model = hf_families.build_model("deepseek_v3", SHAPE, seed=4, n_group=4, topk_group=2)
+    sm.patch_model(model, "samoyeds-1:2:128", progress=False)
+    sm.save_pretrained(model, tmp_path / "ckpt")
+    loaded = sm.from_pretrained(tmp_path / "ckpt")
+    kinds = [type(m).__name__ for m in _routers(loaded).values()]
+    assert kinds and all(k.startswith("SamoyedsRouter<") for k in kinds), kinds
+    sm.unpatch_model(loaded)
+    assert not any(type(m).__name__.startswith("SamoyedsRouter<") for m in loaded.modules())
+    pruned = hf_families.build_model("mixtral", SHAPE, seed=5)
+    sm.sparsify_model(pruned, "samoyeds-1:2:128", "magnitude")
+    kinds = [type(m).__name__ for m in _routers(pruned).values()]
+    assert kinds and all(k.startswith("SamoyedsRouter<") for k in kinds), kinds
+
+
 def test_patch_keeps_a_router_whose_rule_differs(monkeypatch):
     """A rule that does not give the module's own outputs on the probe is not used."""
     from samoyeds import hf
