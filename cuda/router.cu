@@ -5,7 +5,8 @@
 // and its weight to fp32 and runs an FFMA GEMM), a softmax, a top-k (a sort) and one or
 // two elementwise launches.  Here it is two launches:
 //
-//   * logits: CTA = 8 warps on BE experts x BM tokens (grid: token tiles x expert tiles),
+//   * logits: CTA = 8 warps on BE experts x BM tokens (grid: the expert tiles of a token
+//     tile launched side by side, so the hidden states come from memory once),
 //     the K dimension split over the warps (warp w: 32-column blocks w, w + 8, ...).
 //     Lane (g, q) loads 16 bytes of expert rows g, g + 8 and of token g at column 8q of a
 //     block straight into the fragments of two mma.sync m16n8k16 (the K permutation of
@@ -45,6 +46,7 @@ struct RouterArgs {
     sam_dtype logits_dtype;
     int k, mode, n_group, topk_group, renorm;
     float scale;
+    int experts_major;  // logits grid: blockIdx.x the expert tile, blockIdx.y the token tile
     void *weights;
     sam_dtype weights_dtype;
     int64_t *ids;
@@ -110,7 +112,8 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_logits_kernel(const Rout
     constexpr int ME = Cf::ME, NT = Cf::NT, BE = Cf::BE, BM = Cf::BM, W = RT_WARPS;
     __shared__ float red[W / 2][BE][BM + 1];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
-    const int t0 = blockIdx.x * BM, e0 = blockIdx.y * BE;
+    const int t0 = (p.experts_major ? blockIdx.y : blockIdx.x) * BM;
+    const int e0 = (p.experts_major ? blockIdx.x : blockIdx.y) * BE;
     const int nblk = (p.H + 31) / 32;
     pdl_wait();
     pdl_trigger();
@@ -331,8 +334,13 @@ __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const 
 
 template <typename T, int ME, int NT> sam_status rt_launch(const RouterArgs &a, cudaStream_t stream) {
     using Cf = RCfg<ME, NT>;
-    const dim3 grid((unsigned)((a.T + Cf::BM - 1) / Cf::BM), (unsigned)((a.E + Cf::BE - 1) / Cf::BE));
-    SAM_CUDA_TRY(launch_kernel(router_logits_kernel<T, Cf>, grid, dim3(RT_THREADS), 0, stream, pdl_enabled(), a),
+    // The expert tiles of a token tile side by side in launch order, so that the hidden
+    // states are read from memory once and from L2 by the other tiles (grid.y allows 65535).
+    const unsigned tt = (unsigned)((a.T + Cf::BM - 1) / Cf::BM), et = (unsigned)((a.E + Cf::BE - 1) / Cf::BE);
+    RouterArgs b = a;
+    b.experts_major = et > 1 && tt <= 65535;
+    const dim3 grid = b.experts_major ? dim3(et, tt) : dim3(tt, et);
+    SAM_CUDA_TRY(launch_kernel(router_logits_kernel<T, Cf>, grid, dim3(RT_THREADS), 0, stream, pdl_enabled(), b),
                  "router");
     return launch_status("router");
 }
@@ -398,6 +406,7 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
     a.topk_group = p->topk_group;
     a.renorm = p->renorm;
     a.scale = p->scale;
+    a.experts_major = 0;
     a.weights = p->weights;
     a.weights_dtype = p->weights_dtype;
     a.ids = p->ids;
