@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
 from samoyeds import hf, hf_families  # noqa: E402
+from layer_trace import kernel_times  # noqa: E402
 from common import (add_run_args, copy_rate_tb_s, default_dtype, environment, result_path, setup_run,  # noqa: E402
                     time_graph, time_ms, write_json)
 
@@ -58,22 +59,13 @@ def _router(family, H, E, k, overrides, dtype, dev):
     raise RuntimeError(f"{family}: no router module")
 
 
-def _kernel_us(fn, calls: int = 5) -> dict:
-    """Mean GPU time per call of each kernel fn launches (torch.profiler), in microseconds."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
+def _kernel_us(fn) -> dict:
+    """Mean GPU time per call of each kernel fn launches (layer_trace.kernel_times), by short name."""
     out: dict = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            name = e.name.replace("(anonymous namespace)::", "").split("<")[0].split("(")[0].split("::")[-1]
-            name = name.replace("void ", "")
-            out[name] = out.get(name, 0.0) + e.device_time / calls
+    for name, us in kernel_times(fn, "cuda").items():
+        short = name.replace("(anonymous namespace)::", "").split("<")[0].split("(")[0].split("::")[-1]
+        short = short.replace("void ", "")
+        out[short] = out.get(short, 0.0) + us
     return out
 
 

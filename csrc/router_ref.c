@@ -33,6 +33,28 @@ static int arg_best(const float *s, const unsigned char *taken, int n)
     return best;
 }
 
+/* The group limit: s[e] keeps its value where e's group of E / G contiguous experts is
+ * among the topk_group best and becomes `masked` elsewhere; a group's score is its largest
+ * value, or with top2 the sum of its two largest (equal scores: the lower group first). */
+static void group_limit(float *s, int64_t E, int G, int topk_group, int top2, float masked)
+{
+    const int gs = (int)(E / G);
+    float gsc[SAM_ROUTER_MAX_GROUPS];
+    unsigned char gtaken[SAM_ROUTER_MAX_GROUPS] = {0};
+    for (int g = 0; g < G; g++) {
+        float a = -INFINITY, b = -INFINITY;
+        for (int i = 0; i < gs; i++) {
+            const float c = s[g * gs + i];
+            if (c > a) b = a, a = c;
+            else if (c > b) b = c;
+        }
+        gsc[g] = top2 ? a + b : a;
+    }
+    for (int j = 0; j < topk_group; j++) gtaken[arg_best(gsc, gtaken, G)] = 1;
+    for (int64_t e = 0; e < E; e++)
+        if (!gtaken[e / gs]) s[e] = masked;
+}
+
 sam_status sam_router_ref(const sam_router_params *p)
 {
     const int64_t T = p->T, E = p->E, H = p->H;
@@ -57,7 +79,7 @@ sam_status sam_router_ref(const sam_router_params *p)
         sam_ref_set_error("router: out of memory for %lld experts", (long long)E);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    const int G = p->n_group, gs = (int)(E / G);
+    const int G = p->n_group;
     for (int64_t t = 0; t < T; t++) {
         for (int64_t c = 0; c < H; c++) xf[c] = sam_load_f32(p->x, p->dtype, t * p->ldx + c);
         for (int64_t e = 0; e < E; e++) {
@@ -76,17 +98,7 @@ sam_status sam_router_ref(const sam_router_params *p)
             float sum = 0.0f;
             for (int64_t e = 0; e < E; e++) sum += (s[e] = expf(l[e] - m));
             for (int64_t e = 0; e < E; e++) s[e] /= sum;
-            if (G > 1) {
-                float gsc[SAM_ROUTER_MAX_GROUPS];
-                unsigned char gtaken[SAM_ROUTER_MAX_GROUPS] = {0};
-                for (int g = 0; g < G; g++) {
-                    gsc[g] = s[g * gs];
-                    for (int i = 1; i < gs; i++) gsc[g] = s[g * gs + i] > gsc[g] ? s[g * gs + i] : gsc[g];
-                }
-                for (int j = 0; j < p->topk_group; j++) gtaken[arg_best(gsc, gtaken, G)] = 1;
-                for (int64_t e = 0; e < E; e++)
-                    if (!gtaken[e / gs]) s[e] = 0.0f;
-            }
+            if (G > 1) group_limit(s, E, G, p->topk_group, 0, 0.0f);
             for (int j = 0; j < k; j++) {
                 sel[j] = arg_best(s, taken, (int)E);
                 taken[sel[j]] = 1;
@@ -102,22 +114,7 @@ sam_status sam_router_ref(const sam_router_params *p)
                 s[e] = 1.0f / (1.0f + expf(-l[e]));
                 ch[e] = s[e] + (p->choice_bias != NULL ? sam_load_f32(p->choice_bias, p->choice_bias_dtype, e) : 0.0f);
             }
-            if (G > 1) {
-                float gsc[SAM_ROUTER_MAX_GROUPS];
-                unsigned char gtaken[SAM_ROUTER_MAX_GROUPS] = {0};
-                for (int g = 0; g < G; g++) {  /* the two largest of the group, summed */
-                    float a = -INFINITY, b = -INFINITY;
-                    for (int i = 0; i < gs; i++) {
-                        const float c = ch[g * gs + i];
-                        if (c > a) b = a, a = c;
-                        else if (c > b) b = c;
-                    }
-                    gsc[g] = a + b;
-                }
-                for (int j = 0; j < p->topk_group; j++) gtaken[arg_best(gsc, gtaken, G)] = 1;
-                for (int64_t e = 0; e < E; e++)
-                    if (!gtaken[e / gs]) ch[e] = -INFINITY;
-            }
+            if (G > 1) group_limit(ch, E, G, p->topk_group, 1, -INFINITY);
             float tot = 0.0f;
             for (int j = 0; j < k; j++) {
                 sel[j] = arg_best(ch, taken, (int)E);

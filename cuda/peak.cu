@@ -66,15 +66,6 @@ __device__ __forceinline__ uint32_t rand_bf16x2(uint32_t seed) {
     return Elem<__nv_bfloat16>::pack2(lo, hi);
 }
 
-// D = A(16x16) * B(16x8) + D, bf16 inputs, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[4]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // D[64 x 128] = A(64 x 16, registers) * B(16 x 128, shared memory, K-major) +
 // (scale_d ? D : 0), bf16 inputs, fp32 accumulate.  Issued by a whole warpgroup;
 // the dense counterpart of WgmmaSp (common.cuh).
@@ -123,7 +114,7 @@ __global__ void __launch_bounds__(MMA_THREADS) mma_rate_kernel(int steps, int ke
 #pragma unroll
         for (int c = 0; c < CHAINS; c++) {
             if constexpr (SPARSE) MmaSp<__nv_bfloat16>::run(acc[c], a, b, SP_META);
-            else mma_bf16_m16n8k16(acc[c], a, b);
+            else Mma16816<__nv_bfloat16>::run(acc[c], a[0], a[1], a[2], a[3], b[0], b[1]);
         }
     }
     if (keep) {

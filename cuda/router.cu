@@ -203,6 +203,41 @@ __device__ __forceinline__ void rt_warp_best(float &v, int &id) {
     }
 }
 
+// The group limit of one token's warp: v[i] (expert lane + 32 i, open entries) keeps its
+// value where its group of E / G contiguous experts is among the topk_group best and
+// becomes `masked` elsewhere; a group's score is its largest value, or with TOP2 the sum
+// of its two largest.  Equal group scores: the lower group first.  row: the warp's
+// E floats of shared memory.
+template <int PER, bool TOP2>
+__device__ __forceinline__ void rt_group_limit(float (&v)[PER], uint32_t open, float *row, int lane, int E, int G,
+                                               int topk_group, float masked) {
+    const int gs = E / G;
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        if (open >> i & 1) row[lane + 32 * i] = v[i];
+    __syncwarp();
+    float gv = 0.0f;
+    if (lane < G) {
+        float a = -INFINITY, b = -INFINITY;
+        for (int i = 0; i < gs; i++) {
+            const float c = row[lane * gs + i];
+            if (c > a) b = a, a = c;
+            else if (c > b) b = c;
+        }
+        gv = TOP2 ? a + b : a;
+    }
+    uint32_t chosen = 0;
+    for (int j = 0; j < topk_group; j++) {
+        float bv = gv;
+        int bi = lane < G && !(chosen >> lane & 1) ? lane : -1;
+        rt_warp_best(bv, bi);
+        chosen |= 1u << bi;
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        if ((open >> i & 1) && !(chosen >> ((lane + 32 * i) / gs) & 1)) v[i] = masked;
+}
+
 // PER: experts per lane (E <= 32 PER).
 template <int PER>
 __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const RouterArgs p) {
@@ -236,28 +271,7 @@ __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const 
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
 #pragma unroll
         for (int i = 0; i < PER; i++) v[i] /= s;
-        if (p.n_group > 1) {
-            const int G = p.n_group, gs = E / G;
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if (open >> i & 1) sc[warp][lane + 32 * i] = v[i];
-            __syncwarp();
-            float gv = 0.0f;
-            if (lane < G) {
-                gv = sc[warp][lane * gs];
-                for (int i = 1; i < gs; i++) gv = fmaxf(gv, sc[warp][lane * gs + i]);
-            }
-            uint32_t chosen = 0;
-            for (int j = 0; j < p.topk_group; j++) {
-                float bv = gv;
-                int bi = lane < G && !(chosen >> lane & 1) ? lane : -1;
-                rt_warp_best(bv, bi);
-                chosen |= 1u << bi;
-            }
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if ((open >> i & 1) && !(chosen >> ((lane + 32 * i) / gs) & 1)) v[i] = 0.0f;
-        }
+        if (p.n_group > 1) rt_group_limit<PER, false>(v, open, sc[warp], lane, E, p.n_group, p.topk_group, 0.0f);
     }
     float pv[PER];  // SIGMOID_TOPK: the scores (v holds the choice values)
     if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {
@@ -268,33 +282,8 @@ __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const 
             v[i] = pv[i] + (p.choice_bias != nullptr && e < E ? load_as_float(p.choice_bias, p.choice_bias_dtype, e)
                                                                : 0.0f);
         }
-        if (p.n_group > 1) {
-            const int G = p.n_group, gs = E / G;
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if (open >> i & 1) sc[warp][lane + 32 * i] = v[i];
-            __syncwarp();
-            float gv = 0.0f;
-            if (lane < G) {  // the group's two largest, summed
-                float a = -INFINITY, b = -INFINITY;
-                for (int i = 0; i < gs; i++) {
-                    const float c = sc[warp][lane * gs + i];
-                    if (c > a) b = a, a = c;
-                    else if (c > b) b = c;
-                }
-                gv = a + b;
-            }
-            uint32_t chosen = 0;
-            for (int j = 0; j < p.topk_group; j++) {
-                float bv = gv;
-                int bi = lane < G && !(chosen >> lane & 1) ? lane : -1;
-                rt_warp_best(bv, bi);
-                chosen |= 1u << bi;
-            }
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if ((open >> i & 1) && !(chosen >> ((lane + 32 * i) / gs) & 1)) v[i] = -INFINITY;
-        }
+        if (p.n_group > 1)
+            rt_group_limit<PER, true>(v, open, sc[warp], lane, E, p.n_group, p.topk_group, -INFINITY);
     }
     float mine = 0.0f, tot = 0.0f, first = 0.0f;
     int mine_id = 0;

@@ -126,9 +126,10 @@ def moe_forward_packed(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights
 @torch.library.custom_op("samoyeds::shared_mlp", mutates_args=())
 def shared_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """``down(silu(gate(x)) * up(x))`` with dense bias-free weights ``gate, up [I, H]``,
-    ``down [H, I]`` (an unpruned shared-experts MLP): on the GPU, where the kernel takes
-    the tensors, two :func:`samoyeds.dense_decode` launches (gate, up and SiLU fused into
-    the first); otherwise the same three matmuls in torch.  Inference only (no backward).
+    ``down [H, I]`` (an unpruned shared-experts MLP): on the GPU, where the kernels take
+    the tensors, two :func:`samoyeds.dense_decode` launches up to 32 token rows (gate, up and
+    SiLU fused into the first), above that the three matmuls with SiLU-times-up as one
+    :func:`samoyeds.glu` pass; otherwise the same three matmuls in torch.  Inference only (no backward).
     Returns ``[..., H]`` in x's dtype."""
     return shared_mlp_eager(x, gate, up, down)
 
