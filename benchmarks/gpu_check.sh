@@ -58,6 +58,7 @@ for step in $steps; do
     bench-dense) run bench_dense_decode 30 $PY benchmarks/bench_dense_decode.py --out "$OUT" ;;
     bench-router) run bench_router 12 $PY benchmarks/bench_router.py --out "$OUT" ;;
     bench-shared-mlp) run bench_shared_mlp 12 $PY benchmarks/bench_shared_mlp.py --out "$OUT" ;;
+    probe-shared-stream) run probe_shared_stream 12 $PY benchmarks/probe_shared_stream.py --out "$OUT" ${PROBE_ARGS:-} ;;
     bench-moe-models) run bench_moe_models 30 $PY benchmarks/bench_moe.py --models "${MOE_MODELS:?set MOE_MODELS}" \
       --tokens "${MOE_TOKENS:-1,16}" --out "$OUT" ;;
     ssmm-kernels) run ssmm_kernels 12 $PY benchmarks/ssmm_kernels.py --out "$OUT" ;;

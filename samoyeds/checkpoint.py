@@ -380,6 +380,7 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
     _hf.register()
     _hf._dense_shared_patch_all(model, targets)
     _hf._router_patch_all(model, targets)
+    _hf._block_patch_all(model, targets)
     _hf._set_implementation(model, [t.experts for t in targets if t.block is None], _hf.IMPLEMENTATION)
     return model
 

@@ -258,6 +258,10 @@ def __getattr__(name: str) -> Any:
         base = _class_by_name(name, _ROUTER_PREFIX)
         if base is not None:
             return _router_class(base)
+    if name.startswith(_BLOCK_PREFIX) and name.endswith(">"):
+        base = _class_by_name(name, _BLOCK_PREFIX)
+        if base is not None:
+            return _block_class(base)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -459,17 +463,26 @@ class SamoyedsMLP(nn.Module):
             got = cache[key] = torch.arange(2, dtype=torch.int32, device=device) * T
         return got
 
+    def _eager(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """Eager inference on the GPU: two matmuls on x's rows as they lie (no routing, no
+        combine; on Hopper the rows come by TMA), the SwiGLU fused into the first; else None."""
+        x2 = x.reshape(-1, self.hidden)
+        if not (x2.is_cuda and _moe_op(x2) is torch_ops.moe_forward_eager):
+            return None
+        x2 = x2.contiguous()
+        offsets = self._offsets(x2.shape[0], x2.device)
+        y = _ssmm(x2, self._packed("gate_up"), offsets, None, act="swiglu", check=False)
+        return _ssmm(y, self._packed("down"), offsets, None, check=False).reshape(x.shape)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _ahead_result(self, x)
+        if y is None:
+            y = self._eager(x)
+        if y is not None:
+            return y
         shape = x.shape
         x2 = x.reshape(-1, self.hidden)
         T, H, I = x2.shape[0], self.hidden, self.intermediate
-        if x2.is_cuda and _moe_op(x2) is torch_ops.moe_forward_eager:
-            # eager inference on the GPU: two matmuls on x's rows as they lie (no routing,
-            # no combine; on Hopper the rows come by TMA), the SwiGLU fused into the first
-            x2 = x2.contiguous()
-            offsets = self._offsets(T, x2.device)
-            y = _ssmm(x2, self._packed("gate_up"), offsets, None, act="swiglu", check=False)
-            return _ssmm(y, self._packed("down"), offsets, None, check=False).reshape(shape)
         # compiled graphs, autograd and the CPU: the op, one expert that every token is routed to
         index = torch.zeros((T, 1), dtype=torch.int64, device=x2.device)
         weight = torch.ones((T, 1), dtype=torch.float32, device=x2.device)
@@ -594,7 +607,9 @@ def _dense_shared_fast(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor
 
 
 def _dense_shared_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    y = _dense_shared_fast(self, x)
+    y = _ahead_result(self, x)
+    if y is None:
+        y = _dense_shared_fast(self, x)
     return y if y is not None else type(self)._samoyeds_base.forward(self, x)
 
 
@@ -662,6 +677,128 @@ def _dense_shared_unpatch_all(model: nn.Module) -> None:
     for mod in model.modules():
         if getattr(type(mod), "_samoyeds_dense_shared", False):
             mod.__class__ = type(mod)._samoyeds_base
+
+
+# --- shared experts beside the routed ones: a second stream ---------------------------------------
+#
+# A block's shared MLP reads only the block's input, so on the GPU its kernels need not wait for
+# the router, the routing and the routed experts, nor they for it.  A patched block whose shared
+# MLP samoyeds runs (SamoyedsDense, SamoyedsMLP) becomes a SamoyedsBlock subclass: its forward
+# starts the shared MLP on its input on a second stream, then runs the block's own forward; the
+# shared MLP, called there on the same tensor, hands back that result once the current stream
+# has waited for it.  The result is the same kernels' on the same rows (bit-identical).
+
+_BLOCK_CLASSES: Dict[type, type] = {}
+_BLOCK_PREFIX = "SamoyedsBlock<"
+_AHEAD_ATTR = "_samoyeds_ahead"
+_SIDE_STREAMS: Dict[int, Any] = {}
+
+
+def _shared_stream_on() -> bool:
+    import os
+
+    return os.environ.get("SAMOYEDS_SHARED_STREAM", "1").strip() != "0"
+
+
+def _side_stream(device: torch.device) -> Any:
+    """The second stream of ``device`` (one per device, made once)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    s = _SIDE_STREAMS.get(idx)
+    if s is None:
+        s = _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return s
+
+
+def _input_key(x: torch.Tensor) -> tuple:
+    """What identifies a block's input when its shared MLP is called on it, or on a view of
+    it with the same rows: where its elements lie, how many, their dtype and its version
+    (inference tensors have none)."""
+    try:
+        version = x._version
+    except RuntimeError:
+        version = None
+    return (x.data_ptr(), x.numel(), x.shape[-1] if x.ndim else 0, x.dtype, x.is_contiguous(), version)
+
+
+def _block_shared(block: nn.Module) -> Optional[nn.Module]:
+    """The block's shared MLP where samoyeds runs it (SamoyedsDense, SamoyedsMLP), else None."""
+    for attr in _SHARED_NAMES:
+        mod = block._modules.get(attr)
+        if mod is not None and (getattr(type(mod), "_samoyeds_dense_shared", False) or isinstance(mod, SamoyedsMLP)):
+            return mod
+    return None
+
+
+def _shared_ahead(block: nn.Module, x: Any) -> Optional[tuple]:
+    """Starts the block's shared MLP on ``x`` on the second stream; (module, current stream,
+    its end event), or None where it is not started: off the GPU, with autograd, under
+    torch.compile or a CUDA-graph capture, ``SAMOYEDS_SHARED_STREAM=0``, or where the shared
+    MLP's own fast path does not take ``x``."""
+    if (not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16)
+            or torch.compiler.is_compiling() or not _shared_stream_on() or torch.cuda.is_current_stream_capturing()):
+        return None
+    mod = _block_shared(block)
+    if mod is None or (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in mod.parameters()))):
+        return None
+    main = torch.cuda.current_stream(x.device)
+    side = _side_stream(x.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        y = mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
+    if y is None:
+        return None
+    done = torch.cuda.Event()
+    done.record(side)
+    x.record_stream(side)   # x's memory is not reused before the second stream has read it
+    y.record_stream(main)   # y is read on the current stream
+    mod.__dict__[_AHEAD_ATTR] = (_input_key(x), y, done)
+    return mod, main, done
+
+
+def _ahead_result(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The shared MLP's output on ``x`` started by its block's forward, once the current
+    stream has waited for it; None where none was started on these rows."""
+    if torch.compiler.is_compiling():
+        return None
+    got = mod.__dict__.pop(_AHEAD_ATTR, None)
+    if got is None or not isinstance(x, torch.Tensor) or _input_key(x) != got[0]:
+        return None
+    key, y, done = got
+    torch.cuda.current_stream(x.device).wait_event(done)
+    return y.view(x.shape)
+
+
+def _block_forward(self: nn.Module, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+    base = type(self)._samoyeds_base
+    ahead = _shared_ahead(self, hidden_states)
+    if ahead is None:
+        return base.forward(self, hidden_states, *args, **kwargs)
+    mod, main, done = ahead
+    try:
+        return base.forward(self, hidden_states, *args, **kwargs)
+    finally:
+        mod.__dict__.pop(_AHEAD_ATTR, None)
+        main.wait_event(done)   # the streams join even where the block did not use the result
+
+
+def _block_class(base: type) -> type:
+    return _swapped_class(_BLOCK_CLASSES, _BLOCK_PREFIX, base, _block_forward, "_samoyeds_block",
+                          "whose shared experts run beside its routed experts, on a second stream.")
+
+
+def _block_patch_all(model: nn.Module, targets: List[_Target]) -> None:
+    """Gives every block owning ``targets`` whose shared MLP samoyeds runs, and whose class
+    is its own (not a samoyeds subclass already), its SamoyedsBlock subclass."""
+    for _, block in _blocks(model, targets):
+        if not hasattr(type(block), "_samoyeds_base") and _block_shared(block) is not None:
+            block.__class__ = _block_class(type(block))
+
+
+def _block_unpatch_all(model: nn.Module) -> None:
+    for mod in model.modules():
+        if getattr(type(mod), "_samoyeds_block", False):
+            mod.__class__ = type(mod)._samoyeds_base
+            mod.__dict__.pop(_AHEAD_ATTR, None)
 
 
 # --- routers: one fused op ------------------------------------------------------------------------
@@ -1100,6 +1237,7 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
     if not shared_experts:
         _dense_shared_patch_all(model, targets)
     _router_patch_all(model, targets)
+    _block_patch_all(model, targets)
     setattr(model, _PREVIOUS_ATTR, previous)
     _set_implementation(model, [t.experts for t in targets if t.block is None], IMPLEMENTATION)
     return model
@@ -1125,6 +1263,7 @@ def unpatch_model(model: nn.Module) -> nn.Module:
                 t.block.__class__ = type(t.block)._samoyeds_base
         for _, parent, attr in shared:
             _unpatch_shared(parent, attr)
+        _block_unpatch_all(model)
         _dense_shared_unpatch_all(model)
         _router_unpatch_all(model)
     previous = getattr(model, _PREVIOUS_ATTR, None)

@@ -1,0 +1,189 @@
+"""Shared experts beside the routed ones: a patched MoE block whose shared MLP samoyeds runs
+starts that MLP on a second stream before its own forward (SamoyedsBlock<...>); the result
+must be the one-stream result bit for bit, the streams must join whatever the block does, and
+nothing changes off the GPU, with autograd, under a CUDA-graph capture or with
+SAMOYEDS_SHARED_STREAM=0."""
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import samoyeds as sm  # noqa: E402
+import samoyeds.hf as shf  # noqa: E402
+from samoyeds.hf_families import Shape, build_model  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+SHAPE = Shape(vocab=128, hidden=128, layers=2, experts=8, top_k=2, intermediate=64, heads=4, kv_heads=2,
+              head_dim=32, init_std=0.1)
+FMT = "samoyeds-1:2:128"
+
+
+def _blocks(model):
+    return [m for m in model.modules() if shf._block_shared(m) is not None]
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_block_class_swap_and_undo(family, packed):
+    """patch_model gives each block with shared experts its SamoyedsBlock subclass (state-dict
+    names, parameters and CPU logits unchanged), which deepcopy and torch.save keep, and
+    unpatch_model gives the block its class back; blocks without shared experts, and those
+    samoyeds has subclassed already (Llama 4), keep their class."""
+    model = build_model(family, SHAPE, seed=3)
+    ids = torch.randint(3, SHAPE.vocab, (2, 9), generator=torch.Generator().manual_seed(4))
+    keys = {k for k in model.state_dict() if ".shared_expert" in k}
+    sm.patch_model(model, FMT, progress=False, shared_experts=packed)
+    blocks = _blocks(model)
+    assert blocks
+    for b in blocks:
+        assert type(b).__name__.startswith("SamoyedsBlock<") and type(b)._samoyeds_block
+        assert isinstance(b, type(b)._samoyeds_base)
+    with torch.no_grad():
+        logits = model(ids).logits
+    if not packed:
+        assert {k for k in model.state_dict() if ".shared_expert" in k} == keys
+    clone = copy.deepcopy(model)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(clone(ids).logits, logits)
+        assert torch.equal(loaded(ids).logits, logits)
+    assert [type(b) for b in _blocks(loaded)] == [type(b) for b in blocks]
+    sm.unpatch_model(model)
+    assert not any(getattr(type(m), "_samoyeds_block", False) for m in model.modules())
+
+
+def test_blocks_without_shared_experts_keep_their_class():
+    for family in ("mixtral", "llama4"):
+        model = build_model(family, SHAPE, seed=5)
+        sm.patch_model(model, FMT, progress=False)
+        assert not any(getattr(type(m), "_samoyeds_block", False) for m in model.modules()), family
+
+
+def _spy(monkeypatch):
+    """Records the stream each shared MLP's fast path (unpruned or packed) runs on."""
+    seen = []
+    real_dense, real_packed = shf._dense_shared_fast, shf.SamoyedsMLP._eager
+
+    def stream(x):
+        seen.append(torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None)
+
+    def dense(mod, x):
+        stream(x)
+        return real_dense(mod, x)
+
+    def packed(self, x):
+        stream(x)
+        return real_packed(self, x)
+    monkeypatch.setattr(shf, "_dense_shared_fast", dense)
+    monkeypatch.setattr(shf.SamoyedsMLP, "_eager", packed)
+    return seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_two_streams_bit_identical_gpu(family, packed, monkeypatch):
+    """bf16 on the GPU: the model's logits with the shared MLPs on the second stream equal
+    those with one stream bit for bit, at decode sizes (dense_decode) and above (cuBLAS and
+    glu; packed: the ssmm calls), and the shared MLPs did run on the second stream; they do
+    not with SAMOYEDS_SHARED_STREAM=0, with autograd, or while a CUDA graph is captured
+    (whose replay gives the eager logits)."""
+    model = build_model(family, SHAPE, seed=7)
+    sm.patch_model(model, FMT, progress=False, shared_experts=packed)
+    model.to(device="cuda", dtype=torch.bfloat16)
+    seen = _spy(monkeypatch)
+    main = torch.cuda.current_stream().cuda_stream
+    side = shf._side_stream(torch.device("cuda")).cuda_stream
+    gen = torch.Generator().manual_seed(8)
+    for batch, length in ((1, 1), (1, 5), (2, 8), (1, 17), (3, 100)):
+        ids = torch.randint(3, SHAPE.vocab, (batch, length), generator=gen).cuda()
+        with torch.no_grad():
+            seen.clear()
+            two = model(ids).logits
+            assert seen and set(seen) == {side}, (batch, length, seen)
+            monkeypatch.setenv("SAMOYEDS_SHARED_STREAM", "0")
+            seen.clear()
+            one = model(ids).logits
+            monkeypatch.delenv("SAMOYEDS_SHARED_STREAM")
+            assert seen and set(seen) == {main}, seen
+        assert torch.isfinite(two).all() and torch.equal(two, one), (batch, length)
+    # a fresh input each call, the previous freed: no result read before it is written
+    for i in range(20):
+        ids = torch.randint(3, SHAPE.vocab, (2, 40 + i), generator=gen).cuda()
+        with torch.no_grad():
+            two = model(ids).logits
+            monkeypatch.setenv("SAMOYEDS_SHARED_STREAM", "0")
+            one = model(ids).logits
+            monkeypatch.delenv("SAMOYEDS_SHARED_STREAM")
+        assert torch.equal(two, one), i
+    # autograd: the modules' own forwards on the current stream
+    seen.clear()
+    model(ids).logits.float().sum().backward()
+    assert not seen or set(seen) == {main}
+    model.zero_grad(set_to_none=True)
+    # a CUDA graph capture: one stream; the replay gives the eager logits
+    ids = torch.randint(3, SHAPE.vocab, (1, 12), generator=gen).cuda()
+    with torch.no_grad():
+        eager = model(ids).logits
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            model(ids)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        seen.clear()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = model(ids).logits
+        assert seen and side not in seen
+        g.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+def test_unclaimed_result_and_join_gpu():
+    """A shared MLP called on other rows than the block's input computes them itself (the
+    result started ahead is not handed out), and the block's forward joins the streams even
+    where its shared MLP is never called: the current stream's next kernel sees the second
+    stream's writes."""
+    model = build_model("deepseek_v2", SHAPE, seed=11)
+    sm.patch_model(model, FMT, progress=False)
+    model.to(device="cuda", dtype=torch.bfloat16)
+    block = _blocks(model)[0]
+    mlp = shf._block_shared(block)
+    H = SHAPE.hidden
+    x = torch.randn(1, 300, H, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = type(mlp)._samoyeds_base.forward(mlp, x)
+        other = x.clone()
+        other[0, 0, 0] += 1
+        ahead = shf._shared_ahead(block, x)
+        assert ahead is not None
+        got_other = mlp(other)          # not the block's input: computed afresh
+        assert shf._AHEAD_ATTR not in mlp.__dict__
+        assert shf._ahead_result(mlp, x) is None   # the result was dropped with the mismatch
+        torch.cuda.current_stream().wait_event(ahead[2])
+        assert not torch.equal(got_other, want)
+        ahead = shf._shared_ahead(block, x)
+        got = mlp(x.view(300, H))       # a view of the same rows: the result started ahead
+        assert torch.equal(got.view_as(want), shf._dense_shared_fast(mlp, x))
+        # the block's forward with its base forward replaced by one that never calls the MLP
+        base = type(block)._samoyeds_base
+        real = base.forward
+        try:
+            base.forward = lambda self, h: h * 2
+            out = block(x)
+            assert shf._AHEAD_ATTR not in mlp.__dict__
+        finally:
+            base.forward = real
+    torch.cuda.synchronize()
+    assert torch.equal(out, x * 2)
