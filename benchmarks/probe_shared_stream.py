@@ -19,7 +19,8 @@ import samoyeds as sm  # noqa: E402
 import bench_moe as bm  # noqa: E402
 from common import environment, result_path, write_json  # noqa: E402
 
-SETTINGS = ("two_streams", "one_stream", "grouped_mm")
+SETTINGS = ("two_streams", "one_stream", "grouped_mm", "two_streams_late", "two_streams_high")
+MODE = {"two_streams": "1", "one_stream": "0", "two_streams_late": "2", "two_streams_high": "3"}
 
 
 def main() -> None:
@@ -41,7 +42,7 @@ def main() -> None:
         def run(setting, x):
             if setting == "grouped_mm":
                 return dense(x)
-            os.environ["SAMOYEDS_SHARED_STREAM"] = "0" if setting == "one_stream" else "1"
+            os.environ["SAMOYEDS_SHARED_STREAM"] = MODE[setting]
             try:
                 return holder(x)
             finally:
@@ -60,14 +61,14 @@ def main() -> None:
                         lat[s] += bm._times(fn, dev, bm.BUDGET_S / bm.ROUNDS, warmup=2 if rnd == 0 else 0)
                         gpu[s] += bm._times_gpu(fn, dev, bm.BUDGET_S / bm.ROUNDS)
                 row = {"model": name, "T": T, "swapped_blocks": blocks,
-                       "bit_identical": bool(torch.equal(outs["two_streams"], outs["one_stream"])),
+                       "bit_identical": all(torch.equal(outs[s], outs["one_stream"]) for s in MODE),
                        "ms": {s: statistics.median(lat[s]) for s in SETTINGS},
                        "ms_gpu": {s: statistics.median(gpu[s]) if gpu[s] else None for s in SETTINGS}}
                 for k in ("ms", "ms_gpu"):
                     t = row[k]
                     if t["two_streams"] and t["one_stream"] and t["grouped_mm"]:
                         row[f"{k}_speedup_two_vs_one"] = t["one_stream"] / t["two_streams"]
-                        row[f"{k}_vs_grouped_mm"] = {s: t["grouped_mm"] / t[s] for s in SETTINGS[:2]}
+                        row[f"{k}_vs_grouped_mm"] = {s: t["grouped_mm"] / t[s] for s in MODE}
                 rows.append(row)
                 print(f"{name:18s} T={T:6d} " + "  ".join(
                     f"{s} {row['ms'][s] * 1e3:8.1f} / {(row['ms_gpu'][s] or float('nan')) * 1e3:8.1f} us"

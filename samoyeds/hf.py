@@ -694,18 +694,22 @@ _AHEAD_ATTR = "_samoyeds_ahead"
 _SIDE_STREAMS: Dict[int, Any] = {}
 
 
-def _shared_stream_on() -> bool:
+def _shared_stream_mode() -> int:
+    """SAMOYEDS_SHARED_STREAM: 0 off; 1 (default) the shared MLP launched on the second stream
+    as the block starts; 2 launched there when the block calls it (after the routed path's
+    launches); 3 as 1 on a high-priority stream."""
     import os
 
-    return os.environ.get("SAMOYEDS_SHARED_STREAM", "1").strip() != "0"
+    raw = os.environ.get("SAMOYEDS_SHARED_STREAM", "1").strip()
+    return int(raw) if raw in ("0", "1", "2", "3") else 1
 
 
-def _side_stream(device: torch.device) -> Any:
-    """The second stream of ``device`` (one per device, made once)."""
+def _side_stream(device: torch.device, high: bool = False) -> Any:
+    """The second stream of ``device`` (one per device and priority, made once)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    s = _SIDE_STREAMS.get(idx)
+    s = _SIDE_STREAMS.get((idx, high))
     if s is None:
-        s = _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
+        s = _SIDE_STREAMS[(idx, high)] = torch.cuda.Stream(device=idx, priority=-1 if high else 0)
     return s
 
 
@@ -713,11 +717,8 @@ def _input_key(x: torch.Tensor) -> tuple:
     """What identifies a block's input when its shared MLP is called on it, or on a view of
     it with the same rows: where its elements lie, how many, their dtype and its version
     (inference tensors have none)."""
-    try:
-        version = x._version
-    except RuntimeError:
-        version = None
-    return (x.data_ptr(), x.numel(), x.shape[-1] if x.ndim else 0, x.dtype, x.is_contiguous(), version)
+    return (x.data_ptr(), x.numel(), x.shape[-1] if x.ndim else 0, x.dtype, x.is_contiguous(),
+            None if x.is_inference() else x._version)
 
 
 def _block_shared(block: nn.Module) -> Optional[nn.Module]:
@@ -729,30 +730,56 @@ def _block_shared(block: nn.Module) -> Optional[nn.Module]:
     return None
 
 
-def _shared_ahead(block: nn.Module, x: Any) -> Optional[tuple]:
-    """Starts the block's shared MLP on ``x`` on the second stream; (module, current stream,
-    its end event), or None where it is not started: off the GPU, with autograd, under
-    torch.compile or a CUDA-graph capture, ``SAMOYEDS_SHARED_STREAM=0``, or where the shared
-    MLP's own fast path does not take ``x``."""
-    if (not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16)
-            or torch.compiler.is_compiling() or not _shared_stream_on() or torch.cuda.is_current_stream_capturing()):
-        return None
-    mod = _block_shared(block)
-    if mod is None or (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in mod.parameters()))):
-        return None
-    main = torch.cuda.current_stream(x.device)
-    side = _side_stream(x.device)
-    side.wait_stream(main)
+def _shared_fast(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
+    return mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
+
+
+def _on_side(mod: nn.Module, x: torch.Tensor, main: Any, side: Any, after: Any) -> Optional[tuple]:
+    """The shared MLP on ``x`` launched on ``side`` once ``after`` (the current stream or an
+    event of it) is reached: (its output, its end event), or None where its fast path does
+    not take ``x`` (nothing launched)."""
+    if isinstance(after, torch.cuda.Event):
+        side.wait_event(after)
+    else:
+        side.wait_stream(after)
     with torch.cuda.stream(side):
-        y = mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
+        y = _shared_fast(mod, x)
     if y is None:
         return None
     done = torch.cuda.Event()
     done.record(side)
     x.record_stream(side)   # x's memory is not reused before the second stream has read it
     y.record_stream(main)   # y is read on the current stream
-    mod.__dict__[_AHEAD_ATTR] = (_input_key(x), y, done)
-    return mod, main, done
+    return y, done
+
+
+def _shared_ahead(block: nn.Module, x: Any) -> Optional[tuple]:
+    """Starts the block's shared MLP on ``x`` on the second stream (or marks where it may
+    start); (module, current stream, stash), or None where it is not started: off the GPU,
+    with autograd, under torch.compile or a CUDA-graph capture, ``SAMOYEDS_SHARED_STREAM=0``,
+    or where the shared MLP's own fast path does not take ``x``."""
+    if (not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16)
+            or torch.compiler.is_compiling()):
+        return None
+    mode = _shared_stream_mode()
+    if mode == 0 or torch.cuda.is_current_stream_capturing():
+        return None
+    mod = _block_shared(block)
+    if mod is None or (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in mod.parameters()))):
+        return None
+    main = torch.cuda.current_stream(x.device)
+    side = _side_stream(x.device, mode == 3)
+    if mode == 2:
+        start = torch.cuda.Event()
+        start.record(main)
+        stash = (_input_key(x), None, start, side)
+    else:
+        got = _on_side(mod, x, main, side, main)
+        if got is None:
+            return None
+        stash = (_input_key(x), got[0], got[1], side)
+    mod.__dict__[_AHEAD_ATTR] = stash
+    return mod, main, stash
 
 
 def _ahead_result(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
@@ -761,10 +788,20 @@ def _ahead_result(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     if torch.compiler.is_compiling():
         return None
     got = mod.__dict__.pop(_AHEAD_ATTR, None)
-    if got is None or not isinstance(x, torch.Tensor) or _input_key(x) != got[0]:
+    if got is None:
         return None
-    key, y, done = got
-    torch.cuda.current_stream(x.device).wait_event(done)
+    key, y, ev, side = got
+    main = torch.cuda.current_stream()
+    if not isinstance(x, torch.Tensor) or _input_key(x) != key:   # other rows: dropped, the streams joined
+        if y is not None:
+            main.wait_event(ev)
+        return None
+    if y is None:   # launched now, after the block's start
+        done = _on_side(mod, x, main, side, ev)
+        if done is None:
+            return None
+        y, ev = done
+    main.wait_event(ev)
     return y.view(x.shape)
 
 
@@ -773,12 +810,14 @@ def _block_forward(self: nn.Module, hidden_states: Any, *args: Any, **kwargs: An
     ahead = _shared_ahead(self, hidden_states)
     if ahead is None:
         return base.forward(self, hidden_states, *args, **kwargs)
-    mod, main, done = ahead
+    mod, main, stash = ahead
     try:
         return base.forward(self, hidden_states, *args, **kwargs)
     finally:
-        mod.__dict__.pop(_AHEAD_ATTR, None)
-        main.wait_event(done)   # the streams join even where the block did not use the result
+        if mod.__dict__.get(_AHEAD_ATTR) is stash:   # not handed out: dropped, the streams joined
+            del mod.__dict__[_AHEAD_ATTR]
+            if stash[1] is not None:
+                main.wait_event(stash[2])
 
 
 def _block_class(base: type) -> type:

@@ -102,7 +102,7 @@ def test_two_streams_bit_identical_gpu(family, packed, monkeypatch):
     model.to(device="cuda", dtype=torch.bfloat16)
     seen = _spy(monkeypatch)
     main = torch.cuda.current_stream().cuda_stream
-    side = shf._side_stream(torch.device("cuda")).cuda_stream
+    side = shf._side_stream(torch.device("cuda")).cuda_stream  # (the default mode's stream)
     gen = torch.Generator().manual_seed(8)
     for batch, length in ((1, 1), (1, 5), (2, 8), (1, 17), (3, 100)):
         ids = torch.randint(3, SHAPE.vocab, (batch, length), generator=gen).cuda()
@@ -127,9 +127,9 @@ def test_two_streams_bit_identical_gpu(family, packed, monkeypatch):
         assert torch.equal(two, one), i
     # autograd: the modules' own forwards on the current stream
     seen.clear()
-    model(ids).logits.float().sum().backward()
-    assert not seen or set(seen) == {main}
-    model.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        model(ids)
+    assert side not in seen
     # a CUDA graph capture: one stream; the replay gives the eager logits
     ids = torch.randint(3, SHAPE.vocab, (1, 12), generator=gen).cuda()
     with torch.no_grad():
@@ -171,7 +171,6 @@ def test_unclaimed_result_and_join_gpu():
         got_other = mlp(other)          # not the block's input: computed afresh
         assert shf._AHEAD_ATTR not in mlp.__dict__
         assert shf._ahead_result(mlp, x) is None   # the result was dropped with the mismatch
-        torch.cuda.current_stream().wait_event(ahead[2])
         assert not torch.equal(got_other, want)
         ahead = shf._shared_ahead(block, x)
         got = mlp(x.view(300, H))       # a view of the same rows: the result started ahead
