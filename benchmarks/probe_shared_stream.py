@@ -8,9 +8,13 @@ two settings taking turns in rounds; the outputs of both settings compared bit f
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import statistics
 import sys
+import time
 
 import torch
 
@@ -26,6 +30,7 @@ MODE = {"two_streams": "1", "one_stream": "0", "two_streams_late": "2", "two_str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bm.block_arguments(ap, "1,16,64,256,1024,4096,16384")
+    ap.add_argument("--profile", action="store_true", help="cProfile of the host at the smallest T")
     ap.set_defaults(models="deepseek-v2-lite")
     args = ap.parse_args()
     dtype, tokens = bm.block_run(args)
@@ -60,7 +65,31 @@ def main() -> None:
                         fn = lambda: run(s, x)  # noqa: E731
                         lat[s] += bm._times(fn, dev, bm.BUDGET_S / bm.ROUNDS, warmup=2 if rnd == 0 else 0)
                         gpu[s] += bm._times_gpu(fn, dev, bm.BUDGET_S / bm.ROUNDS)
-                row = {"model": name, "T": T, "swapped_blocks": blocks,
+                host = {}
+                for s in SETTINGS:  # the host's enqueue time of one call, the GPU kept busy
+                    ts = []
+                    for _ in range(30):
+                        if dev == "cuda":
+                            torch.cuda._sleep(2_000_000)
+                        t0 = time.perf_counter()
+                        run(s, x)
+                        ts.append((time.perf_counter() - t0) * 1e3)
+                        if dev == "cuda":
+                            torch.cuda.synchronize()
+                    host[s] = statistics.median(ts)
+                if args.profile and T == tokens[0]:
+                    for s in ("one_stream", "two_streams_late"):
+                        prof = cProfile.Profile()
+                        prof.enable()
+                        for _ in range(50):
+                            run(s, x)
+                        prof.disable()
+                        buf = io.StringIO()
+                        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+                        print(f"--- host profile, {s}, 50 calls at T = {T}\n" + buf.getvalue()[-4000:])
+                        if dev == "cuda":
+                            torch.cuda.synchronize()
+                row = {"model": name, "T": T, "swapped_blocks": blocks, "host_ms": host,
                        "bit_identical": all(torch.equal(outs[s], outs["one_stream"]) for s in MODE),
                        "ms": {s: statistics.median(lat[s]) for s in SETTINGS},
                        "ms_gpu": {s: statistics.median(gpu[s]) if gpu[s] else None for s in SETTINGS}}
@@ -72,7 +101,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"{name:18s} T={T:6d} " + "  ".join(
                     f"{s} {row['ms'][s] * 1e3:8.1f} / {(row['ms_gpu'][s] or float('nan')) * 1e3:8.1f} us"
-                    for s in SETTINGS) + f"  identical={row['bit_identical']}", flush=True)
+                    for s in SETTINGS) + f"  identical={row['bit_identical']}  host "
+                    + " ".join(f"{host[s] * 1e3:.0f}" for s in SETTINGS) + " us", flush=True)
                 if dev == "cuda":
                     torch.cuda.empty_cache()
         del holder, dense
