@@ -1,7 +1,8 @@
-"""The patched MoE block with its shared experts on a second stream (the default) against
-the same block with every kernel on one stream (SAMOYEDS_SHARED_STREAM=0), and against
-transformers' grouped_mm, on the same weights and inputs: bench_moe's three timings, the
-two settings taking turns in rounds; the outputs of both settings compared bit for bit.
+"""The patched MoE block with its shared experts on a second stream (at every size here:
+SAMOYEDS_SHARED_STREAM_MIN_ROWS=1) against the same block with every kernel on one stream
+(SAMOYEDS_SHARED_STREAM=0), and against transformers' grouped_mm, on the same weights and
+inputs: bench_moe's idle and GPU timings, the settings taking turns in rounds, and the host's
+enqueue time of one call; the outputs of both samoyeds settings compared bit for bit.
 
   python benchmarks/probe_shared_stream.py [--models deepseek-v2-lite] [--tokens 1,16,...] [--out DIR]
 """
@@ -23,8 +24,8 @@ import samoyeds as sm  # noqa: E402
 import bench_moe as bm  # noqa: E402
 from common import environment, result_path, write_json  # noqa: E402
 
-SETTINGS = ("two_streams", "one_stream", "grouped_mm", "two_streams_late", "two_streams_high")
-MODE = {"two_streams": "1", "one_stream": "0", "two_streams_late": "2", "two_streams_high": "3"}
+SETTINGS = ("two_streams", "one_stream", "grouped_mm")
+MODE = {"two_streams": "1", "one_stream": "0"}
 
 
 def main() -> None:
@@ -48,10 +49,12 @@ def main() -> None:
             if setting == "grouped_mm":
                 return dense(x)
             os.environ["SAMOYEDS_SHARED_STREAM"] = MODE[setting]
+            os.environ["SAMOYEDS_SHARED_STREAM_MIN_ROWS"] = "1"   # every size, to see where it pays
             try:
                 return holder(x)
             finally:
                 os.environ.pop("SAMOYEDS_SHARED_STREAM", None)
+                os.environ.pop("SAMOYEDS_SHARED_STREAM_MIN_ROWS", None)
 
         with torch.inference_mode():
             for T in tokens:
@@ -78,7 +81,7 @@ def main() -> None:
                             torch.cuda.synchronize()
                     host[s] = statistics.median(ts)
                 if args.profile and T == tokens[0]:
-                    for s in ("one_stream", "two_streams_late"):
+                    for s in ("one_stream", "two_streams"):
                         prof = cProfile.Profile()
                         prof.enable()
                         for _ in range(50):

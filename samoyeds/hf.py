@@ -475,7 +475,7 @@ class SamoyedsMLP(nn.Module):
         return _ssmm(y, self._packed("down"), offsets, None, check=False).reshape(x.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _ahead_result(self, x)
+        y = _shared_on_side(self, x)
         if y is None:
             y = self._eager(x)
         if y is not None:
@@ -566,14 +566,18 @@ _DENSE_SHARED_CLASSES: Dict[type, type] = {}
 _DENSE_PREFIX = "SamoyedsDense<"
 
 
-def _dense_decode_max_rows() -> int:
+def _env_int(name: str, default: int) -> int:
     import os
 
-    raw = os.environ.get("SAMOYEDS_DENSE_DECODE_MAX_ROWS", "")
+    raw = os.environ.get(name, "")
     try:
-        return int(raw) if raw.strip() else 16
+        return int(raw) if raw.strip() else default
     except ValueError:
-        raise ValueError(f"SAMOYEDS_DENSE_DECODE_MAX_ROWS: expected an integer, got {raw!r}") from None
+        raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
+
+
+def _dense_decode_max_rows() -> int:
+    return _env_int("SAMOYEDS_DENSE_DECODE_MAX_ROWS", 16)
 
 
 def _mlp_weights(mod: nn.Module) -> Optional[List[torch.Tensor]]:
@@ -607,7 +611,7 @@ def _dense_shared_fast(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor
 
 
 def _dense_shared_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    y = _ahead_result(self, x)
+    y = _shared_on_side(self, x)
     if y is None:
         y = _dense_shared_fast(self, x)
     return y if y is not None else type(self)._samoyeds_base.forward(self, x)
@@ -684,32 +688,26 @@ def _dense_shared_unpatch_all(model: nn.Module) -> None:
 # A block's shared MLP reads only the block's input, so on the GPU its kernels need not wait for
 # the router, the routing and the routed experts, nor they for it.  A patched block whose shared
 # MLP samoyeds runs (SamoyedsDense, SamoyedsMLP) becomes a SamoyedsBlock subclass: its forward
-# starts the shared MLP on its input on a second stream, then runs the block's own forward; the
-# shared MLP, called there on the same tensor, hands back that result once the current stream
-# has waited for it.  The result is the same kernels' on the same rows (bit-identical).
+# marks the current stream where it starts, then runs the block's own forward; when that calls
+# the shared MLP on the block's input (the same rows, unchanged), the MLP's kernels go to a
+# second stream that waits only for the mark, and the current stream waits for them before it
+# goes on.  The routed path's launches come first, so a block started on an idle GPU is not held
+# behind the shared MLP; on a busy GPU the two overlap.  The kernels and rows are the same as on
+# one stream (bit-identical).  Below SAMOYEDS_SHARED_STREAM_MIN_ROWS token rows (a few launches,
+# bound by the host's enqueue time) everything stays on one stream.
 
 _BLOCK_CLASSES: Dict[type, type] = {}
 _BLOCK_PREFIX = "SamoyedsBlock<"
-_AHEAD_ATTR = "_samoyeds_ahead"
+_AHEAD_ATTR = "_samoyeds_block_start"
 _SIDE_STREAMS: Dict[int, Any] = {}
 
 
-def _shared_stream_mode() -> int:
-    """SAMOYEDS_SHARED_STREAM: 0 off; 1 (default) the shared MLP launched on the second stream
-    as the block starts; 2 launched there when the block calls it (after the routed path's
-    launches); 3 as 1 on a high-priority stream."""
-    import os
-
-    raw = os.environ.get("SAMOYEDS_SHARED_STREAM", "1").strip()
-    return int(raw) if raw in ("0", "1", "2", "3") else 1
-
-
-def _side_stream(device: torch.device, high: bool = False) -> Any:
-    """The second stream of ``device`` (one per device and priority, made once)."""
+def _side_stream(device: torch.device) -> Any:
+    """The second stream of ``device`` (one per device, made once)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    s = _SIDE_STREAMS.get((idx, high))
+    s = _SIDE_STREAMS.get(idx)
     if s is None:
-        s = _SIDE_STREAMS[(idx, high)] = torch.cuda.Stream(device=idx, priority=-1 if high else 0)
+        s = _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
     return s
 
 
@@ -730,94 +728,67 @@ def _block_shared(block: nn.Module) -> Optional[nn.Module]:
     return None
 
 
-def _shared_fast(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
-    return mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
-
-
-def _on_side(mod: nn.Module, x: torch.Tensor, main: Any, side: Any, after: Any) -> Optional[tuple]:
-    """The shared MLP on ``x`` launched on ``side`` once ``after`` (the current stream or an
-    event of it) is reached: (its output, its end event), or None where its fast path does
-    not take ``x`` (nothing launched)."""
-    if isinstance(after, torch.cuda.Event):
-        side.wait_event(after)
-    else:
-        side.wait_stream(after)
-    with torch.cuda.stream(side):
-        y = _shared_fast(mod, x)
-    if y is None:
-        return None
-    done = torch.cuda.Event()
-    done.record(side)
-    x.record_stream(side)   # x's memory is not reused before the second stream has read it
-    y.record_stream(main)   # y is read on the current stream
-    return y, done
-
-
-def _shared_ahead(block: nn.Module, x: Any) -> Optional[tuple]:
-    """Starts the block's shared MLP on ``x`` on the second stream (or marks where it may
-    start); (module, current stream, stash), or None where it is not started: off the GPU,
-    with autograd, under torch.compile or a CUDA-graph capture, ``SAMOYEDS_SHARED_STREAM=0``,
-    or where the shared MLP's own fast path does not take ``x``."""
+def _block_start(block: nn.Module, x: Any) -> Optional[tuple]:
+    """Marks the current stream at the block's start for its shared MLP: (the MLP, the
+    mark), or None where the MLP stays on the current stream: off the GPU, with autograd,
+    under torch.compile or a CUDA-graph capture, below SAMOYEDS_SHARED_STREAM_MIN_ROWS rows,
+    with ``SAMOYEDS_SHARED_STREAM=0``."""
     if (not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16)
-            or torch.compiler.is_compiling()):
+            or x.ndim == 0 or torch.compiler.is_compiling()):
         return None
-    mode = _shared_stream_mode()
-    if mode == 0 or torch.cuda.is_current_stream_capturing():
+    rows = x.numel() // max(1, x.shape[-1])
+    if (rows < _env_int("SAMOYEDS_SHARED_STREAM_MIN_ROWS", 1024) or _env_int("SAMOYEDS_SHARED_STREAM", 1) == 0
+            or torch.cuda.is_current_stream_capturing()):
         return None
     mod = _block_shared(block)
     if mod is None or (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in mod.parameters()))):
         return None
-    main = torch.cuda.current_stream(x.device)
-    side = _side_stream(x.device, mode == 3)
-    if mode == 2:
-        start = torch.cuda.Event()
-        start.record(main)
-        stash = (_input_key(x), None, start, side)
-    else:
-        got = _on_side(mod, x, main, side, main)
-        if got is None:
-            return None
-        stash = (_input_key(x), got[0], got[1], side)
+    start = torch.cuda.Event()
+    start.record()
+    stash = (_input_key(x), start)
     mod.__dict__[_AHEAD_ATTR] = stash
-    return mod, main, stash
+    return mod, stash
 
 
-def _ahead_result(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
-    """The shared MLP's output on ``x`` started by its block's forward, once the current
-    stream has waited for it; None where none was started on these rows."""
+def _shared_on_side(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The shared MLP's output on ``x`` from the second stream, which waits for the mark of
+    the block's start, once the current stream has waited for it; None where the block did
+    not mark its start for this call or ``x`` is not the block's input (the MLP then runs on
+    the current stream as it would without the block)."""
     if torch.compiler.is_compiling():
         return None
     got = mod.__dict__.pop(_AHEAD_ATTR, None)
-    if got is None:
+    if got is None or not isinstance(x, torch.Tensor) or _input_key(x) != got[0]:
         return None
-    key, y, ev, side = got
     main = torch.cuda.current_stream()
-    if not isinstance(x, torch.Tensor) or _input_key(x) != key:   # other rows: dropped, the streams joined
-        if y is not None:
-            main.wait_event(ev)
+    side = _side_stream(x.device)
+    side.wait_event(got[1])
+    torch.cuda.set_stream(side)
+    try:
+        y = mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
+    finally:
+        torch.cuda.set_stream(main)
+    if y is None:   # nothing launched
         return None
-    if y is None:   # launched now, after the block's start
-        done = _on_side(mod, x, main, side, ev)
-        if done is None:
-            return None
-        y, ev = done
-    main.wait_event(ev)
-    return y.view(x.shape)
+    done = torch.cuda.Event()
+    done.record(side)
+    main.wait_event(done)
+    x.record_stream(side)   # x's memory is not reused before the second stream has read it
+    y.record_stream(main)   # y is read on the current stream
+    return y
 
 
 def _block_forward(self: nn.Module, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
     base = type(self)._samoyeds_base
-    ahead = _shared_ahead(self, hidden_states)
-    if ahead is None:
+    marked = _block_start(self, hidden_states)
+    if marked is None:
         return base.forward(self, hidden_states, *args, **kwargs)
-    mod, main, stash = ahead
+    mod, stash = marked
     try:
         return base.forward(self, hidden_states, *args, **kwargs)
     finally:
-        if mod.__dict__.get(_AHEAD_ATTR) is stash:   # not handed out: dropped, the streams joined
+        if mod.__dict__.get(_AHEAD_ATTR) is stash:   # the block did not call its shared MLP on its input
             del mod.__dict__[_AHEAD_ATTR]
-            if stash[1] is not None:
-                main.wait_event(stash[2])
 
 
 def _block_class(base: type) -> type:
