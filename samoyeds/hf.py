@@ -66,6 +66,7 @@ The op is inference only: a backward through a patched model raises.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
@@ -693,22 +694,26 @@ def _dense_shared_unpatch_all(model: nn.Module) -> None:
 # second stream that waits only for the mark, and the current stream waits for them before it
 # goes on.  The routed path's launches come first, so a block started on an idle GPU is not held
 # behind the shared MLP; on a busy GPU the two overlap.  The kernels and rows are the same as on
-# one stream (bit-identical).  Below SAMOYEDS_SHARED_STREAM_MIN_ROWS token rows (a few launches,
-# bound by the host's enqueue time) everything stays on one stream.
+# one stream (bit-identical).  Below SAMOYEDS_SHARED_STREAM_MIN_ROWS token rows (default 4096)
+# everything stays on one stream: there a block's launches take the host about as long as
+# its kernels take the GPU, and the ordering costs the host more than the overlap saves.
 
 _BLOCK_CLASSES: Dict[type, type] = {}
 _BLOCK_PREFIX = "SamoyedsBlock<"
 _AHEAD_ATTR = "_samoyeds_block_start"
-_SIDE_STREAMS: Dict[int, Any] = {}
+_SIDE = threading.local()   # per thread: {device index: (second stream, start event, end event)}
 
 
-def _side_stream(device: torch.device) -> Any:
-    """The second stream of ``device`` (one per device, made once)."""
+def _side(device: torch.device) -> tuple:
+    """This thread's second stream of ``device`` and the two events that order it against the
+    current stream (made once; an event is recorded again by each call, and a wait takes the
+    record made before it, so one pair serves every block the thread runs in turn)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    s = _SIDE_STREAMS.get(idx)
-    if s is None:
-        s = _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
-    return s
+    per = _SIDE.__dict__.setdefault("by_device", {})
+    got = per.get(idx)
+    if got is None:
+        got = per[idx] = (torch.cuda.Stream(device=idx), torch.cuda.Event(), torch.cuda.Event())
+    return got
 
 
 def _input_key(x: torch.Tensor) -> tuple:
@@ -737,15 +742,16 @@ def _block_start(block: nn.Module, x: Any) -> Optional[tuple]:
             or x.ndim == 0 or torch.compiler.is_compiling()):
         return None
     rows = x.numel() // max(1, x.shape[-1])
-    if (rows < _env_int("SAMOYEDS_SHARED_STREAM_MIN_ROWS", 1024) or _env_int("SAMOYEDS_SHARED_STREAM", 1) == 0
+    if (rows < _env_int("SAMOYEDS_SHARED_STREAM_MIN_ROWS", 4096) or _env_int("SAMOYEDS_SHARED_STREAM", 1) == 0
             or torch.cuda.is_current_stream_capturing()):
         return None
     mod = _block_shared(block)
     if mod is None or (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in mod.parameters()))):
         return None
-    start = torch.cuda.Event()
-    start.record()
-    stash = (_input_key(x), start)
+    main = torch.cuda.current_stream(x.device)
+    side, start, _ = _side(x.device)
+    start.record(main)
+    stash = (_input_key(x), main)
     mod.__dict__[_AHEAD_ATTR] = stash
     return mod, stash
 
@@ -760,9 +766,9 @@ def _shared_on_side(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     got = mod.__dict__.pop(_AHEAD_ATTR, None)
     if got is None or not isinstance(x, torch.Tensor) or _input_key(x) != got[0]:
         return None
-    main = torch.cuda.current_stream()
-    side = _side_stream(x.device)
-    side.wait_event(got[1])
+    main = got[1]
+    side, start, done = _side(x.device)
+    side.wait_event(start)
     torch.cuda.set_stream(side)
     try:
         y = mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
@@ -770,7 +776,6 @@ def _shared_on_side(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
         torch.cuda.set_stream(main)
     if y is None:   # nothing launched
         return None
-    done = torch.cuda.Event()
     done.record(side)
     main.wait_event(done)
     x.record_stream(side)   # x's memory is not reused before the second stream has read it

@@ -102,7 +102,7 @@ def test_two_streams_bit_identical_gpu(family, packed, monkeypatch):
     model.to(device="cuda", dtype=torch.bfloat16)
     seen = _spy(monkeypatch)
     main = torch.cuda.current_stream().cuda_stream
-    side = shf._side_stream(torch.device("cuda")).cuda_stream
+    side = shf._side(torch.device("cuda"))[0].cuda_stream
     gen = torch.Generator().manual_seed(8)
     monkeypatch.setenv("SAMOYEDS_SHARED_STREAM_MIN_ROWS", "1")
     for batch, length in ((1, 1), (1, 5), (2, 8), (1, 17), (3, 100)):
@@ -117,6 +117,13 @@ def test_two_streams_bit_identical_gpu(family, packed, monkeypatch):
             monkeypatch.delenv("SAMOYEDS_SHARED_STREAM")
             assert seen and set(seen) == {main}, seen
         assert torch.isfinite(two).all() and torch.equal(two, one), (batch, length)
+    # another thread orders its blocks with a stream and events of its own
+    import threading
+    other = []
+    th = threading.Thread(target=lambda: other.append(shf._side(torch.device("cuda"))))
+    th.start()
+    th.join()
+    assert all(a is not b for a, b in zip(other[0], shf._side(torch.device("cuda"))))
     # below the row limit: one stream
     monkeypatch.setenv("SAMOYEDS_SHARED_STREAM_MIN_ROWS", "300")
     seen.clear()
@@ -172,7 +179,7 @@ def test_other_rows_and_unused_mark_gpu(monkeypatch):
     model.to(device="cuda", dtype=torch.bfloat16)
     seen = _spy(monkeypatch)
     main = torch.cuda.current_stream().cuda_stream
-    side = shf._side_stream(torch.device("cuda")).cuda_stream
+    side = shf._side(torch.device("cuda"))[0].cuda_stream
     block = _blocks(model)[0]
     mlp = shf._block_shared(block)
     H = SHAPE.hidden
