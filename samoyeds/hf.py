@@ -222,14 +222,18 @@ def _llama4_forward(self: nn.Module, hidden_states: torch.Tensor):
     with weight 1 and each token's ``K`` outputs are summed.
     """
     hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-    router_scores, router_logits = self.router(hidden_states)
-    top_k_index = torch.topk(router_logits, self.router.top_k, dim=1).indices   # the router's own choice
-    scores = router_scores.gather(1, top_k_index)                                 # [T, K]
-    T, K = top_k_index.shape
-    routed_in = (hidden_states[:, None, :] * scores[:, :, None]).reshape(T * K, self.hidden_dim)
-    ones = torch.ones(T * K, 1, dtype=torch.float32, device=hidden_states.device)
-    routed_out = _run_experts(self.experts, routed_in, top_k_index.reshape(T * K, 1), ones)
-    out = self.shared_expert(hidden_states)
+    marked = _block_start(self, hidden_states)   # the shared expert beside the routed ones
+    try:
+        router_scores, router_logits = self.router(hidden_states)
+        top_k_index = torch.topk(router_logits, self.router.top_k, dim=1).indices   # the router's own choice
+        scores = router_scores.gather(1, top_k_index)                                 # [T, K]
+        T, K = top_k_index.shape
+        routed_in = (hidden_states[:, None, :] * scores[:, :, None]).reshape(T * K, self.hidden_dim)
+        ones = torch.ones(T * K, 1, dtype=torch.float32, device=hidden_states.device)
+        routed_out = _run_experts(self.experts, routed_in, top_k_index.reshape(T * K, 1), ones)
+        out = self.shared_expert(hidden_states)
+    finally:
+        _block_end(marked)
     out.add_(routed_out.view(T, K, -1).sum(dim=1))
     return out, router_logits
 
@@ -738,8 +742,8 @@ def _block_start(block: nn.Module, x: Any) -> Optional[tuple]:
     mark), or None where the MLP stays on the current stream: off the GPU, with autograd,
     under torch.compile or a CUDA-graph capture, below SAMOYEDS_SHARED_STREAM_MIN_ROWS rows,
     with ``SAMOYEDS_SHARED_STREAM=0``."""
-    if (not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16)
-            or x.ndim == 0 or torch.compiler.is_compiling()):
+    if (torch.compiler.is_compiling() or not isinstance(x, torch.Tensor) or not x.is_cuda
+            or x.dtype not in (torch.bfloat16, torch.float16) or x.ndim == 0):
         return None
     rows = x.numel() // max(1, x.shape[-1])
     if (rows < _env_int("SAMOYEDS_SHARED_STREAM_MIN_ROWS", 4096) or _env_int("SAMOYEDS_SHARED_STREAM", 1) == 0
@@ -783,17 +787,21 @@ def _shared_on_side(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     return y
 
 
+def _block_end(marked: Optional[tuple]) -> None:
+    """Drops the mark of a block's start that its shared MLP did not take."""
+    if marked is not None and marked[0].__dict__.get(_AHEAD_ATTR) is marked[1]:
+        del marked[0].__dict__[_AHEAD_ATTR]
+
+
 def _block_forward(self: nn.Module, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
     base = type(self)._samoyeds_base
     marked = _block_start(self, hidden_states)
     if marked is None:
         return base.forward(self, hidden_states, *args, **kwargs)
-    mod, stash = marked
     try:
         return base.forward(self, hidden_states, *args, **kwargs)
     finally:
-        if mod.__dict__.get(_AHEAD_ATTR) is stash:   # the block did not call its shared MLP on its input
-            del mod.__dict__[_AHEAD_ATTR]
+        _block_end(marked)
 
 
 def _block_class(base: type) -> type:
@@ -803,7 +811,8 @@ def _block_class(base: type) -> type:
 
 def _block_patch_all(model: nn.Module, targets: List[_Target]) -> None:
     """Gives every block owning ``targets`` whose shared MLP samoyeds runs, and whose class
-    is its own (not a samoyeds subclass already), its SamoyedsBlock subclass."""
+    is its own, its SamoyedsBlock subclass (Llama 4's, a samoyeds subclass already, marks
+    its start in its own forward)."""
     for _, block in _blocks(model, targets):
         if not hasattr(type(block), "_samoyeds_base") and _block_shared(block) is not None:
             block.__class__ = _block_class(type(block))
