@@ -136,6 +136,18 @@ def test_shared_mlp_benchmark_smoke(tmp_path):
     assert r["T"] == 40 and max(r["rel_err_vs_fp64"].values()) < 1e-5 and r["ms"]["samoyeds"] > 0, r
 
 
+def test_shared_stream_probe_smoke(tmp_path):
+    """probe_shared_stream.py's CPU smoke run: the patched toy DeepSeek-V2 block has its block
+    class swapped, both settings give the same output, and the JSON holds every token count."""
+    p = _run([os.path.join(BENCH, "probe_shared_stream.py"), "--tiny", "--device", "cpu", "--out", str(tmp_path),
+              "--tokens", "1,5"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads((tmp_path / "probe_shared_stream.json").read_text())
+    assert [r["T"] for r in d["rows"]] == [1, 5]
+    for r in d["rows"]:
+        assert r["bit_identical"] and r["swapped_blocks"] and r["ms"]["two_streams"] > 0, r
+
+
 def test_memory_jobs_in_their_own_process(tmp_path):
     p = _run([os.path.join(BENCH, "bench_memory.py"), "--tiny", "--device", "cpu", "--isolate", "yes",
               "--scopes", "layer", "--layer-models", "mixtral-8x7b", "--out", str(tmp_path)])
