@@ -86,22 +86,18 @@ def main() -> None:
                                                   ("down", dn, h, None, "none", sc)):
                 nbytes = packed_bytes(p, used)
                 out = sm.ssmm(inp, p, r.offsets, ids, act=act, scale=scale, check=False)
-                impls = (["decode"] + (["decode/prefetch"] if sm90 else [])
-                         + ([f"decode/v{v}" for v in variants] if full else []) + ["mma_sp"]
+                impls = (["decode"] + ([f"decode/v{v}" for v in variants] if full else []) + ["mma_sp"]
                          + (["wgmma_sp"] if sm90 else []))
                 res = {}
                 for name in impls:
                     impl = name.split("/")[0]
                     if "/v" in name:
                         os.environ["SAMOYEDS_DECODE_VARIANT"] = name.split("/v")[-1]
-                    if name == "decode/prefetch":
-                        os.environ["SAMOYEDS_DECODE_PREFETCH"] = "1"
 
                     def fn(impl=impl):
                         sm.ssmm(inp, p, r.offsets, ids, out=out, act=act, scale=scale, impl=impl, check=False)
                     res[name] = time_graph(fn, budget_s=0.2)["ms"]
                     os.environ.pop("SAMOYEDS_DECODE_VARIANT", None)
-                    os.environ.pop("SAMOYEDS_DECODE_PREFETCH", None)
                 counts = torch.bincount(topk.reshape(-1), minlength=E)
                 row = dict(model=model, proj=proj, T=T, K=K, E=E, S=T * K, routed_experts=int(used.numel()),
                            skew=skew, max_rows=int(counts.max()), bytes=nbytes, ms=res, decode_ms=res["decode"],

@@ -80,55 +80,10 @@ template <int M_, int MT_, int NT_, int W_, int ST_, bool IL_ = true> struct DCf
 };
 
 struct DParams : SsmmArgs {
-    int kps;       // k-tiles (64 columns) per slice; 1 << 30 without row selection
-    int nrt;       // row tiles per expert
-    int early;     // offsets and weights may be read before pdl_wait() (sam_ssmm_params.offsets_ready)
-    int prefetch;  // sm_90: the CTA's packed values and metadata asked of L2 in bulk as it starts
+    int kps;    // k-tiles (64 columns) per slice; 1 << 30 without row selection
+    int nrt;    // row tiles per expert
+    int early;  // offsets and weights may be read before pdl_wait() (sam_ssmm_params.offsets_ready)
 };
-
-// The storage rows of work item (rt) of a CTA of ROWS rows: tiles [0, MT/2) start at base0,
-// [MT/2, MT) at base1 (GLU: the gate and up rows of the same condensed rows).
-template <int ROWS>
-__device__ __forceinline__ void d_item_rows(const DParams &p, int rt, int64_t &base0, int64_t &base1) {
-    if (p.glu) {
-        const int64_t q0 = (int64_t)rt * (ROWS / 2);
-        base0 = sam_storage_index(1, 0, q0);
-        base1 = sam_storage_index(1, 1, q0);
-    } else {
-        base0 = (int64_t)rt * ROWS;
-        base1 = base0 + ROWS / 2;
-    }
-}
-
-__device__ __forceinline__ void prefetch_l2(const void *src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#else
-    (void)src;
-    (void)bytes;
-#endif
-}
-
-// One thread asks L2 for the packed values and the metadata of the CTA's rows (expert e, row
-// tile rt) in a few bulk requests: each half of the rows is one contiguous range of each array
-// (a storage row holds cp bytes of values; a 16-row tile 2 cp bytes of metadata), so DRAM
-// streams whole ranges at once while the warps' rings then read them from L2.
-template <int ROWS, int MT>
-__device__ __forceinline__ void d_prefetch(const DParams &p, int e, int rt) {
-    int64_t base0, base1;
-    d_item_rows<ROWS>(p, rt, base0, base1);
-    const char *vals = static_cast<const char *>(p.values) + (int64_t)e * p.rp * p.cp;
-    const char *meta = reinterpret_cast<const char *>(p.meta) + (int64_t)e * (p.rp / 16) * 2 * p.cp;
-    if (base1 == base0 + ROWS / 2) {
-        prefetch_l2(vals + base0 * p.cp, (uint32_t)(ROWS * p.cp));
-        prefetch_l2(meta + base0 / 16 * 2 * p.cp, (uint32_t)(MT * 2 * p.cp));
-    } else {
-        prefetch_l2(vals + base0 * p.cp, (uint32_t)(ROWS / 2 * p.cp));
-        prefetch_l2(vals + base1 * p.cp, (uint32_t)(ROWS / 2 * p.cp));
-        prefetch_l2(meta + base0 / 16 * 2 * p.cp, (uint32_t)(MT / 2 * 2 * p.cp));
-        prefetch_l2(meta + base1 / 16 * 2 * p.cp, (uint32_t)(MT / 2 * 2 * p.cp));
-    }
-}
 
 // The j-th expert (in expert order) that owns at least one sorted row in
 // [0, S), or -1, and its rows [b0, b1).  Run by one whole warp.  The offsets
@@ -194,7 +149,14 @@ template <typename T, typename Cf> struct DPlan {
 
     __device__ __forceinline__ void item(const DParams &p, int e, int rt, int lane) {
         int64_t base0, base1;
-        d_item_rows<ROWS>(p, rt, base0, base1);
+        if (p.glu) {
+            const int64_t q0 = (int64_t)rt * (ROWS / 2);
+            base0 = sam_storage_index(1, 0, q0);
+            base1 = sam_storage_index(1, 1, q0);
+        } else {
+            base0 = (int64_t)rt * ROWS;
+            base1 = base0 + ROWS / 2;
+        }
         const int64_t pitch = p.cp / 2;  // packed values per storage row
         const T *vals = static_cast<const T *>(p.values) + (int64_t)e * p.rp * pitch;
         // A: lane copies chunk lane%4 of local rows 8i + lane/4, i < 2*MT
@@ -491,7 +453,6 @@ __global__ void __launch_bounds__(Cf::THREADS, 1) ssmm_decode_kernel(const DPara
         return;
     }
     const int64_t s_begin = sh_rows[0], s_end = sh_rows[1];
-    if (p.prefetch && tid == 0) d_prefetch<Cf::ROWS, Cf::MT>(p, e, rt);
 
     DPlan<T, Cf> pl;
     pl.item(p, e, rt, lane);
@@ -540,7 +501,6 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
     }
     const bool pdl = pdl_enabled();
     k.early = pdl && ps->offsets_ready;
-    k.prefetch = env_int("SAMOYEDS_DECODE_PREFETCH", 0) != 0;  // (a no-op below sm_90)
     auto kernel = ssmm_decode_kernel<T, Cf>;
     SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cf::SMEM), "ssmm");
     SAM_CUDA_TRY(launch_kernel(kernel, dim3((unsigned)grid), dim3(Cf::THREADS), Cf::SMEM, stream, pdl, k), "ssmm");

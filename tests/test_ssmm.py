@@ -327,24 +327,6 @@ def test_decode_variants(variant, shape, fmt, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["0", "1", "6"])
-@pytest.mark.parametrize("shape", DECODE_SHAPES)
-@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "1:4:64"])
-@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-def test_decode_l2_prefetch(variant, shape, fmt, act, glu, monkeypatch):
-    """SAMOYEDS_DECODE_PREFETCH=1 (each CTA asks L2 for its weights in bulk first, sm_90): the
-    C reference and float64 oracle checks as without it, and bit for bit its output."""
-    monkeypatch.setenv("SAMOYEDS_DECODE_VARIANT", variant)
-    seed = torch.seed() % 2**31
-    x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, act, glu, bias=True, scale=True, seed=seed)
-    plain = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="decode")
-    monkeypatch.setenv("SAMOYEDS_DECODE_PREFETCH", "1")
-    fetched = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="decode")
-    n = int(r.offsets[-1])
-    assert torch.equal(fetched[:n], plain[:n])
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "1:4:64"])
 def test_decode_deterministic_and_close_to_mma_sp(fmt):
     """Two runs bit-identical (fixed-order split-K reduction); close to the
