@@ -196,9 +196,12 @@ def main() -> None:
     ap.add_argument("--proj", default="gate_up,down")
     ap.add_argument("--methods", default="samoyeds-75,samoyeds-50,cublas,grouped_mm,cusparselt")
     ap.add_argument("--quick", action="store_true", help="two models, T=4096 only")
+    ap.add_argument("--format75", default=FORMATS["samoyeds-75"],
+                    help="the format the samoyeds-75 method runs (another slice width V: samoyeds-1:2:V)")
     add_run_args(ap, "shapes / 16 and T = 64: a quick CPU check of the script")
     args = ap.parse_args()
     setup_run(args)
+    FORMATS["samoyeds-75"] = sm.SparseFormat.parse(args.format75).name
     if args.quick:
         args.models, args.tokens = "mixtral-8x7b,qwen3-30b-a3b", "4096"
     if args.tiny:
@@ -223,9 +226,12 @@ def main() -> None:
                 res = run_case(shape, T, proj, gen, methods, ceil, device)
                 cases.append(res)
                 _print_row(res)
-    path = result_path(args, "kernel_quick.json" if args.quick else "kernel.json")
+    name = "kernel_quick" if args.quick else "kernel"
+    if FORMATS["samoyeds-75"] != "samoyeds-1:2:128":
+        name += "_" + FORMATS["samoyeds-75"].replace(":", "_")
+    path = result_path(args, name + ".json")
     if path:
-        write_json(path, {"env": environment(), "ceilings": ceil, "cases": cases})
+        write_json(path, {"env": environment(), "ceilings": ceil, "formats": dict(FORMATS), "cases": cases})
     _print_table(cases)
 
 
