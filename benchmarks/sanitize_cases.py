@@ -1,7 +1,8 @@
 """A representative subset of every CUDA kernel, small enough to run under
 compute-sanitizer (memcheck, racecheck): odd shapes, tails, empty experts,
 every epilogue, both dtypes, every matmul kernel (mma.sp, wgmma.sp, the decode
-split-K kernel, the dense decode kernel) and every row-group size (M = 1, 2, 4); and the shared-memory fill-rate
+split-K kernel, the dense decode kernel) and every row-group size (M = 1, 2, 4); a patched
+transformers block on two streams; and the shared-memory fill-rate
 kernels (every way, on a few SMs, one and several stages) under memcheck: each
 measurement calibrates its launches to ~10 ms, which racecheck stretches past the step's
 time limit, and nothing reads what those kernels write to shared memory but their
@@ -113,6 +114,24 @@ def main() -> None:
         wide = torch.randn(T, 2 * I + 8, generator=gen).to(torch.bfloat16).cuda()
         sm.glu(wide[:, :I], wide[:, I + 8:], act="swiglu")
         sm.glu(wide[:, :I].contiguous(), wide[:, I:2 * I].contiguous(), act="gptoss")
+    # a patched transformers block with shared experts, on two streams (routed path and shared
+    # MLP, unpruned and packed), above and at decode sizes
+    try:
+        from samoyeds.hf_families import Shape, build_model
+    except ImportError:  # transformers absent
+        build_model = None
+    if build_model is not None:
+        os.environ["SAMOYEDS_SHARED_STREAM_MIN_ROWS"] = "1"
+        shape = Shape(vocab=64, hidden=128, layers=1, experts=8, top_k=2, intermediate=64, heads=4, kv_heads=2,
+                      head_dim=32, init_std=0.1)
+        for packed in (False, True):
+            model = build_model("deepseek_v2", shape, seed=3)
+            sm.patch_model(model, "samoyeds-1:2:128", progress=False, shared_experts=packed)
+            model.to(device="cuda", dtype=torch.bfloat16)
+            with torch.no_grad():
+                for length in (3, 40):
+                    model(torch.randint(3, shape.vocab, (2, length), generator=gen).cuda())
+        os.environ.pop("SAMOYEDS_SHARED_STREAM_MIN_ROWS")
     # the fill-rate kernels (sm_90a): rings of one stage and of several, clusters for multicast
     if ("sm_90a" in sm.build_info()["cuda_archs"].split() and torch.cuda.get_device_capability() == (9, 0)
             and os.environ.get("SAMOYEDS_SANITIZE_TOOL", "memcheck") == "memcheck"):
