@@ -114,8 +114,9 @@ def main() -> None:
         wide = torch.randn(T, 2 * I + 8, generator=gen).to(torch.bfloat16).cuda()
         sm.glu(wide[:, :I], wide[:, I + 8:], act="swiglu")
         sm.glu(wide[:, :I].contiguous(), wide[:, I:2 * I].contiguous(), act="gptoss")
-    # a patched transformers block with shared experts, on two streams (routed path and shared
-    # MLP, unpruned and packed), above and at decode sizes
+    # a patched transformers MoE block with shared experts (the block alone: the model's
+    # attention kernels are not ours), on two streams (routed path and shared MLP, unpruned and
+    # packed), above and at decode sizes
     try:
         from samoyeds.hf_families import Shape, build_model
     except ImportError:  # transformers absent
@@ -128,9 +129,10 @@ def main() -> None:
             model = build_model("deepseek_v2", shape, seed=3)
             sm.patch_model(model, "samoyeds-1:2:128", progress=False, shared_experts=packed)
             model.to(device="cuda", dtype=torch.bfloat16)
+            block = next(m for m in model.modules() if getattr(type(m), "_samoyeds_block", False))
             with torch.no_grad():
                 for length in (3, 40):
-                    model(torch.randint(3, shape.vocab, (2, length), generator=gen).cuda())
+                    block(torch.randn(2, length, shape.hidden, generator=gen).to(torch.bfloat16).cuda())
         os.environ.pop("SAMOYEDS_SHARED_STREAM_MIN_ROWS")
     # the fill-rate kernels (sm_90a): rings of one stage and of several, clusters for multicast
     if ("sm_90a" in sm.build_info()["cuda_archs"].split() and torch.cuda.get_device_capability() == (9, 0)
