@@ -24,9 +24,8 @@ import samoyeds as sm  # noqa: E402
 import bench_moe as bm  # noqa: E402
 from common import environment, result_path, write_json  # noqa: E402
 
-SETTINGS = ("two_streams", "one_stream", "grouped_mm", "two_streams_hi")
-MODE = {"two_streams": "1", "one_stream": "0", "two_streams_hi": "1"}
-_HI = {}
+SETTINGS = ("two_streams", "one_stream", "grouped_mm")
+MODE = {"two_streams": "1", "one_stream": "0"}
 
 
 def main() -> None:
@@ -52,17 +51,7 @@ def main() -> None:
             os.environ["SAMOYEDS_SHARED_STREAM"] = MODE[setting]
             os.environ["SAMOYEDS_SHARED_STREAM_MIN_ROWS"] = "1"   # every size, to see where it pays
             try:
-                if setting != "two_streams_hi" or not x.is_cuda:
-                    return holder(x)
-                # the block on a high-priority stream, its shared MLP's second stream at the default
-                hi = _HI.setdefault("s", torch.cuda.Stream(priority=-1))
-                main = torch.cuda.current_stream()
-                hi.wait_stream(main)
-                with torch.cuda.stream(hi):
-                    y = holder(x)
-                main.wait_stream(hi)
-                y.record_stream(main)
-                return y
+                return holder(x)
             finally:
                 os.environ.pop("SAMOYEDS_SHARED_STREAM", None)
                 os.environ.pop("SAMOYEDS_SHARED_STREAM_MIN_ROWS", None)
