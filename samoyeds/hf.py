@@ -773,11 +773,15 @@ def _shared_on_side(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     main = got[1]
     side, start, done = _side(x.device)
     side.wait_event(start)
-    torch.cuda.set_stream(side)
-    try:
-        y = mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
-    finally:
-        torch.cuda.set_stream(main)
+    if x.device.index == torch.cuda.current_device():
+        torch.cuda.set_stream(side)   # (the lighter switch; it also makes the stream's device current)
+        try:
+            y = mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
+        finally:
+            torch.cuda.set_stream(main)
+    else:   # another device than the current one, which stays current
+        with torch.cuda.stream(side):
+            y = mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
     if y is None:   # nothing launched
         return None
     done.record(side)

@@ -210,3 +210,26 @@ def test_other_rows_and_unused_mark_gpu(monkeypatch):
             assert torch.allclose(out.view_as(want).float(), want.float(), rtol=2e-2, atol=2e-2), name
     finally:
         base.forward = real
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_block_on_another_device_keeps_the_current_device(monkeypatch):
+    """A block on a GPU other than the current device: the shared MLP still runs on that
+    device's second stream, the current device and both devices' current streams are as
+    before, and the output is the one-stream output."""
+    monkeypatch.setenv("SAMOYEDS_SHARED_STREAM_MIN_ROWS", "1")
+    model = build_model("deepseek_v2", SHAPE, seed=13)
+    sm.patch_model(model, FMT, progress=False)
+    model.to(device="cuda:1", dtype=torch.bfloat16)
+    block = _blocks(model)[0]
+    x = torch.randn(1, 50, SHAPE.hidden, device="cuda:1", dtype=torch.bfloat16)
+    torch.cuda.set_device(0)
+    before = (torch.cuda.current_stream(0), torch.cuda.current_stream(1))
+    with torch.no_grad():
+        two = block(x)
+        assert torch.cuda.current_device() == 0
+        assert (torch.cuda.current_stream(0), torch.cuda.current_stream(1)) == before
+        monkeypatch.setenv("SAMOYEDS_SHARED_STREAM", "0")
+        one = block(x)
+    assert torch.equal(two, one)
