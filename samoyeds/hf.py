@@ -696,7 +696,7 @@ def _dense_shared_unpatch_all(model: nn.Module) -> None:
 # marks the current stream where it starts, then runs the block's own forward; when that calls
 # the shared MLP on the block's input (the same rows, unchanged), the MLP's kernels go to a
 # second stream that waits only for the mark, and the current stream waits for them before it
-# goes on.  The routed path's launches come first, so a block started on an idle GPU is not held
+# goes on.  Streams, events and marks are the calling thread's own.  The routed path's launches come first, so a block started on an idle GPU is not held
 # behind the shared MLP; on a busy GPU the two overlap.  The kernels and rows are the same as on
 # one stream (bit-identical).  Below SAMOYEDS_SHARED_STREAM_MIN_ROWS token rows (default 4096)
 # everything stays on one stream: there a block's launches take the host about as long as
@@ -704,8 +704,12 @@ def _dense_shared_unpatch_all(model: nn.Module) -> None:
 
 _BLOCK_CLASSES: Dict[type, type] = {}
 _BLOCK_PREFIX = "SamoyedsBlock<"
-_AHEAD_ATTR = "_samoyeds_block_start"
-_SIDE = threading.local()   # per thread: {device index: (second stream, start event, end event)}
+_SIDE = threading.local()   # per thread: the second streams and events, and the marks of blocks running
+
+
+def _marks() -> Dict[int, tuple]:
+    """This thread's marks of blocks whose forward is running: {id(shared MLP): mark}."""
+    return _SIDE.__dict__.setdefault("marks", {})
 
 
 def _side(device: torch.device) -> tuple:
@@ -756,7 +760,7 @@ def _block_start(block: nn.Module, x: Any) -> Optional[tuple]:
     side, start, _ = _side(x.device)
     start.record(main)
     stash = (_input_key(x), main)
-    mod.__dict__[_AHEAD_ATTR] = stash
+    _marks()[id(mod)] = stash
     return mod, stash
 
 
@@ -767,7 +771,8 @@ def _shared_on_side(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     the current stream as it would without the block)."""
     if torch.compiler.is_compiling():
         return None
-    got = mod.__dict__.pop(_AHEAD_ATTR, None)
+    marks = _SIDE.__dict__.get("marks")
+    got = marks.pop(id(mod), None) if marks else None
     if got is None or not isinstance(x, torch.Tensor) or _input_key(x) != got[0]:
         return None
     main = got[1]
@@ -793,8 +798,10 @@ def _shared_on_side(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
 
 def _block_end(marked: Optional[tuple]) -> None:
     """Drops the mark of a block's start that its shared MLP did not take."""
-    if marked is not None and marked[0].__dict__.get(_AHEAD_ATTR) is marked[1]:
-        del marked[0].__dict__[_AHEAD_ATTR]
+    if marked is not None:
+        marks = _marks()
+        if marks.get(id(marked[0])) is marked[1]:
+            del marks[id(marked[0])]
 
 
 def _block_forward(self: nn.Module, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
@@ -826,7 +833,6 @@ def _block_unpatch_all(model: nn.Module) -> None:
     for mod in model.modules():
         if getattr(type(mod), "_samoyeds_block", False):
             mod.__class__ = type(mod)._samoyeds_base
-            mod.__dict__.pop(_AHEAD_ATTR, None)
 
 
 # --- routers: one fused op ------------------------------------------------------------------------

@@ -122,10 +122,11 @@ def test_two_streams_bit_identical_gpu(family, packed, monkeypatch):
     # another thread orders its blocks with a stream and events of its own
     import threading
     other = []
-    th = threading.Thread(target=lambda: other.append(shf._side(torch.device("cuda"))))
+    th = threading.Thread(target=lambda: other.append((shf._side(torch.device("cuda")), shf._marks())))
     th.start()
     th.join()
-    assert all(a is not b for a, b in zip(other[0], shf._side(torch.device("cuda"))))
+    assert all(a is not b for a, b in zip(other[0][0], shf._side(torch.device("cuda"))))
+    assert other[0][1] is not shf._marks()
     # below the row limit: one stream
     monkeypatch.setenv("SAMOYEDS_SHARED_STREAM_MIN_ROWS", "300")
     seen.clear()
@@ -201,7 +202,7 @@ def test_other_rows_and_unused_mark_gpu(monkeypatch):
             xi = x.clone()   # (a tensor outside inference mode: it has a version counter)
             with torch.no_grad():
                 out = block(xi)
-            assert shf._AHEAD_ATTR not in mlp.__dict__, name
+            assert not shf._marks(), name
             torch.cuda.synchronize()
             if name == "none":
                 assert not seen and torch.equal(out, x * 2)
