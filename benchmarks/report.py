@@ -489,6 +489,21 @@ def headline(gpu: str) -> str:
     return "\n".join(rows)
 
 
+def shared_stream_table(d: dict) -> str:
+    """probe_shared_stream.json: a patched block with its shared MLP on a second stream against
+    the same block on one stream (and grouped_mm), GPU time, from an idle GPU, host enqueue."""
+    rows = ["| T | one stream: GPU time | two streams: GPU time | gain | vs `grouped_mm` (one / two) | "
+            "from an idle GPU: one / two | host enqueue: one / two |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        g, m, h = r["ms_gpu"], r["ms"], r["host_ms"]
+        rows.append(f"| {r['T']} | {g['one_stream'] * 1e3:.1f} us | {g['two_streams'] * 1e3:.1f} us | "
+                    f"{g['one_stream'] / g['two_streams']:.2f}x | {g['grouped_mm'] / g['one_stream']:.2f}x / "
+                    f"{g['grouped_mm'] / g['two_streams']:.2f}x | {m['one_stream'] * 1e3:.0f} / "
+                    f"{m['two_streams'] * 1e3:.0f} us | {h['one_stream'] * 1e3:.0f} / {h['two_streams'] * 1e3:.0f} us |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", default="h100")
@@ -502,7 +517,8 @@ def main() -> None:
                      ("accuracy.json", accuracy_table), ("bench_decode.json", decode_table),
                      ("ssmm_kernels.json", ssmm_kernels_table), ("fill_rate.json", fill_rate_table),
                      ("layer_trace.json", layer_trace_table), ("dense_decode.json", dense_decode_table),
-                     ("router.json", router_table), ("shared_mlp.json", shared_mlp_table)):
+                     ("router.json", router_table), ("shared_mlp.json", shared_mlp_table),
+                     ("experiments/probe_shared_stream.json", shared_stream_table)):
         d, path = _load(a.gpu, name)
         if d is None:
             print(f"(no {path})")
