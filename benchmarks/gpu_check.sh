@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
 #                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [token-stream] [fill] [layer-trace] [test-ssmm] [accuracy]
 #                                [smoke-gpu] [demo] [profile] [profile-tokens] [bench-moe-shared] [bench-dense] [bench-router] [bench-shared-mlp]
+#                                [probe-shared-stream: PROBE_ARGS=...]
 #                                [bench-moe-models: MOE_MODELS=a,b MOE_TOKENS=1,16]
 #                                [test-k: PYTEST_K=expr] ...
 set -uo pipefail

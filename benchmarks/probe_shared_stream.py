@@ -9,10 +9,8 @@ enqueue time of one call; the outputs of both samoyeds settings compared bit for
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
+import copy
 import os
-import pstats
 import statistics
 import sys
 import time
@@ -31,7 +29,6 @@ MODE = {"two_streams": "1", "one_stream": "0"}
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bm.block_arguments(ap, "1,16,64,256,1024,4096,16384")
-    ap.add_argument("--profile", action="store_true", help="cProfile of the host at the smallest T")
     ap.set_defaults(models="deepseek-v2-lite")
     args = ap.parse_args()
     dtype, tokens = bm.block_run(args)
@@ -40,7 +37,7 @@ def main() -> None:
     for name in args.models.split(","):
         holder, cfg = bm.random_block(name, dev, dtype, args.tiny, args.seed)
         sm.patch_model(holder, args.format, progress=False, shared_experts=args.shared_experts)
-        dense = bm.copy.deepcopy(holder)
+        dense = copy.deepcopy(holder)
         sm.unpatch_model(dense)
         bm._set_impl(dense, "grouped_mm")
         blocks = [type(m).__name__ for m in holder.modules() if getattr(type(m), "_samoyeds_block", False)]
@@ -80,18 +77,6 @@ def main() -> None:
                         if dev == "cuda":
                             torch.cuda.synchronize()
                     host[s] = statistics.median(ts)
-                if args.profile and T == tokens[0]:
-                    for s in ("one_stream", "two_streams"):
-                        prof = cProfile.Profile()
-                        prof.enable()
-                        for _ in range(50):
-                            run(s, x)
-                        prof.disable()
-                        buf = io.StringIO()
-                        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
-                        print(f"--- host profile, {s}, 50 calls at T = {T}\n" + buf.getvalue()[-4000:])
-                        if dev == "cuda":
-                            torch.cuda.synchronize()
                 row = {"model": name, "T": T, "swapped_blocks": blocks, "host_ms": host,
                        "bit_identical": all(torch.equal(outs[s], outs["one_stream"]) for s in MODE),
                        "ms": {s: statistics.median(lat[s]) for s in SETTINGS},

@@ -255,18 +255,12 @@ def __getattr__(name: str) -> Any:
         base = _llama4_moe_class()
         if base is not None:
             return _patched_llama4_class(base)
-    if name.startswith(_DENSE_PREFIX) and name.endswith(">"):
-        base = _class_by_name(name, _DENSE_PREFIX)
-        if base is not None:
-            return _dense_shared_class(base)
-    if name.startswith(_ROUTER_PREFIX) and name.endswith(">"):
-        base = _class_by_name(name, _ROUTER_PREFIX)
-        if base is not None:
-            return _router_class(base)
-    if name.startswith(_BLOCK_PREFIX) and name.endswith(">"):
-        base = _class_by_name(name, _BLOCK_PREFIX)
-        if base is not None:
-            return _block_class(base)
+    for prefix, make in ((_DENSE_PREFIX, _dense_shared_class), (_ROUTER_PREFIX, _router_class),
+                         (_BLOCK_PREFIX, _block_class)):
+        if name.startswith(prefix) and name.endswith(">"):
+            base = _class_by_name(name, prefix)
+            if base is not None:
+                return make(base)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -682,12 +676,6 @@ def _dense_shared_patch_all(model: nn.Module, targets: List[_Target]) -> None:
             st.mlp.__class__ = _dense_shared_class(type(st.mlp))
 
 
-def _dense_shared_unpatch_all(model: nn.Module) -> None:
-    for mod in model.modules():
-        if getattr(type(mod), "_samoyeds_dense_shared", False):
-            mod.__class__ = type(mod)._samoyeds_base
-
-
 # --- shared experts beside the routed ones: a second stream ---------------------------------------
 #
 # A block's shared MLP reads only the block's input, so on the GPU its kernels need not wait for
@@ -696,9 +684,9 @@ def _dense_shared_unpatch_all(model: nn.Module) -> None:
 # marks the current stream where it starts, then runs the block's own forward; when that calls
 # the shared MLP on the block's input (the same rows, unchanged), the MLP's kernels go to a
 # second stream that waits only for the mark, and the current stream waits for them before it
-# goes on.  Streams, events and marks are the calling thread's own.  The routed path's launches come first, so a block started on an idle GPU is not held
-# behind the shared MLP; on a busy GPU the two overlap.  The kernels and rows are the same as on
-# one stream (bit-identical).  Below SAMOYEDS_SHARED_STREAM_MIN_ROWS token rows (default 4096)
+# goes on.  Streams, events and marks are the calling thread's own.  The routed path's launches
+# come first, so a block started on an idle GPU is not held behind the shared MLP; on a busy GPU
+# the two overlap.  The kernels and rows are the same as on one stream (bit-identical).  Below SAMOYEDS_SHARED_STREAM_MIN_ROWS token rows (default 4096)
 # everything stays on one stream: there a block's launches take the host about as long as
 # its kernels take the GPU, and the ordering costs the host more than the overlap saves.
 
@@ -829,12 +817,6 @@ def _block_patch_all(model: nn.Module, targets: List[_Target]) -> None:
             block.__class__ = _block_class(type(block))
 
 
-def _block_unpatch_all(model: nn.Module) -> None:
-    for mod in model.modules():
-        if getattr(type(mod), "_samoyeds_block", False):
-            mod.__class__ = type(mod)._samoyeds_base
-
-
 # --- routers: one fused op ------------------------------------------------------------------------
 
 _ROUTER_CLASSES: Dict[type, type] = {}
@@ -892,9 +874,7 @@ def _router_spec(mod: nn.Module) -> Optional[RouterSpec]:
 
 
 def _router_on() -> bool:
-    import os
-
-    return os.environ.get("SAMOYEDS_ROUTER", "1").strip() != "0"
+    return _env_int("SAMOYEDS_ROUTER", 1) != 0
 
 
 def _router_run(mod: nn.Module, spec: RouterSpec, x: torch.Tensor) -> tuple:
@@ -988,10 +968,13 @@ def _router_patch_all(model: nn.Module, targets: List[_Target]) -> None:
                 mod.__class__ = _router_class(type(mod))
 
 
-def _router_unpatch_all(model: nn.Module) -> None:
+def _unswap_all(model: nn.Module) -> None:
+    """Gives every block, unpruned shared MLP and router that patch_model gave a samoyeds
+    subclass (_swapped_class) its own class back."""
     for mod in model.modules():
-        if getattr(type(mod), "_samoyeds_router", False):
-            mod.__class__ = type(mod)._samoyeds_base
+        cls = type(mod)
+        if any(getattr(cls, f, False) for f in ("_samoyeds_block", "_samoyeds_dense_shared", "_samoyeds_router")):
+            mod.__class__ = cls._samoyeds_base
             mod.__dict__.pop("_samoyeds_router_spec", None)
 
 
@@ -1297,9 +1280,7 @@ def unpatch_model(model: nn.Module) -> nn.Module:
                 t.block.__class__ = type(t.block)._samoyeds_base
         for _, parent, attr in shared:
             _unpatch_shared(parent, attr)
-        _block_unpatch_all(model)
-        _dense_shared_unpatch_all(model)
-        _router_unpatch_all(model)
+        _unswap_all(model)
     previous = getattr(model, _PREVIOUS_ATTR, None)
     if hasattr(model, _PREVIOUS_ATTR):
         delattr(model, _PREVIOUS_ATTR)
