@@ -10,7 +10,9 @@ runs samoyeds.router); CUDA-graph replays timed with CUDA events (common.time_gr
 Bytes = hidden states + router weight + logits; their rate against a device copy measured
 in the same run is the fraction of the memory ceiling.  Each row also records whether the
 two chose the same experts (token rows whose id sets differ, and whether every such row
-is a tie of the module's own logits).
+is a tie of the module's own logits), and the time of samoyeds.router with
+SAMOYEDS_ROUTER_KERNELS=1 (the split-K logits kernel at every T and the compare-based
+arg-max) in the same run.
 
     python benchmarks/bench_router.py [--out DIR] [--tokens 1,16,256,4096,16384]
                                       [--tiny --device cpu]   (a CPU smoke run: the C reference)
@@ -116,15 +118,23 @@ def main() -> None:
             differ = int((~same).sum())
             ties = bool(torch.allclose(rl.gather(1, got[2]).sort(1).values, rl.gather(1, want[2]).sort(1).values,
                                        rtol=2 ** -7, atol=1e-3)) if differ else True
+            t_prev = None
             if dev == "cuda":
                 t_hf, t_ours = (time_graph(fn)["ms"] for fn in (theirs, ours))
+                os.environ["SAMOYEDS_ROUTER_KERNELS"] = "1"  # (read as the graph is captured)
+                try:
+                    t_prev = time_graph(ours)["ms"]
+                finally:
+                    del os.environ["SAMOYEDS_ROUTER_KERNELS"]
             else:
                 t_hf, t_ours = (time_ms(fn, dev, budget_s=0.05)["ms"] for fn in (theirs, ours))
             kernels = _kernel_us(ours) if dev == "cuda" and T >= 4096 else None
             nbytes = (T * H + E * H) * 2 + T * E * got[0].element_size()
             tb_s = nbytes / (t_ours * 1e-3) / 1e12
             row = {"model": name, "family": family, "H": H, "E": E, "k": k, "T": T, "patched": patched,
-                   "ms": {"transformers": t_hf, "samoyeds": t_ours}, "speedup": t_hf / t_ours, "bytes": nbytes,
+                   "ms": {"transformers": t_hf, "samoyeds": t_ours, "samoyeds_previous_kernels": t_prev},
+                   "speedup": t_hf / t_ours, "speedup_vs_previous_kernels": t_prev / t_ours if t_prev else None,
+                   "bytes": nbytes,
                    "samoyeds_tb_s": tb_s, "frac_of_copy": tb_s / copy if copy else None,
                    "rows_choosing_differently": differ, "differences_are_ties": ties,
                    "max_abs_logit_diff": float((got[0].float() - want[0].float()).abs().max()) if T else 0.0,
@@ -133,6 +143,7 @@ def main() -> None:
             frac = f"{row['frac_of_copy']:.0%} of copy" if copy else "(CPU: the C reference)"
             print(f"{name:26s} T={T:5d}  transformers {t_hf * 1e3:8.1f} us  samoyeds {t_ours * 1e3:7.1f} us  "
                   f"{row['speedup']:5.2f}x  {frac}  differing rows {differ} (ties: {ties})"
+                  + (f"  previous kernels {t_prev * 1e3:7.1f} us" if t_prev else "")
                   + (f"  kernels {({k: round(v, 1) for k, v in kernels.items()})}" if kernels else ""), flush=True)
         del r
         if dev == "cuda":

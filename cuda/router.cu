@@ -5,7 +5,14 @@
 // and its weight to fp32 and runs an FFMA GEMM), a softmax, a top-k (a sort) and one or
 // two elementwise launches.  Here it is two launches:
 //
-//   * logits: CTA = 8 warps on BE experts x BM tokens (grid: the expert tiles of a token
+//   * logits, from RT_TILE_MIN_T tokens: CTA = 8 warps on BM tokens x BE experts (router_tile_kernel),
+//     both operands streamed through an ST-stage cp.async ring in 64-column stages, so that
+//     every warp of the CTA reads its fragments of the same weight tile from shared memory
+//     and a few stages are in flight at once; warp (wm, wn) of a 4 x 2 (or 2 x 4) grid keeps
+//     its own tokens x experts over the whole K (ldmatrix fragments, mma.sync m16n8k16; no
+//     partial sums to reduce), bias, one rounding.  The tile is the largest that still gives
+//     about one CTA per SM.
+//   * logits, fewer tokens: CTA = 8 warps on BE experts x BM tokens (grid: the expert tiles of a token
 //     tile launched side by side, so the hidden states come from memory once),
 //     the K dimension split over the warps (warp w: 32-column blocks w, w + 8, ...).
 //     Lane (g, q) loads 16 bytes of expert rows g, g + 8 and of token g at column 8q of a
@@ -19,6 +26,11 @@
 //     reductions in a fixed order (or DeepSeek-V3's sigmoid with a bias that only
 //     chooses); the group limit, then k rounds of a warp arg-max (largest first, equal
 //     values: the lower id); the renormalising sum in selection order, as the reference.
+//     The arg-max compares one 64-bit key per entry (rt_key: the value's bits made
+//     unsigned-orderable above the complemented id), two shuffles and a compare a step.
+//
+// SAMOYEDS_ROUTER_KERNELS=1 runs the pair as it was before the tile kernel and the keys
+// (the split-K logits kernel at every T, the compare-based arg-max), for comparisons.
 //
 // Both launch as programmatic dependents: each waits for the kernel before it on the
 // stream before reading anything, and lets its own dependent start at once.
@@ -31,6 +43,7 @@ namespace {
 
 constexpr int RT_WARPS = 8, RT_THREADS = 32 * RT_WARPS;
 constexpr int RT_SEL_WARPS = 8;
+constexpr int RT_TILE_MIN_T = 512;  // tokens from which the logits run on the tile kernel
 
 struct RouterArgs {
     const void *x;
@@ -183,6 +196,115 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_logits_kernel(const Rout
     }
 }
 
+// ---- the tile kernel -----------------------------------------------------------------
+//
+// BM tokens x BE experts per CTA, WM x (8 / WM) warps; stage = BM token rows and BE
+// expert rows of 64 columns (128 bytes each, 16-byte chunks XOR-swizzled by row so that
+// the eight rows of an ldmatrix phase hit eight bank groups).
+template <int BM_, int BE_, int WM_> struct RTile {
+    static constexpr int BM = BM_, BE = BE_, WM = WM_, WN = RT_WARPS / WM_;
+    static constexpr int MI = BM / WM / 16, NI = BE / WN / 8;  // m16 token tiles, n8 expert tiles of a warp
+    static_assert(MI >= 1 && NI >= 2 && NI % 2 == 0 && BM % 32 == 0 && BE % 32 == 0, "router tile");
+    static constexpr int X_BYTES = BM * 128, STAGE = (BM + BE) * 128;
+    static constexpr int ST = 160 * 1024 / STAGE < 8 ? 160 * 1024 / STAGE : 8;
+    static constexpr int SMEM = ST * STAGE + 128;  // + alignment
+};
+
+__device__ __forceinline__ uint32_t rt_sw(int row, int ch) { return row * 128 + ((ch ^ (row & 7)) << 4); }
+
+template <typename T, typename Cf>
+__global__ void __launch_bounds__(RT_THREADS, 1) router_tile_kernel(const RouterArgs p) {
+    constexpr int BM = Cf::BM, BE = Cf::BE, ST = Cf::ST, MI = Cf::MI, NI = Cf::NI;
+    extern __shared__ unsigned char rt_smem_raw[];
+    const uint32_t s0 = (smem_u32(rt_smem_raw) + 127u) & ~127u;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+    const int t0 = (p.experts_major ? blockIdx.y : blockIdx.x) * BM;
+    const int e0 = (p.experts_major ? blockIdx.x : blockIdx.y) * BE;
+    const int KT = (p.H + 63) / 64;
+    pdl_wait();
+    pdl_trigger();
+    // copy plan: thread -> 16-byte chunk tid % 8 of rows tid / 8 + 32 i (H % 8 == 0: a chunk is
+    // wholly inside or past the columns; rows past T or E and columns past H are zero-filled)
+    const int ch = tid & 7, r0 = tid >> 3;
+    auto load = [&](int kt, int st) {
+        const uint32_t base = s0 + st * Cf::STAGE;
+        const int col = kt * 64 + ch * 8;
+        const bool cok = col < p.H;
+#pragma unroll
+        for (int i = 0; i < BM / 32; i++) {
+            const int r = r0 + 32 * i, t = t0 + r;
+            const bool ok = cok && t < p.T;
+            const char *src = static_cast<const char *>(p.x) + (ok ? ((int64_t)t * p.ldx + col) * 2 : 0);
+            cp_async16(base + rt_sw(r, ch), src, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < BE / 32; i++) {
+            const int r = r0 + 32 * i, e = e0 + r;
+            const bool ok = cok && e < p.E;
+            const char *src = static_cast<const char *>(p.w) + (ok ? ((int64_t)e * p.H + col) * 2 : 0);
+            cp_async16(base + Cf::X_BYTES + rt_sw(r, ch), src, ok);
+        }
+    };
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mi][ni][i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < KT) load(s, s);
+        cp_async_commit();
+    }
+    const int wm = warp / Cf::WN, wn = warp % Cf::WN;
+    const int m0 = wm * (BM / Cf::WM), n0 = wn * (BE / Cf::WN);
+#pragma unroll 1
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<ST - 2>();  // k-tile kt has landed (this thread's copies) ...
+        __syncthreads();          // ... everyone's, and k-tile kt - 1's stage is read by no one
+        if (kt + ST - 1 < KT) load(kt + ST - 1, (kt + ST - 1) % ST);
+        cp_async_commit();
+        const uint32_t xa = s0 + (kt % ST) * Cf::STAGE, wa = xa + Cf::X_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t a[MI][4], b[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {  // matrices: rows 0-7 / 8-15 of k 0-7, then of k 8-15
+                const int r = m0 + mi * 16 + (lane & 15);
+                ldmatrix_x4(xa + rt_sw(r, kk * 2 + (lane >> 4)), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+            }
+#pragma unroll
+            for (int ni = 0; ni < NI; ni += 2) {  // matrices: experts 0-7 at k 0-7 / 8-15, then 8-15
+                const int j = lane >> 3, r = n0 + ni * 8 + (j >> 1) * 8 + (lane & 7);
+                ldmatrix_x4(wa + rt_sw(r, kk * 2 + (j & 1)), b[ni][0], b[ni][1], b[ni + 1][0], b[ni + 1][1]);
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++)
+                    Mma16816<T>::run(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[ni][0], b[ni][1]);
+        }
+    }
+    cp_async_wait<0>();
+    // thread (g, q) holds tokens m0 + 16 mi + g (+ 8) x experts n0 + 8 ni + 2q (+ 1)
+#pragma unroll
+    for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int e = e0 + n0 + ni * 8 + 2 * q + c;
+            if (e >= p.E) continue;
+            const float bz = p.bias != nullptr ? load_as_float(p.bias, p.bias_dtype, e) : 0.0f;
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int t = t0 + m0 + mi * 16 + g + 8 * h;
+                    if (t < p.T) store_from_float(p.logits, p.logits_dtype, (int64_t)t * p.E + e, acc[mi][ni][2 * h + c] + bz);
+                }
+        }
+}
+
 // (value, id) a better than (value, id) b: larger first, a NaN below every number, equal
 // values by the lower id.
 __device__ __forceinline__ bool rt_better(float a, int ia, float b, int ib) {
@@ -203,12 +325,47 @@ __device__ __forceinline__ void rt_warp_best(float &v, int &id) {
     }
 }
 
+// The same order as one unsigned 64-bit key per entry: the value's bits made
+// unsigned-orderable (negative numbers complemented, the sign bit set on the others; -0
+// as +0; a NaN 0, below every number) above the complemented id (equal values: the lower
+// id is the larger key); 0 is no entry, below every entry.
+__device__ __forceinline__ uint64_t rt_key(float v, int id) {
+    const uint32_t b = v == 0.0f ? 0u : __float_as_uint(v);
+    const uint32_t vk = isnan(v) ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((uint64_t)vk << 32) | (uint64_t)(~(uint32_t)id);
+}
+__device__ __forceinline__ float rt_key_value(uint64_t key) {
+    const uint32_t vk = (uint32_t)(key >> 32);
+    return __uint_as_float(vk & 0x80000000u ? vk & 0x7fffffffu : ~vk);  // (a NaN key: a NaN)
+}
+__device__ __forceinline__ int rt_key_id(uint64_t key) { return (int)~(uint32_t)key; }
+
+__device__ __forceinline__ uint64_t rt_warp_max(uint64_t key) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const uint64_t other = __shfl_xor_sync(0xffffffffu, key, o);
+        key = other > key ? other : key;
+    }
+    return key;
+}
+
+// The best of (v, id) over the warp (id -1: no entry) into v and id, by either comparison.
+template <bool KEYS> __device__ __forceinline__ void rt_best(float &v, int &id) {
+    if constexpr (KEYS) {
+        const uint64_t key = rt_warp_max(id < 0 ? 0ull : rt_key(v, id));
+        v = rt_key_value(key);
+        id = key == 0 ? -1 : rt_key_id(key);
+    } else {
+        rt_warp_best(v, id);
+    }
+}
+
 // The group limit of one token's warp: v[i] (expert lane + 32 i, open entries) keeps its
 // value where its group of E / G contiguous experts is among the topk_group best and
 // becomes `masked` elsewhere; a group's score is its largest value, or with TOP2 the sum
 // of its two largest.  Equal group scores: the lower group first.  row: the warp's
 // E floats of shared memory.
-template <int PER, bool TOP2>
+template <int PER, bool TOP2, bool KEYS>
 __device__ __forceinline__ void rt_group_limit(float (&v)[PER], uint32_t open, float *row, int lane, int E, int G,
                                                int topk_group, float masked) {
     const int gs = E / G;
@@ -230,7 +387,7 @@ __device__ __forceinline__ void rt_group_limit(float (&v)[PER], uint32_t open, f
     for (int j = 0; j < topk_group; j++) {
         float bv = gv;
         int bi = lane < G && !(chosen >> lane & 1) ? lane : -1;
-        rt_warp_best(bv, bi);
+        rt_best<KEYS>(bv, bi);
         chosen |= 1u << bi;
     }
 #pragma unroll
@@ -238,8 +395,8 @@ __device__ __forceinline__ void rt_group_limit(float (&v)[PER], uint32_t open, f
         if ((open >> i & 1) && !(chosen >> ((lane + 32 * i) / gs) & 1)) v[i] = masked;
 }
 
-// PER: experts per lane (E <= 32 PER).
-template <int PER>
+// PER: experts per lane (E <= 32 PER); KEYS: the arg-max by rt_key, else by rt_better.
+template <int PER, bool KEYS>
 __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const RouterArgs p) {
     __shared__ float sc[RT_SEL_WARPS][32 * PER];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -271,7 +428,7 @@ __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const 
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
 #pragma unroll
         for (int i = 0; i < PER; i++) v[i] /= s;
-        if (p.n_group > 1) rt_group_limit<PER, false>(v, open, sc[warp], lane, E, p.n_group, p.topk_group, 0.0f);
+        if (p.n_group > 1) rt_group_limit<PER, false, KEYS>(v, open, sc[warp], lane, E, p.n_group, p.topk_group, 0.0f);
     }
     float pv[PER];  // SIGMOID_TOPK: the scores (v holds the choice values)
     if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {
@@ -283,18 +440,33 @@ __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const 
                                                                : 0.0f);
         }
         if (p.n_group > 1)
-            rt_group_limit<PER, true>(v, open, sc[warp], lane, E, p.n_group, p.topk_group, -INFINITY);
+            rt_group_limit<PER, true, KEYS>(v, open, sc[warp], lane, E, p.n_group, p.topk_group, -INFINITY);
     }
     float mine = 0.0f, tot = 0.0f, first = 0.0f;
     int mine_id = 0;
+    uint64_t key[PER];  // KEYS: the open entries' keys (0 once taken or past E)
+#pragma unroll
+    for (int i = 0; i < PER; i++) key[i] = KEYS && (open >> i & 1) ? rt_key(v[i], lane + 32 * i) : 0ull;
     for (int j = 0; j < p.k; j++) {
         float bv = 0.0f;
         int bi = -1;
+        if constexpr (KEYS) {
+            uint64_t best = key[0];
 #pragma unroll
-        for (int i = 0; i < PER; i++)
-            if ((open >> i & 1) && rt_better(v[i], lane + 32 * i, bv, bi)) bv = v[i], bi = lane + 32 * i;
-        rt_warp_best(bv, bi);
-        if ((bi & 31) == lane) open &= ~(1u << (bi >> 5));
+            for (int i = 1; i < PER; i++) best = key[i] > best ? key[i] : best;
+            best = rt_warp_max(best);  // k <= E: an open entry is left
+            bv = rt_key_value(best);
+            bi = rt_key_id(best);
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (key[i] == best) key[i] = 0;
+        } else {
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if ((open >> i & 1) && rt_better(v[i], lane + 32 * i, bv, bi)) bv = v[i], bi = lane + 32 * i;
+            rt_warp_best(bv, bi);
+            if ((bi & 31) == lane) open &= ~(1u << (bi >> 5));
+        }
         if (j == 0) first = bv;
         if (p.mode == SAM_ROUTER_TOPK_SOFTMAX) bv = expf(bv - first);
         if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {  // the chosen expert's score, from its lane
@@ -334,10 +506,38 @@ template <typename T, int ME, int NT> sam_status rt_launch(const RouterArgs &a, 
     return launch_status("router");
 }
 
-template <int PER> sam_status rt_select(const RouterArgs &a, cudaStream_t stream) {
+template <typename T, int BM, int BE, int WM> sam_status rt_tile(const RouterArgs &a, cudaStream_t stream) {
+    using Cf = RTile<BM, BE, WM>;
+    const unsigned tt = (unsigned)((a.T + BM - 1) / BM), et = (unsigned)((a.E + BE - 1) / BE);
+    RouterArgs b = a;
+    b.experts_major = et > 1 && tt <= 65535;
+    const dim3 grid = b.experts_major ? dim3(et, tt) : dim3(tt, et);
+    SAM_CUDA_TRY(cudaFuncSetAttribute(router_tile_kernel<T, Cf>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      Cf::SMEM),
+                 "router");
+    SAM_CUDA_TRY(launch_kernel(router_tile_kernel<T, Cf>, grid, dim3(RT_THREADS), Cf::SMEM, stream, pdl_enabled(), b),
+                 "router");
+    return launch_status("router");
+}
+
+// The tile kernel's tokens per CTA: the largest of 128, 64, 32 that gives at least three
+// quarters of a CTA per SM (fewer tokens per CTA read the weight tile more often).
+template <typename T, int BE> sam_status rt_tiles(const RouterArgs &a, cudaStream_t stream) {
+    const int64_t et = (a.E + BE - 1) / BE, sms = device_sm_count() > 0 ? device_sm_count() : 132;
+    auto enough = [&](int bm) { return 4 * ((a.T + bm - 1) / bm) * et >= 3 * sms; };
+    if (enough(128)) return rt_tile<T, 128, BE, 4>(a, stream);
+    if constexpr (BE == 32) {
+        return rt_tile<T, 64, 32, 4>(a, stream);
+    } else {
+        if (enough(64)) return rt_tile<T, 64, BE, 4>(a, stream);
+        return rt_tile<T, 32, BE, 2>(a, stream);
+    }
+}
+
+template <int PER> sam_status rt_select(const RouterArgs &a, cudaStream_t stream, bool keys) {
     const unsigned grid = (unsigned)((a.T + RT_SEL_WARPS - 1) / RT_SEL_WARPS);
-    SAM_CUDA_TRY(launch_kernel(router_select_kernel<PER>, dim3(grid), dim3(32 * RT_SEL_WARPS), 0, stream,
-                               pdl_enabled(), a),
+    SAM_CUDA_TRY(launch_kernel(keys ? router_select_kernel<PER, true> : router_select_kernel<PER, false>, dim3(grid),
+                               dim3(32 * RT_SEL_WARPS), 0, stream, pdl_enabled(), a),
                  "router");
     return launch_status("router");
 }
@@ -400,8 +600,15 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
     a.weights_dtype = p->weights_dtype;
     a.ids = p->ids;
     cudaStream_t s = (cudaStream_t)stream;
+    // SAMOYEDS_ROUTER_KERNELS=1: the split-K logits kernel at every T and the compare-based arg-max
+    const bool previous = env_int("SAMOYEDS_ROUTER_KERNELS", 2) == 1;
     const sam_status st = with_tc_dtype(p->dtype, [&](auto t) {
         using T = decltype(t);
+        if (!previous && a.T >= RT_TILE_MIN_T) {
+            if (a.E <= 32) return rt_tiles<T, 32>(a, s);
+            if (a.E <= 64) return rt_tiles<T, 64>(a, s);
+            return rt_tiles<T, 128>(a, s);
+        }
         // few tokens: 16-expert tiles over many CTAs; else 32 tokens by up to 64 experts
         if (a.T <= 8) return rt_launch<T, 1, 1>(a, s);
         if (a.T <= 16) return rt_launch<T, 1, 2>(a, s);
@@ -410,9 +617,9 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
         return rt_launch<T, 4, 4>(a, s);
     });
     if (st != SAM_STATUS_OK) return st;
-    if (a.E <= 32) return rt_select<1>(a, s);
-    if (a.E <= 64) return rt_select<2>(a, s);
-    if (a.E <= 128) return rt_select<4>(a, s);
-    if (a.E <= 256) return rt_select<8>(a, s);
-    return rt_select<16>(a, s);
+    if (a.E <= 32) return rt_select<1>(a, s, !previous);
+    if (a.E <= 64) return rt_select<2>(a, s, !previous);
+    if (a.E <= 128) return rt_select<4>(a, s, !previous);
+    if (a.E <= 256) return rt_select<8>(a, s, !previous);
+    return rt_select<16>(a, s, !previous);
 }

@@ -326,6 +326,81 @@ def test_gpu_follows_the_rule_and_matches_reference(dtype):
                 assert ((gl - rl).abs() <= 2 * _eps(DT[ld]) * rl.abs() + 1e-4).all(), (T, E, H, case)
 
 
+TILE_SHAPES = [  # (T, E, H) from the tile kernel's 512 tokens, on a 132-SM H100: (tokens, experts) per CTA
+    (512, 5, 16),        # 64 x 32
+    (6500, 24, 72),      # 64 x 32
+    (12800 + 37, 8, 136),  # 128 x 32
+    (1025, 64, 264),     # 32 x 64
+    (7001, 64, 136),     # 64 x 64
+    (12600, 60, 40),     # 128 x 64
+    (3300, 100, 200),    # 32 x 128
+    (4000, 250, 72),     # 64 x 128, two expert tiles
+    (3300, 512, 200),    # 128 x 128, four expert tiles
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["2", "1"])
+def test_gpu_tile_kernel_shapes(kernels, monkeypatch):
+    """From 512 tokens the logits run on the tile kernel (every tile shape it picks, rows
+    past T, experts past E, columns past H) and the choice on 64-bit keys; with
+    SAMOYEDS_ROUTER_KERNELS=1 on the split-K kernel and the compare-based arg-max.  Both
+    follow the rule, and they agree with each other."""
+    monkeypatch.setenv("SAMOYEDS_ROUTER_KERNELS", kernels)
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for i, (T, E, H) in enumerate(TILE_SHAPES):
+        case = [c for c in CASES if _fits(c, E)][i % 3]
+        k, with_bias = case[1], case[6]
+        dtype = (torch.bfloat16, torch.float16)[i % 2]
+        ld = torch.float32 if i % 3 else dtype
+        x, w, b = _inputs(T, E, H, dtype, gen, bias_dtype=torch.float32 if with_bias else None)
+        kw = _kwargs(case, b)
+        out = _poisoned(T, E, k, ld, torch.float32, "cuda")
+        xc, wc = x.cuda(), w.cuda()
+        if i % 2:  # rows 8 elements apart from the next
+            xc = torch.nn.functional.pad(xc, (0, 8))[:, :H]
+        names = _kernel_names(lambda: sm.router(xc, wc, k, out=out, **_on(kw, "cuda")))
+        want = "router_tile_kernel" if kernels == "2" else "router_logits_kernel"
+        assert any(want in n for n in names), (T, E, H, names)
+        check(x, w, k, out, **kw)
+        monkeypatch.setenv("SAMOYEDS_ROUTER_KERNELS", "1" if kernels == "2" else "2")
+        other = sm.router(xc, wc, k, logits_dtype=ld, weights_dtype=torch.float32, **_on(kw, "cuda"))
+        monkeypatch.setenv("SAMOYEDS_ROUTER_KERNELS", kernels)
+        gl, ol = out[0].double(), other[0].double()
+        assert ((gl - ol).abs() <= 2 * _eps(ld) * ol.abs() + 1e-4).all(), (T, E, H)
+        # the same logits choose the same experts with the same weights, by keys or by compares
+        ids_same = (out[2] == other[2]).all(dim=1) & (out[0] == other[0]).all(dim=1)
+        assert torch.equal(out[1][ids_same], other[1][ids_same])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["softmax_topk", "topk_softmax", "sigmoid_topk"])
+def test_gpu_keys_order_nan_inf_and_ties(mode, monkeypatch):
+    """The 64-bit keys choose as the compares do and as the C reference: NaN below every
+    number, -inf above NaN, equal values by the lower id.  The values come in through the
+    bias (the choice bias for sigmoid_topk) on zero logits."""
+    E, k = 64, 4
+    nan, inf = float("nan"), float("inf")
+    patterns = [torch.full((E,), nan), torch.full((E,), 2.0), torch.full((E,), inf), torch.full((E,), -inf),
+                torch.arange(E, dtype=torch.float32).flip(0) * 1e-3, torch.randn(E).round()]
+    patterns[0][7], patterns[0][3], patterns[0][50] = 1.0, -inf, -inf
+    patterns[3][1::2] = nan
+    patterns[2][::3] = nan
+    x = torch.zeros(3, 16, dtype=torch.bfloat16)
+    w = torch.zeros(E, 16, dtype=torch.bfloat16)
+    for pat in patterns:
+        kw = dict(mode=mode, logits_dtype="float32", weights_dtype="float32",
+                  **{"choice_bias" if mode == "sigmoid_topk" else "bias": pat})
+        got = {}
+        for kernels in ("2", "1"):
+            monkeypatch.setenv("SAMOYEDS_ROUTER_KERNELS", kernels)
+            got[kernels] = sm.router(x.cuda(), w.cuda(), k, **_on(kw, "cuda"))
+        ref = sm.router(x, w, k, **kw)
+        assert torch.equal(got["2"][2].cpu(), ref[2]), (pat, got["2"][2], ref[2])
+        assert torch.equal(got["1"][2].cpu(), ref[2])
+        assert torch.equal(got["2"][1].cpu().nan_to_num(7.0), got["1"][1].cpu().nan_to_num(7.0))
+
+
 @pytest.mark.gpu
 def test_gpu_strided_rows_and_deterministic():
     gen = torch.Generator().manual_seed(4)
