@@ -4,7 +4,7 @@
 # results JSON go to $OUT (or ./gpu_out).
 #   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
 #                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [token-stream] [fill] [layer-trace] [test-ssmm] [accuracy]
-#                                [smoke-gpu] [demo] [profile] [profile-tokens] [bench-moe-shared] [bench-dense] [bench-router] [bench-shared-mlp]
+#                                [smoke-gpu] [demo] [profile] [profile-tokens] [bench-moe-shared] [bench-dense] [bench-router] [bench-shared-mlp] [profile-router]
 #                                [probe-shared-stream: PROBE_ARGS=...]
 #                                [bench-moe-models: MOE_MODELS=a,b MOE_TOKENS=1,16]
 #                                [test-k: PYTEST_K=expr] ...
@@ -87,6 +87,15 @@ for step in $steps; do
         rm -f "$OUT/profile_$tag.ncu-rep" "$OUT/profile_${tag}_src.csv"
         summary+=("profile $fmt: $(head -2 "$OUT/profile_${tag}_top.txt" | tail -1 | cut -c1-160)")
       done ;;
+    profile-router)
+      # ncu (clocks as they are) on the router's two kernels, DeepSeek-V2-Lite's router at 16384 tokens
+      timeout "${STEP_TIMEOUT:-0}" ncu --clock-control none -k regex:router --launch-skip 4 --launch-count 2 \
+        --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+        --section MemoryWorkloadAnalysis -f -o "$OUT/profile_router" $PY benchmarks/profile_router.py \
+        ${PROFILE_ROUTER_ARGS:-} > "$OUT/profile_router.log" 2>&1
+      ncu -i "$OUT/profile_router.ncu-rep" --page details > "$OUT/profile_router_details.txt" 2>&1
+      rm -f "$OUT/profile_router.ncu-rep"
+      summary+=("profile-router: $(grep -E '^  [a-z_]+.*router|Duration' "$OUT/profile_router_details.txt" | tr -s ' ' | cut -c1-90 | tr '\n' ';')") ;;
     profile-tokens)
       # ncu (clocks as they are, every section) on Mixtral-8x7B's down projection at 8192 tokens,
       # 1:2:128, its token rows once as TMA boxes and once by the cp.async gather (same rows):

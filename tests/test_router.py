@@ -364,7 +364,7 @@ def test_gpu_tile_kernel_shapes(kernels, monkeypatch):
         assert any(want in n for n in names), (T, E, H, names)
         check(x, w, k, out, **kw)
         monkeypatch.setenv("SAMOYEDS_ROUTER_KERNELS", "1" if kernels == "2" else "2")
-        other = sm.router(xc, wc, k, logits_dtype=ld, weights_dtype=torch.float32, **_on(kw, "cuda"))
+        other = sm.router(xc, wc, k, out=_poisoned(T, E, k, ld, torch.float32, "cuda"), **_on(kw, "cuda"))
         monkeypatch.setenv("SAMOYEDS_ROUTER_KERNELS", kernels)
         gl, ol = out[0].double(), other[0].double()
         assert ((gl - ol).abs() <= 2 * _eps(ld) * ol.abs() + 1e-4).all(), (T, E, H)
