@@ -101,14 +101,21 @@ def main() -> None:
         h = sm.dense_decode(x, g, u if act != "none" else None, act=act)
         if R % 8 == 0:
             sm.dense_decode(h, torch.randn(24, R, generator=gen).to(torch.bfloat16).cuda(), weights_ready=True)
-    # the router: every logits tile configuration, tails of tokens, experts and columns, groups, a bias
-    for T, E, H, k, ng in [(1, 60, 72, 6, 4), (13, 33, 136, 3, 1), (40, 128, 264, 8, 8), (1100, 96, 40, 2, 1)]:
+    # the router: every logits kernel configuration (split-K below 512 tokens, tiles from 512,
+    # choosing in the tile kernel up to 128 experts), tails of tokens, experts and columns,
+    # groups, a bias; the selection kernel on keys with segments of lanes (SAMOYEDS_ROUTER_KERNELS=3)
+    # and on compares (=1)
+    for T, E, H, k, ng, kernels in [(1, 60, 72, 6, 4, "2"), (13, 33, 136, 3, 1, "2"), (40, 128, 264, 8, 8, "2"),
+                                    (1100, 96, 40, 2, 1, "2"), (700, 20, 72, 4, 4, "2"), (600, 300, 40, 8, 4, "2"),
+                                    (1100, 96, 40, 6, 4, "3"), (700, 20, 72, 4, 4, "3"), (600, 64, 40, 6, 4, "1")]:
+        os.environ["SAMOYEDS_ROUTER_KERNELS"] = kernels
         x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
         w = torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda()
         sm.router(x, w, k, n_group=ng, topk_group=max(1, ng // 2), logits_dtype="float32", renorm=True)
         sm.router(x, w, k, bias=torch.randn(E, generator=gen).cuda(), mode="topk_softmax")
         sm.router(x, w, k, mode="sigmoid_topk", n_group=ng, topk_group=max(1, ng // 2), renorm=True,
                   choice_bias=torch.randn(E, generator=gen).cuda(), logits_dtype="float32")
+    del os.environ["SAMOYEDS_ROUTER_KERNELS"]
     # the gated activation: 16-byte pieces and single elements, column slices of wider rows
     for T, I in [(3, 24), (5, 13), (40, 1416)]:
         wide = torch.randn(T, 2 * I + 8, generator=gen).to(torch.bfloat16).cuda()

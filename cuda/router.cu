@@ -63,6 +63,7 @@ struct RouterArgs {
     void *weights;
     sam_dtype weights_dtype;
     int64_t *ids;
+    int sel_lanes;  // the tile kernel's choice (SEL): lanes per token (rt_lanes)
 };
 
 // ME: 16-expert m tiles, NT: 8-token n tiles of a CTA.
@@ -196,6 +197,223 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_logits_kernel(const Rout
     }
 }
 
+// ---- selection ------------------------------------------------------------------------
+//
+// A token's entries are held by a segment of G lanes (G a power of two, 1 to 32; 32 / G
+// tokens per warp): lane `sub` of the segment holds experts sub + G i, i < PER.  Sums and
+// arg-maxes run over the segment by shuffles of width G.
+
+// (value, id) a better than (value, id) b: larger first, a NaN below every number, equal
+// values by the lower id.
+__device__ __forceinline__ bool rt_better(float a, int ia, float b, int ib) {
+    if (ia < 0) return false;
+    if (ib < 0) return true;
+    const bool na = isnan(a), nb = isnan(b);
+    if (na != nb) return nb;
+    if (!na && a != b) return a > b;
+    return ia < ib;
+}
+
+// The same order as one unsigned 64-bit key per entry: the value's bits made
+// unsigned-orderable (negative numbers complemented, the sign bit set on the others; -0
+// as +0; a NaN 0, below every number) above the complemented id (equal values: the lower
+// id is the larger key); 0 is no entry, below every entry.
+__device__ __forceinline__ uint64_t rt_key(float v, int id) {
+    const uint32_t b = v == 0.0f ? 0u : __float_as_uint(v);
+    const uint32_t vk = isnan(v) ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((uint64_t)vk << 32) | (uint64_t)(~(uint32_t)id);
+}
+__device__ __forceinline__ float rt_key_value(uint64_t key) {
+    const uint32_t vk = (uint32_t)(key >> 32);
+    return __uint_as_float(vk & 0x80000000u ? vk & 0x7fffffffu : ~vk);  // (a NaN key: a NaN)
+}
+__device__ __forceinline__ int rt_key_id(uint64_t key) { return (int)~(uint32_t)key; }
+
+__device__ __forceinline__ uint64_t rt_seg_max(uint64_t key, int G) {
+    for (int o = G >> 1; o > 0; o >>= 1) {
+        const uint64_t other = __shfl_xor_sync(0xffffffffu, key, o, G);
+        key = other > key ? other : key;
+    }
+    return key;
+}
+
+// The best of (v, id) over the segment (id -1: no entry) into v and id, by either order.
+template <bool KEYS> __device__ __forceinline__ void rt_best(float &v, int &id, int G) {
+    if constexpr (KEYS) {
+        const uint64_t key = rt_seg_max(id < 0 ? 0ull : rt_key(v, id), G);
+        v = rt_key_value(key);
+        id = key == 0 ? -1 : rt_key_id(key);
+    } else {
+        for (int o = G >> 1; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, o, G);
+            const int oi = __shfl_xor_sync(0xffffffffu, id, o, G);
+            if (rt_better(ov, oi, v, id)) v = ov, id = oi;
+        }
+    }
+}
+
+// The group limit of one token's segment: v[i] (expert sub + G i, open entries) keeps its
+// value where its group of E / n_group contiguous experts is among the topk_group best and
+// becomes `masked` elsewhere; a group's score is its largest value, or with TOP2 the sum
+// of its two largest.  Equal group scores: the lower group first.  row: the token's E
+// floats of shared memory; n_group <= G.
+template <int PER, bool TOP2, bool KEYS>
+__device__ __forceinline__ void rt_group_limit(float (&v)[PER], uint32_t open, float *row, int sub, int G, int E,
+                                               int n_group, int topk_group, float masked) {
+    const int gs = E / n_group;
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        if (open >> i & 1) row[sub + G * i] = v[i];
+    __syncwarp();
+    float gv = 0.0f;
+    if (sub < n_group) {
+        float a = -INFINITY, b = -INFINITY;
+        for (int i = 0; i < gs; i++) {
+            const float c = row[sub * gs + i];
+            if (c > a) b = a, a = c;
+            else if (c > b) b = c;
+        }
+        gv = TOP2 ? a + b : a;
+    }
+    uint32_t chosen = 0;
+    for (int j = 0; j < topk_group; j++) {
+        float bv = gv;
+        int bi = sub < n_group && !(chosen >> sub & 1) ? sub : -1;
+        rt_best<KEYS>(bv, bi, G);
+        chosen |= 1u << (bi & 31);
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        if ((open >> i & 1) && !(chosen >> ((sub + G * i) / gs) & 1)) v[i] = masked;
+}
+
+// One token's choice by its segment: v[i] its logits as stored (entry sub + G i, bit i of
+// open where that is an expert).  `live`: t < T (a segment past T runs along for the
+// shuffles and writes nothing).  PER slots of results per lane: result j at lane j % G,
+// slot j / G (k <= E <= G PER).
+template <int PER, bool KEYS>
+__device__ __forceinline__ void rt_choose(const RouterArgs &p, int64_t t, bool live, int sub, int G, float (&v)[PER],
+                                          uint32_t open, float *row) {
+    const int E = p.E;
+    if (p.mode == SAM_ROUTER_SOFTMAX_TOPK) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if (open >> i & 1) m = fmaxf(m, v[i]);
+        for (int o = G >> 1; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o, G));
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if (open >> i & 1) s += (v[i] = expf(v[i] - m));
+        for (int o = G >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o, G);
+#pragma unroll
+        for (int i = 0; i < PER; i++) v[i] /= s;
+        if (p.n_group > 1) rt_group_limit<PER, false, KEYS>(v, open, row, sub, G, E, p.n_group, p.topk_group, 0.0f);
+    }
+    float pv[PER];  // SIGMOID_TOPK: the scores (v holds the choice values)
+    if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int e = sub + G * i;
+            pv[i] = 1.0f / (1.0f + expf(-v[i]));
+            v[i] = pv[i] + (p.choice_bias != nullptr && e < E ? load_as_float(p.choice_bias, p.choice_bias_dtype, e)
+                                                               : 0.0f);
+        }
+        if (p.n_group > 1)
+            rt_group_limit<PER, true, KEYS>(v, open, row, sub, G, E, p.n_group, p.topk_group, -INFINITY);
+    }
+    float mine[PER], tot = 0.0f, first = 0.0f;
+    int mine_id[PER];
+    uint64_t key[PER];  // KEYS: the open entries' keys (0 once taken or past E)
+#pragma unroll
+    for (int i = 0; i < PER; i++) key[i] = KEYS && (open >> i & 1) ? rt_key(v[i], sub + G * i) : 0ull;
+    for (int j = 0; j < p.k; j++) {
+        float bv = 0.0f;
+        int bi = -1;
+        if constexpr (KEYS) {
+            uint64_t best = key[0];
+#pragma unroll
+            for (int i = 1; i < PER; i++) best = key[i] > best ? key[i] : best;
+            best = rt_seg_max(best, G);  // k <= E: an open entry is left (0 only past T)
+            bv = rt_key_value(best);
+            bi = rt_key_id(best);
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (key[i] == best) key[i] = 0;
+        } else {
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if ((open >> i & 1) && rt_better(v[i], sub + G * i, bv, bi)) bv = v[i], bi = sub + G * i;
+            rt_best<false>(bv, bi, G);
+            if ((bi & (G - 1)) == sub) open &= ~(1u << ((bi & 1023) / G));
+        }
+        if (j == 0) first = bv;
+        if (p.mode == SAM_ROUTER_TOPK_SOFTMAX) bv = expf(bv - first);
+        if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {  // the chosen expert's score, from its lane
+            float sv = 0.0f;
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (i == (bi & 1023) / G) sv = pv[i];
+            bv = __shfl_sync(0xffffffffu, sv, bi & (G - 1), G);
+        }
+        tot += bv;
+        if (sub == (j & (G - 1))) {
+#pragma unroll
+            for (int s = 0; s < PER; s++)
+                if (s == j / G) mine[s] = bv, mine_id[s] = bi;
+        }
+    }
+    if (!live) return;
+#pragma unroll
+    for (int s = 0; s < PER; s++) {
+        const int j = s * G + sub;
+        if (j >= p.k) break;
+        float w = mine[s];
+        if (p.mode == SAM_ROUTER_TOPK_SOFTMAX || p.renorm) w /= p.mode == SAM_ROUTER_SIGMOID_TOPK ? tot + 1e-20f : tot;
+        w *= p.scale;
+        const int64_t o = t * p.k + j;
+        switch (p.weights_dtype) {
+        case SAM_F32: static_cast<float *>(p.weights)[o] = w; break;
+        case SAM_BF16: static_cast<__nv_bfloat16 *>(p.weights)[o] = __float2bfloat16_rn(w); break;
+        default: static_cast<__half *>(p.weights)[o] = __float2half_rn(w); break;
+        }
+        p.ids[o] = mine_id[s];
+    }
+}
+
+// Lanes per token: the power of two that leaves at most 8 experts per lane and holds
+// n_group lanes (the group scores); 32 from 257 experts (up to 16 per lane).  keys = false:
+// one token per warp (the selection as it was before the keys).
+inline int rt_lanes(int E, int n_group, bool keys) {
+    if (!keys) return 32;
+    int g = 1;
+    while (g < 32 && (g * 8 < E || g < n_group)) g *= 2;
+    return g;
+}
+
+// PER: entries per lane (E <= G PER); KEYS: the arg-max by rt_key, else by rt_better.
+// CTA = RT_SEL_WARPS warps of 32 / G tokens each.
+template <int PER, bool KEYS>
+__global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const RouterArgs p, int G) {
+    __shared__ float sc[RT_SEL_WARPS][32 * PER];  // the group limit's rows: E floats per token
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane & (G - 1);
+    const int64_t t0 = ((int64_t)blockIdx.x * RT_SEL_WARPS + warp) * (32 / G), t = t0 + lane / G;
+    pdl_wait();
+    pdl_trigger();
+    if (t0 >= p.T) return;
+    const bool live = t < p.T;
+    float v[PER];
+    uint32_t open = 0;  // bit i: entry sub + G i is an expert not taken yet
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e = sub + G * i;
+        const bool ok = live && e < p.E;
+        v[i] = ok ? load_as_float(p.logits, p.logits_dtype, t * p.E + e) : 0.0f;
+        if (ok) open |= 1u << i;
+    }
+    rt_choose<PER, KEYS>(p, t, live, sub, G, v, open, sc[warp] + (lane / G) * (G * PER));
+}
+
 // ---- the tile kernel -----------------------------------------------------------------
 //
 // BM tokens x BE experts per CTA, WM x (8 / WM) warps; stage = BM token rows and BE
@@ -212,9 +430,20 @@ template <int BM_, int BE_, int WM_> struct RTile {
 
 __device__ __forceinline__ uint32_t rt_sw(int row, int ch) { return row * 128 + ((ch ^ (row & 7)) << 4); }
 
-template <typename T, typename Cf>
+__device__ __forceinline__ float round_as(sam_dtype t, float v) {
+    switch (t) {
+    case SAM_BF16: return __bfloat162float(__float2bfloat16_rn(v));
+    case SAM_F16: return __half2float(__float2half_rn(v));
+    default: return v;
+    }
+}
+
+// SEL (E <= BE, one expert tile): the choice of the tile's tokens too, from their logits as
+// stored, kept in shared memory (rt_choose; p.sel_lanes lanes per token).
+template <typename T, typename Cf, bool SEL>
 __global__ void __launch_bounds__(RT_THREADS, 1) router_tile_kernel(const RouterArgs p) {
     constexpr int BM = Cf::BM, BE = Cf::BE, ST = Cf::ST, MI = Cf::MI, NI = Cf::NI;
+    static_assert(Cf::SMEM - 128 >= BM * (BE + 32) * 4, "the logits tile of the choice");
     extern __shared__ unsigned char rt_smem_raw[];
     const uint32_t s0 = (smem_u32(rt_smem_raw) + 127u) & ~127u;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
@@ -287,209 +516,47 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_tile_kernel(const Router
         }
     }
     cp_async_wait<0>();
+    // SEL: the logits tile, as stored, in shared memory (rows of BE + G floats: the G-lane
+    // segments of a warp read TPW rows on distinct banks)
+    const int G = SEL ? p.sel_lanes : 32, LDS = BE + G;
+    float *tile = reinterpret_cast<float *>(rt_smem_raw + (s0 - smem_u32(rt_smem_raw)));
+    if (SEL) __syncthreads();  // every warp is done with the ring
     // thread (g, q) holds tokens m0 + 16 mi + g (+ 8) x experts n0 + 8 ni + 2q (+ 1)
 #pragma unroll
     for (int ni = 0; ni < NI; ni++)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
-            const int e = e0 + n0 + ni * 8 + 2 * q + c;
+            const int el = n0 + ni * 8 + 2 * q + c, e = e0 + el;
             if (e >= p.E) continue;
             const float bz = p.bias != nullptr ? load_as_float(p.bias, p.bias_dtype, e) : 0.0f;
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int t = t0 + m0 + mi * 16 + g + 8 * h;
-                    if (t < p.T) store_from_float(p.logits, p.logits_dtype, (int64_t)t * p.E + e, acc[mi][ni][2 * h + c] + bz);
+                    const int tl = m0 + mi * 16 + g + 8 * h, t = t0 + tl;
+                    const float v = acc[mi][ni][2 * h + c] + bz;
+                    if (t < p.T) store_from_float(p.logits, p.logits_dtype, (int64_t)t * p.E + e, v);
+                    if (SEL) tile[tl * LDS + el] = round_as(p.logits_dtype, v);
                 }
         }
-}
-
-// (value, id) a better than (value, id) b: larger first, a NaN below every number, equal
-// values by the lower id.
-__device__ __forceinline__ bool rt_better(float a, int ia, float b, int ib) {
-    if (ia < 0) return false;
-    if (ib < 0) return true;
-    const bool na = isnan(a), nb = isnan(b);
-    if (na != nb) return nb;
-    if (!na && a != b) return a > b;
-    return ia < ib;
-}
-
-__device__ __forceinline__ void rt_warp_best(float &v, int &id) {
+    if constexpr (SEL) {
+        __syncthreads();
+        const int tpw = 32 / G, sub = lane & (G - 1);
+        for (int base = warp * tpw; base < BM && t0 + base < p.T; base += RT_WARPS * tpw) {
+            const int tl = base + lane / G;
+            const int64_t t = t0 + tl;
+            const bool live = t < p.T;
+            float v[8];
+            uint32_t open = 0;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, id, o);
-        if (rt_better(ov, oi, v, id)) v = ov, id = oi;
-    }
-}
-
-// The same order as one unsigned 64-bit key per entry: the value's bits made
-// unsigned-orderable (negative numbers complemented, the sign bit set on the others; -0
-// as +0; a NaN 0, below every number) above the complemented id (equal values: the lower
-// id is the larger key); 0 is no entry, below every entry.
-__device__ __forceinline__ uint64_t rt_key(float v, int id) {
-    const uint32_t b = v == 0.0f ? 0u : __float_as_uint(v);
-    const uint32_t vk = isnan(v) ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return ((uint64_t)vk << 32) | (uint64_t)(~(uint32_t)id);
-}
-__device__ __forceinline__ float rt_key_value(uint64_t key) {
-    const uint32_t vk = (uint32_t)(key >> 32);
-    return __uint_as_float(vk & 0x80000000u ? vk & 0x7fffffffu : ~vk);  // (a NaN key: a NaN)
-}
-__device__ __forceinline__ int rt_key_id(uint64_t key) { return (int)~(uint32_t)key; }
-
-__device__ __forceinline__ uint64_t rt_warp_max(uint64_t key) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const uint64_t other = __shfl_xor_sync(0xffffffffu, key, o);
-        key = other > key ? other : key;
-    }
-    return key;
-}
-
-// The best of (v, id) over the warp (id -1: no entry) into v and id, by either comparison.
-template <bool KEYS> __device__ __forceinline__ void rt_best(float &v, int &id) {
-    if constexpr (KEYS) {
-        const uint64_t key = rt_warp_max(id < 0 ? 0ull : rt_key(v, id));
-        v = rt_key_value(key);
-        id = key == 0 ? -1 : rt_key_id(key);
-    } else {
-        rt_warp_best(v, id);
-    }
-}
-
-// The group limit of one token's warp: v[i] (expert lane + 32 i, open entries) keeps its
-// value where its group of E / G contiguous experts is among the topk_group best and
-// becomes `masked` elsewhere; a group's score is its largest value, or with TOP2 the sum
-// of its two largest.  Equal group scores: the lower group first.  row: the warp's
-// E floats of shared memory.
-template <int PER, bool TOP2, bool KEYS>
-__device__ __forceinline__ void rt_group_limit(float (&v)[PER], uint32_t open, float *row, int lane, int E, int G,
-                                               int topk_group, float masked) {
-    const int gs = E / G;
-#pragma unroll
-    for (int i = 0; i < PER; i++)
-        if (open >> i & 1) row[lane + 32 * i] = v[i];
-    __syncwarp();
-    float gv = 0.0f;
-    if (lane < G) {
-        float a = -INFINITY, b = -INFINITY;
-        for (int i = 0; i < gs; i++) {
-            const float c = row[lane * gs + i];
-            if (c > a) b = a, a = c;
-            else if (c > b) b = c;
+            for (int i = 0; i < 8; i++) {
+                const int e = sub + G * i;
+                const bool ok = live && e < p.E;
+                v[i] = ok ? tile[tl * LDS + e] : 0.0f;
+                if (ok) open |= 1u << i;
+            }
+            rt_choose<8, true>(p, t, live, sub, G, v, open, tile + tl * LDS);
         }
-        gv = TOP2 ? a + b : a;
-    }
-    uint32_t chosen = 0;
-    for (int j = 0; j < topk_group; j++) {
-        float bv = gv;
-        int bi = lane < G && !(chosen >> lane & 1) ? lane : -1;
-        rt_best<KEYS>(bv, bi);
-        chosen |= 1u << bi;
-    }
-#pragma unroll
-    for (int i = 0; i < PER; i++)
-        if ((open >> i & 1) && !(chosen >> ((lane + 32 * i) / gs) & 1)) v[i] = masked;
-}
-
-// PER: experts per lane (E <= 32 PER); KEYS: the arg-max by rt_key, else by rt_better.
-template <int PER, bool KEYS>
-__global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const RouterArgs p) {
-    __shared__ float sc[RT_SEL_WARPS][32 * PER];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int t = blockIdx.x * RT_SEL_WARPS + warp;
-    pdl_wait();
-    pdl_trigger();
-    if (t >= p.T) return;
-    const int E = p.E;
-    float v[PER];
-    uint32_t open = 0;  // bit i: entry lane + 32 i is an expert not taken yet
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int e = lane + 32 * i;
-        v[i] = e < E ? load_as_float(p.logits, p.logits_dtype, (int64_t)t * E + e) : 0.0f;
-        if (e < E) open |= 1u << i;
-    }
-    if (p.mode == SAM_ROUTER_SOFTMAX_TOPK) {
-        float m = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < PER; i++)
-            if (open >> i & 1) m = fmaxf(m, v[i]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PER; i++)
-            if (open >> i & 1) s += (v[i] = expf(v[i] - m));
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-#pragma unroll
-        for (int i = 0; i < PER; i++) v[i] /= s;
-        if (p.n_group > 1) rt_group_limit<PER, false, KEYS>(v, open, sc[warp], lane, E, p.n_group, p.topk_group, 0.0f);
-    }
-    float pv[PER];  // SIGMOID_TOPK: the scores (v holds the choice values)
-    if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {
-#pragma unroll
-        for (int i = 0; i < PER; i++) {
-            const int e = lane + 32 * i;
-            pv[i] = 1.0f / (1.0f + expf(-v[i]));
-            v[i] = pv[i] + (p.choice_bias != nullptr && e < E ? load_as_float(p.choice_bias, p.choice_bias_dtype, e)
-                                                               : 0.0f);
-        }
-        if (p.n_group > 1)
-            rt_group_limit<PER, true, KEYS>(v, open, sc[warp], lane, E, p.n_group, p.topk_group, -INFINITY);
-    }
-    float mine = 0.0f, tot = 0.0f, first = 0.0f;
-    int mine_id = 0;
-    uint64_t key[PER];  // KEYS: the open entries' keys (0 once taken or past E)
-#pragma unroll
-    for (int i = 0; i < PER; i++) key[i] = KEYS && (open >> i & 1) ? rt_key(v[i], lane + 32 * i) : 0ull;
-    for (int j = 0; j < p.k; j++) {
-        float bv = 0.0f;
-        int bi = -1;
-        if constexpr (KEYS) {
-            uint64_t best = key[0];
-#pragma unroll
-            for (int i = 1; i < PER; i++) best = key[i] > best ? key[i] : best;
-            best = rt_warp_max(best);  // k <= E: an open entry is left
-            bv = rt_key_value(best);
-            bi = rt_key_id(best);
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if (key[i] == best) key[i] = 0;
-        } else {
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if ((open >> i & 1) && rt_better(v[i], lane + 32 * i, bv, bi)) bv = v[i], bi = lane + 32 * i;
-            rt_warp_best(bv, bi);
-            if ((bi & 31) == lane) open &= ~(1u << (bi >> 5));
-        }
-        if (j == 0) first = bv;
-        if (p.mode == SAM_ROUTER_TOPK_SOFTMAX) bv = expf(bv - first);
-        if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {  // the chosen expert's score, from its lane
-            float sv = 0.0f;
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if (i == (bi >> 5)) sv = pv[i];
-            bv = __shfl_sync(0xffffffffu, sv, bi & 31);
-        }
-        tot += bv;
-        if (lane == j) mine = bv, mine_id = bi;
-    }
-    if (lane < p.k) {
-        float w = mine;
-        if (p.mode == SAM_ROUTER_TOPK_SOFTMAX || p.renorm) w /= p.mode == SAM_ROUTER_SIGMOID_TOPK ? tot + 1e-20f : tot;
-        w *= p.scale;
-        const int64_t o = (int64_t)t * p.k + lane;
-        switch (p.weights_dtype) {
-        case SAM_F32: static_cast<float *>(p.weights)[o] = w; break;
-        case SAM_BF16: static_cast<__nv_bfloat16 *>(p.weights)[o] = __float2bfloat16_rn(w); break;
-        default: static_cast<__half *>(p.weights)[o] = __float2half_rn(w); break;
-        }
-        p.ids[o] = mine_id;
     }
 }
 
@@ -506,38 +573,41 @@ template <typename T, int ME, int NT> sam_status rt_launch(const RouterArgs &a, 
     return launch_status("router");
 }
 
-template <typename T, int BM, int BE, int WM> sam_status rt_tile(const RouterArgs &a, cudaStream_t stream) {
+// sel: the tile kernel chooses too (a.E <= BE).
+template <typename T, int BM, int BE, int WM> sam_status rt_tile(const RouterArgs &a, cudaStream_t stream, bool sel) {
     using Cf = RTile<BM, BE, WM>;
     const unsigned tt = (unsigned)((a.T + BM - 1) / BM), et = (unsigned)((a.E + BE - 1) / BE);
     RouterArgs b = a;
     b.experts_major = et > 1 && tt <= 65535;
+    b.sel_lanes = rt_lanes(a.E, a.n_group, true);
     const dim3 grid = b.experts_major ? dim3(et, tt) : dim3(tt, et);
-    SAM_CUDA_TRY(cudaFuncSetAttribute(router_tile_kernel<T, Cf>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      Cf::SMEM),
-                 "router");
-    SAM_CUDA_TRY(launch_kernel(router_tile_kernel<T, Cf>, grid, dim3(RT_THREADS), Cf::SMEM, stream, pdl_enabled(), b),
-                 "router");
+    auto kernel = sel ? router_tile_kernel<T, Cf, true> : router_tile_kernel<T, Cf, false>;
+    SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cf::SMEM), "router");
+    SAM_CUDA_TRY(launch_kernel(kernel, grid, dim3(RT_THREADS), Cf::SMEM, stream, pdl_enabled(), b), "router");
     return launch_status("router");
 }
 
 // The tile kernel's tokens per CTA: the largest of 128, 64, 32 that gives at least three
 // quarters of a CTA per SM (fewer tokens per CTA read the weight tile more often).
-template <typename T, int BE> sam_status rt_tiles(const RouterArgs &a, cudaStream_t stream) {
+template <typename T, int BE> sam_status rt_tiles(const RouterArgs &a, cudaStream_t stream, bool sel) {
     const int64_t et = (a.E + BE - 1) / BE, sms = device_sm_count() > 0 ? device_sm_count() : 132;
     auto enough = [&](int bm) { return 4 * ((a.T + bm - 1) / bm) * et >= 3 * sms; };
-    if (enough(128)) return rt_tile<T, 128, BE, 4>(a, stream);
+    if (enough(128)) return rt_tile<T, 128, BE, 4>(a, stream, sel);
     if constexpr (BE == 32) {
-        return rt_tile<T, 64, 32, 4>(a, stream);
+        return rt_tile<T, 64, 32, 4>(a, stream, sel);
     } else {
-        if (enough(64)) return rt_tile<T, 64, BE, 4>(a, stream);
-        return rt_tile<T, 32, BE, 2>(a, stream);
+        if (enough(64)) return rt_tile<T, 64, BE, 4>(a, stream, sel);
+        return rt_tile<T, 32, BE, 2>(a, stream, sel);
     }
 }
 
+// The selection kernel: keys, 32 / G tokens per warp (G = rt_lanes); else the compares,
+// one token per warp.
 template <int PER> sam_status rt_select(const RouterArgs &a, cudaStream_t stream, bool keys) {
-    const unsigned grid = (unsigned)((a.T + RT_SEL_WARPS - 1) / RT_SEL_WARPS);
+    const int G = rt_lanes(a.E, a.n_group, keys);
+    const unsigned grid = (unsigned)((a.T + RT_SEL_WARPS * (32 / G) - 1) / (RT_SEL_WARPS * (32 / G)));
     SAM_CUDA_TRY(launch_kernel(keys ? router_select_kernel<PER, true> : router_select_kernel<PER, false>, dim3(grid),
-                               dim3(32 * RT_SEL_WARPS), 0, stream, pdl_enabled(), a),
+                               dim3(32 * RT_SEL_WARPS), 0, stream, pdl_enabled(), a, G),
                  "router");
     return launch_status("router");
 }
@@ -599,15 +669,19 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
     a.weights = p->weights;
     a.weights_dtype = p->weights_dtype;
     a.ids = p->ids;
+    a.sel_lanes = 32;
     cudaStream_t s = (cudaStream_t)stream;
-    // SAMOYEDS_ROUTER_KERNELS=1: the split-K logits kernel at every T and the compare-based arg-max
-    const bool previous = env_int("SAMOYEDS_ROUTER_KERNELS", 2) == 1;
+    // SAMOYEDS_ROUTER_KERNELS: 2 (default) as below; 1 the split-K logits kernel at every T and
+    // the compare-based arg-max, one token per warp; 3 the tile kernel never choosing
+    const int kernels = env_int("SAMOYEDS_ROUTER_KERNELS", 2);
+    const bool previous = kernels == 1, tiles = !previous && a.T >= RT_TILE_MIN_T;
+    const bool fused = tiles && kernels != 3 && a.E <= 128;  // one expert tile: the tile kernel chooses
     const sam_status st = with_tc_dtype(p->dtype, [&](auto t) {
         using T = decltype(t);
-        if (!previous && a.T >= RT_TILE_MIN_T) {
-            if (a.E <= 32) return rt_tiles<T, 32>(a, s);
-            if (a.E <= 64) return rt_tiles<T, 64>(a, s);
-            return rt_tiles<T, 128>(a, s);
+        if (tiles) {
+            if (a.E <= 32) return rt_tiles<T, 32>(a, s, fused);
+            if (a.E <= 64) return rt_tiles<T, 64>(a, s, fused);
+            return rt_tiles<T, 128>(a, s, fused);
         }
         // few tokens: 16-expert tiles over many CTAs; else 32 tokens by up to 64 experts
         if (a.T <= 8) return rt_launch<T, 1, 1>(a, s);
@@ -616,10 +690,11 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
         if (a.E <= 32 || a.T <= 1024) return rt_launch<T, 2, 4>(a, s);
         return rt_launch<T, 4, 4>(a, s);
     });
-    if (st != SAM_STATUS_OK) return st;
-    if (a.E <= 32) return rt_select<1>(a, s, !previous);
-    if (a.E <= 64) return rt_select<2>(a, s, !previous);
-    if (a.E <= 128) return rt_select<4>(a, s, !previous);
-    if (a.E <= 256) return rt_select<8>(a, s, !previous);
-    return rt_select<16>(a, s, !previous);
+    if (st != SAM_STATUS_OK || fused) return st;
+    if (!previous) return a.E <= 256 ? rt_select<8>(a, s, true) : rt_select<16>(a, s, true);
+    if (a.E <= 32) return rt_select<1>(a, s, false);
+    if (a.E <= 64) return rt_select<2>(a, s, false);
+    if (a.E <= 128) return rt_select<4>(a, s, false);
+    if (a.E <= 256) return rt_select<8>(a, s, false);
+    return rt_select<16>(a, s, false);
 }
