@@ -12,7 +12,7 @@ in the same run is the fraction of the memory ceiling.  Each row also records wh
 two chose the same experts (token rows whose id sets differ, and whether every such row
 is a tie of the module's own logits), and the time of samoyeds.router with
 SAMOYEDS_ROUTER_KERNELS=1 (the split-K logits kernel at every T and the compare-based
-arg-max) in the same run.
+arg-max) and, from 512 tokens, =3 (the tile kernel, then the selection kernel) in the same run.
 
     python benchmarks/bench_router.py [--out DIR] [--tokens 1,16,256,4096,16384]
                                       [--tiny --device cpu]   (a CPU smoke run: the C reference)
@@ -118,12 +118,15 @@ def main() -> None:
             differ = int((~same).sum())
             ties = bool(torch.allclose(rl.gather(1, got[2]).sort(1).values, rl.gather(1, want[2]).sort(1).values,
                                        rtol=2 ** -7, atol=1e-3)) if differ else True
-            t_prev = None
+            t_prev = t_split = None
             if dev == "cuda":
                 t_hf, t_ours = (time_graph(fn)["ms"] for fn in (theirs, ours))
-                os.environ["SAMOYEDS_ROUTER_KERNELS"] = "1"  # (read as the graph is captured)
-                try:
+                try:  # (the variable is read as the graph is captured)
+                    os.environ["SAMOYEDS_ROUTER_KERNELS"] = "1"
                     t_prev = time_graph(ours)["ms"]
+                    if T >= 512:
+                        os.environ["SAMOYEDS_ROUTER_KERNELS"] = "3"
+                        t_split = time_graph(ours)["ms"]
                 finally:
                     del os.environ["SAMOYEDS_ROUTER_KERNELS"]
             else:
@@ -132,7 +135,8 @@ def main() -> None:
             nbytes = (T * H + E * H) * 2 + T * E * got[0].element_size()
             tb_s = nbytes / (t_ours * 1e-3) / 1e12
             row = {"model": name, "family": family, "H": H, "E": E, "k": k, "T": T, "patched": patched,
-                   "ms": {"transformers": t_hf, "samoyeds": t_ours, "samoyeds_previous_kernels": t_prev},
+                   "ms": {"transformers": t_hf, "samoyeds": t_ours, "samoyeds_previous_kernels": t_prev,
+                          "samoyeds_tile_then_select": t_split},
                    "speedup": t_hf / t_ours, "speedup_vs_previous_kernels": t_prev / t_ours if t_prev else None,
                    "bytes": nbytes,
                    "samoyeds_tb_s": tb_s, "frac_of_copy": tb_s / copy if copy else None,
@@ -144,6 +148,7 @@ def main() -> None:
             print(f"{name:26s} T={T:5d}  transformers {t_hf * 1e3:8.1f} us  samoyeds {t_ours * 1e3:7.1f} us  "
                   f"{row['speedup']:5.2f}x  {frac}  differing rows {differ} (ties: {ties})"
                   + (f"  previous kernels {t_prev * 1e3:7.1f} us" if t_prev else "")
+                  + (f"  tile, then select {t_split * 1e3:7.1f} us" if t_split else "")
                   + (f"  kernels {({k: round(v, 1) for k, v in kernels.items()})}" if kernels else ""), flush=True)
         del r
         if dev == "cuda":
