@@ -588,17 +588,20 @@ template <typename T, int BM, int BE, int WM> sam_status rt_tile(const RouterArg
 }
 
 // The tile kernel's tokens per CTA: the largest of 128, 64, 32 that gives at least three
-// quarters of a CTA per SM (fewer tokens per CTA read the weight tile more often).
-template <typename T, int BE> sam_status rt_tiles(const RouterArgs &a, cudaStream_t stream, bool sel) {
+// quarters of a CTA per SM (fewer tokens per CTA read the weight tile more often); 32-token
+// tiles take 64 experts (a 2 x 4 grid of warps needs two n8 tiles a warp).  It chooses too
+// (`choose`) where one expert tile holds every expert and its warps take at most four turns
+// of 32 / G tokens each: more turns on 8 warps a CTA cost more than a selection kernel.
+template <typename T, int BE>
+sam_status rt_tiles(const RouterArgs &a, cudaStream_t stream, bool choose, bool &chose) {
     const int64_t et = (a.E + BE - 1) / BE, sms = device_sm_count() > 0 ? device_sm_count() : 132;
     auto enough = [&](int bm) { return 4 * ((a.T + bm - 1) / bm) * et >= 3 * sms; };
-    if (enough(128)) return rt_tile<T, 128, BE, 4>(a, stream, sel);
-    if constexpr (BE == 32) {
-        return rt_tile<T, 64, 32, 4>(a, stream, sel);
-    } else {
-        if (enough(64)) return rt_tile<T, 64, BE, 4>(a, stream, sel);
-        return rt_tile<T, 32, BE, 2>(a, stream, sel);
-    }
+    const int G = rt_lanes(a.E, a.n_group, true);
+    auto sel = [&](int bm, int be) { return chose = choose && a.E <= be && bm * G <= 4 * 32 * RT_WARPS; };
+    if (enough(128)) return rt_tile<T, 128, BE, 4>(a, stream, sel(128, BE));
+    if (enough(64)) return rt_tile<T, 64, BE, 4>(a, stream, sel(64, BE));
+    constexpr int BE32 = BE < 64 ? 64 : BE;
+    return rt_tile<T, 32, BE32, 2>(a, stream, sel(32, BE32));
 }
 
 // The selection kernel: keys, 32 / G tokens per warp (G = rt_lanes); else the compares,
@@ -675,13 +678,14 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
     // the compare-based arg-max, one token per warp; 3 the tile kernel never choosing
     const int kernels = env_int("SAMOYEDS_ROUTER_KERNELS", 2);
     const bool previous = kernels == 1, tiles = !previous && a.T >= RT_TILE_MIN_T;
-    const bool fused = tiles && kernels != 3 && a.E <= 128;  // one expert tile: the tile kernel chooses
+    bool fused = false;  // the tile kernel chose
     const sam_status st = with_tc_dtype(p->dtype, [&](auto t) {
         using T = decltype(t);
         if (tiles) {
-            if (a.E <= 32) return rt_tiles<T, 32>(a, s, fused);
-            if (a.E <= 64) return rt_tiles<T, 64>(a, s, fused);
-            return rt_tiles<T, 128>(a, s, fused);
+            const bool choose = kernels != 3;
+            if (a.E <= 32) return rt_tiles<T, 32>(a, s, choose, fused);
+            if (a.E <= 64) return rt_tiles<T, 64>(a, s, choose, fused);
+            return rt_tiles<T, 128>(a, s, choose, fused);
         }
         // few tokens: 16-expert tiles over many CTAs; else 32 tokens by up to 64 experts
         if (a.T <= 8) return rt_launch<T, 1, 1>(a, s);
