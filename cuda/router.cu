@@ -3,15 +3,18 @@
 //
 // Under torch a router is a GEMM launch (DeepSeek-V2's first casts the hidden states
 // and its weight to fp32 and runs an FFMA GEMM), a softmax, a top-k (a sort) and one or
-// two elementwise launches.  Here it is two launches:
+// two elementwise launches.  Here it is one or two launches:
 //
-//   * logits, from RT_TILE_MIN_T tokens: CTA = 8 warps on BM tokens x BE experts (router_tile_kernel),
-//     both operands streamed through an ST-stage cp.async ring in 64-column stages, so that
-//     every warp of the CTA reads its fragments of the same weight tile from shared memory
-//     and a few stages are in flight at once; warp (wm, wn) of a 4 x 2 (or 2 x 4) grid keeps
-//     its own tokens x experts over the whole K (ldmatrix fragments, mma.sync m16n8k16; no
-//     partial sums to reduce), bias, one rounding.  The tile is the largest that still gives
-//     about one CTA per SM.
+//   * logits, from RT_TILE_MIN_T tokens (8192 with up to 16 experts): CTA = 8 warps on
+//     BM tokens x BE experts (router_tile_kernel), both operands streamed through an
+//     ST-stage cp.async ring in 64-column stages, so that every warp of the CTA reads its
+//     fragments of the same weight tile from shared memory and a few stages are in flight
+//     at once; warp (wm, wn) of a 4 x 2 (or 2 x 4) grid keeps its own tokens x experts over
+//     the whole K (ldmatrix fragments, mma.sync m16n8k16; no partial sums to reduce), bias,
+//     one rounding.  The tile is the largest that still gives about one CTA per SM.  Where
+//     one expert tile holds every expert and a warp's share of the choice is small
+//     (rt_tiles), the same CTA then chooses for its tokens from their logits as stored,
+//     kept in shared memory: one launch.
 //   * logits, fewer tokens: CTA = 8 warps on BE experts x BM tokens (grid: the expert tiles of a token
 //     tile launched side by side, so the hidden states come from memory once),
 //     the K dimension split over the warps (warp w: 32-column blocks w, w + 8, ...).
@@ -22,15 +25,17 @@
 //     DeepSeek-V2's router computes) differs only in the order of the sums.  Two blocks
 //     of loads in flight per warp; the eight partial tiles are summed in a fixed order
 //     (warp w + 4 into warp w, then warps 0..3), the bias added, one rounding.
-//   * selection: one warp per token reads its logits as stored; softmax by warp
-//     reductions in a fixed order (or DeepSeek-V3's sigmoid with a bias that only
-//     chooses); the group limit, then k rounds of a warp arg-max (largest first, equal
-//     values: the lower id); the renormalising sum in selection order, as the reference.
-//     The arg-max compares one 64-bit key per entry (rt_key: the value's bits made
-//     unsigned-orderable above the complemented id), two shuffles and a compare a step.
+//   * selection (rt_choose; in router_select_kernel or the tile kernel): a segment of G
+//     lanes per token (at most 8 experts a lane, 32 / G tokens a warp) reads its logits as
+//     stored; softmax by segment reductions in a fixed order (or DeepSeek-V3's sigmoid with
+//     a bias that only chooses); the group limit, then k rounds of a segment arg-max
+//     (largest first, equal values: the lower id) on one 64-bit key per entry (rt_key: the
+//     value's bits made unsigned-orderable above the complemented id: two shuffles and a
+//     compare a step); the renormalising sum in selection order, as the reference.
 //
 // SAMOYEDS_ROUTER_KERNELS=1 runs the pair as it was before the tile kernel and the keys
-// (the split-K logits kernel at every T, the compare-based arg-max), for comparisons.
+// (the split-K logits kernel at every T; one token a warp, the arg-max by compares), =3
+// the tile kernel without the choice, then the selection kernel: for comparisons.
 //
 // Both launch as programmatic dependents: each waits for the kernel before it on the
 // stream before reading anything, and lets its own dependent start at once.
@@ -677,7 +682,8 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
     // SAMOYEDS_ROUTER_KERNELS: 2 (default) as below; 1 the split-K logits kernel at every T and
     // the compare-based arg-max, one token per warp; 3 the tile kernel never choosing
     const int kernels = env_int("SAMOYEDS_ROUTER_KERNELS", 2);
-    const bool previous = kernels == 1, tiles = !previous && a.T >= RT_TILE_MIN_T;
+    // (up to 16 experts the split-K kernel keeps more bytes in flight below 8192 tokens)
+    const bool previous = kernels == 1, tiles = !previous && a.T >= RT_TILE_MIN_T && (a.E > 16 || a.T >= 8192);
     bool fused = false;  // the tile kernel chose
     const sam_status st = with_tc_dtype(p->dtype, [&](auto t) {
         using T = decltype(t);
