@@ -311,15 +311,20 @@ def dense_decode_table(d: dict) -> str:
 
 def router_table(d: dict) -> str:
     """router.json: each family's transformers router module against its patched forward
-    (samoyeds.router), CUDA-graph replays; bytes against the device copy of the same run."""
+    (samoyeds.router), CUDA-graph replays; bytes against the device copy of the same run; where
+    the file has them, samoyeds.router with SAMOYEDS_ROUTER_KERNELS=1 (the kernels before the
+    tile kernel and the keys) in the same run."""
+    prev = any(r["ms"].get("samoyeds_previous_kernels") for r in d.get("rows", []))
     rows = ["| router | H | experts | k | T | transformers | samoyeds | speed-up | of device copy | "
-            "tokens choosing other experts (all ties) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "tokens choosing other experts (all ties) |" + (" previous kernels (speed-up) |" if prev else ""),
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|" if prev else "")]
     for r in d.get("rows", []):
         m = r["ms"]
+        p = m.get("samoyeds_previous_kernels")
         rows.append(f"| {r['model']} | {r['H']} | {r['E']} | {r['k']} | {r['T']} | {m['transformers'] * 1e3:.1f} us | "
                     f"{m['samoyeds'] * 1e3:.1f} us | {_x(r['speedup'])} | {_f(r.get('frac_of_copy'), '.0%')} | "
-                    f"{r['rows_choosing_differently']} ({'yes' if r['differences_are_ties'] else 'no'}) |")
+                    f"{r['rows_choosing_differently']} ({'yes' if r['differences_are_ties'] else 'no'}) |"
+                    + (f" {p * 1e3:.1f} us ({_x(p / m['samoyeds'])}) |" if prev and p else " |" if prev else ""))
     return "\n".join(rows)
 
 
