@@ -47,8 +47,8 @@ Routers.  The router of every patched block whose rule samoyeds knows (Mixtral,
 Qwen2/3-MoE, OLMoE, DeepSeek-V2 greedy and group-limited greedy, DeepSeek-V3, GPT-OSS) gets a subclass
 of its own class too (``SamoyedsRouter<...>``), kept only where it gives the router's own
 outputs on a probe of random tokens at patch time.  For inference on the GPU its forward is
-one :func:`samoyeds.router` call (two launches: logits on tensor cores, then softmax,
-group limit, top-k and renormalisation one warp per token) in place of the model's GEMM
+one :func:`samoyeds.router` call (one or two launches: logits on tensor cores, softmax,
+group limit, top-k and renormalisation by a segment of lanes per token) in place of the model's GEMM
 (DeepSeek-V2's in fp32 after casting the hidden states), softmax, top-k and elementwise
 launches; with autograd, under ``torch.compile``, on the CPU, for tensors the kernel does
 not take, or with ``SAMOYEDS_ROUTER=0``, the module's own forward.  The returned

@@ -163,10 +163,11 @@ def router(x: Any, w: Any, k: int, *, bias: Optional[Any] = None, mode: str = "s
     which is what Mixtral's, Qwen2/3-MoE's and OLMoE's routers (softmax_topk, renorm as
     ``norm_topk_prob``), DeepSeek-V2's (greedy or group-limited greedy, fp32 logits, the
     routed scaling factor), DeepSeek-V3's (sigmoid_topk, its score correction bias as
-    choice_bias) and GPT-OSS's (topk_softmax with a bias) compute.  On the GPU
+    choice_bias) and GPT-OSS's (topk_softmax with a bias) compute.  On the GPU one or
     two launches: the logits on tensor cores (16-bit products are exact in fp32, so
-    this equals an fp32 GEMM on the same values up to the order of the sums) and one
-    warp per token for the rest.
+    this equals an fp32 GEMM on the same values up to the order of the sums), the rest by
+    a segment of lanes per token, in the logits' launch where one tile holds every expert
+    (from 512 tokens), else in a second.
 
     Args:
         x: ``[T, H]`` (bf16/fp16 on the GPU; also fp32 on the CPU), rows of unit column
