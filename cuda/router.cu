@@ -136,13 +136,7 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_logits_kernel(const Rout
     const int nblk = (p.H + 31) / 32;
     pdl_wait();
     pdl_trigger();
-    float acc[ME][NT][4];
-#pragma unroll
-    for (int m = 0; m < ME; m++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[m][j][i] = 0.0f;
+    float acc[ME][NT][4] = {};
     RBlock<Cf> b0, b1;
     if (warp < nblk) rt_load(b0, p, e0, t0, warp, g, q);
 #pragma unroll 1
@@ -479,13 +473,7 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_tile_kernel(const Router
             cp_async16(base + Cf::X_BYTES + rt_sw(r, ch), src, ok);
         }
     };
-    float acc[MI][NI][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[mi][ni][i] = 0.0f;
+    float acc[MI][NI][4] = {};
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
         if (s < KT) load(s, s);
