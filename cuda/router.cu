@@ -289,7 +289,9 @@ __device__ __forceinline__ void rt_group_limit(float (&v)[PER], uint32_t open, f
 // One token's choice by its segment: v[i] its logits as stored (entry sub + G i, bit i of
 // open where that is an expert).  `live`: t < T (a segment past T runs along for the
 // shuffles and writes nothing).  PER slots of results per lane: result j at lane j % G,
-// slot j / G (k <= E <= G PER).
+// slot j / G (k <= E <= G PER).  Every array is indexed by compile-time positions only (no
+// local memory): the chosen score is taken where the key matches, and a lane's results
+// enter its slots from the back, moved to the front once all are in.
 template <int PER, bool KEYS>
 __device__ __forceinline__ void rt_choose(const RouterArgs &p, int64_t t, bool live, int sub, int G, float (&v)[PER],
                                           uint32_t open, float *row) {
@@ -309,7 +311,7 @@ __device__ __forceinline__ void rt_choose(const RouterArgs &p, int64_t t, bool l
         for (int i = 0; i < PER; i++) v[i] /= s;
         if (p.n_group > 1) rt_group_limit<PER, false, KEYS>(v, open, row, sub, G, E, p.n_group, p.topk_group, 0.0f);
     }
-    float pv[PER];  // SIGMOID_TOPK: the scores (v holds the choice values)
+    float pv[PER] = {};  // SIGMOID_TOPK: the scores (v holds the choice values)
     if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {
 #pragma unroll
         for (int i = 0; i < PER; i++) {
@@ -326,8 +328,9 @@ __device__ __forceinline__ void rt_choose(const RouterArgs &p, int64_t t, bool l
     uint64_t key[PER];  // KEYS: the open entries' keys (0 once taken or past E)
 #pragma unroll
     for (int i = 0; i < PER; i++) key[i] = KEYS && (open >> i & 1) ? rt_key(v[i], sub + G * i) : 0ull;
+    int held = 0;  // results this lane holds, in mine[PER - held ..]
     for (int j = 0; j < p.k; j++) {
-        float bv = 0.0f;
+        float bv = 0.0f, sv = 0.0f;  // sv: SIGMOID_TOPK, the chosen expert's score on its lane
         int bi = -1;
         if constexpr (KEYS) {
             uint64_t best = key[0];
@@ -337,32 +340,41 @@ __device__ __forceinline__ void rt_choose(const RouterArgs &p, int64_t t, bool l
             bv = rt_key_value(best);
             bi = rt_key_id(best);
 #pragma unroll
-            for (int i = 0; i < PER; i++)
-                if (key[i] == best) key[i] = 0;
+            for (int i = 0; i < PER; i++) {
+                const bool hit = key[i] == best;
+                sv = hit ? pv[i] : sv;
+                key[i] = hit ? 0ull : key[i];
+            }
         } else {
 #pragma unroll
             for (int i = 0; i < PER; i++)
                 if ((open >> i & 1) && rt_better(v[i], sub + G * i, bv, bi)) bv = v[i], bi = sub + G * i;
             rt_best<false>(bv, bi, G);
-            if ((bi & (G - 1)) == sub) open &= ~(1u << ((bi & 1023) / G));
+            const bool mine_e = (bi & (G - 1)) == sub;
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                const bool hit = mine_e && sub + G * i == bi;
+                sv = hit ? pv[i] : sv;
+                if (hit) open &= ~(1u << i);
+            }
         }
         if (j == 0) first = bv;
         if (p.mode == SAM_ROUTER_TOPK_SOFTMAX) bv = expf(bv - first);
-        if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {  // the chosen expert's score, from its lane
-            float sv = 0.0f;
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if (i == (bi & 1023) / G) sv = pv[i];
-            bv = __shfl_sync(0xffffffffu, sv, bi & (G - 1), G);
-        }
+        if (p.mode == SAM_ROUTER_SIGMOID_TOPK) bv = __shfl_sync(0xffffffffu, sv, bi & (G - 1), G);
         tot += bv;
-        if (sub == (j & (G - 1))) {
+        if (sub == (j & (G - 1))) {  // result j: this lane's next slot
 #pragma unroll
-            for (int s = 0; s < PER; s++)
-                if (s == j / G) mine[s] = bv, mine_id[s] = bi;
+            for (int s = 0; s + 1 < PER; s++) mine[s] = mine[s + 1], mine_id[s] = mine_id[s + 1];
+            mine[PER - 1] = bv;
+            mine_id[PER - 1] = bi;
+            held++;
         }
     }
     if (!live) return;
+    for (int r = held; r < PER; r++) {  // the first result to slot 0
+#pragma unroll
+        for (int s = 0; s + 1 < PER; s++) mine[s] = mine[s + 1], mine_id[s] = mine_id[s + 1];
+    }
 #pragma unroll
     for (int s = 0; s < PER; s++) {
         const int j = s * G + sub;
@@ -396,7 +408,7 @@ template <int PER, bool KEYS>
 __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const RouterArgs p, int G) {
     __shared__ float sc[RT_SEL_WARPS][32 * PER];  // the group limit's rows: E floats per token
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane & (G - 1);
-    const int64_t t0 = ((int64_t)blockIdx.x * RT_SEL_WARPS + warp) * (32 / G), t = t0 + lane / G;
+    const int64_t t0 = ((int64_t)blockIdx.x * RT_SEL_WARPS + warp) * (32 / G), t = t0 + (lane >> (__ffs(G) - 1));
     pdl_wait();
     pdl_trigger();
     if (t0 >= p.T) return;
