@@ -32,6 +32,7 @@ GROUPS = (
     ("dense_decode", "shared experts (dense decode)"),
     ("router_logits", "router (samoyeds)"),
     ("router_select", "router (samoyeds)"),
+    ("router_tile", "router (samoyeds)"),
     ("glu_kernel", "elementwise / reductions"),
     ("ssmm", "expert matmuls"),
     ("grouped_mm", "expert matmuls"),
