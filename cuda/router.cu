@@ -595,14 +595,15 @@ template <typename T, int BM, int BE, int WM> sam_status rt_tile(const RouterArg
 // The tile kernel's tokens per CTA: the largest of 128, 64, 32 that gives at least three
 // quarters of a CTA per SM (fewer tokens per CTA read the weight tile more often); 32-token
 // tiles take 64 experts (a 2 x 4 grid of warps needs two n8 tiles a warp).  It chooses too
-// (`choose`) where one expert tile holds every expert and its warps take at most four turns
-// of 32 / G tokens each: more turns on 8 warps a CTA cost more than a selection kernel.
+// (`choose`) where one expert tile holds every expert and its warps take at most two turns
+// of 32 / G tokens each: more turns on 8 warps a CTA cost more than a selection kernel
+// (measured: four turns 0.94-0.95x, eight 0.84x).
 template <typename T, int BE>
 sam_status rt_tiles(const RouterArgs &a, cudaStream_t stream, bool choose, bool &chose) {
     const int64_t et = (a.E + BE - 1) / BE, sms = device_sm_count() > 0 ? device_sm_count() : 132;
     auto enough = [&](int bm) { return 4 * ((a.T + bm - 1) / bm) * et >= 3 * sms; };
     const int G = rt_lanes(a.E, a.n_group, true);
-    auto sel = [&](int bm, int be) { return chose = choose && a.E <= be && bm * G <= 4 * 32 * RT_WARPS; };
+    auto sel = [&](int bm, int be) { return chose = choose && a.E <= be && bm * G <= 2 * 32 * RT_WARPS; };
     if (enough(128)) return rt_tile<T, 128, BE, 4>(a, stream, sel(128, BE));
     if (enough(64)) return rt_tile<T, 64, BE, 4>(a, stream, sel(64, BE));
     constexpr int BE32 = BE < 64 ? 64 : BE;

@@ -333,10 +333,10 @@ TILE_SHAPES = [  # (T, E, H, the tile kernel chooses): from 512 tokens (8192 up 
     (12800 + 37, 8, 136, True),  # 128 x 32
     (1025, 64, 264, True),       # 32 x 64
     (7001, 64, 136, True),       # 64 x 64
-    (12600, 60, 40, True),       # 128 x 64
+    (12600, 60, 40, False),      # 128 x 64 (8 lanes a token: four turns a warp)
     (3300, 100, 200, True),      # 32 x 128
-    (9000, 128, 40, True),       # 64 x 128
-    (12700, 72, 24, False),      # 128 x 128 (16 lanes a token: eight turns a warp)
+    (9000, 128, 40, False),      # 64 x 128 (16 lanes a token: four turns)
+    (12700, 72, 24, False),      # 128 x 128 (eight turns)
     (4000, 250, 72, False),      # 64 x 128, two expert tiles
     (3300, 512, 200, False),     # 128 x 128, four expert tiles
 ]
