@@ -267,11 +267,18 @@ template <> struct Mma16816<__half> {
 };
 
 // Runs f(T{}) with T the tensor-core element type of dt (bfloat16 or float16).
-template <typename F> sam_status with_tc_dtype(sam_dtype dt, F &&f) {
+// Whether dt is one of the tensor cores' input types (bf16, fp16); if not, the error names op.
+inline bool tc_dtype_ok(sam_dtype dt, const char *op) {
+    if (dt == SAM_BF16 || dt == SAM_F16) return true;
+    set_error("%s: the GPU kernel takes bfloat16 or float16", op);
+    return false;
+}
+
+template <typename F> sam_status with_tc_dtype(sam_dtype dt, F &&f, const char *op = "ssmm") {
     switch (dt) {
     case SAM_BF16: return f(__nv_bfloat16());
     case SAM_F16: return f(__half());
-    default: set_error("ssmm: the GPU kernel takes bfloat16 or float16"); return SAM_STATUS_UNSUPPORTED;
+    default: tc_dtype_ok(dt, op); return SAM_STATUS_UNSUPPORTED;
     }
 }
 

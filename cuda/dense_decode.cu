@@ -230,10 +230,7 @@ template <typename T, int MW> sam_status dd_launch_t(const DenseArgs &a, cudaStr
 
 extern "C" sam_status sam_dense_decode_cuda(const sam_dense_params *p, void *stream) {
     using namespace sam;
-    if (p->dtype != SAM_BF16 && p->dtype != SAM_F16) {
-        set_error("dense_decode: the GPU kernel takes bfloat16 or float16");
-        return SAM_STATUS_UNSUPPORTED;
-    }
+    if (!tc_dtype_ok(p->dtype, "dense_decode")) return SAM_STATUS_UNSUPPORTED;
     if (p->T < 0 || p->R < 0 || p->C < 0 || p->T > INT32_MAX || p->R > INT32_MAX - 16 || p->C > INT32_MAX - 512) {
         set_error("dense_decode: sizes T = %lld, R = %lld, C = %lld out of range", (long long)p->T, (long long)p->R,
                   (long long)p->C);

@@ -64,10 +64,7 @@ template <typename T> sam_status glu_launch(const GluArgs &a, bool vec, cudaStre
 
 extern "C" sam_status sam_glu_cuda(const sam_glu_params *p, void *stream) {
     using namespace sam;
-    if (p->dtype != SAM_BF16 && p->dtype != SAM_F16) {
-        set_error("glu: the GPU kernel takes bfloat16 or float16");
-        return SAM_STATUS_UNSUPPORTED;
-    }
+    if (!tc_dtype_ok(p->dtype, "glu")) return SAM_STATUS_UNSUPPORTED;
     if (p->act != SAM_ACT_SWIGLU && p->act != SAM_ACT_GPTOSS) {
         set_error("glu: act %d is not a gated activation", (int)p->act);
         return SAM_STATUS_INVALID_ARGUMENT;

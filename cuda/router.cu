@@ -626,10 +626,7 @@ template <int PER> sam_status rt_select(const RouterArgs &a, cudaStream_t stream
 
 extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) {
     using namespace sam;
-    if (p->dtype != SAM_BF16 && p->dtype != SAM_F16) {
-        set_error("router: the GPU kernel takes bfloat16 or float16");
-        return SAM_STATUS_UNSUPPORTED;
-    }
+    if (!tc_dtype_ok(p->dtype, "router")) return SAM_STATUS_UNSUPPORTED;
     auto half_or_f32 = [&](sam_dtype t) { return t == SAM_F32 || t == p->dtype; };
     if (!half_or_f32(p->logits_dtype) || !half_or_f32(p->weights_dtype) ||
         (p->bias != nullptr && !half_or_f32(p->bias_dtype)) ||
