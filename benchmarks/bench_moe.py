@@ -30,7 +30,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
-from common import environment, result_path, setup_run, write_json  # noqa: E402
+from common import call_times, environment, result_path, setup_run, write_json  # noqa: E402
 
 
 def _block(name: str, tiny: bool):
@@ -97,33 +97,10 @@ BUDGET_S = 0.4  # seconds of timed calls per case (--tiny: 0.02)
 ROUNDS = 5    # the methods' timings interleave in this many rounds per case
 
 
-def _times(fn, device: str, budget_s: float, min_iters: int = 2, max_iters: int = 50, warmup: int = 2) -> list:
-    """ms of single calls, each started from an idle GPU (after `warmup` untimed calls)."""
-    for _ in range(warmup):
-        fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    times = []
-    t_end = time.perf_counter() + budget_s
-    while len(times) < min_iters or (len(times) < max_iters and time.perf_counter() < t_end):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times
-
-
 def _time(fn, device: str, budget_s: float = None, min_iters: int = 5, max_iters: int = 50) -> float:
     """Median ms of single calls started from an idle GPU."""
     budget_s = BUDGET_S if budget_s is None else budget_s
-    return statistics.median(_times(fn, device, budget_s, min_iters, max_iters))
+    return statistics.median(call_times(fn, device, budget_s=budget_s, min_iters=min_iters, max_iters=max_iters))
 
 
 def _time_stream(fn, device: str, per_call_ms: float, budget_s: float = None) -> float:
@@ -285,7 +262,8 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
                 for method in live:
                     fn = lambda: run(method, x)  # noqa: E731
                     # (warm-up calls in the first round only: later rounds follow timed calls)
-                    lat[method] += _times(fn, device, BUDGET_S / ROUNDS, warmup=2 if rnd == 0 else 0)
+                    lat[method] += call_times(fn, device, budget_s=BUDGET_S / ROUNDS, min_iters=2,
+                                              warmup=2 if rnd == 0 else 0)
                     stream[method].append(_time_stream(fn, device, statistics.median(lat[method]),
                                                        BUDGET_S / ROUNDS))
                     if method != "eager":  # (eager's expert loop waits for the GPU: no host ahead)

@@ -287,10 +287,11 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_ms(fn: Callable[[], object], device: str, *, budget_s: float = 0.3, min_iters: int = 3,
-            max_iters: int = 50, warmup: int = 2) -> dict:
-    """Median milliseconds of fn() without graph capture (host work and launches
-    included): CUDA events on a GPU, the wall clock on the CPU."""
+def call_times(fn: Callable[[], object], device: str, *, budget_s: float = 0.3, min_iters: int = 3,
+               max_iters: int = 50, warmup: int = 2) -> List[float]:
+    """Milliseconds of single calls of fn() without graph capture, each started from an idle
+    GPU (host work and launches included; after `warmup` untimed calls): CUDA events on a
+    GPU, the wall clock on the CPU; min_iters, then more until budget_s or max_iters."""
     import time
     for _ in range(warmup):
         fn()
@@ -309,7 +310,15 @@ def time_ms(fn: Callable[[], object], device: str, *, budget_s: float = 0.3, min
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
+    return times
+
+
+def time_ms(fn: Callable[[], object], device: str, *, budget_s: float = 0.3, min_iters: int = 3,
+            max_iters: int = 50, warmup: int = 2) -> dict:
+    """Median milliseconds of fn() without graph capture (host work and launches
+    included): CUDA events on a GPU, the wall clock on the CPU."""
+    times = sorted(call_times(fn, device, budget_s=budget_s, min_iters=min_iters, max_iters=max_iters,
+                              warmup=warmup))
     return {"ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1], "reps": len(times)}
 
 

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
 import bench_moe as bm  # noqa: E402
-from common import environment, result_path, write_json  # noqa: E402
+from common import call_times, environment, result_path, write_json  # noqa: E402
 
 SETTINGS = ("two_streams", "one_stream", "grouped_mm")
 MODE = {"two_streams": "1", "one_stream": "0"}
@@ -63,7 +63,8 @@ def main() -> None:
                 for rnd in range(bm.ROUNDS):
                     for s in SETTINGS:
                         fn = lambda: run(s, x)  # noqa: E731
-                        lat[s] += bm._times(fn, dev, bm.BUDGET_S / bm.ROUNDS, warmup=2 if rnd == 0 else 0)
+                        lat[s] += call_times(fn, dev, budget_s=bm.BUDGET_S / bm.ROUNDS, min_iters=2,
+                                             warmup=2 if rnd == 0 else 0)
                         gpu[s] += bm._times_gpu(fn, dev, bm.BUDGET_S / bm.ROUNDS)
                 host = {}
                 for s in SETTINGS:  # the host's enqueue time of one call, the GPU kept busy

@@ -296,17 +296,23 @@ def decode_table(d: dict) -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(blocks)
 
 
+def _md(cols: list, body: list) -> str:
+    """A Markdown table: column titles (the first column left-aligned, the others right-aligned
+    unless the title starts with "<"), then the rows of cells."""
+    titles = [c.lstrip("<") for c in cols]
+    align = ["---" if i == 0 or c.startswith("<") else "---:" for i, c in enumerate(cols)]
+    lines = ["| " + " | ".join(titles) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in body]
+    return "\n".join(lines)
+
+
 def dense_decode_table(d: dict) -> str:
     """dense_decode.json: unpruned shared experts at decode sizes, samoyeds.dense_decode against the
     transformers MLP, and the weight bandwidth against the device copy of the same run."""
-    rows = ["| shared MLP | H | I | T | transformers | dense_decode | speed-up | TB/s | of device copy |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in d.get("rows", []):
-        m = r["ms"]
-        rows.append(f"| {r['shape']} | {r['H']} | {r['I']} | {r['T']} | {m['transformers'] * 1e3:.1f} us | "
-                    f"{m['dense_decode'] * 1e3:.1f} us | {_x(r['speedup'])} | {r['dense_decode_tb_s']:.2f} | "
-                    f"{r['frac_of_copy']:.0%} |")
-    return "\n".join(rows)
+    return _md(["shared MLP", "H", "I", "T", "transformers", "dense_decode", "speed-up", "TB/s", "of device copy"],
+               [[r["shape"], r["H"], r["I"], r["T"], f"{r['ms']['transformers'] * 1e3:.1f} us",
+                 f"{r['ms']['dense_decode'] * 1e3:.1f} us", _x(r["speedup"]), f"{r['dense_decode_tb_s']:.2f}",
+                 f"{r['frac_of_copy']:.0%}"] for r in d.get("rows", [])])
 
 
 def router_table(d: dict) -> str:
@@ -315,30 +321,27 @@ def router_table(d: dict) -> str:
     the file has them, samoyeds.router with SAMOYEDS_ROUTER_KERNELS=1 (the kernels before the
     tile kernel and the keys) in the same run."""
     prev = any(r["ms"].get("samoyeds_previous_kernels") for r in d.get("rows", []))
-    rows = ["| router | H | experts | k | T | transformers | samoyeds | speed-up | of device copy | "
-            "tokens choosing other experts (all ties) |" + (" previous kernels (speed-up) |" if prev else ""),
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|" if prev else "")]
+    body = []
     for r in d.get("rows", []):
         m = r["ms"]
         p = m.get("samoyeds_previous_kernels")
-        rows.append(f"| {r['model']} | {r['H']} | {r['E']} | {r['k']} | {r['T']} | {m['transformers'] * 1e3:.1f} us | "
-                    f"{m['samoyeds'] * 1e3:.1f} us | {_x(r['speedup'])} | {_f(r.get('frac_of_copy'), '.0%')} | "
-                    f"{r['rows_choosing_differently']} ({'yes' if r['differences_are_ties'] else 'no'}) |"
-                    + (f" {p * 1e3:.1f} us ({_x(p / m['samoyeds'])}) |" if prev and p else " |" if prev else ""))
-    return "\n".join(rows)
+        body.append([r["model"], r["H"], r["E"], r["k"], r["T"], f"{m['transformers'] * 1e3:.1f} us",
+                     f"{m['samoyeds'] * 1e3:.1f} us", _x(r["speedup"]), _f(r.get("frac_of_copy"), ".0%"),
+                     f"{r['rows_choosing_differently']} ({'yes' if r['differences_are_ties'] else 'no'})"]
+                    + ([f"{p * 1e3:.1f} us ({_x(p / m['samoyeds'])})" if p else ""] if prev else []))
+    return _md(["router", "H", "experts", "k", "T", "transformers", "samoyeds", "speed-up", "of device copy",
+                "<tokens choosing other experts (all ties)"] + (["previous kernels (speed-up)"] if prev else []), body)
 
 
 def shared_mlp_table(d: dict) -> str:
     """shared_mlp.json: unpruned shared experts at prefill sizes, the patched path (cuBLAS's
     matmuls with samoyeds.glu) against the transformers MLP, and the activation alone."""
-    rows = ["| shared MLP | H | I | T | transformers | samoyeds | speed-up | silu * up | glu | glu of device copy |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in d.get("rows", []):
-        m = r["ms"]
-        rows.append(f"| {r['shape']} | {r['H']} | {r['I']} | {r['T']} | {m['transformers'] * 1e3:.1f} us | "
-                    f"{m['samoyeds'] * 1e3:.1f} us | {_x(r['speedup'])} | {m['act_torch'] * 1e3:.1f} us | "
-                    f"{m['act_glu'] * 1e3:.1f} us | {_f(r.get('glu_frac_of_copy'), '.0%')} |")
-    return "\n".join(rows)
+    return _md(["shared MLP", "H", "I", "T", "transformers", "samoyeds", "speed-up", "silu * up", "glu",
+                "glu of device copy"],
+               [[r["shape"], r["H"], r["I"], r["T"], f"{r['ms']['transformers'] * 1e3:.1f} us",
+                 f"{r['ms']['samoyeds'] * 1e3:.1f} us", _x(r["speedup"]), f"{r['ms']['act_torch'] * 1e3:.1f} us",
+                 f"{r['ms']['act_glu'] * 1e3:.1f} us", _f(r.get("glu_frac_of_copy"), ".0%")]
+                for r in d.get("rows", [])])
 
 
 def ssmm_kernels_table(d: dict) -> str:
