@@ -127,6 +127,28 @@ def test_router_benchmark_smoke(tmp_path):
         assert r["ms"]["samoyeds"] > 0 and r["frac_of_copy"] is None, r
 
 
+def test_router_benchmark_counts_ties():
+    """bench_router's tie rule: a token that takes other experts is a tie where the values it
+    chooses by are equal within bfloat16 rounding, or, for a group-limited router, where the
+    groups it takes differently score equal within that rounding; not otherwise."""
+    import bench_router
+    from samoyeds.hf import RouterSpec
+
+    flat = RouterSpec(2, mode="softmax_topk")
+    key = torch.tensor([3.0, 1.0, 1.0 + 2 ** -10, -2.0])
+    assert bench_router._tie(key, torch.tensor([0, 1]), torch.tensor([0, 2]), flat)
+    assert not bench_router._tie(key, torch.tensor([0, 3]), torch.tensor([0, 2]), flat)
+    grouped = RouterSpec(2, mode="softmax_topk", n_group=4, topk_group=2)  # 8 experts, groups of 2
+    key = torch.tensor([4.0, -9.0, 2.0, -9.0, 2.0, 0.5, -9.0, -9.0])
+    # groups 1 and 2 tie for the second place (their best expert 2.0): experts 2 (2.0) and 5
+    # (0.5) differ in value, but the groups they come from tie
+    assert bench_router._tie(key, torch.tensor([0, 2]), torch.tensor([0, 5]), grouped)
+    assert not bench_router._tie(key, torch.tensor([0, 2]), torch.tensor([0, 5]), flat)
+    key[4] = 1.0  # group 2 now below group 1: taking it is not a tie
+    assert not bench_router._tie(key, torch.tensor([0, 4]), torch.tensor([0, 2]), grouped)
+    assert not bench_router._tie(key, torch.tensor([0, 4]), torch.tensor([0, 2]), None)
+
+
 def test_shared_mlp_benchmark_smoke(tmp_path):
     """bench_shared_mlp.py's CPU smoke run: the torch MLP and the path with samoyeds.glu agree
     with the float64 MLP."""
