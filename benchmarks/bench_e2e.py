@@ -42,8 +42,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lm  # noqa: E402
 import samoyeds as sm  # noqa: E402
-from common import (add_run_args, default_dtype, environment, error_text, free_memory, is_oom,  # noqa: E402
-                    peak_mib, result_path, run_isolated, setup_run, sync, time_ms, write_json)
+from common import (add_job_args, add_run_args, default_dtype, environment, error_text, free_memory,  # noqa: E402
+                    is_oom, isolating, peak_mib, result_path, run_isolated, setup_run, sync, time_ms, write_json)
 
 MODELS = "qwen3-30b-a3b,olmoe-1b-7b,deepseek-v2-lite,mixtral-8x7b"
 
@@ -246,10 +246,7 @@ def main() -> None:
     ap.add_argument("--hf-decode-switch", action="store_true",
                     help="keep transformers' swap of grouped_mm for batched_mm in generate's decode steps "
                          "(on a GPU); default: each method runs its own implementation in decode too")
-    ap.add_argument("--isolate", default="auto", choices=["auto", "yes", "no"],
-                    help="one process per model (auto: on the GPU)")
-    ap.add_argument("--job", help=argparse.SUPPRESS)
-    ap.add_argument("--job-out", help=argparse.SUPPRESS)
+    add_job_args(ap, "model")
     add_run_args(ap)
     args = ap.parse_args()
     setup_run(args)
@@ -265,7 +262,7 @@ def main() -> None:
         with open(args.job_out, "w") as fh:
             json.dump(res, fh)
         return
-    isolate = args.isolate == "yes" or (args.isolate == "auto" and args.device == "cuda")
+    isolate = isolating(args)
     passthrough = [a for a in sys.argv[1:]]
     rows = []
     for name in args.models.split(","):

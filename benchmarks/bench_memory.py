@@ -46,8 +46,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lm  # noqa: E402
 import samoyeds as sm  # noqa: E402
-from common import (add_run_args, default_dtype, environment, error_text, free_memory, is_oom,  # noqa: E402
-                    result_path, run_isolated, setup_run, sync, time_ms, write_json)
+from common import (add_job_args, add_run_args, default_dtype, environment, error_text, free_memory,  # noqa: E402
+                    is_oom, isolating, result_path, run_isolated, setup_run, sync, time_ms, write_json)
 
 GiB = 2**30
 
@@ -434,10 +434,7 @@ def main() -> None:
     ap.add_argument("--emulate-capacity", type=int, default=None,
                     help="tokens per forward beyond which a probe counts as out of memory (CPU smoke runs; "
                          "default with --tiny: 5 * seq)")
-    ap.add_argument("--isolate", default="auto", choices=["auto", "yes", "no"],
-                    help="one process per (scope, model) (auto: on the GPU)")
-    ap.add_argument("--job", help=argparse.SUPPRESS)
-    ap.add_argument("--job-out", help=argparse.SUPPRESS)
+    add_job_args(ap, "(scope, model)")
     add_run_args(ap)
     args = ap.parse_args()
     setup_run(args)
@@ -458,7 +455,7 @@ def main() -> None:
     jobs += [{"scope": "model", "model": m} for m in args.model_models.split(",") if "model" in scopes]
     if "packed" in scopes:
         jobs.append({"scope": "packed", "model": args.packed_model})
-    isolate = args.isolate == "yes" or (args.isolate == "auto" and args.device == "cuda")
+    isolate = isolating(args)
     if not isolate:
         import transformers
         transformers.logging.set_verbosity_error()

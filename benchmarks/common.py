@@ -355,6 +355,21 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
+def add_job_args(ap, unit: str) -> None:
+    """--isolate (one process per `unit`; auto: on the GPU) and the hidden --job / --job-out with
+    which run_isolated starts the process of one job."""
+    import argparse
+    ap.add_argument("--isolate", default="auto", choices=["auto", "yes", "no"],
+                    help=f"one process per {unit} (auto: on the GPU)")
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--job-out", help=argparse.SUPPRESS)
+
+
+def isolating(args) -> bool:
+    """Whether each job runs in a process of its own (add_job_args' --isolate)."""
+    return args.isolate == "yes" or (args.isolate == "auto" and args.device == "cuda")
+
+
 def run_isolated(script: str, job: dict, extra_args: List[str]) -> dict:
     """Runs ``script --job JSON --job-out FILE extra_args`` in a fresh process and
     returns what it wrote to FILE.  A crash (a sticky CUDA error, a segfault)
