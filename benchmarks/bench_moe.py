@@ -30,7 +30,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
-from common import call_times, environment, result_path, setup_run, write_json  # noqa: E402
+from common import call_times, environment, peak_mib, result_path, setup_run, write_json  # noqa: E402
 
 
 def _block(name: str, tiny: bool):
@@ -168,17 +168,6 @@ def _times_gpu(fn, device: str, budget_s: float, min_iters: int = 2, max_iters: 
     return times
 
 
-def _peak(fn, device: str) -> float:
-    if device != "cuda":
-        return float("nan")
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
 def random_block(name: str, device: str, dtype, tiny: bool, seed: int):
     """(a Holder of model `name`'s MoE block with N(0, 0.02) weights, the block's config)."""
     cls, cfg = _block(name, tiny)
@@ -273,7 +262,7 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
                                           "ms_stream": statistics.median(stream[method]),
                                           "ms_gpu": statistics.median(gpu[method]) if gpu[method] else None,
                                           "calls": len(lat[method]),
-                                          "peak_mib": _peak(lambda: run(method, x), device)}
+                                          "peak_mib": peak_mib(lambda: run(method, x), device)}
             if device == "cuda":
                 torch.cuda.empty_cache()
     for res in rows:
