@@ -55,6 +55,32 @@ def oracle_ssmm(x, dense, offsets, token_ids, act="none", bias=None, scale=None,
     return out
 
 
+def oracle_moe(x, idx, w, gu, dn, act="swiglu", gate_up_bias=None, down_bias=None, alpha=1.702, limit=7.0):
+    """float64 sum_k w[t,k] * down_e(act(gate_up_e(x[t]) + b) + b') from the unpacked weights."""
+    G, D = sm.unpack(gu).double(), sm.unpack(dn).double()
+    E, I = G.shape[0], G.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for k in range(idx.shape[1]):
+            e = int(idx[t, k])
+            if not 0 <= e < E:
+                continue
+            h = G[e] @ x[t].double()
+            if gate_up_bias is not None:
+                h = h + gate_up_bias[e].double()
+            g, u = h[:I], h[I:]
+            if act == "swiglu":
+                a = F.silu(g) * u
+            else:
+                g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+                a = (u + 1) * g * torch.sigmoid(alpha * g)
+            y = D[e] @ a
+            if down_bias is not None:
+                y = y + down_bias[e].double()
+            out[t] += float(w[t, k]) * y
+    return out
+
+
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     a, ref = a.double().cpu(), ref.double().cpu()
     denom = ref.norm().item()

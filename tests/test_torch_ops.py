@@ -10,7 +10,7 @@ import samoyeds as sm
 from samoyeds.moe import moe_forward
 from samoyeds.torch_ops import act_id, moe_forward_packed
 
-from helpers import random_topk, rel_err
+from helpers import oracle_moe, random_topk, rel_err
 
 
 def _case(T, H, I, E, K, fmt, act, dtype, pattern="uniform", bias=False, seed=None):
@@ -26,32 +26,6 @@ def _case(T, H, I, E, K, fmt, act, dtype, pattern="uniform", bias=False, seed=No
         kw["gate_up_bias"] = torch.randn(E, 2 * I, generator=gen).to(dtype)
         kw["down_bias"] = torch.randn(E, H, generator=gen).to(dtype)
     return x, idx, w, gu, dn, kw
-
-
-def _oracle(x, idx, w, gu, dn, act="swiglu", gate_up_bias=None, down_bias=None, alpha=1.702, limit=7.0):
-    """float64 sum_k w[t,k] * down_e(act(gate_up_e(x[t]) + b) + b') from the unpacked weights."""
-    G, D = sm.unpack(gu).double(), sm.unpack(dn).double()
-    E, I = G.shape[0], G.shape[1] // 2
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for k in range(idx.shape[1]):
-            e = int(idx[t, k])
-            if not 0 <= e < E:
-                continue
-            h = G[e] @ x[t].double()
-            if gate_up_bias is not None:
-                h = h + gate_up_bias[e].double()
-            g, u = h[:I], h[I:]
-            if act == "swiglu":
-                a = F.silu(g) * u
-            else:
-                g, u = g.clamp(max=limit), u.clamp(-limit, limit)
-                a = (u + 1) * g * torch.sigmoid(alpha * g)
-            y = D[e] @ a
-            if down_bias is not None:
-                y = y + down_bias[e].double()
-            out[t] += float(w[t, k]) * y
-    return out
 
 
 def _op_args(x, idx, w, gu, dn, act="swiglu", gate_up_bias=None, down_bias=None, alpha=1.702, limit=7.0):
@@ -78,7 +52,7 @@ def test_op_matches_moe_forward_and_oracle(T, H, I, E, K, fmt, act, bias, patter
     assert torch.equal(got, moe_forward(x, idx, w, gu, dn, **kw))
     assert torch.equal(moe_forward_packed(x, idx, w, gu, dn, **kw), got)
     if T:
-        ref = _oracle(x, idx, w, gu, dn, **kw)
+        ref = oracle_moe(x, idx, w, gu, dn, **kw)
         # fp32: accumulation-order noise only; bf16: the output rounding (2^-8) dominates
         assert rel_err(got, ref) < (1e-6 if dtype == torch.float32 else 8e-3)
 
@@ -144,7 +118,7 @@ def test_op_gpu(T, H, I, E, K, fmt, act, bias, pattern, dtype):
     got = moe_forward_packed(x.cuda(), idx.cuda(), w.cuda(), gu.to("cuda"), dn.to("cuda"), **cu)
     assert torch.equal(got, moe_forward(x.cuda(), idx.cuda(), w.cuda(), gu.to("cuda"), dn.to("cuda"), **cu))
     if T:
-        ref = _oracle(x, idx, w, gu, dn, **kw)
+        ref = oracle_moe(x, idx, w, gu, dn, **kw)
         plain = rel_err(moe_forward(x, idx, w, gu, dn, **kw), ref)   # the C reference, same precision
         assert rel_err(got, ref) <= 2 * plain + 1e-6
 
