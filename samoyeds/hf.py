@@ -766,15 +766,16 @@ def _shared_on_side(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     main = got[1]
     side, start, done = _side(x.device)
     side.wait_event(start)
+    run = mod._eager if isinstance(mod, SamoyedsMLP) else (lambda x: _dense_shared_fast(mod, x))
     if x.device.index == torch.cuda.current_device():
         torch.cuda.set_stream(side)   # (the lighter switch; it also makes the stream's device current)
         try:
-            y = mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
+            y = run(x)
         finally:
             torch.cuda.set_stream(main)
     else:   # another device than the current one, which stays current
         with torch.cuda.stream(side):
-            y = mod._eager(x) if isinstance(mod, SamoyedsMLP) else _dense_shared_fast(mod, x)
+            y = run(x)
     if y is None:   # nothing launched
         return None
     done.record(side)
@@ -793,12 +794,9 @@ def _block_end(marked: Optional[tuple]) -> None:
 
 
 def _block_forward(self: nn.Module, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
-    base = type(self)._samoyeds_base
     marked = _block_start(self, hidden_states)
-    if marked is None:
-        return base.forward(self, hidden_states, *args, **kwargs)
     try:
-        return base.forward(self, hidden_states, *args, **kwargs)
+        return type(self)._samoyeds_base.forward(self, hidden_states, *args, **kwargs)
     finally:
         _block_end(marked)
 
