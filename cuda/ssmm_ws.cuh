@@ -40,7 +40,8 @@
 // producer's next item): bias, activation and routing scale on the accumulators
 // in fp32, one rounding to T into an 8 KB staging chunk, then whole 16-byte pieces
 // of output rows.  For 1:M:V with a gated activation the gate rows are consumer
-// 0's and the up rows consumer 1's: consumer 1 hands its values over in fp32.
+// 0's and the up rows consumer 1's: each hands the other the rows of half of the
+// tokens in fp32, and each computes the activation of its half.
 //
 // Tiles (BK = 64 dense columns per stage, NB m64 blocks per consumer):
 //   2:4 (M = 1):     BM = 256 storage rows (each consumer 2 x m64) x 128 tokens,
@@ -128,8 +129,9 @@ template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = f
     // the consumer's output columns, in T, 16-byte pieces XOR-swizzled by token row),
     // written from the accumulators and stored as whole 16-byte pieces of output rows.
     // M > 1 with a gated activation: the gate rows of a CTA are consumer 0's, the up
-    // rows consumer 1's; consumer 1 hands its values over through an fp32 tile of XT
-    // tokens x (BMW * M) columns in its own staging area.
+    // rows consumer 1's; they hand each other half of a chunk's tokens through one fp32
+    // tile of XT tokens x (BMW * M) columns in consumer 1's staging area, and both stage
+    // their outputs into consumer 0's.
     static constexpr int STG_BYTES = 8192;
     static constexpr int XT = 32, XS = BMW * M + 4;
     static constexpr int STG_OFF = PIPE_BYTES, XCH_OFF = STG_OFF + STG_BYTES;
@@ -396,12 +398,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     // once; then whole 16-byte pieces of output rows, chunk by chunk.
     auto epilogue = [&](auto gated_c, const int32_t *tok, const float *scl, int e, int64_t row0, int64_t s0) {
         constexpr bool GATED = decltype(gated_c)::value;
-        constexpr bool HANDOVER = M > 1 && GATED;                 // consumer 1 -> consumer 0 via xch
+        constexpr bool HANDOVER = M > 1 && GATED;                 // the consumers pair gate and up rows via xch
         constexpr int OCW = M == 1 && GATED ? 64 : 128;           // output columns of a consumer
         constexpr int PR = OCW / 8;                               // 16-byte pieces per staged row
         constexpr int TC = C::STG_BYTES / (OCW * 2), JC = TC / 8;  // tokens per chunk
         static_assert(!HANDOVER || TC == C::XT, "hand-over chunk");
-        const bool writes = !HANDOVER || c == 0;
+        // HANDOVER: consumer c computes the n8 token blocks jj in [c JC/2, (c+1) JC/2) of
+        // every chunk, from its own rows and the partner's, handed over in fp32 through
+        // xch; both stage into consumer 0's area
+        unsigned char *const sbase = HANDOVER ? smem + C::STG_OFF : stg;
         const int64_t ocol0 = M == 1 ? (GATED ? (row0 / 128) * 64 + (PP ? 0 : c * 64) : row0 + crow)
                                      : (GATED ? row0 : (row0 + crow) * 2);
         const int lr = warp * 16 + g;  // + 8 hh
@@ -409,7 +414,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         // M = 1 gated: x = 0; M = 1 plain: x = block b; M = 2: x = column k of the pair
         auto colw = [&](int hh, int x) { return M == 1 ? x * 64 + lr + 8 * hh : (lr + 8 * hh) * 2 + x; };
         float bz[2][2][2] = {};  // [hh][x][gate, up]
-        if (p.bias && writes) {
+        if (p.bias) {
 #pragma unroll
             for (int hh = 0; hh < 2; hh++)
 #pragma unroll
@@ -421,29 +426,84 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     }
         }
         auto stg_at = [&](int tl, int cw) {  // staged element (token tl of the chunk, column cw)
-            return stg + tl * (OCW * 2) + ((((cw >> 3) ^ (tl & 7)) << 4) | ((cw & 7) * 2));
+            return sbase + tl * (OCW * 2) + ((((cw >> 3) ^ (tl & 7)) << 4) | ((cw & 7) * 2));
         };
         auto consumer_sync = [&]() {
             if (HANDOVER) named_barrier_sync(2, 256);
             else named_barrier_sync(4 + c, 128);
         };
+        // M > 1: this thread's values of column pair hh at accumulator i, as (column 0, column 1)
+        auto pair_at = [&](int hh, int i) {
+            const bool sw = (perm[hh] & 15u) != 0;  // set 0 holds column 1 of the pair
+            return make_float2(sw ? acc[1][i] : acc[0][i], sw ? acc[0][i] : acc[1][i]);
+        };
+        // the staged chunk ch as whole 16-byte pieces of output rows, by NTHR threads from id0
+        auto store_chunk = [&](auto nthr_c, int ch, int id0) {
+            constexpr int NTHR = decltype(nthr_c)::value;
 #pragma unroll
-        for (int ch = 0; ch < BN / TC; ch++) {
-            if (HANDOVER && c == 1) {
+            for (int r = 0; r < TC * PR / NTHR; r++) {
+                const int id = id0 + NTHR * r, tl = id / PR, pc = id % PR, ltok = ch * TC + tl;
+                if (tok[ltok] < 0) continue;
+                const int64_t col = ocol0 + pc * 8;
+                if (col >= p.out_cols) continue;
+                const uint4 v = *reinterpret_cast<const uint4 *>(sbase + tl * (OCW * 2) + ((pc ^ (tl & 7)) << 4));
+                T *dst = out + (s0 + ltok) * p.ldo + col;
+                if (vec_ok && col + 8 <= p.out_cols) {
+                    *reinterpret_cast<uint4 *>(dst) = v;
+                } else {
+                    const T *y = reinterpret_cast<const T *>(&v);
+                    for (int k = 0; k < 8 && col + k < p.out_cols; k++) dst[k] = y[k];
+                }
+            }
+        };
+        if constexpr (HANDOVER) {
 #pragma unroll
-                for (int jj = 0; jj < JC; jj++)
+            for (int ch = 0; ch < BN / TC; ch++) {
+                // the partner's tokens: this consumer's rows of them, over to the partner
+#pragma unroll
+                for (int jj = 0; jj < JC; jj++) {
+                    if ((jj >= JC / 2) != (c == 0)) continue;
 #pragma unroll
                     for (int t = 0; t < 2; t++)
 #pragma unroll
                         for (int hh = 0; hh < 2; hh++)
+                            *reinterpret_cast<float2 *>(xch + (jj * 8 + 2 * q + t) * C::XS + (lr + 8 * hh) * 2) =
+                                pair_at(hh, 4 * (ch * JC + jj) + 2 * hh + t);
+                }
+                consumer_sync();  // handed over
 #pragma unroll
-                            for (int a = 0; a < 2; a++) {
-                                const int col = (lr + 8 * hh) * 2 + (int)((perm[hh] >> (4 * a)) & 15u);
-                                xch[(jj * 8 + 2 * q + t) * C::XS + col] = acc[a][4 * (ch * JC + jj) + 2 * hh + t];
+                for (int jj = 0; jj < JC; jj++) {
+                    if ((jj >= JC / 2) != (c == 1)) continue;
+#pragma unroll
+                    for (int t = 0; t < 2; t++) {
+                        const int tl = jj * 8 + 2 * q + t;
+                        const float sc = scl[ch * TC + tl];
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            const float2 own = pair_at(hh, 4 * (ch * JC + jj) + 2 * hh + t);
+                            const float2 other = *reinterpret_cast<const float2 *>(xch + tl * C::XS + (lr + 8 * hh) * 2);
+                            float g0 = c == 0 ? own.x : other.x, g1 = c == 0 ? own.y : other.y;
+                            float u0 = c == 0 ? other.x : own.x, u1 = c == 0 ? other.y : own.y;
+                            if (p.bias) {
+                                g0 += bz[hh][0][0];
+                                g1 += bz[hh][1][0];
+                                u0 += bz[hh][0][1];
+                                u1 += bz[hh][1][1];
                             }
+                            *reinterpret_cast<uint32_t *>(stg_at(tl, colw(hh, 0))) =
+                                Elem<T>::pack2(gated_act(p, g0, u0) * sc, gated_act(p, g1, u1) * sc);
+                        }
+                    }
+                }
+                consumer_sync();  // the chunk is staged, and every read of xch is done
+                store_chunk(std::integral_constant<int, 256>{}, ch, c * 128 + wtid);
+                // no barrier here: the next chunk writes xch only after this one's reads of it
+                // (the sync above) and stages only after its first sync, which every thread
+                // reaches after its stores
             }
-            if (HANDOVER) consumer_sync();
-            if (writes) {
+        } else {
+#pragma unroll
+            for (int ch = 0; ch < BN / TC; ch++) {
 #pragma unroll
                 for (int jj = 0; jj < JC; jj++)
 #pragma unroll
@@ -453,63 +513,34 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
                         for (int hh = 0; hh < 2; hh++) {
                             const int i = 4 * j + 2 * hh + t;
-                            if constexpr (M == 1) {
-                                if constexpr (GATED) {
-                                    float v = acc[0][i], u = acc[1][i];
-                                    if (p.bias) {
-                                        v += bz[hh][0][0];
-                                        u += bz[hh][0][1];
-                                    }
-                                    *reinterpret_cast<T *>(stg_at(tl, colw(hh, 0))) = Elem<T>::from_f(gated_act(p, v, u) * sc);
-                                } else {
+                            if constexpr (M == 1 && GATED) {
+                                float v = acc[0][i], u = acc[1][i];
+                                if (p.bias) {
+                                    v += bz[hh][0][0];
+                                    u += bz[hh][0][1];
+                                }
+                                *reinterpret_cast<T *>(stg_at(tl, colw(hh, 0))) = Elem<T>::from_f(gated_act(p, v, u) * sc);
+                            } else if constexpr (M == 1) {
 #pragma unroll
-                                    for (int b = 0; b < 2; b++) {
-                                        float v = acc[b][i];
-                                        if (p.bias) v += bz[hh][b][0];
-                                        *reinterpret_cast<T *>(stg_at(tl, colw(hh, b))) = Elem<T>::from_f(v * sc);
-                                    }
+                                for (int b = 0; b < 2; b++) {
+                                    float v = acc[b][i];
+                                    if (p.bias) v += bz[hh][b][0];
+                                    *reinterpret_cast<T *>(stg_at(tl, colw(hh, b))) = Elem<T>::from_f(v * sc);
                                 }
                             } else {
-                                const bool sw = (perm[hh] & 15u) != 0;  // set 0 holds column 1 of the pair
-                                float v0 = sw ? acc[1][i] : acc[0][i], v1 = sw ? acc[0][i] : acc[1][i];
+                                float2 v = pair_at(hh, i);
                                 if (p.bias) {
-                                    v0 += bz[hh][0][0];
-                                    v1 += bz[hh][1][0];
+                                    v.x += bz[hh][0][0];
+                                    v.y += bz[hh][1][0];
                                 }
-                                if constexpr (GATED) {
-                                    const float *xu = xch + tl * C::XS + (lr + 8 * hh) * 2;
-                                    float u0 = xu[0], u1 = xu[1];
-                                    if (p.bias) {
-                                        u0 += bz[hh][0][1];
-                                        u1 += bz[hh][1][1];
-                                    }
-                                    v0 = gated_act(p, v0, u0);
-                                    v1 = gated_act(p, v1, u1);
-                                }
-                                *reinterpret_cast<uint32_t *>(stg_at(tl, colw(hh, 0))) = Elem<T>::pack2(v0 * sc, v1 * sc);
+                                *reinterpret_cast<uint32_t *>(stg_at(tl, colw(hh, 0))) = Elem<T>::pack2(v.x * sc, v.y * sc);
                             }
                         }
                     }
+                consumer_sync();  // the chunk is staged
+                store_chunk(std::integral_constant<int, 128>{}, ch, wtid);
+                consumer_sync();  // the staging area may be overwritten
             }
-            consumer_sync();  // the chunk is staged
-            if (writes) {
-#pragma unroll
-                for (int r = 0; r < TC * PR / 128; r++) {
-                    const int id = wtid + 128 * r, tl = id / PR, pc = id % PR, ltok = ch * TC + tl;
-                    if (tok[ltok] < 0) continue;
-                    const int64_t col = ocol0 + pc * 8;
-                    if (col >= p.out_cols) continue;
-                    const uint4 v = *reinterpret_cast<const uint4 *>(stg + tl * (OCW * 2) + ((pc ^ (tl & 7)) << 4));
-                    T *dst = out + (s0 + ltok) * p.ldo + col;
-                    if (vec_ok && col + 8 <= p.out_cols) {
-                        *reinterpret_cast<uint4 *>(dst) = v;
-                    } else {
-                        const T *y = reinterpret_cast<const T *>(&v);
-                        for (int k = 0; k < 8 && col + k < p.out_cols; k++) dst[k] = y[k];
-                    }
-                }
-            }
-            consumer_sync();  // the staging area (and the hand-over tile) may be overwritten
         }
     };
 

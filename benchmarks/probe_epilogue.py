@@ -1,0 +1,112 @@
+"""What the epilogue and the token stream cost the warp-specialised wgmma.sp kernel on
+gate_up shapes: the same weights (random, one projection over all experts, the same
+routed tokens) run four ways --
+
+  gated  gather   glu-packed weights, SwiGLU, x read by index: what a MoE layer runs
+  gated  tma      the same rows already in expert order (token_ids None): one TMA box
+  plain  gather   the same weights packed without the GLU interleave, no activation:
+                  twice the output columns, no gate/up pairing in the epilogue
+  plain  tma
+
+Each by CUDA-graph replay (median), with the fraction of the data ceiling
+(samoyeds.shared_fill_rate, measured in the same run) that the tile's stream reaches.
+
+  python benchmarks/probe_epilogue.py [--S 8192] [--variant LABEL:VAR=V,VAR=V ...] [--out DIR]
+
+--variant times every way again with those environment variables set (the kernels'
+comparison switches, docs/PERFORMANCE.md), in the same run and on the same inputs.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import samoyeds as sm  # noqa: E402
+from common import environment, shared_fill_rates, time_graph, write_json, ws_stream_bytes  # noqa: E402
+
+CASES = [  # name, E, R (gate_up: 2 I), C, top_k
+    ("mixtral-8x7b gate_up", 8, 28672, 4096, 2),
+    ("gpt-oss-20b gate_up", 32, 5760, 2880, 4),
+    ("qwen3-30b-a3b gate_up", 128, 1536, 2048, 8),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--S", type=int, default=8192, help="routed rows (tokens x top_k)")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:VAR=V,...",
+                    help="also time every way with these environment variables set")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    variants = [("", {})]
+    for v in a.variant:
+        label, _, assigns = v.partition(":")
+        env = dict(kv.split("=", 1) for kv in assigns.split(",") if kv)
+        if not label or not env:
+            ap.error(f"--variant: expected LABEL:VAR=V[,VAR=V...], got {v!r}")
+        variants.append((label, env))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    fill = shared_fill_rates()
+    fill_tb_s = fill.get("fill_tma_and_gather_tb_s")
+    rows = []
+    for fmt in ("2:4", "samoyeds-1:2:128"):
+        m = 1 if fmt == "2:4" else 2
+        for name, E, R, C, K in CASES:
+            w = torch.randn(E, R, C, generator=gen, device="cuda", dtype=torch.bfloat16) * C ** -0.5
+            packed = {"gated": sm.pack(w, fmt, glu=True), "plain": sm.pack(w, fmt)}
+            del w
+            T = a.S // K
+            r = sm.route(torch.rand(T, E, generator=gen, device="cuda").topk(K, -1).indices, E)
+            x = torch.randn(T, C, generator=gen, device="cuda", dtype=torch.bfloat16)
+            xs = x[r.token_ids.long()].contiguous()
+            counts = (r.offsets[1:] - r.offsets[:-1]).tolist()
+            row = {"case": name, "fmt": fmt, "E": E, "R": R, "C": C, "S": a.S}
+            sbytes = ws_stream_bytes(m, R // (2 if m == 2 else 1), C, counts)
+            for kind, p in packed.items():
+                act = "swiglu" if kind == "gated" else "none"
+                cols = R // 2 if kind == "gated" else R
+                for tokens in ("gather", "tma"):
+                    out = torch.full((a.S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)
+                    for label, env in variants:
+                        def fn(p=p, out=out, act=act, tokens=tokens, env=env, x=x, xs=xs):
+                            env = dict(env)
+                            if tokens == "tma":
+                                env["SAMOYEDS_WGMMA_TOKENS_TMA"] = "2"  # an error unless this path runs
+                            os.environ.update(env)
+                            try:
+                                if tokens == "gather":
+                                    sm.ssmm(x, p, r.offsets, r.token_ids, out=out, act=act, impl="wgmma_sp")
+                                else:
+                                    sm.ssmm(xs, p, r.offsets, None, out=out, act=act, impl="wgmma_sp")
+                            finally:
+                                for k in env:
+                                    os.environ.pop(k)
+                        out.fill_(float("nan"))
+                        fn()
+                        torch.cuda.synchronize()
+                        if not bool(torch.isfinite(out).all()):
+                            raise RuntimeError(f"{fmt} {name} {kind} {tokens} {label}: output rows left unwritten")
+                        ms = time_graph(fn)["ms"]
+                        key = f"{kind}_{tokens}" + (f"@{label}" if label else "")
+                        row[f"{key}_ms"] = ms
+                        if fill_tb_s:
+                            row[f"{key}_frac_fill"] = sbytes / (ms * 1e-3) / (fill_tb_s * 1e12)
+                    del out
+            rows.append(row)
+            for label, _ in variants:
+                at = f"@{label}" if label else ""
+                print(f"{fmt:17} {name:24} {label or 'default':10} " + "  ".join(
+                    f"{k} {row[f'{k}{at}_ms']:.3f} ms" + (f" ({row[f'{k}{at}_frac_fill']:.2f})" if fill_tb_s else "")
+                    for k in ("gated_gather", "gated_tma", "plain_gather", "plain_tma")), flush=True)
+            del packed, x, xs
+            torch.cuda.empty_cache()
+    if a.out:
+        write_json(os.path.join(a.out, "probe_epilogue.json"),
+                   {"environment": environment(), "command": " ".join(sys.argv), "variants": dict(variants),
+                    "fill": fill, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
