@@ -11,7 +11,7 @@ routed tokens) run four ways --
 Each by CUDA-graph replay (median), with the fraction of the data ceiling
 (samoyeds.shared_fill_rate, measured in the same run) that the tile's stream reaches.
 
-  python benchmarks/probe_epilogue.py [--S 8192] [--variant LABEL:VAR=V,VAR=V ...] [--out DIR]
+  python benchmarks/probe_epilogue.py [--S 8192] [--formats 2:4,samoyeds-1:2:128] [--variant LABEL:VAR=V,VAR=V ...] [--out DIR]
 
 --variant times every way again with those environment variables set (the kernels'
 comparison switches, docs/PERFORMANCE.md), in the same run and on the same inputs.
@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--S", type=int, default=8192, help="routed rows (tokens x top_k)")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:VAR=V,...",
                     help="also time every way with these environment variables set")
+    ap.add_argument("--formats", default="2:4,samoyeds-1:2:128")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     variants = [("", {})]
@@ -51,7 +52,7 @@ def main():
     fill = shared_fill_rates()
     fill_tb_s = fill.get("fill_tma_and_gather_tb_s")
     rows = []
-    for fmt in ("2:4", "samoyeds-1:2:128"):
+    for fmt in a.formats.split(","):
         m = 1 if fmt == "2:4" else 2
         for name, E, R, C, K in CASES:
             w = torch.randn(E, R, C, generator=gen, device="cuda", dtype=torch.bfloat16) * C ** -0.5

@@ -93,6 +93,8 @@ struct KParams : SsmmArgs {
     int V;                      // slice length (BK without row selection)
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
+    int gm;                     // row tiles per rasterisation group (GM; SAMOYEDS_SSMM_GM)
+    int l2_x;                   // warp-specialised kernel: 1 gathers x with an L2 evict_last policy
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
 };
 
@@ -129,10 +131,11 @@ __device__ __forceinline__ void decode_tile(const KParams &p, int64_t L, int tot
     e_out = -1;
     rt_out = tt_out = 0;
     if (L >= (int64_t)total * p.nrt) return;
-    const int group = (int)(L / (GM * total)), within = (int)(L % (GM * total));
-    const int gm_eff = min(GM, p.nrt - group * GM);
+    const int gm = p.gm;
+    const int group = (int)(L / ((int64_t)gm * total)), within = (int)(L % ((int64_t)gm * total));
+    const int gm_eff = min(gm, p.nrt - group * gm);
     const int gt = within / gm_eff;
-    rt_out = group * GM + within % gm_eff;
+    rt_out = group * gm + within % gm_eff;
     int run = 0;
     for (int e0 = 0; e0 < p.E; e0 += 32) {
         const int nt = expert_token_tiles<BN>(p, e0 + lane);
@@ -704,6 +707,8 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
         return SAM_STATUS_UNSUPPORTED;
     }
     k.meta_remap = wgmma_meta_remap();
+    k.gm = std::max(1, env_int("SAMOYEDS_SSMM_GM", GM));
+    k.l2_x = env_int("SAMOYEDS_WGMMA_L2_X", 0);
     k.work = nullptr;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;
