@@ -94,7 +94,6 @@ struct KParams : SsmmArgs {
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     int gm;                     // row tiles per rasterisation group (GM; SAMOYEDS_SSMM_GM)
-    int l2_x;                   // warp-specialised kernel: 1 gathers x with an L2 evict_last policy
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
 };
 
@@ -708,7 +707,6 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
     }
     k.meta_remap = wgmma_meta_remap();
     k.gm = std::max(1, env_int("SAMOYEDS_SSMM_GM", GM));
-    k.l2_x = env_int("SAMOYEDS_WGMMA_L2_X", 0);
     k.work = nullptr;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;

@@ -290,19 +290,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 if constexpr (!b_tma) {
                     const int col = kt * BK + b_ch * 8;
                     const bool col_ok = col < p.C;
-                    if (p.l2_x) {
-                        const uint64_t pol = l2_evict_last_policy();
 #pragma unroll
-                        for (int i = 0; i < B_CH; i++) {
-                            const bool ok = col_ok && ((b_ok >> i) & 1);
-                            cp_async16_hint(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok, pol);
-                        }
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < B_CH; i++) {
-                            const bool ok = col_ok && ((b_ok >> i) & 1);
-                            cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
-                        }
+                    for (int i = 0; i < B_CH; i++) {
+                        const bool ok = col_ok && ((b_ok >> i) & 1);
+                        cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
                     }
                 }
                 if (M > 1 && i_load)
