@@ -126,13 +126,20 @@ __device__ __forceinline__ void rt_compute(const RBlock<Cf> &bl, float (&acc)[Cf
         }
 }
 
+// First token and first expert of this CTA's tile (the grid of rt_grid).
+__device__ __forceinline__ int rt_tile_token0(const RouterArgs &p, int BM) {
+    return (int)(p.experts_major ? blockIdx.y : blockIdx.x) * BM;
+}
+__device__ __forceinline__ int rt_tile_expert0(const RouterArgs &p, int BE) {
+    return (int)(p.experts_major ? blockIdx.x : blockIdx.y) * BE;
+}
+
 template <typename T, typename Cf>
 __global__ void __launch_bounds__(RT_THREADS, 1) router_logits_kernel(const RouterArgs p) {
     constexpr int ME = Cf::ME, NT = Cf::NT, BE = Cf::BE, BM = Cf::BM, W = RT_WARPS;
     __shared__ float red[W / 2][BE][BM + 1];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
-    const int t0 = (p.experts_major ? blockIdx.y : blockIdx.x) * BM;
-    const int e0 = (p.experts_major ? blockIdx.x : blockIdx.y) * BE;
+    const int t0 = rt_tile_token0(p, BM), e0 = rt_tile_expert0(p, BE);
     const int nblk = (p.H + 31) / 32;
     pdl_wait();
     pdl_trigger();
@@ -458,8 +465,7 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_tile_kernel(const Router
     extern __shared__ unsigned char rt_smem_raw[];
     const uint32_t s0 = (smem_u32(rt_smem_raw) + 127u) & ~127u;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
-    const int t0 = (p.experts_major ? blockIdx.y : blockIdx.x) * BM;
-    const int e0 = (p.experts_major ? blockIdx.x : blockIdx.y) * BE;
+    const int t0 = rt_tile_token0(p, BM), e0 = rt_tile_expert0(p, BE);
     const int KT = (p.H + 63) / 64;
     pdl_wait();
     pdl_trigger();
@@ -565,27 +571,33 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_tile_kernel(const Router
     }
 }
 
+// The grid over token tiles of BM and expert tiles of BE (rt_tile_token0 / rt_tile_expert0),
+// with b.experts_major set: the
+// expert tiles of a token tile side by side in launch order, so that the hidden states are
+// read from memory once and from L2 by the other tiles (grid.y allows 65535).
+inline dim3 rt_grid(const RouterArgs &a, int BM, int BE, RouterArgs &b) {
+    const unsigned tt = (unsigned)((a.T + BM - 1) / BM), et = (unsigned)((a.E + BE - 1) / BE);
+    b = a;
+    b.experts_major = et > 1 && tt <= 65535;
+    return b.experts_major ? dim3(et, tt) : dim3(tt, et);
+}
+
 template <typename T, int ME, int NT> sam_status rt_launch(const RouterArgs &a, cudaStream_t stream) {
     using Cf = RCfg<ME, NT>;
-    // The expert tiles of a token tile side by side in launch order, so that the hidden
-    // states are read from memory once and from L2 by the other tiles (grid.y allows 65535).
-    const unsigned tt = (unsigned)((a.T + Cf::BM - 1) / Cf::BM), et = (unsigned)((a.E + Cf::BE - 1) / Cf::BE);
-    RouterArgs b = a;
-    b.experts_major = et > 1 && tt <= 65535;
-    const dim3 grid = b.experts_major ? dim3(et, tt) : dim3(tt, et);
+    RouterArgs b;
+    const dim3 grid = rt_grid(a, Cf::BM, Cf::BE, b);
     SAM_CUDA_TRY(launch_kernel(router_logits_kernel<T, Cf>, grid, dim3(RT_THREADS), 0, stream, pdl_enabled(), b),
                  "router");
     return launch_status("router");
 }
 
-// sel: the tile kernel chooses too (a.E <= BE).
-template <typename T, int BM, int BE, int WM> sam_status rt_tile(const RouterArgs &a, cudaStream_t stream, bool sel) {
+// sel: the tile kernel chooses too (a.E <= BE), on G lanes per token (rt_lanes).
+template <typename T, int BM, int BE, int WM>
+sam_status rt_tile(const RouterArgs &a, cudaStream_t stream, bool sel, int G) {
     using Cf = RTile<BM, BE, WM>;
-    const unsigned tt = (unsigned)((a.T + BM - 1) / BM), et = (unsigned)((a.E + BE - 1) / BE);
-    RouterArgs b = a;
-    b.experts_major = et > 1 && tt <= 65535;
-    b.sel_lanes = rt_lanes(a.E, a.n_group, true);
-    const dim3 grid = b.experts_major ? dim3(et, tt) : dim3(tt, et);
+    RouterArgs b;
+    const dim3 grid = rt_grid(a, BM, BE, b);
+    b.sel_lanes = G;
     auto kernel = sel ? router_tile_kernel<T, Cf, true> : router_tile_kernel<T, Cf, false>;
     SAM_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cf::SMEM), "router");
     SAM_CUDA_TRY(launch_kernel(kernel, grid, dim3(RT_THREADS), Cf::SMEM, stream, pdl_enabled(), b), "router");
@@ -604,10 +616,10 @@ sam_status rt_tiles(const RouterArgs &a, cudaStream_t stream, bool choose, bool 
     auto enough = [&](int bm) { return 4 * ((a.T + bm - 1) / bm) * et >= 3 * sms; };
     const int G = rt_lanes(a.E, a.n_group, true);
     auto sel = [&](int bm, int be) { return chose = choose && a.E <= be && bm * G <= 2 * 32 * RT_WARPS; };
-    if (enough(128)) return rt_tile<T, 128, BE, 4>(a, stream, sel(128, BE));
-    if (enough(64)) return rt_tile<T, 64, BE, 4>(a, stream, sel(64, BE));
+    if (enough(128)) return rt_tile<T, 128, BE, 4>(a, stream, sel(128, BE), G);
+    if (enough(64)) return rt_tile<T, 64, BE, 4>(a, stream, sel(64, BE), G);
     constexpr int BE32 = BE < 64 ? 64 : BE;
-    return rt_tile<T, 32, BE32, 2>(a, stream, sel(32, BE32));
+    return rt_tile<T, 32, BE32, 2>(a, stream, sel(32, BE32), G);
 }
 
 // The selection kernel: keys, 32 / G tokens per warp (G = rt_lanes); else the compares,
