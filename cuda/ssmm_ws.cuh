@@ -259,7 +259,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             for (int i = 0; i < B_CH; i++) {
                 const int t = tok[b_row + 16 * i];
                 b_ok |= (unsigned)(t >= 0) << i;
-                b_src[i] = x + (t >= 0 ? (int64_t)t * p.ldx + b_ch * 8 : 0);
+                // an absent row reads row 0 (in bounds; its copy is zero-filled); advanced by BK a k-tile
+                b_src[i] = x + (t >= 0 ? (int64_t)t * p.ldx : 0) + b_ch * 8;
             }
             const bool i_ok = i_load && row0 + tid * 16 < p.rp;
             const uint8_t *i_src = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp + (i_ok ? row0 + tid * 16 : 0) : nullptr;
@@ -293,7 +294,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
                     for (int i = 0; i < B_CH; i++) {
                         const bool ok = col_ok && ((b_ok >> i) & 1);
-                        cp_async16(base + b_dst[i], ok ? b_src[i] + kt * BK : x, ok);
+                        cp_async16(base + b_dst[i], col_ok ? b_src[i] : x, ok);
+                        b_src[i] += BK;
                     }
                 }
                 if (M > 1 && i_load)
