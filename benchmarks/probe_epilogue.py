@@ -25,12 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
 from common import environment, shared_fill_rates, time_graph, write_json, ws_stream_bytes  # noqa: E402
-
-CASES = [  # name, E, R (gate_up: 2 I), C, top_k
-    ("mixtral-8x7b gate_up", 8, 28672, 4096, 2),
-    ("gpt-oss-20b gate_up", 32, 5760, 2880, 4),
-    ("qwen3-30b-a3b gate_up", 128, 1536, 2048, 8),
-]
+from token_stream import CASES  # noqa: E402  (the same gate_up shapes)
 
 
 def main():

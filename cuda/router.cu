@@ -572,9 +572,9 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_tile_kernel(const Router
 }
 
 // The grid over token tiles of BM and expert tiles of BE (rt_tile_token0 / rt_tile_expert0),
-// with b.experts_major set: the
-// expert tiles of a token tile side by side in launch order, so that the hidden states are
-// read from memory once and from L2 by the other tiles (grid.y allows 65535).
+// with b.experts_major set: the expert tiles of a token tile side by side in launch order, so
+// that the hidden states are read from memory once and from L2 by the other tiles (grid.y
+// allows 65535).
 inline dim3 rt_grid(const RouterArgs &a, int BM, int BE, RouterArgs &b) {
     const unsigned tt = (unsigned)((a.T + BM - 1) / BM), et = (unsigned)((a.E + BE - 1) / BE);
     b = a;
