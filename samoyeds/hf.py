@@ -619,14 +619,16 @@ def _dense_shared_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _swapped_class(cache: Dict[type, type], prefix: str, base: type, forward: Callable, flag: str,
                    doc: str) -> type:
     """The subclass of ``base`` with ``forward`` that a patched module's class becomes (one per
-    base, kept in ``cache``); ``flag`` is set on it, ``_samoyeds_base`` names the base."""
+    base, kept in ``cache``); ``flag`` and ``_samoyeds_swapped`` are set on it, ``_samoyeds_base``
+    names the base."""
     cls = cache.get(base)
     if cls is None:
         # the name says where the base class lives: pickles find the class through this
         # module's __getattr__ in a fresh process
         name = f"{prefix}{base.__module__.replace('.', ':')}:{base.__qualname__.replace('.', ':')}>"
         cls = type(name, (base,), {"forward": forward, "__module__": __name__, "__qualname__": name,
-                                   "_samoyeds_base": base, flag: True, "__doc__": f"{base.__name__} {doc}"})
+                                   "_samoyeds_base": base, "_samoyeds_swapped": True, flag: True,
+                                   "__doc__": f"{base.__name__} {doc}"})
         cache[base] = cls
     return cls
 
@@ -638,7 +640,8 @@ def _dense_shared_class(base: type) -> type:
 
 
 def _class_by_name(name: str, prefix: str) -> Optional[type]:
-    """The base class a ``SamoyedsDense<...>`` / ``SamoyedsRouter<...>`` name stands for, or None."""
+    """The base class a ``SamoyedsDense<...>`` / ``SamoyedsRouter<...>`` / ``SamoyedsBlock<...>``
+    name stands for, or None."""
     import importlib
 
     parts = name[len(prefix):-1].split(":")
@@ -686,9 +689,10 @@ def _dense_shared_patch_all(model: nn.Module, targets: List[_Target]) -> None:
 # second stream that waits only for the mark, and the current stream waits for them before it
 # goes on.  Streams, events and marks are the calling thread's own.  The routed path's launches
 # come first, so a block started on an idle GPU is not held behind the shared MLP; on a busy GPU
-# the two overlap.  The kernels and rows are the same as on one stream (bit-identical).  Below SAMOYEDS_SHARED_STREAM_MIN_ROWS token rows (default 4096)
-# everything stays on one stream: there a block's launches take the host about as long as
-# its kernels take the GPU, and the ordering costs the host more than the overlap saves.
+# the two overlap.  The kernels and rows are the same as on one stream (bit-identical).  Below
+# SAMOYEDS_SHARED_STREAM_MIN_ROWS token rows (default 4096) everything stays on one stream: there
+# a block's launches take the host about as long as its kernels take the GPU, and the ordering
+# costs the host more than the overlap saves.
 
 _BLOCK_CLASSES: Dict[type, type] = {}
 _BLOCK_PREFIX = "SamoyedsBlock<"
@@ -970,9 +974,8 @@ def _unswap_all(model: nn.Module) -> None:
     """Gives every block, unpruned shared MLP and router that patch_model gave a samoyeds
     subclass (_swapped_class) its own class back."""
     for mod in model.modules():
-        cls = type(mod)
-        if any(getattr(cls, f, False) for f in ("_samoyeds_block", "_samoyeds_dense_shared", "_samoyeds_router")):
-            mod.__class__ = cls._samoyeds_base
+        if getattr(type(mod), "_samoyeds_swapped", False):
+            mod.__class__ = type(mod)._samoyeds_base
             mod.__dict__.pop("_samoyeds_router_spec", None)
 
 
