@@ -76,16 +76,19 @@ for step in $steps; do
     profile)
       # ncu (clocks as they are) on one launch of the default kernel per format, Mixtral-8x7B
       # gate_up at 8192 tokens: the details page and the top warp-stall sites per SASS line
-      for fmt in samoyeds-1:2:128 2:4; do
-        tag=${fmt//:/_}
+      # (PROFILE_FMTS: the formats; PROFILE_TAG: a suffix of the files, for a second run with
+      # other switches in the environment, e.g. SAMOYEDS_WS_DROP)
+      for fmt in ${PROFILE_FMTS:-samoyeds-1:2:128 2:4}; do
+        tag=${fmt//:/_}${PROFILE_TAG:-}
         timeout "${STEP_TIMEOUT:-0}" ncu --clock-control none -k regex:ssmm --launch-skip 3 --launch-count 1 \
           --section SpeedOfLight --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis \
           --section SchedulerStats -f -o "$OUT/profile_$tag" $PY benchmarks/profile_ssmm.py --fmt $fmt --T 8192 \
           > "$OUT/profile_$tag.log" 2>&1
         ncu -i "$OUT/profile_$tag.ncu-rep" --page details > "$OUT/profile_${tag}_details.txt" 2>&1
         ncu -i "$OUT/profile_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/profile_${tag}_src.csv" 2>&1
-        $PY benchmarks/ncu_top.py "$OUT/profile_${tag}_src.csv" --top 40 > "$OUT/profile_${tag}_top.txt" 2>&1
-        rm -f "$OUT/profile_$tag.ncu-rep" "$OUT/profile_${tag}_src.csv"
+        $PY benchmarks/ncu_top.py "$OUT/profile_${tag}_src.csv" --top 40 --by-opcode > "$OUT/profile_${tag}_top.txt" 2>&1
+        rm -f "$OUT/profile_$tag.ncu-rep"
+        [ -n "${PROFILE_KEEP_SRC:-}" ] || rm -f "$OUT/profile_${tag}_src.csv"
         summary+=("profile $fmt: $(head -2 "$OUT/profile_${tag}_top.txt" | tail -1 | cut -c1-160)")
       done ;;
     profile-router)

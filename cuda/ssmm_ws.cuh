@@ -204,7 +204,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
         const bool i_load = M > 1 && tid < IDX_THREADS;  // row-selection indices: BMT bytes in 16-byte chunks
-        constexpr uint32_t TX = C::A_BYTES + C::META_BYTES + (b_tma ? C::B_BYTES : 0);
+        const bool drop_b = (p.drop & 2) != 0, drop_a = (p.drop & 4) != 0;
+        const uint32_t TX = (drop_a ? 0u : C::A_BYTES + C::META_BYTES) + (b_tma && !drop_b ? C::B_BYTES : 0u);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
         uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
         int ends = 0;     // end-of-work records written (ping-pong: one per consumer)
@@ -271,7 +272,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 const uint32_t base = smem_u32(stage_ptr(s));
                 if (tid == 0) {
                     mbar_arrive_expect_tx(full_bar(s), TX);  // clusters: both halves land here
-                    if constexpr (CL == 1) {
+                    if (drop_a) {
+                    } else if constexpr (CL == 1) {
                         tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
                         tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
                                     full_bar(s));
@@ -286,9 +288,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     // the item's rows s0 .. s0 + BN - 1 of x; rows past the expert belong to
                     // the next one (their output columns are never stored), rows past T and
                     // columns past C are zero-filled
-                    if constexpr (b_tma) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
+                    if constexpr (b_tma) {
+                        if (!drop_b) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
+                    }
                 }
-                if constexpr (!b_tma) {
+                if (!b_tma && !drop_b) {
                     const int col = kt * BK + b_ch * 8;
                     const bool col_ok = col < p.C;
 #pragma unroll
@@ -325,6 +329,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     uint32_t perm[2];
     uint32_t ef[2][NB][KS];
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
+    // M > 1: the two consumers take turns issuing a k-tile's wgmmas (named barriers 6 and 7),
+    // so each drains its wgmmas and swaps row sets at a slice boundary while the other's
+    // wgmmas of the k-tile before keep the tensor cores busy; unordered, both reach the
+    // boundary together and the tensor cores idle through both swaps
+    const bool ordered = M > 1 && !PP && p.order != 0;
 
     // the metadata words of the k-tile (the packed values stay in shared memory)
     auto load_meta = [&](auto par_c, int st) {
@@ -341,7 +350,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const uint32_t want = idx_s[crow + warp * 16 + g + 8 * hh];
-            select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
+            if (p.swapk == 1)
+                select_row_set<M, 16, 1>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
+            else
+                select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
         }
     };
     // the wgmmas that read stage st are done: one arrival per thread, or (clusters) one
@@ -364,7 +376,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         mbar_wait(full_bar(st), (it / ST) & 1);
         // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
         // (the row-selection indices, by cp.async, are read by ordinary loads)
-        if constexpr (!C::BT) fence_proxy_async();
+        if constexpr (!C::BT) {
+            if (p.pfence == 1) fence_proxy_async();
+            else if (p.pfence == 2 && (tid & 127) == 0) fence_proxy_async();
+        }
         load_meta(par_c, st);
         if (M > 1 && boundary) {
             wgmma_wait<0>();
@@ -374,6 +389,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
             for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         }
+        // ordered: this consumer's turn (the other has issued its wgmmas of the k-tile before)
+        if (ordered) named_barrier_sync(6 + c, 256);
         const uint32_t sa = smem_u32(stage_ptr(st)), sb = sa + C::A_BYTES;
         wgmma_fence();
 #pragma unroll
@@ -383,6 +400,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 WgmmaSpSS<T>::run(acc[b], smem_desc_sw64(sa + (crow + b * 64) * 64 + ks * 32),
                                   smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
         wgmma_commit();
+        // the other's turn; consumer 1's last k-tile of an item hands no turn on (consumer 0's
+        // first of the next item takes it from the arrival at that item's start)
+        if (ordered && (c == 0 || kt + 1 < KT)) named_barrier_arrive(7 - c, 256);
         wgmma_wait<1>();
         if (kt > 0) release((it - 1) % ST);
     };
@@ -564,6 +584,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
         }
         perm[0] = perm[1] = identity_perm<M>();
+        if (ordered && c == 1 && KT > 0) named_barrier_arrive(6, 256);  // consumer 0 issues first
         SliceStart slice;
         for (int kt = 0; kt < KT; kt += 2, it += 2) {
             step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
