@@ -321,32 +321,20 @@ __device__ __forceinline__ void init_row_sets(float (&acc)[M][MT][NT][4], uint32
     for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = identity_perm<M>();
 }
 
-template <int M, int NT, int KIND = 0, typename At>
+template <int M, int NT, typename At>
 __device__ __forceinline__ void select_row_set(At at, uint32_t &perm, uint32_t want, int hh) {
 #pragma unroll
     for (int a = 1; a < M; a++) {
         const uint32_t pm = perm, f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
         const bool sw = fa == want;
-        const uint32_t s1 = sw ? 1u : 0u, sn = 0u - s1;
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int k = 2 * hh; k < 2 * hh + 2; k++) {
                 float &x0 = at(0, j, k), &xa = at(a, j, k);
-                if constexpr (KIND == 1) {
-                    // EXPERIMENT: the swap as integer multiply-adds on the bit patterns (exact):
-                    // d = xa - x0, x0 += s d, xa -= s d with s = 0 or 1
-                    uint32_t u0 = __float_as_uint(x0), ua = __float_as_uint(xa);
-                    const uint32_t d = ua - u0;
-                    asm("mad.lo.u32 %0, %1, %2, %0;" : "+r"(u0) : "r"(d), "r"(s1));
-                    asm("mad.lo.u32 %0, %1, %2, %0;" : "+r"(ua) : "r"(d), "r"(sn));
-                    x0 = __uint_as_float(u0);
-                    xa = __uint_as_float(ua);
-                } else {
-                    const float w0 = x0, wa = xa;
-                    x0 = sw ? wa : w0;
-                    xa = sw ? w0 : wa;
-                }
+                const float w0 = x0, wa = xa;
+                x0 = sw ? wa : w0;
+                xa = sw ? w0 : wa;
             }
         const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
         perm = sw ? swapped : pm;

@@ -94,10 +94,7 @@ struct KParams : SsmmArgs {
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     int gm;                     // row tiles per rasterisation group (GM; SAMOYEDS_SSMM_GM)
-    int order;                  // 1:M:V warp-specialised consumers take turns issuing (SAMOYEDS_WS_ORDER)
-    int pfence;                 // EXPERIMENT: consumers' proxy fence on gathered stages (SAMOYEDS_WS_PFENCE)
-    int swapk;                  // EXPERIMENT: 1:M:V row-set swap, 0 selects, 1 integer multiply-adds (SAMOYEDS_WS_SWAP)
-    int drop;                   // EXPERIMENT: 2 no token loads, 4 no weight loads (SAMOYEDS_WS_DROP)
+    int drop;                   // warp-specialised kernel, measurements only (SAMOYEDS_WS_DROP): parts left out
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
 };
 
@@ -711,10 +708,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
     }
     k.meta_remap = wgmma_meta_remap();
     k.gm = std::max(1, env_int("SAMOYEDS_SSMM_GM", GM));
-    k.order = env_int("SAMOYEDS_WS_ORDER", 1) != 0;
-    k.pfence = env_int("SAMOYEDS_WS_PFENCE", 1);
     k.drop = env_int("SAMOYEDS_WS_DROP", 0);
-    k.swapk = env_int("SAMOYEDS_WS_SWAP", 0);
     k.work = nullptr;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;

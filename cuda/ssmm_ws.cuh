@@ -329,11 +329,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     uint32_t perm[2];
     uint32_t ef[2][NB][KS];
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
-    // M > 1: the two consumers take turns issuing a k-tile's wgmmas (named barriers 6 and 7),
-    // so each drains its wgmmas and swaps row sets at a slice boundary while the other's
-    // wgmmas of the k-tile before keep the tensor cores busy; unordered, both reach the
-    // boundary together and the tensor cores idle through both swaps
-    const bool ordered = M > 1 && !PP && p.order != 0;
 
     // the metadata words of the k-tile (the packed values stay in shared memory)
     auto load_meta = [&](auto par_c, int st) {
@@ -350,10 +345,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const uint32_t want = idx_s[crow + warp * 16 + g + 8 * hh];
-            if (p.swapk == 1)
-                select_row_set<M, 16, 1>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
-            else
-                select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
+            select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
         }
     };
     // the wgmmas that read stage st are done: one arrival per thread, or (clusters) one
@@ -376,21 +368,16 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         mbar_wait(full_bar(st), (it / ST) & 1);
         // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
         // (the row-selection indices, by cp.async, are read by ordinary loads)
-        if constexpr (!C::BT) {
-            if (p.pfence == 1) fence_proxy_async();
-            else if (p.pfence == 2 && (tid & 127) == 0) fence_proxy_async();
-        }
+        if constexpr (!C::BT) fence_proxy_async();
         load_meta(par_c, st);
         if (M > 1 && boundary) {
             wgmma_wait<0>();
 #pragma unroll
             for (int a = 0; a < 2; a++) fence_regs(acc[a]);
-            select_rows(st);
+            if (!(p.drop & 8)) select_rows(st);
 #pragma unroll
             for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         }
-        // ordered: this consumer's turn (the other has issued its wgmmas of the k-tile before)
-        if (ordered) named_barrier_sync(6 + c, 256);
         const uint32_t sa = smem_u32(stage_ptr(st)), sb = sa + C::A_BYTES;
         wgmma_fence();
 #pragma unroll
@@ -400,9 +387,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 WgmmaSpSS<T>::run(acc[b], smem_desc_sw64(sa + (crow + b * 64) * 64 + ks * 32),
                                   smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
         wgmma_commit();
-        // the other's turn; consumer 1's last k-tile of an item hands no turn on (consumer 0's
-        // first of the next item takes it from the arrival at that item's start)
-        if (ordered && (c == 0 || kt + 1 < KT)) named_barrier_arrive(7 - c, 256);
         wgmma_wait<1>();
         if (kt > 0) release((it - 1) % ST);
     };
@@ -584,7 +568,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
         }
         perm[0] = perm[1] = identity_perm<M>();
-        if (ordered && c == 1 && KT > 0) named_barrier_arrive(6, 256);  // consumer 0 issues first
         SliceStart slice;
         for (int kt = 0; kt < KT; kt += 2, it += 2) {
             step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
@@ -595,8 +578,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         if (KT > 0) release((it - 1) % ST);
 
-        if (p.act != SAM_ACT_NONE) epilogue(std::true_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
-        else epilogue(std::false_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
+        if (p.drop & 16) {
+        } else if (p.act != SAM_ACT_NONE) {
+            epilogue(std::true_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
+        } else {
+            epilogue(std::false_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
+        }
         mbar_arrive(tempty_bar(slot));
     }
     if (CL > 1) cluster_sync();

@@ -131,10 +131,6 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// arrive on a named barrier without waiting (the other threads of `threads` bar.sync on it)
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 #endif
 
 }  // namespace sam

@@ -189,57 +189,38 @@ def test_warp_specialised_work_items(shape, fmt, act, glu, kernel, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [
-    (2000, 2, 8, 1024, 256, "skewed"),  # several items per CTA, several slices per item
-    (900, 3, 40, 512, 128, "one"),      # a KT of 2: one turn each per item
-    (129, 4, 6, 192, 640, "placeholder"),
-    (0, 2, 4, 128, 128, "uniform"),     # T = 0: no item, no turn
-])
-@pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "samoyeds-1:2:256"])
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-@pytest.mark.parametrize("kernel", ["2", "5", "6"])
 @pytest.mark.parametrize("rows", ["gather", "tma"])
-def test_wgmma_consumer_turns(shape, fmt, act, glu, kernel, rows, monkeypatch):
-    """1:M:V: the two consumer warpgroups taking turns issuing each k-tile's wgmmas
-    (SAMOYEDS_WS_ORDER=1, the default) or not (=0) computes the same sums in the same
-    order: bit for bit the same output, within the oracle tolerance of the C reference,
-    nothing written past offsets[E]; with the token rows gathered and by TMA."""
+def test_wgmma_stage_dropping_runs(fmt, act, glu, rows, monkeypatch):
+    """SAMOYEDS_WS_DROP (measurements only: parts of the warp-specialised kernel left out,
+    docs/PERFORMANCE.md) computes no result, but every value must run to the end and write
+    nothing outside the routed rows; back at 0 the result is the C reference's again."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
     seed = torch.seed() % 2**31
-    T, K, E, R, C, pattern = shape
+    T, K, E, R, C = 700, 2, 8, 512, 384
     gen = torch.Generator().manual_seed(seed)
-    x, p, r, b, sc = _case(T, K, E, R, C, fmt, torch.bfloat16, pattern, act, glu, gen, bias=True, scale=True)
+    x, p, r, b, sc = _case(T, K, E, R, C, fmt, torch.bfloat16, "skewed", act, glu, gen, bias=True, scale=True)
     S, n = T * K, int(r.offsets[-1])
     ids = r.token_ids
-    if rows == "tma":  # the intermediate rows of a down projection: x read without a row map
+    if rows == "tma":
         x = torch.randn(S, C, generator=gen).to(torch.bfloat16)
-        x[n:] = float("nan")
         ids = None
     cols = R if act == "none" else R // 2
     ref = _poisoned(S, cols, torch.bfloat16, "cpu")
     sm.ssmm(x, p, r.offsets, ids, out=ref, act=act, bias=b, scale=sc)
-    oracle = oracle_ssmm(x, sm.unpack(p), r.offsets, ids, act, b, sc)[:n]
     pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
     idg = None if ids is None else ids.cuda()
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
-    # (=2: the TMA path or an error; with no rows at all nothing runs)
-    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "0" if rows == "gather" else "2" if S else "1")
-    outs = {}
-    for order, swap in (("1", "0"), ("0", "0"), ("1", "1")):
-        monkeypatch.setenv("SAMOYEDS_WS_ORDER", order)
-        monkeypatch.setenv("SAMOYEDS_WS_SWAP", swap)
+    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "0" if rows == "gather" else "2")
+    for drop in ("2", "4", "6", "8", "16", "30", "0"):
+        monkeypatch.setenv("SAMOYEDS_WS_DROP", drop)
         out = _poisoned(S, cols, torch.bfloat16, "cuda")
         sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
         torch.cuda.synchronize()
-        outs[order + swap] = out.cpu()
-        assert torch.isfinite(out[:n]).all(), "unwritten or non-finite output rows"
-        assert torch.isnan(out[n:]).all(), "rows past offsets[E] were written"
-    assert torch.equal(outs["10"][:n], outs["00"][:n]), "the consumers' turns changed the result"
-    assert torch.equal(outs["10"][:n], outs["11"][:n]), "the row-set swap's kind changed the result"
-    outs["1"] = outs["10"]
-    e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(outs["1"][:n], oracle)
-    assert e_cuda <= 2 * e_ref + 1e-6, (e_cuda, e_ref)
+        assert torch.isnan(out[n:]).all(), f"SAMOYEDS_WS_DROP={drop}: rows past offsets[E] were written"
+    assert torch.isfinite(out[:n].cpu()).all(), "unwritten or non-finite output rows"
+    assert rel_err(out[:n].cpu(), ref[:n].double()) < 1e-2
 
 
 @pytest.mark.gpu
