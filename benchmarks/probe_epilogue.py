@@ -15,8 +15,8 @@ Each by CUDA-graph replay (median), with the fraction of the data ceiling
 
 --variant times every way again with those environment variables set (the kernels'
 comparison switches, docs/PERFORMANCE.md), in the same run and on the same inputs.
-A variant that sets SAMOYEDS_WS_DROP (stages without their math or their loads) computes
-no result, so its output is not checked.
+A variant that sets SAMOYEDS_WS_DROP (parts of the kernel left out; read by builds with
+SAMOYEDS_NVCC_FLAGS=-DSAM_WS_DROP=1 only) computes no result, so its output is not checked.
 """
 import argparse
 import os

@@ -167,6 +167,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     const int tid = threadIdx.x;
     const uint32_t rank = CL == 1 ? 0u : cluster_rank();
     const int KT = (int)(p.cp / BK);  // even: columns are padded to 128
+    // parts left out, for measurements (SAM_WS_DROP in ssmm.cu; 0 in release builds)
+#if SAM_WS_DROP
+    const int drop = p.drop;
+#else
+    constexpr int drop = 0;
+#endif
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
     // BT: the token rows of a k-tile come as one TMA box, so only the threads that
     // load row-selection indices (M > 1) arrive on `full` besides the TMA thread
@@ -204,7 +210,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
         const bool i_load = M > 1 && tid < IDX_THREADS;  // row-selection indices: BMT bytes in 16-byte chunks
-        const bool drop_b = (p.drop & 2) != 0, drop_a = (p.drop & 4) != 0;
+        const bool drop_b = (drop & 2) != 0, drop_a = (drop & 4) != 0;
         const uint32_t TX = (drop_a ? 0u : C::A_BYTES + C::META_BYTES) + (b_tma && !drop_b ? C::B_BYTES : 0u);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
         uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
@@ -374,7 +380,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             wgmma_wait<0>();
 #pragma unroll
             for (int a = 0; a < 2; a++) fence_regs(acc[a]);
-            if (!(p.drop & 8)) select_rows(st);
+            if (!(drop & 8)) select_rows(st);
 #pragma unroll
             for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         }
@@ -578,7 +584,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         if (KT > 0) release((it - 1) % ST);
 
-        if (p.drop & 16) {
+        if (drop & 16) {
         } else if (p.act != SAM_ACT_NONE) {
             epilogue(std::true_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
         } else {

@@ -193,9 +193,10 @@ def test_warp_specialised_work_items(shape, fmt, act, glu, kernel, monkeypatch):
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
 @pytest.mark.parametrize("rows", ["gather", "tma"])
 def test_wgmma_stage_dropping_runs(fmt, act, glu, rows, monkeypatch):
-    """SAMOYEDS_WS_DROP (measurements only: parts of the warp-specialised kernel left out,
-    docs/PERFORMANCE.md) computes no result, but every value must run to the end and write
-    nothing outside the routed rows; back at 0 the result is the C reference's again."""
+    """SAMOYEDS_WS_DROP (parts of the warp-specialised kernel left out, read by builds with
+    SAM_WS_DROP=1 only, docs/PERFORMANCE.md): with any value the kernel runs to the end and
+    writes nothing outside the routed rows (in a build that reads it, it computes no result);
+    back at 0 the result is the C reference's again."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
     seed = torch.seed() % 2**31
