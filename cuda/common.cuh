@@ -437,29 +437,6 @@ SAM_WGMMA_SP_SS(__half, "f16")
 #undef SAM_WGMMA_SP_SS
 #undef SAM_WGMMA_SP_SS_ASM
 
-// The same with N = 64 (half of a 128-token tile): D[64 x 64], 32 fp32 registers a thread.
-template <typename T> struct WgmmaSpSS64;
-#define SAM_WGMMA_SP_SS64(TYPE, PTXT)                                                                   \
-    template <> struct WgmmaSpSS64<TYPE> {                                                              \
-        static __device__ __forceinline__ void run(float (&d)[32], uint64_t adesc, uint64_t bdesc, uint32_t e) { \
-            SAM_WGMMA_SP_SS64_ASM(PTXT)                                                                 \
-        }                                                                                               \
-    };
-#ifdef SAM_HAS_WGMMA
-#define SAM_WGMMA_SP_SS64_ASM(PTXT)                                                                     \
-    asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"                                             \
-                 "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." PTXT "." PTXT " "                      \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 0, p, 1, 1, 0, 0;\n}\n"                                          \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                                                 \
-                 : "l"(adesc), "l"(bdesc), "r"(e));
-#else
-#define SAM_WGMMA_SP_SS64_ASM(PTXT) (void)d; (void)adesc; (void)bdesc; (void)e; __trap();
-#endif
-SAM_WGMMA_SP_SS64(__nv_bfloat16, "bf16")
-SAM_WGMMA_SP_SS64(__half, "f16")
-#undef SAM_WGMMA_SP_SS64
-#undef SAM_WGMMA_SP_SS64_ASM
-
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace sam

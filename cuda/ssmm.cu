@@ -89,14 +89,24 @@ template <int M_, int BK_, int WN_, int ST_> struct Cfg {
     static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * B_ROW + ((ch ^ (row & 7)) << 4); }
 };
 
+// SAM_WS_DROP=1 (SAMOYEDS_NVCC_FLAGS=-DSAM_WS_DROP=1): the warp-specialised kernel reads
+// SAMOYEDS_WS_DROP, a bit set of parts to leave out so that what remains can be timed alone
+// (its output is then not the product): 2 the token rows' loads, 4 the weights' and
+// metadata's loads (the stage is marked full without them), 8 the 1:M:V row-set swaps, 16
+// the epilogue.  Release builds leave it at 0 and compile none of it in.
+#ifndef SAM_WS_DROP
+#define SAM_WS_DROP 0
+#endif
+
 struct KParams : SsmmArgs {
     int V;                      // slice length (BK without row selection)
     int nrt;                    // row tiles
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     int gm;                     // row tiles per rasterisation group (GM; SAMOYEDS_SSMM_GM)
-    int drop;                   // warp-specialised kernel, measurements only (SAMOYEDS_WS_DROP): parts left out
-    int split;                  // 1:2:V, V = 128 or 256: the half-split consumer loop (SAMOYEDS_WS_SPLIT)
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
+#if SAM_WS_DROP
+    int drop;                   // SAMOYEDS_WS_DROP: the parts the warp-specialised kernel leaves out
+#endif
 };
 
 
@@ -709,8 +719,9 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
     }
     k.meta_remap = wgmma_meta_remap();
     k.gm = std::max(1, env_int("SAMOYEDS_SSMM_GM", GM));
+#if SAM_WS_DROP
     k.drop = env_int("SAMOYEDS_WS_DROP", 0);
-    k.split = env_int("SAMOYEDS_WS_SPLIT", 1);
+#endif
     k.work = nullptr;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;

@@ -167,6 +167,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     const int tid = threadIdx.x;
     const uint32_t rank = CL == 1 ? 0u : cluster_rank();
     const int KT = (int)(p.cp / BK);  // even: columns are padded to 128
+    // parts left out, for measurements (SAM_WS_DROP in ssmm.cu; 0 in release builds)
+#if SAM_WS_DROP
+    const int drop = p.drop;
+#else
+    constexpr int drop = 0;
+#endif
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
     // BT: the token rows of a k-tile come as one TMA box, so only the threads that
     // load row-selection indices (M > 1) arrive on `full` besides the TMA thread
@@ -204,7 +210,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
         const bool i_load = M > 1 && tid < IDX_THREADS;  // row-selection indices: BMT bytes in 16-byte chunks
-        const bool drop_b = (p.drop & 2) != 0, drop_a = (p.drop & 4) != 0;
+        const bool drop_b = (drop & 2) != 0, drop_a = (drop & 4) != 0;
         const uint32_t TX = (drop_a ? 0u : C::A_BYTES + C::META_BYTES) + (b_tma && !drop_b ? C::B_BYTES : 0u);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
         uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
@@ -329,11 +335,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     uint32_t perm[2];
     uint32_t ef[2][NB][KS];
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
-    // M = 2, V = 128 or 256: the half-split k-loop below (SAMOYEDS_WS_SPLIT=0: the draining one)
-    // (not with the token rows by TMA: there ptxas finds too few registers for the wgmma
-    // pipeline, C7511, and serialises every wgmma)
-    constexpr bool CAN_SPLIT = M == 2 && !PP && !C::BT;
-    const bool split = CAN_SPLIT && p.split != 0 && kt_per_slice == 2;
 
     // the metadata words of the k-tile (the packed values stay in shared memory)
     auto load_meta = [&](auto par_c, int st) {
@@ -379,7 +380,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             wgmma_wait<0>();
 #pragma unroll
             for (int a = 0; a < 2; a++) fence_regs(acc[a]);
-            if (!(p.drop & 8)) select_rows(st);
+            if (!(drop & 8)) select_rows(st);
 #pragma unroll
             for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         }
@@ -394,93 +395,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         wgmma_commit();
         wgmma_wait<1>();
         if (kt > 0) release((it - 1) % ST);
-    };
-
-    // ---- 1:M:V with M = 2 and a slice of 2 or 4 k-tiles (V = 128, 256): the token tile as
-    // two halves of 64 (m64n64k32, one commit group each), so each half's row sets are
-    // swapped at a slice boundary while the other half's wgmmas run, never a full drain.
-    // Every half-group of a k-tile reads the same metadata registers (ef, by k-tile parity).
-    auto half_of = [](float(&a)[64], auto h_c) -> float(&)[32] {
-        return *reinterpret_cast<float(*)[32]>(&a[32 * decltype(h_c)::value]);
-    };
-    // the swap decision of both rows of this thread at the slice of stage st, and the new map
-    auto decide = [&](int st, bool (&sw)[2]) {
-        const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const uint32_t want = idx_s[crow + warp * 16 + g + 8 * hh];
-            const uint32_t pm = perm[hh], f0 = pm & 15u, f1 = (pm >> 4) & 15u;
-            sw[hh] = f1 == want;
-            perm[hh] = sw[hh] ? ((pm & ~0xffu) | f1 | (f0 << 4)) : pm;
-        }
-    };
-    auto swap_half = [&](auto h_c, const bool (&sw)[2]) {
-        constexpr int h = decltype(h_c)::value;
-        fence_regs(half_of(acc[0], h_c));  // (after the wait: no read of them moves above it)
-        const int32_t c0 = sw[0] ? -1 : 0, c1 = sw[1] ? -1 : 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float &x0 = acc[0][32 * h + 4 * j + k], &x1 = acc[1][32 * h + 4 * j + k];
-                const float w0 = x0, w1 = x1;
-                x1 = sw[k >> 1] ? w0 : w1;
-                // set 0 is what the wgmmas accumulate into: selected in place (the register tied
-                // to itself), so no copy of it is left for ptxas to place while the other half runs
-                asm volatile("slct.f32.s32 %0, %0, %1, %2;" : "+f"(x0) : "f"(w1), "r"(k < 2 ? c0 : c1));
-            }
-    };
-    auto issue_half = [&](auto h_c, auto par_c, uint32_t sa, uint32_t sb) {
-        constexpr int h = decltype(h_c)::value, par = decltype(par_c)::value;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-            WgmmaSpSS64<T>::run(half_of(acc[0], h_c), smem_desc_sw64(sa + crow * 64 + ks * 32),
-                                smem_desc_sw128(sb + h * 64 * 128 + ks * 64), ef[par][0][ks]);
-        wgmma_commit();
-    };
-    // one slice: KPS k-tiles from ring position it0, the first of them its boundary
-    auto split_slice = [&](auto kps_c, int kt, uint32_t it0) {
-        constexpr int KPS = decltype(kps_c)::value;
-        using H0 = std::integral_constant<int, 0>;
-        using H1 = std::integral_constant<int, 1>;
-        {
-            const int st = it0 % ST;
-            mbar_wait(full_bar(st), (it0 / ST) & 1);
-            if constexpr (!C::BT) fence_proxy_async();
-            load_meta(H0{}, st);
-            bool sw[2];
-            decide(st, sw);
-            const uint32_t sa = smem_u32(stage_ptr(st)), sb = sa + C::A_BYTES;
-            // the k-tile before is done (its half 1 left running here, ptxas serialises every
-            // wgmma of the kernel: C7514, its analysis not following the groups around the loop)
-            wgmma_wait<0>();
-            swap_half(H0{}, sw);
-            wgmma_fence();
-            issue_half(H0{}, H0{}, sa, sb);
-            wgmma_wait<1>();  // the k-tile before is done: its stage is free
-            if (kt > 0) release((it0 - 1) % ST);
-            swap_half(H1{}, sw);  // while half 0's wgmmas run
-            wgmma_fence();
-            issue_half(H1{}, H0{}, sa, sb);
-        }
-#pragma unroll
-        for (int qq = 1; qq < KPS; qq++) {
-            const uint32_t it = it0 + qq;
-            const int st = it % ST;
-            mbar_wait(full_bar(st), (it / ST) & 1);
-            if constexpr (!C::BT) fence_proxy_async();
-            const uint32_t sa = smem_u32(stage_ptr(st)), sb = sa + C::A_BYTES;
-            auto body = [&](auto par_c) {
-                load_meta(par_c, st);
-                wgmma_fence();
-                issue_half(H0{}, par_c, sa, sb);
-                issue_half(H1{}, par_c, sa, sb);
-            };
-            if (qq & 1) body(H1{});
-            else body(H0{});
-            wgmma_wait<2>();  // the k-tile before: both halves done
-            release((it - 1) % ST);
-        }
     };
 
     T *out = static_cast<T *>(p.out);
@@ -660,22 +574,17 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
         }
         perm[0] = perm[1] = identity_perm<M>();
-        if (split) {
-            if constexpr (CAN_SPLIT)
-                for (int kt = 0; kt < KT; kt += 2, it += 2) split_slice(std::integral_constant<int, 2>{}, kt, it);
-        } else {
-            SliceStart slice;
-            for (int kt = 0; kt < KT; kt += 2, it += 2) {
-                step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
-                step(std::integral_constant<int, 1>{}, kt + 1, it + 1, slice.next(kt_per_slice));
-            }
+        SliceStart slice;
+        for (int kt = 0; kt < KT; kt += 2, it += 2) {
+            step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
+            step(std::integral_constant<int, 1>{}, kt + 1, it + 1, slice.next(kt_per_slice));
         }
         wgmma_wait<0>();
 #pragma unroll
         for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         if (KT > 0) release((it - 1) % ST);
 
-        if (p.drop & 16) {
+        if (drop & 16) {
         } else if (p.act != SAM_ACT_NONE) {
             epilogue(std::true_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
         } else {
