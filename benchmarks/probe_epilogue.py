@@ -45,6 +45,9 @@ def main():
         if not label or not env:
             ap.error(f"--variant: expected LABEL:VAR=V[,VAR=V...], got {v!r}")
         variants.append((label, env))
+    if any("SAMOYEDS_WS_DROP" in env for _, env in variants) and not sm.build_info()["ws_drop"]:
+        ap.error("--variant sets SAMOYEDS_WS_DROP, which this build ignores: rebuild with "
+                 "SAMOYEDS_NVCC_FLAGS=-DSAM_WS_DROP=1")
     gen = torch.Generator(device="cuda").manual_seed(0)
     fill = shared_fill_rates()
     fill_tb_s = fill.get("fill_tma_and_gather_tb_s")

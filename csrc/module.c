@@ -163,17 +163,19 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused)
 #if SAM_WITH_CUDA
     archs = PyUnicode_FromString(sam_cuda_archs());
     PyObject *rt = PyLong_FromLong(sam_cuda_runtime_version());
+    PyObject *drop = PyBool_FromLong(sam_ssmm_ws_drop_compiled());
 #else
     archs = PyUnicode_FromString("");
     PyObject *rt = Py_NewRef(Py_None);
+    PyObject *drop = Py_NewRef(Py_False);
 #endif
     PyObject *vals[] = {
         PyUnicode_FromString(SAM_VERSION), PyBool_FromLong(SAM_WITH_CUDA), archs, rt,
         PyLong_FromLong(SAM_LAYOUT_VERSION), PyUnicode_FromFormat("%d.%d", SAM_DLPACK_MAJOR, SAM_DLPACK_MINOR),
-        PyLong_FromUnsignedLong((unsigned long)NPY_API_VERSION),
+        PyLong_FromUnsignedLong((unsigned long)NPY_API_VERSION), drop,
     };
     const char *keys[] = {"version", "cuda_compiled", "cuda_archs", "cuda_runtime_version",
-                          "layout_version", "dlpack_max_version", "numpy_c_api_version"};
+                          "layout_version", "dlpack_max_version", "numpy_c_api_version", "ws_drop"};
     int ok = 1;
     for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
         if (vals[i] == NULL || PyDict_SetItemString(d, keys[i], vals[i]) < 0) ok = 0;

@@ -61,6 +61,9 @@ int sam_cuda_device_cc(int device);
 int sam_cuda_runtime_version(void);
 /* Space-separated list of the sm architectures compiled in. */
 const char *sam_cuda_archs(void);
+/* 1 when the warp-specialised ssmm kernel reads SAMOYEDS_WS_DROP (a measurement build,
+ * -DSAM_WS_DROP=1), else 0 (cuda/ssmm.cu). */
+int sam_ssmm_ws_drop_compiled(void);
 /* Makes `device` current for the calling thread, saving the previous one in
  * *prev; sam_cuda_device_exit(prev) restores it. */
 sam_status sam_cuda_device_enter(int device, int *prev);

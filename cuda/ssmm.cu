@@ -892,6 +892,9 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
 }  // namespace
 }  // namespace sam
 
+// Whether this build reads SAMOYEDS_WS_DROP (SAM_WS_DROP above).
+extern "C" int sam_ssmm_ws_drop_compiled(void) { return SAM_WS_DROP != 0; }
+
 extern "C" sam_status sam_ssmm_cuda(const sam_ssmm_params *ps, void *stream) {
     const sam_format f = ps->f;
     if (f.n != 1) {

@@ -47,7 +47,9 @@ def cuda_available() -> bool:
 
 def build_info() -> dict:
     """How this build was made: version, CUDA kernels, architectures, CUDA runtime,
-    packed layout version, DLPack version, and whether a GPU is usable now."""
+    packed layout version, DLPack version, whether the Hopper kernel reads the
+    measurement switch SAMOYEDS_WS_DROP (``ws_drop``, docs/PERFORMANCE.md), and whether
+    a GPU is usable now."""
     info = dict(_C.build_info())
     info["cuda_available"] = cuda_available()
     info["cuda_devices"] = _C.cuda_device_count()
