@@ -46,14 +46,22 @@
 // Tiles (BK = 64 dense columns per stage, NB m64 blocks per consumer):
 //   2:4 (M = 1):     BM = 256 storage rows (each consumer 2 x m64) x 128 tokens,
 //                    4 stages of 34 KB; 128 fp32 accumulators per thread.
-//   1:M:V (M = 2):   BM = 128 storage rows (each consumer 1 x m64, 2 accumulator
-//                    sets) x 128 tokens, 7 stages of 26 KB.
+//   1:M:V (M = 2):   BM = 128 storage rows (each consumer 1 x m64, the running
+//                    total and row 0's share, below) x 128 tokens, 7 stages of 26 KB.
 // The taller 2:4 tile halves the token bytes per issued FLOP against 128 x 128.
 // docs/PERFORMANCE.md has the measurements (v7: weights by TMA; v9: persistent).
 //
-// Row selection as in the other kernels: M accumulator sets per condensed row;
-// wgmma writes set 0; at every V boundary the warpgroup drains its wgmmas and
-// swaps set 0 with the set of the newly selected row (register selects).
+// Row selection (1:2:V) without moving the accumulators.  The other kernels keep
+// one accumulator set per row of a pair and swap them at every V boundary (two
+// selects and a move per accumulator).  Here wgmma always accumulates both rows'
+// slices into one running total T (acc[0], never moved), and acc[1] keeps the sum
+// D of the slices that belong to row 0 of the pair.  With c_j = 1 where slice j
+// selects row 0 (else 0) and T_j the total after slice j,
+//     D = sum_j c_j (T_j - T_{j-1}) = sum_j (c_j - c_{j+1}) T_j     (c past the last = 0),
+// so at every V boundary the warpgroup drains its wgmmas and adds (c_j - c_{j+1}) T
+// to D: one FFMA per accumulator with a coefficient of -1, 0 or 1 (exact but for
+// the add's rounding), a third of the swap's instructions.  The pair's outputs are
+// then row 0 = D, row 1 = T - D.
 #pragma once
 
 // Tensor maps of one launch (host: ws_tensor_maps in ssmm.cu): the packed values
@@ -326,13 +334,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     setmaxnreg_inc<C::CREGS>();
     const int c = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31;  // warp of its warpgroup
     const int g = lane >> 2, q = lane & 3;
-    // M = 1: two m64 blocks, M = 2: two accumulator sets.  What wgmma writes is
-    // not zero-filled: the first k-tile's wgmmas start from zero (scale-d = 0), so no
-    // ordinary instruction defines an accumulator while wgmmas are in flight.
+    // M = 1: two m64 blocks.  What wgmma writes is not zero-filled: the first k-tile's
+    // wgmmas start from zero (scale-d = 0), so no ordinary instruction defines an
+    // accumulator while wgmmas are in flight.  M = 2: acc[0] the running total T of
+    // both rows of a pair, acc[1] row 0's share D (row selection, above), both set to
+    // zero before an item's first wgmma.
     float acc[2][64];
-    // M > 1: the first slice boundary swaps sets before any wgmma, so every set starts at zero
     constexpr bool zero_init = M > 1;
-    uint32_t perm[2];
+    float c_prev[2];  // M = 2: c of the slice before, for row hh of the thread
     uint32_t ef[2][NB][KS];
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
 
@@ -346,13 +355,25 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             for (int ks = 0; ks < KS; ks++)
                 ef[par][b][ks] = mt_s[((crow / 16 + b * 4 + warp) * KS + ks) * 16 + 2 * g + (q & 1)];
     };
-    auto select_rows = [&](int st) {
-        const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
+    // D += (c_prev - c_next) T for row hh's accumulators (elements 2hh, 2hh + 1 of every n8 tile)
+    auto fold_rows = [&](const float (&c_next)[2]) {
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            const uint32_t want = idx_s[crow + warp * 16 + g + 8 * hh];
-            select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
+            const float coef = c_prev[hh] - c_next[hh];
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int k = 2 * hh; k < 2 * hh + 2; k++) acc[1][4 * j + k] = fmaf(coef, acc[0][4 * j + k], acc[1][4 * j + k]);
+            c_prev[hh] = c_next[hh];
         }
+    };
+    // at the first k-tile of a slice: the slice's row of each pair from its indices
+    auto select_rows = [&](int st) {
+        const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
+        float c_next[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) c_next[hh] = idx_s[crow + warp * 16 + g + 8 * hh] == 0 ? 1.0f : 0.0f;
+        fold_rows(c_next);
     };
     // the wgmmas that read stage st are done: one arrival per thread, or (clusters) one
     // per warp on the stage's barrier in both CTAs, whose producers both write it
@@ -446,8 +467,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         };
         // M > 1: this thread's values of column pair hh at accumulator i, as (column 0, column 1)
         auto pair_at = [&](int hh, int i) {
-            const bool sw = (perm[hh] & 15u) != 0;  // set 0 holds column 1 of the pair
-            return make_float2(sw ? acc[1][i] : acc[0][i], sw ? acc[0][i] : acc[1][i]);
+            (void)hh;
+            return make_float2(acc[1][i], acc[0][i]);
         };
         // the staged chunk ch as whole 16-byte pieces of output rows, by NTHR threads from id0
         auto store_chunk = [&](auto nthr_c, int ch, int id0) {
@@ -573,7 +594,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
                 for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
         }
-        perm[0] = perm[1] = identity_perm<M>();
+        c_prev[0] = c_prev[1] = 0.0f;  // (T is zero at the first boundary: the fold there adds nothing)
         SliceStart slice;
         for (int kt = 0; kt < KT; kt += 2, it += 2) {
             step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
@@ -583,6 +604,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         if (KT > 0) release((it - 1) % ST);
+        if (M > 1 && !(drop & 8)) {  // the last slice's share (c past the last slice is 0), then
+            const float c_end[2] = {0.0f, 0.0f};  // acc[0] = T - D: row 1 of each pair
+            fold_rows(c_end);
+#pragma unroll
+            for (int i = 0; i < 64; i++) acc[0][i] -= acc[1][i];
+        }
 
         if (drop & 16) {  // (measurement builds: nothing stored)
         } else if (p.act != SAM_ACT_NONE) {
