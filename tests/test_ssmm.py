@@ -189,6 +189,54 @@ def test_warp_specialised_work_items(shape, fmt, act, glu, kernel, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "samoyeds-1:2:256"])
+@pytest.mark.parametrize("rows", ["gather", "tma"])
+def test_wgmma_row_pairs_of_unequal_size(fmt, rows):
+    """The warp-specialised kernel sums both rows of a 1:2:V pair into one fp32 total and
+    keeps row 0's share apart, so row 1 comes out as total - share (docs/PERFORMANCE.md, v15).
+    Row 0 here is 256x row 1 and the two take turns slice by slice (checked on the packed
+    indices), the case where that subtraction costs the most: row 1's outputs alone must stay
+    as close to the float64 oracle as the C reference's, which sums every row by itself."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU and a build with sm_90a")
+    V = int(fmt.rsplit(":", 1)[1])
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    E, R, C, T = 2, 256, 4 * V + 64, 333  # four slices and a partial fifth
+    w = torch.randn(E, R, C, generator=gen) * C ** -0.5
+    slice_of = torch.arange(C) // V
+    even = (slice_of % 2 == 0).to(w.dtype)
+    w[:, 0::2] *= 256.0 * even + 0.004 * (1 - even)  # row 0: large in even slices, tiny in odd ones
+    w[:, 1::2] *= 0.004 * even + 1.0 * (1 - even)    # row 1: kept in odd slices
+    w = w.to(torch.bfloat16)
+    p = sm.pack(w, fmt)
+    want = (torch.arange(p.idx.shape[1]) % 2).to(p.idx.dtype)
+    assert torch.equal(p.idx[:, :, : R // 2].cpu(), want.view(1, -1, 1).expand(E, -1, R // 2)), \
+        "the packing must take row 0 in even slices and row 1 in odd ones"
+    x = torch.randn(T, C, generator=gen).to(torch.bfloat16)
+    topk = random_topk(T, 1, E, "uniform", gen)
+    r = sm.route(topk, E)
+    if rows == "tma":  # x's rows already in expert order, read without a row map
+        x = x[r.token_ids.long()].contiguous()
+        token_ids = None
+    else:
+        token_ids = r.token_ids
+    n = int(r.offsets[-1])
+    ref = _poisoned(n, R, torch.bfloat16, "cpu")
+    sm.ssmm(x, p, r.offsets, token_ids, out=ref)
+    out = _poisoned(n, R, torch.bfloat16, "cuda")
+    sm.ssmm(x.cuda(), p.to("cuda"), r.offsets.cuda(), None if token_ids is None else token_ids.cuda(), out=out,
+            impl="wgmma_sp")
+    out = out.cpu()
+    oracle = oracle_ssmm(x, sm.unpack(p), r.offsets, token_ids)[:n]
+    assert torch.isfinite(out).all()
+    for row, name in ((0, "row 0"), (1, "row 1")):
+        e_ref, e_cuda = rel_err(ref[:, row::2], oracle[:, row::2]), rel_err(out[:, row::2], oracle[:, row::2])
+        assert e_cuda <= 2 * e_ref + 1e-6, (name, e_cuda, e_ref)
+    small, large = oracle[:, 1::2].abs().mean(), oracle[:, 0::2].abs().mean()
+    assert large > 64 * small, "row 0 must dominate the pair's total"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
 @pytest.mark.parametrize("rows", ["gather", "tma"])
