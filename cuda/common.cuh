@@ -282,13 +282,20 @@ template <typename F> sam_status with_tc_dtype(sam_dtype dt, F &&f, const char *
     }
 }
 
-// A condensed row keeps M accumulator sets, one per original row of its group;
-// the MMA always accumulates into set 0.  perm holds, 4 bits per set, which row
-// of the group each set is.  At a new column slice, bring the set of row `want`
-// into slot 0 (register selects, no dynamic indexing).  at(a, j, k) is the
-// accumulator of set a, n8 tile j, fragment element k; a thread's row hh owns
-// elements k = 2hh, 2hh+1 of every tile (mma.sp and wgmma layouts alike).
-// perm at the start: set a holds row a of the group.
+// Row selection (1:M:V) in registers, by a running total.  A condensed row keeps M
+// accumulator sets.  The MMA always accumulates into set 0, which is never moved: it holds
+// the total T of every slice, whichever row of the group the slice selected.  Set a
+// (1 <= a < M) holds D_{a-1}, the share of row a-1: the sum of the slices that selected it.
+// With c_{r,j} = 1 where slice j selects row r (else 0) and T_j the total after slice j,
+//     D_r = sum_j c_{r,j} (T_j - T_{j-1}) = sum_j (c_{r,j} - c_{r,j+1}) T_j,
+// so at each slice boundary, once the slice's MMAs are done, fold_row_set adds
+// (c_prev - c_next) T to every share: M - 1 FFMAs per accumulator with a coefficient of -1, 0
+// or 1 (exact but for the add's rounding; a third of the instructions of swapping the
+// sets, two selects and a move per accumulator and set).  `sel` is the row the previous slice selected (M: none yet).
+// After the last slice finish_row_sets makes set 0 row M-1 (T minus the shares) and turns
+// `sel` into the perm the stores read: 4 bits per set a, which row of its group it holds.
+// at(a, j, k) is the accumulator of set a, n8 tile j, fragment element k; a thread's row hh
+// owns elements k = 2hh, 2hh+1 of every tile (mma.sp and wgmma layouts alike).
 template <int M> __device__ __forceinline__ constexpr uint32_t identity_perm() {
     uint32_t init = 0;
     for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
@@ -306,9 +313,10 @@ struct SliceStart {
     }
 };
 
-// mma.sp fragments of MT x NT tiles: every accumulator set at zero, set a on row a.
+// mma.sp fragments of MT x NT tiles: every accumulator set at zero, no row selected yet
+// (M = 1: the identity perm, set 0 is the row).
 template <int M, int MT, int NT>
-__device__ __forceinline__ void init_row_sets(float (&acc)[M][MT][NT][4], uint32_t (&perm)[MT][2]) {
+__device__ __forceinline__ void init_row_sets(float (&acc)[M][MT][NT][4], uint32_t (&sel)[MT][2]) {
 #pragma unroll
     for (int a = 0; a < M; a++)
 #pragma unroll
@@ -318,27 +326,39 @@ __device__ __forceinline__ void init_row_sets(float (&acc)[M][MT][NT][4], uint32
 #pragma unroll
                 for (int k = 0; k < 4; k++) acc[a][i][j][k] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < MT; i++) perm[i][0] = perm[i][1] = identity_perm<M>();
+    for (int i = 0; i < MT; i++) sel[i][0] = sel[i][1] = M > 1 ? (uint32_t)M : identity_perm<M>();
 }
 
 template <int M, int NT, typename At>
-__device__ __forceinline__ void select_row_set(At at, uint32_t &perm, uint32_t want, int hh) {
+__device__ __forceinline__ void fold_row_set(At at, uint32_t &sel, uint32_t want, int hh) {
 #pragma unroll
     for (int a = 1; a < M; a++) {
-        const uint32_t pm = perm, f0 = pm & 15u, fa = (pm >> (4 * a)) & 15u;
-        const bool sw = fa == want;
+        const float coef = (sel == (uint32_t)(a - 1) ? 1.0f : 0.0f) - (want == (uint32_t)(a - 1) ? 1.0f : 0.0f);
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int k = 2 * hh; k < 2 * hh + 2; k++) {
-                float &x0 = at(0, j, k), &xa = at(a, j, k);
-                const float w0 = x0, wa = xa;
-                x0 = sw ? wa : w0;
-                xa = sw ? w0 : wa;
-            }
-        const uint32_t swapped = (pm & ~(15u | (15u << (4 * a)))) | fa | (f0 << (4 * a));
-        perm = sw ? swapped : pm;
+            for (int k = 2 * hh; k < 2 * hh + 2; k++) at(a, j, k) = fmaf(coef, at(0, j, k), at(a, j, k));
     }
+    sel = want;
+}
+
+template <int M, int NT, typename At>
+__device__ __forceinline__ void finish_row_sets(At at, uint32_t &sel, int hh) {
+    if (M == 1) return;
+    fold_row_set<M, NT>(at, sel, (uint32_t)M, hh);  // past the last slice no row is selected
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int k = 2 * hh; k < 2 * hh + 2; k++) {
+            float r = at(0, j, k);
+#pragma unroll
+            for (int a = 1; a < M; a++) r -= at(a, j, k);
+            at(0, j, k) = r;
+        }
+    uint32_t perm = (uint32_t)(M - 1);
+#pragma unroll
+    for (int a = 1; a < M; a++) perm |= (uint32_t)(a - 1) << (4 * a);
+    sel = perm;
 }
 
 // ---- Hopper (sm_90a): warpgroup MMA ---------------------------------------------------

@@ -34,10 +34,9 @@
 // advance by one k-tile per stage.
 //
 // Row selection (format 1:M:V) costs no memory traffic: each condensed row
-// keeps M accumulator sets in registers, one per original row of its group;
-// the mma always accumulates into set 0, and at every V boundary a thread
-// swaps set 0 with the set of the newly selected row (register selects, no
-// dynamic indexing).  At the end every set is a finished output row.
+// keeps M accumulator sets in registers, the running total the mma accumulates
+// into and the shares of M - 1 rows of its group, folded in at every V boundary
+// (fold_row_set, common.cuh); at the end every set is a finished output row.
 //
 // Epilogue: accumulators -> fp32 shared-memory tile -> bias, activation
 // (a gated activation pairs gate row i with up row i of the same CTA, see the
@@ -372,9 +371,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     auto load_stage = [&](int st, int kt) { loader.issue(smem_u32(stage_ptr(st)), kt); };
     const int kt_per_slice = loader.kt_per_slice;
 
-    // accumulators: set 0 is written by mma; sets 1..M-1 hold the other rows.
-    // perm[mt][hh]: 4 bits per set a: which row of its group set a holds
-    // (set 0 is the one mma writes: the row selected in the current slice)
+    // accumulators: set 0 is written by mma (the running total); sets 1..M-1 the
+    // shares of rows 0..M-2 (fold_row_set).  perm[mt][hh]: the row the previous
+    // slice selected, then (finish_row_sets) 4 bits per set a: which row set a holds
     float acc[M][MT][NT][4];
     uint32_t perm[MT][2];
     init_row_sets(acc, perm);
@@ -413,7 +412,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
             for (int j = 0; j < NT; j++)
                 MmaSp<T>::run(acc[0][i][j], af[NA == 2 ? buf : 0][i], bf[NB == 2 ? buf : 0][j], ef[NB == 2 ? buf : 0][i]);
     };
-    // a new column slice: bring each row's selected set into slot 0
+    // a new column slice: fold the last one's total into the shares
     auto select_rows = [&](int st) {
         const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
 #pragma unroll
@@ -421,7 +420,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const uint32_t want = idx_s[wm * 64 + i * 16 + g + 8 * hh];
-                select_row_set<M, NT>([&](int a, int j, int k) -> float & { return acc[a][i][j][k]; }, perm[i][hh],
+                fold_row_set<M, NT>([&](int a, int j, int k) -> float & { return acc[a][i][j][k]; }, perm[i][hh],
                                       want, hh);
             }
     };
@@ -472,6 +471,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
     }
     cp_async_wait<0>();
     __syncthreads();
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            finish_row_sets<M, NT>([&](int a, int j, int k) -> float & { return acc[a][i][j][k]; }, perm[i][hh], hh);
 
     // ---- epilogue: accumulators -> fp32 tile in shared memory -> store_tile
     constexpr int FS = C::FS;  // padded row stride of the fp32 tile
@@ -508,8 +512,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) ssmm_kernel(const K
 // 64-column k-tile, committed as one group; a group stays in flight while the
 // next k-tile's fragments load (wait_group 1), so the copy of k-tile kt+STAGES-2
 // only overwrites a stage whose wgmmas are done.  Row selection drains the
-// warpgroup (wait_group 0) at each V boundary and swaps accumulator sets as the
-// mma.sp kernel does.
+// warpgroup (wait_group 0) at each V boundary and folds the total into the
+// shares as the mma.sp kernel does.
 template <typename T, typename C>
 __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams p) {
 #ifdef SAM_HAS_WGMMA
@@ -536,7 +540,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
     for (int a = 0; a < M; a++)
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
-    uint32_t perm[2] = {identity_perm<M>(), identity_perm<M>()};
+    uint32_t perm[2] = {M > 1 ? (uint32_t)M : 0u, M > 1 ? (uint32_t)M : 0u};  // (fold_row_set's `sel`)
     uint32_t af[2][KS][4], ef[2][KS];
     const int arow = wg * 64 + w * 16;  // this warp's 16 rows
 
@@ -564,7 +568,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const uint32_t want = idx_s[arow + g + 8 * hh];
-            select_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
+            fold_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], want, hh);
         }
     };
     auto step = [&](auto par_c, int kt, bool boundary) {  // boundary: the first k-tile of a slice
@@ -607,6 +611,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
     wgmma_wait<0>();
 #pragma unroll
     for (int a = 0; a < M; a++) fence_regs(acc[a]);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+        finish_row_sets<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, perm[hh], hh);
     cp_async_wait<0>();
     __syncthreads();
 

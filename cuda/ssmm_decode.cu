@@ -26,10 +26,10 @@
 //     ranges per warp (64-byte pieces of many rows) ran 10-25 % slower on H100
 //     (DRAM page locality).  Each k-step is MT x NT mma.sp m16n8k32 on ldmatrix
 //     fragments (weights = the sparse A operand).
-//   * row selection (1:M:V): M accumulator sets per condensed row, swapped at
-//     the warp's first k-tile and whenever its next k-tile lies in another
-//     slice, exactly as in ssmm.cu; the set -> original row map (perm)
-//     travels with the partial sums into the reduction.
+//   * row selection (1:M:V): M accumulator sets per condensed row (a running
+//     total and the shares of M - 1 rows), folded at the warp's first k-tile and
+//     whenever its next k-tile lies in another slice, exactly as in ssmm.cu; the
+//     set -> original row map (perm) travels with the partial sums into the reduction.
 //   * the W partial tiles are reduced through shared memory in warp order
 //     0..W-1 (deterministic, no atomics), then the prefill epilogue semantics:
 //     bias, SwiGLU / GPT-OSS (gate row i pairs with up row i: a GLU CTA takes
@@ -251,9 +251,10 @@ __device__ __forceinline__ void d_prologue(const DParams &p, const DPlan<T, Cf> 
 
 // The warp's k-tiles through its ST-stage ring (d_prologue issued the first ST - 1):
 // MT x NT mma.sp m16n8k32 per 32 columns on ldmatrix fragments (weights = the sparse A
-// operand).  Row selection (1:M:V): M accumulator sets per condensed row, set 0 the one
-// mma writes, swapped whenever a k-tile lies in another slice than the warp's previous
-// one; perm: which row of its group each set holds.  Ends with every copy landed.
+// operand).  Row selection (1:M:V): M accumulator sets per condensed row, set 0 the running
+// total mma writes, the others the shares of M - 1 rows, folded in whenever a k-tile lies in
+// another slice than the warp's previous one (fold_row_set, common.cuh); at the end perm says
+// which row of its group each set holds.  Ends with every copy landed.
 template <typename T, typename Cf>
 __device__ __forceinline__ void d_kloop(const DParams &p, const DPlan<T, Cf> &pl, const DRange<Cf> &r,
                                         SliceWalk &cw, unsigned char *wbase, int lane,
@@ -285,7 +286,7 @@ __device__ __forceinline__ void d_kloop(const DParams &p, const DPlan<T, Cf> &pl
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const uint32_t want = idx_s[i * 16 + g + 8 * hh];
-                    select_row_set<M, NT>([&](int a, int j, int k) -> float & { return acc[a][i][j][k]; },
+                    fold_row_set<M, NT>([&](int a, int j, int k) -> float & { return acc[a][i][j][k]; },
                                           perm[i][hh], want, hh);
                 }
         }
@@ -314,6 +315,11 @@ __device__ __forceinline__ void d_kloop(const DParams &p, const DPlan<T, Cf> &pl
         }
         rd = rd + 1 == ST ? 0 : rd + 1;
     }
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            finish_row_sets<M, NT>([&](int a, int j, int k) -> float & { return acc[a][i][j][k]; }, perm[i][hh], hh);
 }
 
 // The warp's sums into a [BN][FS] fp32 tile: column = local row * M + row of its group.
