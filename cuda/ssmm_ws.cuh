@@ -51,17 +51,13 @@
 // The taller 2:4 tile halves the token bytes per issued FLOP against 128 x 128.
 // docs/PERFORMANCE.md has the measurements (v7: weights by TMA; v9: persistent).
 //
-// Row selection (1:2:V) without moving the accumulators.  The other kernels keep
-// one accumulator set per row of a pair and swap them at every V boundary (two
-// selects and a move per accumulator).  Here wgmma always accumulates both rows'
-// slices into one running total T (acc[0], never moved), and acc[1] keeps the sum
-// D of the slices that belong to row 0 of the pair.  With c_j = 1 where slice j
-// selects row 0 (else 0) and T_j the total after slice j,
-//     D = sum_j c_j (T_j - T_{j-1}) = sum_j (c_j - c_{j+1}) T_j     (c past the last = 0),
-// so at every V boundary the warpgroup drains its wgmmas and adds (c_j - c_{j+1}) T
-// to D: one FFMA per accumulator with a coefficient of -1, 0 or 1 (exact but for
-// the add's rounding), a third of the swap's instructions.  The pair's outputs are
-// then row 0 = D, row 1 = T - D.
+// Row selection (1:2:V) without moving the accumulators, as in the other kernels
+// (fold_row_set, common.cuh): wgmma always accumulates both rows' slices into one
+// running total T (acc[0], never moved), and acc[1] keeps D, the sum of the slices that
+// belong to row 0 of the pair.  At every V boundary the warpgroup drains its wgmmas and
+// adds (c_prev - c_next) T to D (c = 1 where a slice selects row 0): one FFMA per
+// accumulator with a coefficient of -1, 0 or 1, a third of the instructions of swapping
+// two sets.  After the last slice acc[1] is row 0 (D) and acc[0] row 1 (T - D).
 #pragma once
 
 // Tensor maps of one launch (host: ws_tensor_maps in ssmm.cu): the packed values
@@ -341,7 +337,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     // zero before an item's first wgmma.
     float acc[2][64];
     constexpr bool zero_init = M > 1;
-    float c_prev[2];  // M = 2: c of the slice before, for row hh of the thread
+    uint32_t sel[2];  // M = 2: the row the previous slice selected, for row hh of the thread (fold_row_set)
     uint32_t ef[2][NB][KS];
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
 
@@ -355,25 +351,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             for (int ks = 0; ks < KS; ks++)
                 ef[par][b][ks] = mt_s[((crow / 16 + b * 4 + warp) * KS + ks) * 16 + 2 * g + (q & 1)];
     };
-    // D += (c_prev - c_next) T for row hh's accumulators (elements 2hh, 2hh + 1 of every n8 tile)
-    auto fold_rows = [&](const float (&c_next)[2]) {
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const float coef = c_prev[hh] - c_next[hh];
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-#pragma unroll
-                for (int k = 2 * hh; k < 2 * hh + 2; k++) acc[1][4 * j + k] = fmaf(coef, acc[0][4 * j + k], acc[1][4 * j + k]);
-            c_prev[hh] = c_next[hh];
-        }
-    };
-    // at the first k-tile of a slice: the slice's row of each pair from its indices
+    // at the first k-tile of a slice: the last slice's total folded into row 0's share
+    // (fold_row_set, common.cuh: set 0 = acc[0] the total, set 1 = acc[1] the share)
     auto select_rows = [&](int st) {
         const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
-        float c_next[2];
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) c_next[hh] = idx_s[crow + warp * 16 + g + 8 * hh] == 0 ? 1.0f : 0.0f;
-        fold_rows(c_next);
+        for (int hh = 0; hh < 2; hh++) {
+            const uint32_t want = idx_s[crow + warp * 16 + g + 8 * hh];
+            fold_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, sel[hh], want, hh);
+        }
     };
     // the wgmmas that read stage st are done: one arrival per thread, or (clusters) one
     // per warp on the stage's barrier in both CTAs, whose producers both write it
@@ -594,7 +580,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
                 for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
         }
-        c_prev[0] = c_prev[1] = 0.0f;  // (T is zero at the first boundary: the fold there adds nothing)
+        sel[0] = sel[1] = (uint32_t)M;  // no row selected yet
         SliceStart slice;
         for (int kt = 0; kt < KT; kt += 2, it += 2) {
             step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
@@ -604,11 +590,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         if (KT > 0) release((it - 1) % ST);
-        if (M > 1 && !(drop & 8)) {  // the last slice's share (c past the last slice is 0), then
-            const float c_end[2] = {0.0f, 0.0f};  // acc[0] = T - D: row 1 of each pair
-            fold_rows(c_end);
+        if (M > 1 && !(drop & 8)) {  // the last slice's share, then acc[0] = T - D: row 1 of each pair
 #pragma unroll
-            for (int i = 0; i < 64; i++) acc[0][i] -= acc[1][i];
+            for (int hh = 0; hh < 2; hh++)
+                finish_row_sets<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, sel[hh], hh);
         }
 
         if (drop & 16) {  // (measurement builds: nothing stored)
