@@ -291,9 +291,10 @@ template <typename F> sam_status with_tc_dtype(sam_dtype dt, F &&f, const char *
 // so at each slice boundary, once the slice's MMAs are done, fold_row_set adds
 // (c_prev - c_next) T to every share: M - 1 FFMAs per accumulator with a coefficient of -1, 0
 // or 1 (exact but for the add's rounding; a third of the instructions of swapping the
-// sets, two selects and a move per accumulator and set).  `sel` is the row the previous slice selected (M: none yet).
-// After the last slice finish_row_sets makes set 0 row M-1 (T minus the shares) and turns
-// `sel` into the perm the stores read: 4 bits per set a, which row of its group it holds.
+// sets, two selects and a move per accumulator and set).  `sel` is the row the previous
+// slice selected (M: none yet).  After the last slice finish_row_sets makes set 0 row M-1
+// (T minus the shares) and turns `sel` into the perm the stores read: 4 bits per set a,
+// which row of its group it holds.
 // at(a, j, k) is the accumulator of set a, n8 tile j, fragment element k; a thread's row hh
 // owns elements k = 2hh, 2hh+1 of every tile (mma.sp and wgmma layouts alike).
 template <int M> __device__ __forceinline__ constexpr uint32_t identity_perm() {
