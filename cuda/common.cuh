@@ -297,11 +297,9 @@ template <typename F> sam_status with_tc_dtype(sam_dtype dt, F &&f, const char *
 // which row of its group it holds.
 // at(a, j, k) is the accumulator of set a, n8 tile j, fragment element k; a thread's row hh
 // owns elements k = 2hh, 2hh+1 of every tile (mma.sp and wgmma layouts alike).
-template <int M> __device__ __forceinline__ constexpr uint32_t identity_perm() {
-    uint32_t init = 0;
-    for (int a = 0; a < M; a++) init |= (uint32_t)a << (4 * a);
-    return init;
-}
+// The `sel` a row starts with: no row selected yet (M); for M = 1, where nothing is
+// folded, the perm the stores read (set 0 is row 0).
+template <int M> __device__ __forceinline__ constexpr uint32_t first_sel() { return M > 1 ? (uint32_t)M : 0u; }
 
 // The first k-tile of each slice of kps k-tiles, k-tile by k-tile, by a countdown
 // (no division on the k loop).
@@ -327,7 +325,7 @@ __device__ __forceinline__ void init_row_sets(float (&acc)[M][MT][NT][4], uint32
 #pragma unroll
                 for (int k = 0; k < 4; k++) acc[a][i][j][k] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < MT; i++) sel[i][0] = sel[i][1] = M > 1 ? (uint32_t)M : identity_perm<M>();
+    for (int i = 0; i < MT; i++) sel[i][0] = sel[i][1] = first_sel<M>();
 }
 
 template <int M, int NT, typename At>

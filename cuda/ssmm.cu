@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_kernel(const KParams
     for (int a = 0; a < M; a++)
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
-    uint32_t perm[2] = {M > 1 ? (uint32_t)M : 0u, M > 1 ? (uint32_t)M : 0u};  // (fold_row_set's `sel`)
+    uint32_t perm[2] = {first_sel<M>(), first_sel<M>()};  // (fold_row_set's `sel`)
     uint32_t af[2][KS][4], ef[2][KS];
     const int arow = wg * 64 + w * 16;  // this warp's 16 rows
 

@@ -451,9 +451,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             if (HANDOVER) named_barrier_sync(2, 256);
             else named_barrier_sync(4 + c, 128);
         };
-        // M > 1: this thread's values of column pair hh at accumulator i, as (column 0, column 1)
-        auto pair_at = [&](int hh, int i) {
-            (void)hh;
+        // M > 1: this thread's column pair at accumulator i (its row hh = (i / 2) % 2), as (column 0, column 1)
+        auto pair_at = [&](int i) {
             return make_float2(acc[1][i], acc[0][i]);
         };
         // the staged chunk ch as whole 16-byte pieces of output rows, by NTHR threads from id0
@@ -487,7 +486,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
                         for (int hh = 0; hh < 2; hh++)
                             *reinterpret_cast<float2 *>(xch + (jj * 8 + 2 * q + t) * C::XS + (lr + 8 * hh) * 2) =
-                                pair_at(hh, 4 * (ch * JC + jj) + 2 * hh + t);
+                                pair_at(4 * (ch * JC + jj) + 2 * hh + t);
                 }
                 consumer_sync();  // handed over
 #pragma unroll
@@ -499,7 +498,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                         const float sc = scl[ch * TC + tl];
 #pragma unroll
                         for (int hh = 0; hh < 2; hh++) {
-                            const float2 own = pair_at(hh, 4 * (ch * JC + jj) + 2 * hh + t);
+                            const float2 own = pair_at(4 * (ch * JC + jj) + 2 * hh + t);
                             const float2 other = *reinterpret_cast<const float2 *>(xch + tl * C::XS + (lr + 8 * hh) * 2);
                             float g0 = c == 0 ? own.x : other.x, g1 = c == 0 ? own.y : other.y;
                             float u0 = c == 0 ? other.x : own.x, u1 = c == 0 ? other.y : own.y;
@@ -547,7 +546,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                                     *reinterpret_cast<T *>(stg_at(tl, colw(hh, b))) = Elem<T>::from_f(v * sc);
                                 }
                             } else {
-                                float2 v = pair_at(hh, i);
+                                float2 v = pair_at(i);
                                 if (p.bias) {
                                     v.x += bz[hh][0][0];
                                     v.y += bz[hh][1][0];
@@ -580,7 +579,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
                 for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
         }
-        sel[0] = sel[1] = (uint32_t)M;  // no row selected yet
+        sel[0] = sel[1] = first_sel<M>();
         SliceStart slice;
         for (int kt = 0; kt < KT; kt += 2, it += 2) {
             step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
