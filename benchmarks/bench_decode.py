@@ -9,7 +9,11 @@ fraction of the memory ceiling.  Times are CUDA-graph replays timed with CUDA ev
 (common.time_graph).  Also the whole MoE block (moe_forward) with impl="auto" (which
 runs the decode kernel for small S) against the prefill kernels.
 
-    python benchmarks/bench_decode.py [--out DIR] [--variants 0,1,2]
+    python benchmarks/bench_decode.py [--out DIR] [--variants 0,1,2] [--tokens 16,32] [--variants-everywhere]
+
+--tokens times the decode kernel again with SAMOYEDS_DECODE_TOKENS set to each value
+(tokens per pass; "decode/t32" in the results) on every row; the variants are timed on
+the rows of the first T list of each model, or on every row with --variants-everywhere.
 """
 from __future__ import annotations
 
@@ -58,6 +62,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default="0,1,2,3,4,5,6", help="SAMOYEDS_DECODE_VARIANT values to time")
+    ap.add_argument("--tokens", default="", help="SAMOYEDS_DECODE_TOKENS values to time on every row")
+    ap.add_argument("--variants-everywhere", action="store_true", help="time the variants on every row")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -66,6 +72,7 @@ def main() -> None:
     copy = ceil["copy_tb_s"]
     print(f"device copy {copy:.2f} TB/s (read + write); dense bf16 mm {ceil['dense_bf16_tflops']:.0f} TFLOP/s")
     variants = [int(v) for v in args.variants.split(",") if v != ""]
+    tokens = [int(v) for v in args.tokens.split(",") if v != ""]
     sm90 = torch.cuda.get_device_capability() == (9, 0)
     rows = []
     skewed = {m: ts for m, *_, ts in SKEWED}
@@ -86,18 +93,21 @@ def main() -> None:
                                                   ("down", dn, h, None, "none", sc)):
                 nbytes = packed_bytes(p, used)
                 out = sm.ssmm(inp, p, r.offsets, ids, act=act, scale=scale, check=False)
-                impls = (["decode"] + ([f"decode/v{v}" for v in variants] if full else []) + ["mma_sp"]
-                         + (["wgmma_sp"] if sm90 else []))
+                impls = (["decode"] + ([f"decode/v{v}" for v in variants] if full or args.variants_everywhere else [])
+                         + [f"decode/t{t}" for t in tokens] + ["mma_sp"] + (["wgmma_sp"] if sm90 else []))
                 res = {}
                 for name in impls:
                     impl = name.split("/")[0]
                     if "/v" in name:
                         os.environ["SAMOYEDS_DECODE_VARIANT"] = name.split("/v")[-1]
+                    if "/t" in name:
+                        os.environ["SAMOYEDS_DECODE_TOKENS"] = name.split("/t")[-1]
 
                     def fn(impl=impl):
                         sm.ssmm(inp, p, r.offsets, ids, out=out, act=act, scale=scale, impl=impl, check=False)
                     res[name] = time_graph(fn, budget_s=0.2)["ms"]
                     os.environ.pop("SAMOYEDS_DECODE_VARIANT", None)
+                    os.environ.pop("SAMOYEDS_DECODE_TOKENS", None)
                 counts = torch.bincount(topk.reshape(-1), minlength=E)
                 row = dict(model=model, proj=proj, T=T, K=K, E=E, S=T * K, routed_experts=int(used.numel()),
                            skew=skew, max_rows=int(counts.max()), bytes=nbytes, ms=res, decode_ms=res["decode"],

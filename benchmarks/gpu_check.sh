@@ -55,7 +55,7 @@ for step in $steps; do
     bench-e2e) run bench_e2e 22 $PY benchmarks/bench_e2e.py --out "$OUT" ;;
     bench-memory) run bench_memory 12 $PY benchmarks/bench_memory.py --out "$OUT" ;;
     accuracy) run accuracy 25 $PY benchmarks/accuracy.py --device cuda --out "$OUT" ;;
-    bench-decode) run bench_decode 25 $PY benchmarks/bench_decode.py --out "$OUT" ;;
+    bench-decode) run bench_decode 25 $PY benchmarks/bench_decode.py --out "$OUT" ${DECODE_ARGS:-} ;;
     bench-dense) run bench_dense_decode 30 $PY benchmarks/bench_dense_decode.py --out "$OUT" ;;
     bench-router) run bench_router 12 $PY benchmarks/bench_router.py --out "$OUT" ;;
     bench-shared-mlp) run bench_shared_mlp 12 $PY benchmarks/bench_shared_mlp.py --out "$OUT" ;;

@@ -513,9 +513,14 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
     return launch_status("ssmm");
 }
 
-// Token tile per pass from S, the capacity of sorted rows (an upper bound of
-// any expert's rows): the fewest n8 tiles that hold S, capped so that the
-// M accumulator sets stay at <= 64 registers (M * NT <= 4 with MT = 4).
+// Tokens per pass (BN = 8 NT) from S, the capacity of sorted rows (an upper bound of
+// any expert's rows), and E: the fewest n8 tiles that hold S while S <= 16; above,
+// 32 tokens for 2:4 (M = 1: 64 accumulator registers at MT = 4), and for 1:2:V 16
+// tokens, or 32 once the rows average more than SAM_DECODE_WIDE_PASS per expert (M * NT
+// <= 8: 128 accumulator registers), so that an expert's rows mostly fit one pass and its
+// weights are read once (Mixtral-8x7B at T = 64: 16 rows per expert, up to 20);
+// 1:4:V 8 tokens.  SAMOYEDS_DECODE_TOKENS = 8, 16 or 32 sets the pass (capped per
+// format as above).
 // Variant (SAMOYEDS_DECODE_VARIANT), all with interleaved k-tiles unless noted:
 // 0 = 64 rows, 4 warps, 4 stages; 1 = 64 rows, 8 warps, 3 stages; 2 = 32 rows,
 // 8 warps, 4 stages; 3 = 32 rows, 4 warps, 4 stages, contiguous K ranges;
@@ -525,7 +530,9 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
 // in flight); else 6 while the routed rows average at most 8 per expert (most experts
 // then take one token pass, and five CTAs per SM overlap one's reduction with the
 // others' loads: 1.04-1.11x over 0 on Qwen3-30B-A3B at T = 16 and 128 and OLMoE at 16,
-// experiments/bench_decode_variants.json), else 0 (2 CTAs per SM: a shorter tail).
+// experiments/bench_decode_variants.json), or where 1:2:V takes 32-token passes (0's
+// four 4-stage rings of 8.8 KB stages leave one CTA per SM: 6 is 1.12-1.81x faster there,
+// experiments/bench_decode_wide_pass.json), else 0 (2 CTAs per SM: a shorter tail).
 // Measured on H100, docs/PERFORMANCE.md.
 // A variant whose shared memory the device cannot give (sm_80: 163 KB) falls back to 0.
 bool smem_fits(int bytes) {
@@ -543,7 +550,9 @@ template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *
     using V2 = DCfg<M, 2, NT, 8, 4>;
     if (variant < 0) {
         const int64_t ctas = ps->d.rp / 64 * std::min<int64_t>(ps->d.E, ps->S);
-        variant = ctas < 2 * (int64_t)device_sm_count() ? 1 : ps->S <= 8 * (int64_t)ps->d.E ? 6 : 0;
+        variant = ctas < 2 * (int64_t)device_sm_count()                       ? 1
+                  : ps->S <= 8 * (int64_t)ps->d.E || (M == 2 && NT == 4) ? 6
+                                                                           : 0;
     }
     if (variant == 1 && smem_fits(V1::SMEM)) return launch<T, V1>(ps, s);
     if (variant == 2 && smem_fits(V2::SMEM)) return launch<T, V2>(ps, s);
@@ -556,7 +565,9 @@ template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *
 
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t s) {
     const int m = ps->f.m, variant = env_int("SAMOYEDS_DECODE_VARIANT", -1);
-    const int nt = ps->S <= 8 ? 1 : ps->S <= 16 ? 2 : 4;
+    const int tokens = env_int("SAMOYEDS_DECODE_TOKENS", 0);
+    int nt = ps->S <= 8 ? 1 : ps->S <= 16 ? 2 : m == 2 && ps->S <= (int64_t)SAM_DECODE_WIDE_PASS * ps->d.E ? 2 : 4;
+    if (tokens > 0) nt = tokens <= 8 ? 1 : tokens <= 16 ? 2 : 4;
     if (m == 1) {
         if (nt == 1) return launch_v<T, 1, 1>(ps, s, variant);
         if (nt == 2) return launch_v<T, 1, 2>(ps, s, variant);
@@ -564,7 +575,8 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
     }
     if (m == 2) {
         if (nt == 1) return launch_v<T, 2, 1>(ps, s, variant);
-        return launch_v<T, 2, 2>(ps, s, variant);
+        if (nt == 2) return launch_v<T, 2, 2>(ps, s, variant);
+        return launch_v<T, 2, 4>(ps, s, variant);
     }
     if (m == 4) return launch_v<T, 4, 1>(ps, s, variant);
     set_error("ssmm: the decode kernel supports formats 2:4, 1:2:V and 1:4:V; got %d:%d:%d", ps->f.n, ps->f.m,

@@ -418,6 +418,32 @@ def test_decode_variants(variant, shape, fmt, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["", "0", "1", "6"])
+@pytest.mark.parametrize("shape", [DECODE_SHAPES[3], (48, 2, 4, 200, 264, "uniform"), (37, 3, 5, 136, 200, "skewed")])
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64"])
+def test_decode_token_passes(variant, shape, fmt, monkeypatch):
+    """The decode kernel's passes of 8, 16 and 32 tokens (SAMOYEDS_DECODE_TOKENS; 1:4:V
+    stays at 8): each against the C reference and the float64 oracle, and all bit-identical
+    to each other (a token's sums do not depend on the other tokens of its pass).  The
+    shapes give experts one pass of 32 and several of 8 or 16, a last pass cut short,
+    S over 10 rows per expert (the default's 32-token passes for 1:2:V) and empty experts."""
+    if variant:
+        monkeypatch.setenv("SAMOYEDS_DECODE_VARIANT", variant)
+    seed = torch.seed() % 2**31
+    x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, "swiglu", True, bias=True, scale=True, seed=seed)
+    outs = {}
+    for tokens in ["", "8", "16", "32"]:
+        if tokens:
+            monkeypatch.setenv("SAMOYEDS_DECODE_TOKENS", tokens)
+        else:
+            monkeypatch.delenv("SAMOYEDS_DECODE_TOKENS", raising=False)
+        outs[tokens] = _check_cuda(x, p, r, b, sc, "swiglu", torch.bfloat16, impl="decode")
+    n = int(r.offsets[-1])
+    for tokens, o in outs.items():
+        assert torch.equal(o[:n], outs["8"][:n]), f"SAMOYEDS_DECODE_TOKENS={tokens!r} differs from 8"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "1:4:64"])
 def test_decode_deterministic_and_close_to_mma_sp(fmt):
     """Two runs bit-identical (fixed-order split-K reduction); close to the
