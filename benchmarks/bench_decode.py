@@ -10,6 +10,7 @@ fraction of the memory ceiling.  Times are CUDA-graph replays timed with CUDA ev
 runs the decode kernel for small S) against the prefill kernels.
 
     python benchmarks/bench_decode.py [--out DIR] [--variants 0,1,2] [--tokens 16,32] [--variants-everywhere]
+                                      [--format 2:4] [--name bench_decode_24.json]
 
 --tokens times the decode kernel again with SAMOYEDS_DECODE_TOKENS set to each value
 (tokens per pass; "decode/t32" in the results) on every row; the variants are timed on
@@ -64,6 +65,8 @@ def main() -> None:
     ap.add_argument("--variants", default="0,1,2,3,4,5,6", help="SAMOYEDS_DECODE_VARIANT values to time")
     ap.add_argument("--tokens", default="", help="SAMOYEDS_DECODE_TOKENS values to time on every row")
     ap.add_argument("--variants-everywhere", action="store_true", help="time the variants on every row")
+    ap.add_argument("--format", default=FMT, help="the packed format of both projections")
+    ap.add_argument("--name", default="bench_decode.json", help="the results file's name")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -77,8 +80,8 @@ def main() -> None:
     rows = []
     skewed = {m: ts for m, *_, ts in SKEWED}
     for model, E, H, I, K, Ts, sweep in CASES:
-        gu = sm.pack((torch.randn(E, 2 * I, H, device=dev) * H ** -0.5).to(dt), FMT, glu=True)
-        dn = sm.pack((torch.randn(E, H, I, device=dev) * I ** -0.5).to(dt), FMT)
+        gu = sm.pack((torch.randn(E, 2 * I, H, device=dev) * H ** -0.5).to(dt), args.format, glu=True)
+        dn = sm.pack((torch.randn(E, H, I, device=dev) * I ** -0.5).to(dt), args.format)
         torch.cuda.empty_cache()
         for T, skew in [(t, 0.0) for t in Ts + sweep] + [(t, SKEW) for t in skewed.get(model, [])]:
             full = T in Ts and not skew
@@ -140,8 +143,8 @@ def main() -> None:
             print(f"{model:14s} block   T={T:3d} S={T * K:4d} " + "  ".join(f"{k} {v * 1e3:7.1f}us" for k, v in blk.items()))
         del gu, dn
         torch.cuda.empty_cache()
-    path = os.path.join(gpu_dir(args.out), "bench_decode.json")
-    write_json(path, dict(environment(), ceilings=ceil, format=FMT, rows=rows))
+    path = os.path.join(gpu_dir(args.out), args.name)
+    write_json(path, dict(environment(), ceilings=ceil, format=args.format, rows=rows))
 
 
 if __name__ == "__main__":

@@ -514,13 +514,15 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
 }
 
 // Tokens per pass (BN = 8 NT) from S, the capacity of sorted rows (an upper bound of
-// any expert's rows), and E: the fewest n8 tiles that hold S while S <= 16; above,
-// 32 tokens for 2:4 (M = 1: 64 accumulator registers at MT = 4), and for 1:2:V 16
-// tokens, or 32 once the rows average more than SAM_DECODE_WIDE_PASS per expert (M * NT
-// <= 8: 128 accumulator registers), so that an expert's rows mostly fit one pass and its
-// weights are read once (Mixtral-8x7B at T = 64: 16 rows per expert, up to 20);
-// 1:4:V 8 tokens.  SAMOYEDS_DECODE_TOKENS = 8, 16 or 32 sets the pass (capped per
-// format as above).
+// any expert's rows), and E: the fewest n8 tiles that hold S while S <= 16; above, 16
+// tokens while the rows average at most SAM_DECODE_WIDE_PASS per expert, else 32 (2:4
+// and 1:2:V; M * NT <= 8: at most 128 accumulator registers at MT = 4), so that an
+// expert's rows mostly fit one pass and its weights are read once (at 16 rows per expert
+// on average 1:2:128's 32-token passes ran 1.02-1.47x faster than its 16-token ones; at
+// up to 8, 16-token passes ran up to 1.16x (1:2:128) / 1.07x (2:4) faster than 32-token
+// ones: fewer token bytes per weight byte, more CTAs per SM; experiments/
+// bench_decode_wide_pass.json, bench_decode_24_wide_pass.json);
+// 1:4:V 8 tokens.  SAMOYEDS_DECODE_TOKENS = 8, 16 or 32 sets the pass (1:4:V: at most 16).
 // Variant (SAMOYEDS_DECODE_VARIANT), all with interleaved k-tiles unless noted:
 // 0 = 64 rows, 4 warps, 4 stages; 1 = 64 rows, 8 warps, 3 stages; 2 = 32 rows,
 // 8 warps, 4 stages; 3 = 32 rows, 4 warps, 4 stages, contiguous K ranges;
@@ -530,9 +532,10 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
 // in flight); else 6 while the routed rows average at most 8 per expert (most experts
 // then take one token pass, and five CTAs per SM overlap one's reduction with the
 // others' loads: 1.04-1.11x over 0 on Qwen3-30B-A3B at T = 16 and 128 and OLMoE at 16,
-// experiments/bench_decode_variants.json), or where 1:2:V takes 32-token passes (0's
-// four 4-stage rings of 8.8 KB stages leave one CTA per SM: 6 is 1.12-1.81x faster there,
-// experiments/bench_decode_wide_pass.json), else 0 (2 CTAs per SM: a shorter tail).
+// experiments/bench_decode_variants.json), or with 32-token passes (0's four 4-stage
+// rings of 8.6-8.8 KB stages leave one CTA per SM: 6 is 1.12-1.81x faster there for
+// 1:2:128, up to 1.63x for 2:4; experiments/bench_decode_wide_pass.json,
+// bench_decode_24_wide_pass.json), else 0 (2 CTAs per SM: a shorter tail).
 // Measured on H100, docs/PERFORMANCE.md.
 // A variant whose shared memory the device cannot give (sm_80: 163 KB) falls back to 0.
 bool smem_fits(int bytes) {
@@ -550,9 +553,8 @@ template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *
     using V2 = DCfg<M, 2, NT, 8, 4>;
     if (variant < 0) {
         const int64_t ctas = ps->d.rp / 64 * std::min<int64_t>(ps->d.E, ps->S);
-        variant = ctas < 2 * (int64_t)device_sm_count()                       ? 1
-                  : ps->S <= 8 * (int64_t)ps->d.E || (M == 2 && NT == 4) ? 6
-                                                                           : 0;
+        const bool few_rows = ps->S <= 8 * (int64_t)ps->d.E;
+        variant = ctas < 2 * (int64_t)device_sm_count() ? 1 : few_rows || NT == 4 ? 6 : 0;
     }
     if (variant == 1 && smem_fits(V1::SMEM)) return launch<T, V1>(ps, s);
     if (variant == 2 && smem_fits(V2::SMEM)) return launch<T, V2>(ps, s);
@@ -566,7 +568,7 @@ template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t s) {
     const int m = ps->f.m, variant = env_int("SAMOYEDS_DECODE_VARIANT", -1);
     const int tokens = env_int("SAMOYEDS_DECODE_TOKENS", 0);
-    int nt = ps->S <= 8 ? 1 : ps->S <= 16 ? 2 : m == 2 && ps->S <= (int64_t)SAM_DECODE_WIDE_PASS * ps->d.E ? 2 : 4;
+    int nt = ps->S <= 8 ? 1 : ps->S <= 16 || ps->S <= (int64_t)SAM_DECODE_WIDE_PASS * ps->d.E ? 2 : 4;
     if (tokens > 0) nt = tokens <= 8 ? 1 : tokens <= 16 ? 2 : 4;
     if (m == 1) {
         if (nt == 1) return launch_v<T, 1, 1>(ps, s, variant);
@@ -578,7 +580,10 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
         if (nt == 2) return launch_v<T, 2, 2>(ps, s, variant);
         return launch_v<T, 2, 4>(ps, s, variant);
     }
-    if (m == 4) return launch_v<T, 4, 1>(ps, s, variant);
+    if (m == 4) {  // 8-token passes, 16 where SAMOYEDS_DECODE_TOKENS asks for more (M * NT <= 8)
+        if (tokens > 8) return launch_v<T, 4, 2>(ps, s, variant);
+        return launch_v<T, 4, 1>(ps, s, variant);
+    }
     set_error("ssmm: the decode kernel supports formats 2:4, 1:2:V and 1:4:V; got %d:%d:%d", ps->f.n, ps->f.m,
               ps->f.v);
     return SAM_STATUS_UNSUPPORTED;
