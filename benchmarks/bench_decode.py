@@ -77,6 +77,8 @@ def main() -> None:
     variants = [int(v) for v in args.variants.split(",") if v != ""]
     tokens = [int(v) for v in args.tokens.split(",") if v != ""]
     sm90 = torch.cuda.get_device_capability() == (9, 0)
+    fmt = sm.SparseFormat.parse(args.format)
+    wgmma_ok = sm90 and (fmt.n == fmt.m or (fmt.n, fmt.m) == (1, 2) and fmt.v % 128 == 0)  # what wgmma.sp takes
     rows = []
     skewed = {m: ts for m, *_, ts in SKEWED}
     for model, E, H, I, K, Ts, sweep in CASES:
@@ -97,7 +99,7 @@ def main() -> None:
                 nbytes = packed_bytes(p, used)
                 out = sm.ssmm(inp, p, r.offsets, ids, act=act, scale=scale, check=False)
                 impls = (["decode"] + ([f"decode/v{v}" for v in variants] if full or args.variants_everywhere else [])
-                         + [f"decode/t{t}" for t in tokens] + ["mma_sp"] + (["wgmma_sp"] if sm90 else []))
+                         + [f"decode/t{t}" for t in tokens] + ["mma_sp"] + (["wgmma_sp"] if wgmma_ok else []))
                 res = {}
                 for name in impls:
                     impl = name.split("/")[0]
@@ -127,7 +129,7 @@ def main() -> None:
             # auto with every launch after the one before it has ended (SAMOYEDS_PDL=0), taken in
             # turns with auto
             blk = {}
-            names = ["auto", "auto/serial", "decode", "mma_sp"] + (["wgmma_sp"] if sm90 else [])
+            names = ["auto", "auto/serial", "decode", "mma_sp"] + (["wgmma_sp"] if wgmma_ok else [])
             for rep in range(2):
                 for name in names if rep == 0 else ["auto", "auto/serial"]:
                     impl = name.split("/")[0]

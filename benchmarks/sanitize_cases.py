@@ -69,15 +69,20 @@ def main() -> None:
             sm.ssmm(x, p, r.offsets, None, scale=sc, impl="wgmma_sp")
         os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA")
         os.environ.pop("SAMOYEDS_WGMMA_KERNEL")
-    # every decode tile shape (SAMOYEDS_DECODE_VARIANT), with several token passes and uneven K ranges
-    for variant in ("1", "2", "3", "4", "5", "6"):
-        os.environ["SAMOYEDS_DECODE_VARIANT"] = variant
-        T, K, E, H, I = 40, 2, 6, 200, 136
-        x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
-        p = sm.pack(torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda(), "samoyeds-1:2:128", glu=True)
-        r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
-        sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", impl="decode")
+    # every decode tile shape (SAMOYEDS_DECODE_VARIANT) with passes of 16 and 32 tokens
+    # (SAMOYEDS_DECODE_TOKENS), several token passes and uneven K ranges
+    for variant in ("0", "1", "2", "3", "4", "5", "6"):
+        for tokens in ("16", "32"):
+            os.environ["SAMOYEDS_DECODE_VARIANT"] = variant
+            os.environ["SAMOYEDS_DECODE_TOKENS"] = tokens
+            T, K, E, H, I = 40, 2, 6, 200, 136
+            x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+            p = sm.pack(torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda(), "samoyeds-1:2:128",
+                        glu=True)
+            r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
+            sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", impl="decode")
     os.environ.pop("SAMOYEDS_DECODE_VARIANT")
+    os.environ.pop("SAMOYEDS_DECODE_TOKENS")
     # routing of more pairs than one CTA takes (counts, scan, rows in blocks)
     r = sm.route(torch.randint(0, 9, (3001, 2), generator=gen).cuda(), 8)
     sm.gather_weights(torch.rand(3001, 2, generator=gen).cuda(), r)

@@ -522,7 +522,10 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
 // up to 8, 16-token passes ran up to 1.16x (1:2:128) / 1.07x (2:4) faster than 32-token
 // ones: fewer token bytes per weight byte, more CTAs per SM; experiments/
 // bench_decode_wide_pass.json, bench_decode_24_wide_pass.json);
-// 1:4:V 8 tokens.  SAMOYEDS_DECODE_TOKENS = 8, 16 or 32 sets the pass (1:4:V: at most 16).
+// 1:4:V: 8 tokens, 16 above SAM_DECODE_WIDE_PASS / 2 rows per expert (at 8-16 rows per
+// expert 16-token passes ran 1.07-1.40x faster on all rows but one, 0.96x; at 0.5-4 rows
+// 0.73-1.29x: experiments/bench_decode_14_wide_pass.json).  SAMOYEDS_DECODE_TOKENS = 8, 16
+// or 32 sets the pass (1:4:V: at most 16).
 // Variant (SAMOYEDS_DECODE_VARIANT), all with interleaved k-tiles unless noted:
 // 0 = 64 rows, 4 warps, 4 stages; 1 = 64 rows, 8 warps, 3 stages; 2 = 32 rows,
 // 8 warps, 4 stages; 3 = 32 rows, 4 warps, 4 stages, contiguous K ranges;
@@ -568,7 +571,10 @@ template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t s) {
     const int m = ps->f.m, variant = env_int("SAMOYEDS_DECODE_VARIANT", -1);
     const int tokens = env_int("SAMOYEDS_DECODE_TOKENS", 0);
-    int nt = ps->S <= 8 ? 1 : ps->S <= 16 || ps->S <= (int64_t)SAM_DECODE_WIDE_PASS * ps->d.E ? 2 : 4;
+    // routed rows above which the passes are wider: 32 tokens (2:4, 1:2:V), 16 (1:4:V, from
+    // half the rows per expert: its 16-token pass holds as many accumulators as 1:2:V's 32)
+    const int64_t wide = (int64_t)(m == 4 ? SAM_DECODE_WIDE_PASS / 2 : SAM_DECODE_WIDE_PASS) * ps->d.E;
+    int nt = ps->S <= 8 ? 1 : m == 4 ? (ps->S > wide ? 2 : 1) : ps->S <= 16 || ps->S <= wide ? 2 : 4;
     if (tokens > 0) nt = tokens <= 8 ? 1 : tokens <= 16 ? 2 : 4;
     if (m == 1) {
         if (nt == 1) return launch_v<T, 1, 1>(ps, s, variant);
@@ -580,9 +586,9 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
         if (nt == 2) return launch_v<T, 2, 2>(ps, s, variant);
         return launch_v<T, 2, 4>(ps, s, variant);
     }
-    if (m == 4) {  // 8-token passes, 16 where SAMOYEDS_DECODE_TOKENS asks for more (M * NT <= 8)
-        if (tokens > 8) return launch_v<T, 4, 2>(ps, s, variant);
-        return launch_v<T, 4, 1>(ps, s, variant);
+    if (m == 4) {  // M * NT <= 8: at most 16 tokens
+        if (nt == 1) return launch_v<T, 4, 1>(ps, s, variant);
+        return launch_v<T, 4, 2>(ps, s, variant);
     }
     set_error("ssmm: the decode kernel supports formats 2:4, 1:2:V and 1:4:V; got %d:%d:%d", ps->f.n, ps->f.m,
               ps->f.v);
