@@ -5,7 +5,8 @@ same run; the threshold sweep with uniform and with skewed routing.
 For every (model, projection, T): the routed experts' packed bytes (values + meta +
 idx of each expert that gets at least one token) / the kernel time = achieved weight
 bandwidth; its ratio to the device-to-device copy rate (read + write counted) is the
-fraction of the memory ceiling.  Times are CUDA-graph replays timed with CUDA events
+fraction of the memory ceiling; the same ratio against a copy moving the same bytes (half
+read, half written, timed alike) shows what a launch of that size can reach.  Times are CUDA-graph replays timed with CUDA events
 (common.time_graph).  Also the whole MoE block (moe_forward) with impl="auto" (which
 runs the decode kernel for small S) against the prefill kernels.
 
@@ -57,6 +58,14 @@ def packed_bytes(p: sm.PackedWeight, experts: torch.Tensor) -> int:
         if a is not None:
             n += a[0].numel() * a.element_size() * int(experts.numel())
     return n
+
+
+def copy_ms(nbytes: int, dev: str) -> float:
+    """A device copy moving nbytes (half read, half written), timed as the kernels are: the
+    copy rate at this size, launch and ramp-up included."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev).random_(0, 255)
+    dst = torch.empty_like(src)
+    return time_graph(lambda: dst.copy_(src), budget_s=0.2)["ms"]
 
 
 def main() -> None:
@@ -113,16 +122,20 @@ def main() -> None:
                     res[name] = time_graph(fn, budget_s=0.2)["ms"]
                     os.environ.pop("SAMOYEDS_DECODE_VARIANT", None)
                     os.environ.pop("SAMOYEDS_DECODE_TOKENS", None)
+                copy_same_ms = copy_ms(nbytes, dev)
                 counts = torch.bincount(topk.reshape(-1), minlength=E)
                 row = dict(model=model, proj=proj, T=T, K=K, E=E, S=T * K, routed_experts=int(used.numel()),
                            skew=skew, max_rows=int(counts.max()), bytes=nbytes, ms=res, decode_ms=res["decode"],
                            decode_tb_s=nbytes / (res["decode"] * 1e-3) / 1e12)
                 row["frac_of_copy"] = row["decode_tb_s"] / copy
+                row["copy_same_bytes_ms"] = copy_same_ms
+                row["frac_of_copy_same_bytes"] = copy_same_ms / res["decode"]
                 rows.append(row)
                 print(f"{model:14s} {proj:7s} T={T:3d}{' skewed' if skew else ''} S={T * K:4d} "
                       f"routed={row['routed_experts']:3d} max rows={row['max_rows']:3d} "
                       f"{nbytes / 1e6:7.1f} MB  " + "  ".join(f"{k} {v * 1e3:7.1f}us" for k, v in res.items())
-                      + f"  -> {row['decode_tb_s']:.2f} TB/s ({100 * row['frac_of_copy']:.0f} % of copy)")
+                      + f"  -> {row['decode_tb_s']:.2f} TB/s ({100 * row['frac_of_copy']:.0f} % of copy; "
+                      f"{100 * row['frac_of_copy_same_bytes']:.0f} % of a copy of the same bytes)")
             if not full:
                 continue
             # the whole block: auto (decode for small S) vs the prefill kernels; "auto/serial":
@@ -136,7 +149,7 @@ def main() -> None:
                     if name.endswith("/serial"):
                         os.environ["SAMOYEDS_PDL"] = "0"
 
-                    def fb(impl=impl):
+                    def fb(impl=impl, gu=gu, dn=dn):
                         moe_forward(x, topk, w, gu, dn, impl=impl)
                     ms = time_graph(fb, budget_s=0.2)["ms"]
                     blk[name] = ms if rep == 0 else min(blk[name], ms)

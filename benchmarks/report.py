@@ -274,8 +274,10 @@ def accuracy_table(d: dict) -> str:
 
 def decode_table(d: dict) -> str:
     """The decode kernel: achieved bandwidth over the routed experts' packed bytes, and the block."""
+    same = any("copy_same_bytes_ms" in r for r in d.get("rows", []))
     rows = ["| model | projection | T | routed rows S | experts read | MB read | decode kernel | TB/s | of device copy "
-            "| mma.sp | wgmma.sp |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            + ("| of a copy of the same bytes " if same else "") + "| mma.sp | wgmma.sp |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if same else "") + "---:|---:|"]
     serial = any("auto/serial" in r.get("ms", {}) for r in d.get("rows", []) if r.get("proj") == "block")
     blocks = ["| model | T | MoE block, impl auto | " + ("launches one after another | " if serial else "")
               + "decode | mma.sp | wgmma.sp | auto vs mma.sp |",
@@ -292,7 +294,9 @@ def decode_table(d: dict) -> str:
             continue
         rows.append(f"| {r['model']} | {r['proj']} | {r['T']} | {r['S']} | {r['routed_experts']} | "
                     f"{r['bytes'] / 1e6:.1f} | {r['decode_ms']:.3f} ms | {r['decode_tb_s']:.2f} | "
-                    f"{r['frac_of_copy']:.0%} | {_f(m.get('mma_sp'), '.3f')} ms | {_f(m.get('wgmma_sp'), '.3f')} ms |")
+                    f"{r['frac_of_copy']:.0%} | "
+                    + (f"{r['frac_of_copy_same_bytes']:.0%} | " if same else "")
+                    + f"{_f(m.get('mma_sp'), '.3f')} ms | {_f(m.get('wgmma_sp'), '.3f')} ms |")
     return "\n".join(rows) + "\n\n" + "\n".join(blocks)
 
 
