@@ -419,14 +419,16 @@ def test_decode_variants(variant, shape, fmt, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["", "0", "1", "6"])
-@pytest.mark.parametrize("shape", [DECODE_SHAPES[3], (48, 2, 4, 200, 264, "uniform"), (37, 3, 5, 136, 200, "skewed")])
+@pytest.mark.parametrize("shape", [DECODE_SHAPES[3], (48, 2, 4, 200, 264, "uniform"), (37, 3, 5, 136, 200, "skewed"),
+                                   (7, 2, 16, 136, 200, "skewed")])
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64"])
 def test_decode_token_passes(variant, shape, fmt, monkeypatch):
     """The decode kernel's passes of 8, 16 and 32 tokens (SAMOYEDS_DECODE_TOKENS; 1:4:V
     at most 16): each against the C reference and the float64 oracle, and all bit-identical
     to each other (a token's sums do not depend on the other tokens of its pass).  The
     shapes give experts one pass of 32 and several of 8 or 16, a last pass cut short,
-    S over 10 rows per expert (the default's 32-token passes for 1:2:V) and empty experts."""
+    S over 10 rows per expert (the default's 32-token passes) and S <= E (8-token passes
+    above S = 8), and empty experts."""
     if variant:
         monkeypatch.setenv("SAMOYEDS_DECODE_VARIANT", variant)
     seed = torch.seed() % 2**31
