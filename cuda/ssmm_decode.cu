@@ -514,10 +514,11 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
 }
 
 // Tokens per pass (BN = 8 NT) from S, the capacity of sorted rows (an upper bound of
-// any expert's rows), and E: 8 while S <= 8 or S <= E (at most one row per expert on
-// average: 1:2:128 on Qwen3-30B-A3B at T = 8 1.14-1.15x faster than with 16, the 2:4
-// projections and T = 16 within 4 % either way in sum; experiments/
-// bench_decode_narrow_12.json, bench_decode_narrow_24.json); 16 while S <= 16; above, 16
+// any expert's rows), and E: 8 while S <= 8 or S < E (less than one row per expert on
+// average: 1:2:128 on Qwen3-30B-A3B at T = 8 1.14-1.15x faster than with 16, 2:4 within
+// 1 % in sum; at S = E, Qwen3-30B-A3B at T = 16, the block ran 2 % slower with 8;
+// experiments/bench_decode_narrow_12.json, bench_decode_narrow_24.json,
+// moe_8_token_passes_at_s_eq_e.json); 16 while S <= 16; above, 16
 // tokens while the rows average at most SAM_DECODE_WIDE_PASS per expert, else 32 (2:4
 // and 1:2:V; M * NT <= 8: at most 128 accumulator registers at MT = 4), so that an
 // expert's rows mostly fit one pass and its weights are read once (at 16 rows per expert
@@ -578,7 +579,7 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
     // half the rows per expert: its 16-token pass holds as many accumulators as 1:2:V's 32)
     const int64_t wide = (int64_t)(m == 4 ? SAM_DECODE_WIDE_PASS / 2 : SAM_DECODE_WIDE_PASS) * ps->d.E;
     int nt = 1;
-    if (ps->S > 8 && ps->S > ps->d.E) nt = m == 4 ? (ps->S > wide ? 2 : 1) : ps->S <= 16 || ps->S <= wide ? 2 : 4;
+    if (ps->S > 8 && ps->S >= ps->d.E) nt = m == 4 ? (ps->S > wide ? 2 : 1) : ps->S <= 16 || ps->S <= wide ? 2 : 4;
     if (tokens > 0) nt = tokens <= 8 ? 1 : tokens <= 16 ? 2 : 4;
     if (m == 1) {
         if (nt == 1) return launch_v<T, 1, 1>(ps, s, variant);
