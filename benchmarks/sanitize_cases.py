@@ -71,7 +71,7 @@ def main() -> None:
         os.environ.pop("SAMOYEDS_WGMMA_KERNEL")
     # every decode tile shape (SAMOYEDS_DECODE_VARIANT) with passes of 16 and 32 tokens
     # (SAMOYEDS_DECODE_TOKENS), several token passes and uneven K ranges
-    for variant in ("0", "1", "2", "3", "4", "5", "6", "7", "8"):
+    for variant in ("0", "1", "2", "3", "4", "5", "6"):
         for tokens in ("16", "32"):
             os.environ["SAMOYEDS_DECODE_VARIANT"] = variant
             os.environ["SAMOYEDS_DECODE_TOKENS"] = tokens

@@ -534,9 +534,7 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
 // 0 = 64 rows, 4 warps, 4 stages; 1 = 64 rows, 8 warps, 3 stages; 2 = 32 rows,
 // 8 warps, 4 stages; 3 = 32 rows, 4 warps, 4 stages, contiguous K ranges;
 // 4 = 32 rows, 4 warps, 4 stages; 5 = 64 rows, 4 warps, 2 stages; 6 = 64 rows,
-// 2 warps, 3 stages (5 and 6: smaller CTAs, more of them per SM); 7 = 32 rows, 2 warps,
-// 3 stages; 8 = 32 rows, 2 warps, 4 stages (twice as many CTAs as 6, for grids whose
-// last wave of 6 is partly empty).  Unset: 1 when the
+// 2 warps, 3 stages (5 and 6: smaller CTAs, more of them per SM).  Unset: 1 when the
 // grid has fewer CTAs of 64 rows than two per SM (more warps per CTA keep more bytes
 // in flight); else 6 while the routed rows average at most 8 per expert (most experts
 // then take one token pass, and five CTAs per SM overlap one's reduction with the
@@ -571,8 +569,6 @@ template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *
     if (variant == 4) return launch<T, DCfg<M, 2, NT, 4, 4>>(ps, s);
     if (variant == 5) return launch<T, DCfg<M, 4, NT, 4, 2>>(ps, s);
     if (variant == 6) return launch<T, DCfg<M, 4, NT, 2, 3>>(ps, s);
-    if (variant == 7) return launch<T, DCfg<M, 2, NT, 2, 3>>(ps, s);
-    if (variant == 8) return launch<T, DCfg<M, 2, NT, 2, 4>>(ps, s);
     return launch<T, DCfg<M, 4, NT, 4, 4>>(ps, s);
 }
 

@@ -404,7 +404,7 @@ def test_decode_matches_ref_and_oracle(shape, fmt, dtype, act, glu):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["0", "1", "2", "3", "4", "5", "6", "7", "8"])
+@pytest.mark.parametrize("variant", ["0", "1", "2", "3", "4", "5", "6"])
 @pytest.mark.parametrize("shape", [DECODE_SHAPES[1], DECODE_SHAPES[3], DECODE_SHAPES[6]])
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "1:4:64"])
 def test_decode_variants(variant, shape, fmt, monkeypatch):
