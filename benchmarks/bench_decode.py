@@ -5,10 +5,11 @@ same run; the threshold sweep with uniform and with skewed routing.
 For every (model, projection, T): the routed experts' packed bytes (values + meta +
 idx of each expert that gets at least one token) / the kernel time = achieved weight
 bandwidth; its ratio to the device-to-device copy rate (read + write counted) is the
-fraction of the memory ceiling; the same ratio against a copy moving the same bytes (half
-read, half written, timed alike) shows what a launch of that size can reach.  Times are CUDA-graph replays timed with CUDA events
-(common.time_graph).  Also the whole MoE block (moe_forward) with impl="auto" (which
-runs the decode kernel for small S) against the prefill kernels.
+fraction of the memory ceiling; the same ratio against a copy moving the same bytes
+(half read, half written, timed alike) shows what a launch of that size reaches.  Times
+are CUDA-graph replays timed with CUDA events (common.time_graph).  Also the whole MoE
+block (moe_forward) with impl="auto" (which runs the decode kernel for small S) against
+the prefill kernels.
 
     python benchmarks/bench_decode.py [--out DIR] [--variants 0,1,2] [--tokens 16,32] [--variants-everywhere]
                                       [--format 2:4] [--name bench_decode_24.json]

@@ -513,23 +513,23 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
     return launch_status("ssmm");
 }
 
-// Tokens per pass (BN = 8 NT) from S, the capacity of sorted rows (an upper bound of
-// any expert's rows), and E: 8 while S <= 8 or S < E (less than one row per expert on
-// average: 1:2:128 on Qwen3-30B-A3B at T = 8 1.14-1.15x faster than with 16, 2:4 within
-// 1 % in sum; at S = E, Qwen3-30B-A3B at T = 16, the block ran 2 % slower with 8;
-// experiments/bench_decode_narrow_12.json, bench_decode_narrow_24.json,
-// moe_8_token_passes_at_s_eq_e.json); 16 while S <= 16; above, 16
-// tokens while the rows average at most SAM_DECODE_WIDE_PASS per expert, else 32 (2:4
-// and 1:2:V; M * NT <= 8: at most 128 accumulator registers at MT = 4), so that an
-// expert's rows mostly fit one pass and its weights are read once (at 16 rows per expert
-// on average 1:2:128's 32-token passes ran 1.02-1.47x faster than its 16-token ones; at
-// up to 8, 16-token passes ran up to 1.16x (1:2:128) / 1.07x (2:4) faster than 32-token
-// ones: fewer token bytes per weight byte, more CTAs per SM; experiments/
-// bench_decode_wide_pass.json, bench_decode_24_wide_pass.json);
-// 1:4:V: 8 tokens, 16 above SAM_DECODE_WIDE_PASS / 2 rows per expert (at 8-16 rows per
-// expert 16-token passes ran 1.07-1.40x faster on all rows but one, 0.96x; at 0.5-4 rows
-// 0.73-1.29x: experiments/bench_decode_14_wide_pass.json).  SAMOYEDS_DECODE_TOKENS = 8, 16
-// or 32 sets the pass (1:4:V: at most 16).
+// Tokens per pass (BN = 8 NT), from S (the capacity of sorted rows, an upper bound of any
+// expert's rows) and E, so that an expert's rows mostly fit one pass and its weights are
+// read once, with at most 128 accumulator registers (M * NT <= 8 at MT = 4):
+//   * 8 while S <= 8 or S < E (less than one row per expert on average);
+//   * 2:4 and 1:2:V: 16 while S <= 16 or the rows average at most SAM_DECODE_WIDE_PASS
+//     per expert, else 32;
+//   * 1:4:V: 8 up to SAM_DECODE_WIDE_PASS / 2 rows per expert, else 16.
+// SAMOYEDS_DECODE_TOKENS = 8, 16 or 32 sets the pass instead (1:4:V: at most 16).
+// Measured on H100 (docs/PERFORMANCE.md): at 16 rows per expert 1:2:128's 32-token passes
+// ran 1.02-1.47x faster than 16-token ones, at up to 8 the 16-token passes up to 1.16x
+// (2:4: 1.07x) faster than 32 (fewer token bytes per weight byte, more CTAs per SM;
+// experiments/bench_decode_wide_pass.json, bench_decode_24_wide_pass.json); 1:4:V's
+// 16-token passes 1.07-1.40x faster at 8-16 rows per expert on all rows but one (0.96x),
+// 0.73-1.29x at 0.5-4 (bench_decode_14_wide_pass.json); 8-token passes on Qwen3-30B-A3B
+// at T = 8 (0.5 rows per expert) 1.14-1.15x faster than 16 for 1:2:128, 2:4 within 1 %,
+// and at S = E (T = 16) the block 2 % slower (bench_decode_narrow_12.json, _24.json,
+// moe_8_token_passes_at_s_eq_e.json).
 // Variant (SAMOYEDS_DECODE_VARIANT), all with interleaved k-tiles unless noted:
 // 0 = 64 rows, 4 warps, 4 stages; 1 = 64 rows, 8 warps, 3 stages; 2 = 32 rows,
 // 8 warps, 4 stages; 3 = 32 rows, 4 warps, 4 stages, contiguous K ranges;
