@@ -97,7 +97,6 @@ def test_cuda_epilogues_bias_scale(act, fmt):
 
 
 def _check_cuda(x, p, r, b, sc, act, dtype, impl="auto"):
-    T = x.shape[0]
     E, R, C = p.shape3
     S = r.token_ids.shape[0]
     cols = R if act == "none" else R // 2
@@ -335,7 +334,6 @@ def test_wgmma_tokens_by_tma(shape, fmt, act, glu, kernel, monkeypatch):
 def test_wgmma_refuses_what_it_cannot_run():
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
-    gen = torch.Generator().manual_seed(0)
     x, p, r, b, sc = _gpu_case((16, 1, 2, 128, 128, "uniform"), "samoyeds-1:2:64", torch.bfloat16, "none", False,
                                bias=False, scale=False, seed=0)
     with pytest.raises(NotImplementedError, match="wgmma.sp"):
