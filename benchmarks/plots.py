@@ -381,6 +381,42 @@ def dense_decode(d: dict):
     return fig
 
 
+def decode(d: dict):
+    """The decode kernel (bench_decode.json): the routed experts' packed bytes per second as a
+    share of the device copy rate measured in the same run, by tokens T, for gate_up (left) and
+    down (right), uniform routing; filled where impl="auto" runs this kernel (S <= 128 routed
+    rows or at most 16 per expert), hollow past that."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    rows = [r for r in d.get("rows", []) if r.get("proj") in ("gate_up", "down") and not r.get("skew")]
+    models = sorted({r["model"] for r in rows}, key=lambda m: [r["model"] for r in rows].index(m))
+    for ax, proj in zip(axes, ("gate_up", "down")):
+        for i, model in enumerate(models):
+            pts = sorted((r for r in rows if r["model"] == model and r["proj"] == proj), key=lambda r: r["T"])
+            if not pts:
+                continue
+            color = f"C{i}"
+            ax.plot([r["T"] for r in pts], [100 * r["frac_of_copy"] for r in pts], "-", color=color, label=model)
+            for r in pts:
+                auto = r["S"] <= 128 or r["S"] <= 16 * r["E"]
+                ax.plot([r["T"]], [100 * r["frac_of_copy"]], "o", color=color,
+                        markerfacecolor=color if auto else "white")
+        ax.axhline(100.0, color="k", lw=0.8)
+        ax.axhline(80.0, color="k", lw=0.8, ls="--")
+        ts = sorted({r["T"] for r in rows})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ts, [str(t) for t in ts])
+        ax.set_xlabel("tokens T")
+        ax.set_title(proj, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("weights read, % of the copy rate")
+    axes[0].legend(fontsize=8)
+    _title(fig, f"Decode kernel ({d.get('format', '?')}): weight stream against the copy rate "
+                "(dashed: 80 %)", {"env": d.get("env") or d})
+    fig.tight_layout()
+    return fig
+
+
 FIGURES = [  # (png name, JSON file, function)
     ("kernel_models", "kernel.json", kernel_models),
     ("kernel_sweep", "sweep.json", kernel_sweep_lines),
@@ -391,6 +427,7 @@ FIGURES = [  # (png name, JSON file, function)
     ("memory", "memory.json", memory),
     ("accuracy", "accuracy.json", accuracy),
     ("dense_decode", "dense_decode.json", dense_decode),
+    ("decode", "bench_decode.json", decode),
 ]
 
 
