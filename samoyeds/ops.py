@@ -45,8 +45,9 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
            ``SAMOYEDS_DECODE_ROWS_PER_EXPERT`` (default 16) times ``E``; else ``wgmma.sp`` on sm_90 for
            2:4 and 1:2:v with v a multiple of 128, else ``mma.sp``), ``"mma_sp"``,
            ``"wgmma_sp"`` or ``"decode"`` (split-K over the routed experts' weights for
-           a few tokens per expert: every SM streams part of them; any S works,
-           more than 32 rows in an expert cost one more weight pass per 8-32 rows).
+           a few tokens per expert: every SM streams part of them; any S works, an
+           expert with more rows than one pass holds (8-32, chosen from the rows per
+           expert on average) reads its weights once more per further pass).
         stream: CUDA stream; None uses the producer's current stream.
         check: validate ``expert_offsets`` and ``token_ids`` against ``x`` and
            ``out`` before a GPU launch (one host sync).  None: check unless the
