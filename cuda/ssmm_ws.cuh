@@ -589,7 +589,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int a = 0; a < 2; a++) fence_regs(acc[a]);
         if (KT > 0) release((it - 1) % ST);
-        if (M > 1 && !(drop & 8)) {  // the last slice's share, then acc[0] = T - D: row 1 of each pair
+        if (!(drop & 8)) {  // M = 2: the last slice's share, then acc[0] = T - D: row 1 of each pair
 #pragma unroll
             for (int hh = 0; hh < 2; hh++)
                 finish_row_sets<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, sel[hh], hh);
