@@ -7,6 +7,7 @@
 #                                [smoke-gpu] [demo] [profile] [profile-tokens] [bench-moe-shared] [bench-dense] [bench-router] [bench-shared-mlp] [profile-router]
 #                                [probe-shared-stream: PROBE_ARGS=...]
 #                                [bench-moe-models: MOE_MODELS=a,b MOE_TOKENS=1,16]
+#                                [ssmm-kernels: SSMM_KERNELS_ARGS="--fmt F --kernels a,b"]
 #                                [test-k: PYTEST_K=expr] ...
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
@@ -62,7 +63,7 @@ for step in $steps; do
     probe-shared-stream) run probe_shared_stream 12 $PY benchmarks/probe_shared_stream.py --out "$OUT" ${PROBE_ARGS:-} ;;
     bench-moe-models) run bench_moe_models 30 $PY benchmarks/bench_moe.py --models "${MOE_MODELS:?set MOE_MODELS}" \
       --tokens "${MOE_TOKENS:-1,16}" --out "$OUT" ;;
-    ssmm-kernels) run ssmm_kernels 12 $PY benchmarks/ssmm_kernels.py --out "$OUT" ;;
+    ssmm-kernels) run ssmm_kernels 12 $PY benchmarks/ssmm_kernels.py --out "$OUT" ${SSMM_KERNELS_ARGS:-} ;;
     token-stream) run token_stream 8 $PY benchmarks/token_stream.py --out "$OUT" ;;
     probe-epilogue) run probe_epilogue 40 $PY benchmarks/probe_epilogue.py --out "$OUT" ${PROBE_EPI_ARGS:-} ;;
     fill) run fill_rate 20 $PY benchmarks/fill_rate.py --out "$OUT" ${FILL_ARGS:-} ;;

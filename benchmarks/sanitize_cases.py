@@ -67,8 +67,26 @@ def main() -> None:
             x = torch.randn(T * K, I, generator=gen).to(torch.bfloat16).cuda()
             sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
             sm.ssmm(x, p, r.offsets, None, scale=sc, impl="wgmma_sp")
-        os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA")
         os.environ.pop("SAMOYEDS_WGMMA_KERNEL")
+        # the 1:2:V tile of 256 rows x 64 tokens (SAMOYEDS_WS_TILE=1), token rows by TMA and
+        # gathered, gated (a last item of one gate/up chunk pair) and not
+        os.environ["SAMOYEDS_WS_TILE"] = "1"
+        for tma, act in [("2", "none"), ("0", "swiglu")]:
+            os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = tma
+            T, K, E, H, I = 1001, 3, 4, 320, 320  # 384 storage rows (glu): 1.5 tiles of 256
+            glu = act != "none"
+            w = torch.randn(E, 2 * I if glu else I, H, generator=gen).to(torch.bfloat16).cuda()
+            p = sm.pack(w, "samoyeds-1:2:128", glu=glu)
+            r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
+            sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
+            if tma == "2":
+                x = torch.randn(T * K, H, generator=gen).to(torch.bfloat16).cuda()
+                sm.ssmm(x, p, r.offsets, None, scale=sc, impl="wgmma_sp")
+            else:
+                x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+                sm.ssmm(x, p, r.offsets, r.token_ids, act=act, scale=sc, impl="wgmma_sp")
+        os.environ.pop("SAMOYEDS_WS_TILE")
+        os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA")
     # every decode tile shape (SAMOYEDS_DECODE_VARIANT) with passes of 16 and 32 tokens
     # (SAMOYEDS_DECODE_TOKENS), several token passes and uneven K ranges
     for variant in ("0", "1", "2", "3", "4", "5", "6"):

@@ -11,9 +11,11 @@ compared with the mma.sp kernel's (relative Frobenius difference).
 The gate_up cases read x by token index; the down cases read it without a row map
 (token_ids None), as a MoE layer's down projection reads its intermediate rows, which
 the warp-specialised kernel loads as TMA boxes; wgmma_ws_gather is the same kernel with
-the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).
+the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).  wgmma_ws_tall and
+wgmma_ws_tall_gather: the same two with 1:2:V's tile of 256 storage rows x 64 tokens
+(SAMOYEDS_WS_TILE=1) instead of 128 x 128.
 
-  python benchmarks/ssmm_kernels.py [--S 8192] [--out DIR]
+  python benchmarks/ssmm_kernels.py [--S 8192] [--kernels wgmma_ws,wgmma_ws_tall,...] [--fmt FMT] [--out DIR]
 """
 import argparse
 import os
@@ -28,12 +30,18 @@ from common import environment, time_graph, write_json  # noqa: E402
 KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1tile", "wgmma_sp", "3"),
            ("wgmma_ws", "wgmma_sp", "2"), ("wgmma_ws_pingpong", "wgmma_sp", "4"),
            ("wgmma_ws_cluster", "wgmma_sp", "5"), ("wgmma_ws_dynamic", "wgmma_sp", "6"),
-           ("wgmma_ws_gather", "wgmma_sp", "2")]
+           ("wgmma_ws_gather", "wgmma_sp", "2"), ("wgmma_ws_tall", "wgmma_sp", "2"),
+           ("wgmma_ws_tall_gather", "wgmma_sp", "2")]
+SELECTED = None  # --kernels: the kernels to time (the first one is the reference of the _err columns)
 
 
 def kernels(fmt):
-    """The kernels that run `fmt` (ping-pong consumers: 2:4 only)."""
-    return [k for k in KERNELS if fmt == "2:4" or k[0] != "wgmma_ws_pingpong"]
+    """The kernels that run `fmt` (ping-pong consumers: 2:4 only; the tall tile: 1:2:V only)."""
+    def runs(name):
+        if name == "wgmma_ws_pingpong":
+            return fmt == "2:4"
+        return "tall" not in name or fmt != "2:4"
+    return [k for k in KERNELS if runs(k[0]) and (SELECTED is None or k[0] in SELECTED)]
 
 
 def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
@@ -61,7 +69,8 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
     for kname, impl, env in kernels(fmt):
         if env is not None:
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = env
-        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname == "wgmma_ws_gather" else "1"
+        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname.endswith("_gather") else "1"
+        os.environ["SAMOYEDS_WS_TILE"] = "1" if "tall" in kname else "0"
         out = torch.full((S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)
         sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl)
         torch.cuda.synchronize()
@@ -73,6 +82,7 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
         row[f"{kname}_ms"] = time_graph(lambda: sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl))["ms"]
     os.environ.pop("SAMOYEDS_WGMMA_KERNEL", None)
     os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA", None)
+    os.environ.pop("SAMOYEDS_WS_TILE", None)
     # cuBLAS: every expert's tokens gathered, dense masked weights (no activation)
     counts = (offs[1:] - offs[:-1]).tolist()
     xs = x[tok.long()] if tok is not None else x
@@ -97,8 +107,16 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--S", type=int, default=8192)
+    ap.add_argument("--kernels", default=None, help="comma-separated kernel names (default: all)")
+    ap.add_argument("--fmt", default=None, help="one format (default: 2:4 and samoyeds-1:2:128)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    global SELECTED
+    if a.kernels:
+        SELECTED = a.kernels.split(",")
+        unknown = set(SELECTED) - {k[0] for k in KERNELS}
+        if unknown:
+            ap.error(f"--kernels: unknown {sorted(unknown)}; known: {[k[0] for k in KERNELS]}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     S = a.S
@@ -107,22 +125,15 @@ def main():
              ("mixtral gate_up routed", 8, 28672, 4096, "swiglu", True),
              ("qwen3 gate_up routed", 128, 1536, 2048, "swiglu", True),
              ("qwen3 down routed", 128, 2048, 768, "none", True)]
-    for fmt in ("2:4", "samoyeds-1:2:128"):
+    for fmt in [a.fmt] if a.fmt else ["2:4", "samoyeds-1:2:128"]:
         for name, E, R, C, act, routed in cases:
             row = run_case(name, E, R, C, S, fmt, act, gen, routed=routed, top_k=8 if E == 128 else 2)
             rows.append(row)
-            print(f"{fmt:17} {name:26} " + "  ".join(
-                f"{k} {row[k + '_ms']:.3f} ms" for k in ("mma_sp", "wgmma", "wgmma_ws_1tile", "wgmma_ws", "cublas"))
-                + f"  ws/cublas {row['cublas_ms'] / row['wgmma_ws_ms']:.2f}x  ws/wgmma {row['wgmma_ms'] / row['wgmma_ws_ms']:.2f}x"
-                + f"  persistent/1tile {row['wgmma_ws_1tile_ms'] / row['wgmma_ws_ms']:.2f}x"
-                + (f"  pingpong {row['wgmma_ws_pingpong_ms']:.3f} ms ({row['wgmma_ws_ms'] / row['wgmma_ws_pingpong_ms']:.2f}x,"
-                   f" err {row['wgmma_ws_pingpong_err']:.1e})" if "wgmma_ws_pingpong_ms" in row else "")
-                + f"  cluster {row['wgmma_ws_cluster_ms']:.3f} ms ({row['wgmma_ws_ms'] / row['wgmma_ws_cluster_ms']:.2f}x,"
-                f" err {row['wgmma_ws_cluster_err']:.1e})"
-                + f"  dynamic {row['wgmma_ws_dynamic_ms']:.3f} ms ({row['wgmma_ws_ms'] / row['wgmma_ws_dynamic_ms']:.2f}x,"
-                f" err {row['wgmma_ws_dynamic_err']:.1e})"
-                + f"  gather {row['wgmma_ws_gather_ms']:.3f} ms (TMA rows {row['wgmma_ws_gather_ms'] / row['wgmma_ws_ms']:.2f}x)"
-                + f"  err wgmma {row['wgmma_err']:.1e} ws {row['wgmma_ws_err']:.1e}", flush=True)
+            names = [k[0] for k in kernels(fmt)]
+            base = "wgmma_ws" if "wgmma_ws" in names else names[0]
+            print(f"{fmt:17} {name:26} cublas {row['cublas_ms']:.3f} ms  " + "  ".join(
+                f"{k} {row[k + '_ms']:.3f} ms ({row[base + '_ms'] / row[k + '_ms']:.2f}x of {base}, "
+                f"{row['cublas_ms'] / row[k + '_ms']:.2f}x cublas, err {row[k + '_err']:.1e})" for k in names), flush=True)
     if a.out:
         write_json(os.path.join(a.out, "ssmm_kernels.json"), {"environment": environment(), "rows": rows})
 

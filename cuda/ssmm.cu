@@ -687,8 +687,8 @@ template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps,
 // (token_ids null: an expert's rows are contiguous, as the down projection's intermediate
 // rows are) and its rows are 16-byte aligned.  False (the cp.async gather) where it cannot
 // be, or where the encoder refuses the map.  Boxes of WsCfg's BN rows x BK columns.
-template <typename T> bool ws_tokens_map(const sam_ssmm_params *ps, CUtensorMap &m) {
-    constexpr int BN = 128, BK = 64;
+template <typename T, int BN> bool ws_tokens_map(const sam_ssmm_params *ps, CUtensorMap &m) {
+    constexpr int BK = 64;
     if (ps->token_ids != nullptr || (uintptr_t)ps->x % 16 != 0 || (ps->ldx * (int64_t)sizeof(T)) % 16 != 0 ||
         ps->S >= INT32_MAX || ps->T >= INT32_MAX || ps->T == 0)
         return false;
@@ -738,7 +738,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
             return SAM_STATUS_UNSUPPORTED;
         }
         if constexpr (C::BT) {
-            static_assert(C::BN == 128 && C::BK == 64, "the box of ws_tokens_map");
+            static_assert(C::BK == 64, "the box of ws_tokens_map");
             maps.b = *bmap;
         }
         SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_ws_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
@@ -836,12 +836,22 @@ bool device_has_wgmma() {
     return cache[dev] == 1;
 }
 
-// The warp-specialised kernel of configuration WsCfg<M, PP, CL, DYN>, with the token rows
-// by TMA (BT) when bmap is given.
-template <typename T, int M, bool PP = false, int CL = 1, bool DYN = false>
-sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, const CUtensorMap *bmap) {
-    if (bmap) return launch<T, WsCfg<M, PP, CL, DYN, true>, K_WGMMA_WS>(ps, stream, ctas, bmap);
-    return launch<T, WsCfg<M, PP, CL, DYN>, K_WGMMA_WS>(ps, stream, ctas);
+// The warp-specialised kernel of configuration WsCfg<M, PP, CL, DYN, BT, TALL>, with the
+// token rows by TMA (BT) where ws_tokens_map can map them and want_bt (SAMOYEDS_WGMMA_TOKENS_TMA)
+// allows it.
+template <typename T, int M, bool PP = false, int CL = 1, bool DYN = false, bool TALL = false>
+sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, int want_bt) {
+    using Cg = WsCfg<M, PP, CL, DYN, false, TALL>;
+    using Ct = WsCfg<M, PP, CL, DYN, true, TALL>;
+    CUtensorMap bm;
+    const bool bt = want_bt != 0 && ws_tokens_map<T, Ct::BN>(ps, bm);
+    if (want_bt == 2 && !bt) {
+        set_error("ssmm: SAMOYEDS_WGMMA_TOKENS_TMA=2, but the token rows cannot be read by TMA (they need "
+                  "token_ids None, x and its row stride 16-byte aligned, fewer than 2**31 rows)");
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (bt) return launch<T, Ct, K_WGMMA_WS>(ps, stream, ctas, &bm);
+    return launch<T, Cg, K_WGMMA_WS>(ps, stream, ctas);
 }
 
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t stream) {
@@ -861,24 +871,19 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             // SAMOYEDS_WGMMA_TOKENS_TMA: 1 (default) the token rows by TMA where they can be,
             // 0 never (the gather, for comparisons), 2 required (an error where they cannot)
             const int want_bt = env_int("SAMOYEDS_WGMMA_TOKENS_TMA", 1);
-            CUtensorMap bm;
-            const CUtensorMap *bmap = want_bt != 0 && ws_tokens_map<T>(ps, bm) ? &bm : nullptr;
-            if (want_bt == 2 && !bmap) {
-                set_error("ssmm: SAMOYEDS_WGMMA_TOKENS_TMA=2, but the token rows cannot be read by TMA (they need "
-                          "token_ids None, x and its row stride 16-byte aligned, fewer than 2**31 rows)");
-                return SAM_STATUS_UNSUPPORTED;
-            }
             if (which == 5) {
-                if (m == 1) return launch_ws<T, 1, false, 2>(ps, stream, ctas, bmap);
-                return launch_ws<T, 2, false, 2>(ps, stream, ctas, bmap);
+                if (m == 1) return launch_ws<T, 1, false, 2>(ps, stream, ctas, want_bt);
+                return launch_ws<T, 2, false, 2>(ps, stream, ctas, want_bt);
             }
             if (which == 6) {
-                if (m == 1) return launch_ws<T, 1, false, 1, true>(ps, stream, ctas, bmap);
-                return launch_ws<T, 2, false, 1, true>(ps, stream, ctas, bmap);
+                if (m == 1) return launch_ws<T, 1, false, 1, true>(ps, stream, ctas, want_bt);
+                return launch_ws<T, 2, false, 1, true>(ps, stream, ctas, want_bt);
             }
-            if (m == 1 && which == 4) return launch_ws<T, 1, true>(ps, stream, ctas, bmap);
-            if (m == 1) return launch_ws<T, 1>(ps, stream, ctas, bmap);
-            return launch_ws<T, 2>(ps, stream, ctas, bmap);
+            if (m == 1 && which == 4) return launch_ws<T, 1, true>(ps, stream, ctas, want_bt);
+            if (m == 1) return launch_ws<T, 1>(ps, stream, ctas, want_bt);
+            // 1:2:V tile (SAMOYEDS_WS_TILE): 1 = 256 storage rows x 64 tokens, 0 = 128 x 128
+            if (env_int("SAMOYEDS_WS_TILE", 0) == 1) return launch_ws<T, 2, false, 1, false, true>(ps, stream, ctas, want_bt);
+            return launch_ws<T, 2>(ps, stream, ctas, want_bt);
         }
         if (m == 1) return launch<T, Cfg<1, 64, 4, 6>, K_WGMMA>(ps, stream);
         return launch<T, Cfg<2, 64, 4, 6>, K_WGMMA>(ps, stream);

@@ -100,21 +100,31 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M2_BT
 #define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
 #endif
-template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false> struct WsCfg {
+template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false, bool TALL_ = false>
+struct WsCfg {
     static constexpr int M = M_;
     static constexpr bool BT = BT_;
+    static constexpr bool TALL = TALL_;
     static constexpr bool PP = PP_;
     static constexpr int CL = CL_;
     static constexpr bool DYN = DYN_;
     static_assert(!DYN || CL == 1, "the work counter hands out single items");
     static_assert(!PP || M == 1, "ping-pong consumers: 2:4 only (1:M:V needs both consumers' registers per item)");
     static_assert(CL == 1 || (CL == 2 && !PP), "clusters of 2, cooperative consumers");
-    static constexpr int NB = M == 1 ? 2 : 1;          // m64 blocks per consumer warpgroup
+    static_assert(!TALL || (M == 2 && !PP && CL == 1), "the tall 1:M:V tile: 1:2:V, cooperative, no clusters");
+    static constexpr int NB = M == 1 || TALL ? 2 : 1;  // m64 blocks per consumer warpgroup
     static constexpr int BMW = 64 * NB;                // storage rows per consumer
     static constexpr int BMT = PP ? BMW : 2 * BMW;     // storage rows per work item
     static constexpr int CPI = PP ? 1 : 2;             // consumers per work item
     static constexpr int NSLOT_LOG2 = PP ? 2 : 1, NSLOT = 1 << NSLOT_LOG2;  // work slots
-    static constexpr int BN = 128, BK = 64, KS = BK / 32;  // (BT: the box of ws_tokens_map)
+    static constexpr int BN = TALL ? 64 : 128, BK = 64, KS = BK / 32;  // (BT: the box of ws_tokens_map)
+    // accumulator arrays of AN registers per thread (one m64 x BN block each): M = 1 one per
+    // block; M = 2 the total and row 0's share of each block, block b at 2 b, 2 b + 1
+    static constexpr int AN = BN / 2, ASTRIDE = M == 1 ? 1 : 2, NACC = NB * ASTRIDE;
+    // M = 2, gated, NB = 1: consumer 0 holds the gate rows of an item and consumer 1 the up
+    // rows, handed over through shared memory; TALL: each consumer holds a gate chunk (block
+    // 0) and the up chunk of the same rows (block 1)
+    static constexpr bool HANDOVER = M > 1 && !TALL;
     static constexpr int THREADS = 384, PTHREADS = 128;
     // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168)
     static constexpr int PREGS = M == 1 ? 72 : 64, CREGS = 216;
@@ -139,7 +149,7 @@ template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = f
     static constexpr int STG_BYTES = 8192;
     static constexpr int XT = 32, XS = BMW * M + 4;
     static constexpr int STG_OFF = PIPE_BYTES, XCH_OFF = STG_OFF + STG_BYTES;
-    static constexpr int EPI_BYTES = STG_BYTES + (M > 1 && XT * XS * 4 > STG_BYTES ? XT * XS * 4 : STG_BYTES);
+    static constexpr int EPI_BYTES = STG_BYTES + (HANDOVER && XT * XS * 4 > STG_BYTES ? XT * XS * 4 : STG_BYTES);
     // NSLOT work slots, each: BN token rows, BN routing scales, (e, rt, s0)
     static constexpr int SLOT_OFF = STG_OFF + EPI_BYTES, SLOT_BYTES = BN * 8 + 16;
     static constexpr int BAR_OFF = SLOT_OFF + NSLOT * SLOT_BYTES;  // full[ST] empty[ST] tfull[NSLOT] tempty[NSLOT]
@@ -207,7 +217,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         setmaxnreg_dec<C::PREGS>();
         const int lane = tid & 31, warp = tid >> 5;
         const T *x = static_cast<const T *>(p.x);
-        // B: 128 token rows x 8 chunks; thread -> chunk tid % 8, rows tid / 8 + 16 i
+        // B: BN token rows x 8 chunks; thread -> chunk tid % 8, rows tid / 8 + 16 i
         constexpr int B_CH = BN * 8 / PT;
         const int b_row = tid / 8, b_ch = tid % 8;
         uint32_t b_dst[B_CH];
@@ -244,17 +254,20 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
             named_barrier_sync(3, PT);  // the item is decoded (producer warpgroup)
             const int e = info[0];
-            {  // token row and routing scale of tile position tid (BN == PT), one load round
-                static_assert(BN == PT, "one token row per producer thread");
+            {  // token row and routing scale of tile position tid < BN, one load round
+                static_assert(BN <= PT && PT % BN == 0, "one token row per producer thread");
+                const bool has_row = BN == PT || tid < BN;
                 int32_t t = -1;
                 float sc = 1.0f;
-                if (e >= 0) {
+                if (e >= 0 && has_row) {
                     const int64_t s = *reinterpret_cast<const int64_t *>(info + 2) + tid, s_end = expert_s_end(p, e);
                     t = row_token(p, s, s_end);
                     if (p.scale && s < s_end) sc = p.scale[s];
                 }
-                tok[tid] = t;
-                slot_scale(slot)[tid] = sc;
+                if (has_row) {
+                    tok[tid] = t;
+                    slot_scale(slot)[tid] = sc;
+                }
                 mbar_arrive(tfull_bar(slot));
             }
             if (e < 0) {
@@ -332,12 +345,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     const int g = lane >> 2, q = lane & 3;
     // M = 1: two m64 blocks.  What wgmma writes is not zero-filled: the first k-tile's
     // wgmmas start from zero (scale-d = 0), so no ordinary instruction defines an
-    // accumulator while wgmmas are in flight.  M = 2: acc[0] the running total T of
-    // both rows of a pair, acc[1] row 0's share D (row selection, above), both set to
-    // zero before an item's first wgmma.
-    float acc[2][64];
+    // accumulator while wgmmas are in flight.  M = 2: of block b, acc[2b] the running
+    // total T of both rows of a pair, acc[2b + 1] row 0's share D (row selection, above),
+    // both set to zero before an item's first wgmma.
+    constexpr int AN = C::AN, ASTRIDE = C::ASTRIDE, NACC = C::NACC, NT8 = BN / 8;
+    float acc[NACC][AN];
     constexpr bool zero_init = M > 1;
-    uint32_t sel[2];  // M = 2: the row the previous slice selected, for row hh of the thread (fold_row_set)
+    uint32_t sel[NB][2];  // M = 2: the row the previous slice selected, for row hh of block b (fold_row_set)
     uint32_t ef[2][NB][KS];
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
 
@@ -356,10 +370,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     auto select_rows = [&](int st) {
         const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const uint32_t want = idx_s[crow + warp * 16 + g + 8 * hh];
-            fold_row_set<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, sel[hh], want, hh);
-        }
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const uint32_t want = idx_s[crow + b * 64 + warp * 16 + g + 8 * hh];
+                fold_row_set<M, NT8>([&](int a, int j, int k) -> float & { return acc[b * ASTRIDE + a][4 * j + k]; },
+                                     sel[b][hh], want, hh);
+            }
     };
     // the wgmmas that read stage st are done: one arrival per thread, or (clusters) one
     // per warp on the stage's barrier in both CTAs, whose producers both write it
@@ -386,10 +403,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         if (M > 1 && boundary) {
             wgmma_wait<0>();
 #pragma unroll
-            for (int a = 0; a < 2; a++) fence_regs(acc[a]);
+            for (int a = 0; a < NACC; a++) fence_regs(acc[a]);
             if (!(drop & 8)) select_rows(st);
 #pragma unroll
-            for (int a = 0; a < 2; a++) fence_regs(acc[a]);
+            for (int a = 0; a < NACC; a++) fence_regs(acc[a]);
         }
         const uint32_t sa = smem_u32(stage_ptr(st)), sb = sa + C::A_BYTES;
         wgmma_fence();
@@ -397,8 +414,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int b = 0; b < NB; b++)
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
-                WgmmaSpSS<T>::run(acc[b], smem_desc_sw64(sa + (crow + b * 64) * 64 + ks * 32),
-                                  smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
+                WgmmaSpSS<T, BN>::run(acc[b * ASTRIDE], smem_desc_sw64(sa + (crow + b * 64) * 64 + ks * 32),
+                                      smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
         wgmma_commit();
         wgmma_wait<1>();
         if (kt > 0) release((it - 1) % ST);
@@ -412,37 +429,43 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     unsigned char *stg = smem + C::STG_OFF + c * C::STG_BYTES;
 
     // ---- epilogue, from the accumulators: thread (warp, g, q) holds storage rows
-    // crow + b*64 + warp*16 + g + 8hh and tokens j*8 + 2q + t at acc[.][4j + 2hh + t].
+    // crow + b*64 + warp*16 + g + 8hh and tokens j*8 + 2q + t at acc[b * ASTRIDE + set][4j + 2hh + t].
     // Bias, activation and routing scale in fp32 in the order of store_tile, rounded
     // once; then whole 16-byte pieces of output rows, chunk by chunk.
     auto epilogue = [&](auto gated_c, const int32_t *tok, const float *scl, int e, int64_t row0, int64_t s0) {
         constexpr bool GATED = decltype(gated_c)::value;
-        constexpr bool HANDOVER = M > 1 && GATED;                 // the consumers pair gate and up rows via xch
-        constexpr int OCW = M == 1 && GATED ? 64 : 128;           // output columns of a consumer
+        constexpr bool HANDOVER = C::HANDOVER && GATED;  // the consumers pair gate and up rows via xch
+        // output blocks of a consumer: one per m64 block, or one from a gate and an up block
+        // (M = 1 and TALL gated; HANDOVER: from this consumer's block and the partner's)
+        constexpr int OB = GATED ? 1 : NB;
+        constexpr int OCW = OB * 64 * M;                           // output columns of a consumer
         constexpr int PR = OCW / 8;                               // 16-byte pieces per staged row
         constexpr int TC = C::STG_BYTES / (OCW * 2), JC = TC / 8;  // tokens per chunk
         static_assert(!HANDOVER || TC == C::XT, "hand-over chunk");
+        static_assert(BN % TC == 0 && JC >= 1, "staging chunks");
         // HANDOVER: consumer c computes the n8 token blocks jj in [c JC/2, (c+1) JC/2) of
         // every chunk, from its own rows and the partner's, handed over in fp32 through
         // xch; both stage into consumer 0's area
         unsigned char *const sbase = HANDOVER ? smem + C::STG_OFF : stg;
         const int64_t ocol0 = M == 1 ? (GATED ? (row0 / 128) * 64 + (PP ? 0 : c * 64) : row0 + crow)
-                                     : (GATED ? row0 : (row0 + crow) * 2);
+                                     : (GATED ? (HANDOVER ? row0 : row0 + crow) : (row0 + crow) * 2);
         const int lr = warp * 16 + g;  // + 8 hh
-        // this thread's output columns within the consumer's OCW, as [hh][x]:
-        // M = 1 gated: x = 0; M = 1 plain: x = block b; M = 2: x = column k of the pair
-        auto colw = [&](int hh, int x) { return M == 1 ? x * 64 + lr + 8 * hh : (lr + 8 * hh) * 2 + x; };
-        float bz[2][2][2] = {};  // [hh][x][gate, up]
+        // this thread's output column of output block ob, row hh, column x of its row's group
+        // (M = 2: the pair's row x; M = 1: x = 0)
+        auto colw = [&](int ob, int hh, int x) { return ((ob * 64 + lr + 8 * hh) * M) + x; };
+        float bz[OB][2][M][GATED ? 2 : 1] = {};  // [ob][hh][x][gate, up]
         if (p.bias) {
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++)
+            for (int ob = 0; ob < OB; ob++)
 #pragma unroll
-                for (int x = 0; x < (M == 1 && GATED ? 1 : 2); x++)
+                for (int hh = 0; hh < 2; hh++)
 #pragma unroll
-                    for (int u = 0; u < (GATED ? 2 : 1); u++) {
-                        const int64_t col = ocol0 + colw(hh, x);
-                        if (col < p.out_cols) bz[hh][x][u] = bias_at((int64_t)e * p.R + u * (p.R / 2) + col);
-                    }
+                    for (int x = 0; x < M; x++)
+#pragma unroll
+                        for (int u = 0; u < (GATED ? 2 : 1); u++) {
+                            const int64_t col = ocol0 + colw(ob, hh, x);
+                            if (col < p.out_cols) bz[ob][hh][x][u] = bias_at((int64_t)e * p.R + u * (p.R / 2) + col);
+                        }
         }
         auto stg_at = [&](int tl, int cw) {  // staged element (token tl of the chunk, column cw)
             return sbase + tl * (OCW * 2) + ((((cw >> 3) ^ (tl & 7)) << 4) | ((cw & 7) * 2));
@@ -451,10 +474,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             if (HANDOVER) named_barrier_sync(2, 256);
             else named_barrier_sync(4 + c, 128);
         };
-        // M > 1: this thread's column pair at accumulator i (its row hh = (i / 2) % 2), as (column 0, column 1)
-        auto pair_at = [&](int i) {
-            return make_float2(acc[1][i], acc[0][i]);
+        // the value of block b at accumulator i for row x of its group (M = 2: set 1 holds
+        // row 0, set 0 row 1 of each pair)
+        auto val = [&](int b, int i, int x) -> float {
+            if constexpr (M == 1) return acc[b][i];
+            else return x == 0 ? acc[b * ASTRIDE + 1][i] : acc[b * ASTRIDE][i];
         };
+        // M > 1: this thread's column pair at accumulator i (its row hh = (i / 2) % 2), as (column 0, column 1)
+        auto pair_at = [&](int i) { return make_float2(val(0, i, 0), val(0, i, M - 1)); };
         // the staged chunk ch as whole 16-byte pieces of output rows, by NTHR threads from id0
         auto store_chunk = [&](auto nthr_c, int ch, int id0) {
             constexpr int NTHR = decltype(nthr_c)::value;
@@ -503,12 +530,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                             float g0 = c == 0 ? own.x : other.x, g1 = c == 0 ? own.y : other.y;
                             float u0 = c == 0 ? other.x : own.x, u1 = c == 0 ? other.y : own.y;
                             if (p.bias) {
-                                g0 += bz[hh][0][0];
-                                g1 += bz[hh][1][0];
-                                u0 += bz[hh][0][1];
-                                u1 += bz[hh][1][1];
+                                g0 += bz[0][hh][0][0];
+                                g1 += bz[0][hh][M - 1][0];
+                                u0 += bz[0][hh][0][1];
+                                u1 += bz[0][hh][M - 1][1];
                             }
-                            *reinterpret_cast<uint32_t *>(stg_at(tl, colw(hh, 0))) =
+                            *reinterpret_cast<uint32_t *>(stg_at(tl, colw(0, hh, 0))) =
                                 Elem<T>::pack2(gated_act(p, g0, u0) * sc, gated_act(p, g1, u1) * sc);
                         }
                     }
@@ -531,27 +558,29 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
                         for (int hh = 0; hh < 2; hh++) {
                             const int i = 4 * j + 2 * hh + t;
-                            if constexpr (M == 1 && GATED) {
-                                float v = acc[0][i], u = acc[1][i];
-                                if (p.bias) {
-                                    v += bz[hh][0][0];
-                                    u += bz[hh][0][1];
-                                }
-                                *reinterpret_cast<T *>(stg_at(tl, colw(hh, 0))) = Elem<T>::from_f(gated_act(p, v, u) * sc);
-                            } else if constexpr (M == 1) {
 #pragma unroll
-                                for (int b = 0; b < 2; b++) {
-                                    float v = acc[b][i];
-                                    if (p.bias) v += bz[hh][b][0];
-                                    *reinterpret_cast<T *>(stg_at(tl, colw(hh, b))) = Elem<T>::from_f(v * sc);
+                            for (int ob = 0; ob < OB; ob++) {
+                                float y[M];
+#pragma unroll
+                                for (int x = 0; x < M; x++) {
+                                    if constexpr (GATED) {  // block 0 the gate rows, block 1 the up rows
+                                        float v = val(0, i, x), u = val(1, i, x);
+                                        if (p.bias) {
+                                            v += bz[0][hh][x][0];
+                                            u += bz[0][hh][x][1];
+                                        }
+                                        y[x] = gated_act(p, v, u) * sc;
+                                    } else {
+                                        float v = val(ob, i, x);
+                                        if (p.bias) v += bz[ob][hh][x][0];
+                                        y[x] = v * sc;
+                                    }
                                 }
-                            } else {
-                                float2 v = pair_at(i);
-                                if (p.bias) {
-                                    v.x += bz[hh][0][0];
-                                    v.y += bz[hh][1][0];
-                                }
-                                *reinterpret_cast<uint32_t *>(stg_at(tl, colw(hh, 0))) = Elem<T>::pack2(v.x * sc, v.y * sc);
+                                if constexpr (M == 1)
+                                    *reinterpret_cast<T *>(stg_at(tl, colw(ob, hh, 0))) = Elem<T>::from_f(y[0]);
+                                else
+                                    *reinterpret_cast<uint32_t *>(stg_at(tl, colw(ob, hh, 0))) =
+                                        Elem<T>::pack2(y[0], y[1]);
                             }
                         }
                     }
@@ -575,11 +604,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         const int64_t row0 = (int64_t)info[1] * BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
         if (zero_init || KT == 0) {
 #pragma unroll
-            for (int a = 0; a < 2; a++)
+            for (int a = 0; a < NACC; a++)
 #pragma unroll
-                for (int i = 0; i < 64; i++) acc[a][i] = 0.0f;
+                for (int i = 0; i < AN; i++) acc[a][i] = 0.0f;
         }
-        sel[0] = sel[1] = first_sel<M>();
+#pragma unroll
+        for (int b = 0; b < NB; b++) sel[b][0] = sel[b][1] = first_sel<M>();
         SliceStart slice;
         for (int kt = 0; kt < KT; kt += 2, it += 2) {
             step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
@@ -587,12 +617,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         }
         wgmma_wait<0>();
 #pragma unroll
-        for (int a = 0; a < 2; a++) fence_regs(acc[a]);
+        for (int a = 0; a < NACC; a++) fence_regs(acc[a]);
         if (KT > 0) release((it - 1) % ST);
-        if (!(drop & 8)) {  // M = 2: the last slice's share, then acc[0] = T - D: row 1 of each pair
+        if (!(drop & 8)) {  // M = 2: the last slice's share, then acc[2b] = T - D: row 1 of each pair
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-                finish_row_sets<M, 16>([&](int a, int j, int k) -> float & { return acc[a][4 * j + k]; }, sel[hh], hh);
+            for (int b = 0; b < NB; b++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    finish_row_sets<M, NT8>(
+                        [&](int a, int j, int k) -> float & { return acc[b * ASTRIDE + a][4 * j + k]; }, sel[b][hh], hh);
         }
 
         if (drop & 16) {  // (measurement builds: nothing stored)

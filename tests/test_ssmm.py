@@ -188,6 +188,54 @@ def test_warp_specialised_work_items(shape, fmt, act, glu, kernel, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES + [
+    (2000, 2, 8, 1024, 256, "skewed"),   # more work items than SMs
+    (900, 3, 40, 512, 128, "one"),       # one expert holding most rows, a KT of 2
+    (70, 2, 3, 640, 320, "uniform"),     # 384 storage rows, 1.5 tiles of 256 (glu: a last item of one chunk pair)
+])
+@pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "samoyeds-1:2:256"])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
+@pytest.mark.parametrize("rows", ["gather", "tma"])
+def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
+    """The 1:2:V tile of 256 storage rows x 64 tokens (SAMOYEDS_WS_TILE=1: each consumer two
+    m64n64 blocks, a gated item's gate and up chunk in one consumer) against the 128 x 128
+    tile (=0) on the same fresh inputs, with bias and routing scales, token rows gathered
+    or by TMA: both within the oracle tolerance of the C reference, nothing written past
+    offsets[E], and bit for bit the same (the same sums in the same order per element)."""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    seed = torch.seed() % 2**31
+    T, K, E, R, C, pattern = shape
+    gen = torch.Generator().manual_seed(seed)
+    x, p, r, b, sc = _case(T, K, E, R, C, fmt, torch.bfloat16, pattern, act, glu, gen, bias=True, scale=True)
+    S, n = T * K, int(r.offsets[-1])
+    ids = r.token_ids
+    if rows == "tma":  # rows in expert order, read without a row map; rows past offsets[E] NaN
+        x = torch.randn(S, C, generator=gen).to(torch.bfloat16)
+        x[n:] = float("nan")
+        ids = None
+    cols = R if act == "none" else R // 2
+    ref = _poisoned(S, cols, torch.bfloat16, "cpu")
+    sm.ssmm(x, p, r.offsets, ids, out=ref, act=act, bias=b, scale=sc)
+    oracle = oracle_ssmm(x, sm.unpack(p), r.offsets, ids, act, b, sc)[:n]
+    pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
+    idg = None if ids is None else ids.cuda()
+    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "0" if rows == "gather" else "2")
+    outs = {}
+    for tile in ("1", "0"):
+        monkeypatch.setenv("SAMOYEDS_WS_TILE", tile)
+        out = _poisoned(S, cols, torch.bfloat16, "cuda")
+        sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
+        torch.cuda.synchronize()
+        outs[tile] = out.cpu()
+        assert torch.isfinite(outs[tile][:n]).all(), f"SAMOYEDS_WS_TILE={tile}: unwritten or non-finite rows"
+        assert torch.isnan(outs[tile][n:]).all(), f"SAMOYEDS_WS_TILE={tile}: rows past offsets[E] were written"
+        e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(outs[tile][:n], oracle)
+        assert e_cuda <= 2 * e_ref + 1e-6, (tile, e_cuda, e_ref)
+    assert torch.equal(outs["1"][:n], outs["0"][:n]), "the 256 x 64 and 128 x 128 tiles differ"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "samoyeds-1:2:256"])
 @pytest.mark.parametrize("rows", ["gather", "tma"])
 def test_wgmma_row_pairs_of_unequal_size(fmt, rows):
