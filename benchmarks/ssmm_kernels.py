@@ -11,9 +11,9 @@ compared with the mma.sp kernel's (relative Frobenius difference).
 The gate_up cases read x by token index; the down cases read it without a row map
 (token_ids None), as a MoE layer's down projection reads its intermediate rows, which
 the warp-specialised kernel loads as TMA boxes; wgmma_ws_gather is the same kernel with
-the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).  wgmma_ws_tall and
-wgmma_ws_tall_gather: the same two with 1:2:V's tile of 256 storage rows x 64 tokens
-(SAMOYEDS_WS_TILE=1) instead of 128 x 128.
+the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).  For 1:2:V those two take the
+tile the library picks; wgmma_ws_tall / _tall_gather force the tile of 256 storage rows x
+64 tokens (SAMOYEDS_WS_TILE=1) and wgmma_ws_128 / _128_gather the one of 128 x 128 (=0).
 
   python benchmarks/ssmm_kernels.py [--S 8192] [--kernels wgmma_ws,wgmma_ws_tall,...] [--fmt FMT] [--out DIR]
 """
@@ -31,16 +31,17 @@ KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1t
            ("wgmma_ws", "wgmma_sp", "2"), ("wgmma_ws_pingpong", "wgmma_sp", "4"),
            ("wgmma_ws_cluster", "wgmma_sp", "5"), ("wgmma_ws_dynamic", "wgmma_sp", "6"),
            ("wgmma_ws_gather", "wgmma_sp", "2"), ("wgmma_ws_tall", "wgmma_sp", "2"),
-           ("wgmma_ws_tall_gather", "wgmma_sp", "2")]
+           ("wgmma_ws_tall_gather", "wgmma_sp", "2"), ("wgmma_ws_128", "wgmma_sp", "2"),
+           ("wgmma_ws_128_gather", "wgmma_sp", "2")]
 SELECTED = None  # --kernels: the kernels to time (the first one is the reference of the _err columns)
 
 
 def kernels(fmt):
-    """The kernels that run `fmt` (ping-pong consumers: 2:4 only; the tall tile: 1:2:V only)."""
+    """The kernels that run `fmt` (ping-pong consumers: 2:4 only; the choice of tile: 1:2:V only)."""
     def runs(name):
         if name == "wgmma_ws_pingpong":
             return fmt == "2:4"
-        return "tall" not in name or fmt != "2:4"
+        return not name.startswith(("wgmma_ws_tall", "wgmma_ws_128")) or fmt != "2:4"
     return [k for k in KERNELS if runs(k[0]) and (SELECTED is None or k[0] in SELECTED)]
 
 
@@ -70,7 +71,10 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
         if env is not None:
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = env
         os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname.endswith("_gather") else "1"
-        os.environ["SAMOYEDS_WS_TILE"] = "1" if "tall" in kname else "0"
+        if kname.startswith(("wgmma_ws_tall", "wgmma_ws_128")):
+            os.environ["SAMOYEDS_WS_TILE"] = "1" if "tall" in kname else "0"
+        else:
+            os.environ.pop("SAMOYEDS_WS_TILE", None)
         out = torch.full((S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)
         sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl)
         torch.cuda.synchronize()

@@ -8,6 +8,8 @@
 #include "sam_module.h"
 #include "sam_ref.h"
 
+#include <string.h>
+
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
@@ -25,6 +27,9 @@ sam_module_state *sam_state(void) { return the_state; }
 PyObject *sam_raise_status(int status, const char *op, const char *message)
 {
     const char *msg = message && message[0] ? message : "unknown error";
+    /* messages of the kernels' layer may already name the op ("ssmm: ..."): name it once */
+    const size_t n = strlen(op);
+    if (strncmp(msg, op, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ') msg += n + 2;
     switch (status) {
     case SAM_STATUS_INVALID_ARGUMENT:
     case SAM_STATUS_BAD_DATA:
