@@ -144,10 +144,6 @@ sam_status sam_ssmm_cuda(const sam_ssmm_params *p, void *stream);
  * rows average more than this many per expert; 1:4:V: 16 rows (else 8) above half as
  * many (cuda/ssmm_decode.cu, launch_m). */
 #define SAM_DECODE_WIDE_PASS 10
-/* Routed rows per expert on average below which 1:2:V's warp-specialised kernel takes the
- * tile of 256 storage rows x 64 tokens also where the token rows come by TMA (ssmm.cu,
- * ws_tall_tile). */
-#define SAM_WS_TALL_ROWS 256
 sam_status sam_ssmm_decode_cuda(const sam_ssmm_params *p, void *stream);
 int sam_ssmm_decode_max_rows(void);
 int sam_ssmm_decode_rows_per_expert(void);

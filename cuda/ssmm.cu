@@ -6,7 +6,8 @@
 //                                              -> ssmm_ws.cuh (warp-specialised wgmma.sp, weights by TMA,
 //                                                 persistent grid; SAMOYEDS_WGMMA_KERNEL=3: one CTA per item,
 //                                                 4: ping-pong consumers (2:4), 5: clusters of two, weights
-//                                                 multicast, 6: a work counter)
+//                                                 multicast, 6: a work counter; 1:2:V tiles of 256 rows
+//                                                 x 64 tokens, SAMOYEDS_WS_TILE=0: 128 x 128)
 //     SAMOYEDS_WGMMA_KERNEL=1, or no TMA       -> ssmm_wgmma_kernel below (single-role wgmma.sp)
 //   otherwise (sm_80/86/89, 1:4:V)             -> ssmm_kernel below (mma.sp)
 // impl = mma_sp / wgmma_sp / decode forces one; docs/PERFORMANCE.md has the measurements.
@@ -687,6 +688,7 @@ template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps,
 // (token_ids null: an expert's rows are contiguous, as the down projection's intermediate
 // rows are) and its rows are 16-byte aligned.  False (the cp.async gather) where it cannot
 // be, or where the encoder refuses the map.  Boxes of WsCfg's BN rows x BK columns.
+// x's rows can be TMA boxes: read without a row map, 16-byte aligned, int32-indexable.
 bool ws_tokens_mappable(const sam_ssmm_params *ps, int64_t elem_bytes) {
     return ps->token_ids == nullptr && (uintptr_t)ps->x % 16 == 0 && (ps->ldx * elem_bytes) % 16 == 0 &&
            ps->S < INT32_MAX && ps->T < INT32_MAX && ps->T > 0;
@@ -856,18 +858,12 @@ sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, i
     return launch<T, Cg, K_WGMMA_WS>(ps, stream, ctas);
 }
 
-// 1:2:V's tile (SAMOYEDS_WS_TILE: 1 = 256 storage rows x 64 tokens, 0 = 128 x 128; unset:
-// the tall tile where the token rows are gathered, or where the experts hold fewer than
-// SAM_WS_TALL_ROWS rows on average (token-tile tails), else 128 x 128).  Measured on H100,
-// docs/PERFORMANCE.md: the tall tile gathers half the token bytes per FLOP (1.05-1.31x on
-// gathered gate_up projections) and wastes less on partly filled token tiles; with the token
-// rows by TMA and full tiles it ran 0.96x (Mixtral-8x7B's down projection).
-bool ws_tall_tile(const sam_ssmm_params *ps, int want_bt) {
-    const int tile = env_int("SAMOYEDS_WS_TILE", -1);
-    if (tile >= 0) return tile == 1;
-    const bool bt = want_bt != 0 && ws_tokens_mappable(ps, 2);  // (bf16 and fp16 alike)
-    return !bt || ps->S < (int64_t)SAM_WS_TALL_ROWS * ps->d.E;
-}
+// 1:2:V's tile (SAMOYEDS_WS_TILE): 1 (default) = 256 storage rows x 64 tokens, 0 = 128 x 128.
+// Measured on H100 (docs/PERFORMANCE.md, experiments/ssmm_kernels_tall_tile_*.json): the tall
+// tile gathers half the token bytes per FLOP and leaves less of a token tile empty; it ran
+// 1.04-1.31x faster on gathered gate_up projections and 0.96-1.07x on down projections
+// (token rows by TMA), bit-identical.
+bool ws_tall_tile() { return env_int("SAMOYEDS_WS_TILE", 1) == 1; }
 
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t stream) {
     const int m = ps->f.m, variant = ssmm_variant();
@@ -896,7 +892,7 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             }
             if (m == 1 && which == 4) return launch_ws<T, 1, true>(ps, stream, ctas, want_bt);
             if (m == 1) return launch_ws<T, 1>(ps, stream, ctas, want_bt);
-            if (ws_tall_tile(ps, want_bt)) return launch_ws<T, 2, false, 1, false, true>(ps, stream, ctas, want_bt);
+            if (ws_tall_tile()) return launch_ws<T, 2, false, 1, false, true>(ps, stream, ctas, want_bt);
             return launch_ws<T, 2>(ps, stream, ctas, want_bt);
         }
         if (m == 1) return launch<T, Cfg<1, 64, 4, 6>, K_WGMMA>(ps, stream);

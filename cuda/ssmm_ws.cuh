@@ -39,16 +39,23 @@
 // Epilogue, per consumer warpgroup and outside the ring (so it overlaps the
 // producer's next item): bias, activation and routing scale on the accumulators
 // in fp32, one rounding to T into an 8 KB staging chunk, then whole 16-byte pieces
-// of output rows.  For 1:M:V with a gated activation the gate rows are consumer
-// 0's and the up rows consumer 1's: each hands the other the rows of half of the
-// tokens in fp32, and each computes the activation of its half.
+// of output rows.  A gated item's gate and up rows are the two m64 blocks of one
+// consumer (a GLU chunk pair, samoyeds_layout.h); in the 128 x 128 1:M:V tile they
+// are consumer 0's and consumer 1's, and each hands the other the rows of half of
+// the tokens in fp32, each computing the activation of its half.
 //
 // Tiles (BK = 64 dense columns per stage, NB m64 blocks per consumer):
 //   2:4 (M = 1):     BM = 256 storage rows (each consumer 2 x m64) x 128 tokens,
 //                    4 stages of 34 KB; 128 fp32 accumulators per thread.
-//   1:M:V (M = 2):   BM = 128 storage rows (each consumer 1 x m64, the running
-//                    total and row 0's share, below) x 128 tokens, 7 stages of 26 KB.
-// The taller 2:4 tile halves the token bytes per issued FLOP against 128 x 128.
+//   1:M:V (M = 2), TALL (the default, SAMOYEDS_WS_TILE=1): BM = 256 storage rows
+//                    (each consumer 2 x m64, each the running total and row 0's
+//                    share, below) x 64 tokens (m64n64k32), 7 stages of 27 KB;
+//                    128 accumulators per thread.
+//   1:M:V, 128 x 128 (SAMOYEDS_WS_TILE=0): BM = 128 storage rows (each consumer
+//                    1 x m64) x 128 tokens, 7 stages of 26 KB.
+// The taller tiles halve the token bytes per issued FLOP against 128 x 128 (for
+// 1:2:V at the same bytes per FLOP in all: twice the weight bytes, which TMA
+// streams, for half the gathered token rows) and leave less of a token tile empty.
 // docs/PERFORMANCE.md has the measurements (v7: weights by TMA; v9: persistent).
 //
 // Row selection (1:2:V) without moving the accumulators, as in the other kernels
