@@ -6,8 +6,8 @@
 //                                              -> ssmm_ws.cuh (warp-specialised wgmma.sp, weights by TMA,
 //                                                 persistent grid; SAMOYEDS_WGMMA_KERNEL=3: one CTA per item,
 //                                                 4: ping-pong consumers (2:4), 5: clusters of two, weights
-//                                                 multicast, 6: a work counter; 1:2:V tiles of 256 rows
-//                                                 x 64 tokens, SAMOYEDS_WS_TILE=0: 128 x 128)
+//                                                 multicast, 6: a work counter; 1:2:V in tiles of 256 rows
+//                                                 x 64 tokens or 128 x 128, ws_tall_tile)
 //     SAMOYEDS_WGMMA_KERNEL=1, or no TMA       -> ssmm_wgmma_kernel below (single-role wgmma.sp)
 //   otherwise (sm_80/86/89, 1:4:V)             -> ssmm_kernel below (mma.sp)
 // impl = mma_sp / wgmma_sp / decode forces one; docs/PERFORMANCE.md has the measurements.
@@ -858,12 +858,26 @@ sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, i
     return launch<T, Cg, K_WGMMA_WS>(ps, stream, ctas);
 }
 
-// 1:2:V's tile (SAMOYEDS_WS_TILE): 1 (default) = 256 storage rows x 64 tokens, 0 = 128 x 128.
-// Measured on H100 (docs/PERFORMANCE.md, experiments/ssmm_kernels_tall_tile_*.json): the tall
-// tile gathers half the token bytes per FLOP and leaves less of a token tile empty; it ran
-// 1.04-1.31x faster on gathered gate_up projections and 0.96-1.07x on down projections
-// (token rows by TMA), bit-identical.
-bool ws_tall_tile() { return env_int("SAMOYEDS_WS_TILE", 1) == 1; }
+// 1:2:V's tile (SAMOYEDS_WS_TILE: 1 = 256 storage rows x 64 tokens, 0 = 128 x 128; unset: the
+// rule below).  Measured on H100 (docs/PERFORMANCE.md; kernel.json, experiments/
+// ssmm_kernels_tall_tile_*.json), both bit-identical: the tall tile gathers half the token
+// bytes per FLOP and leaves less of each expert's last token tile empty, 1.05-1.48x faster on
+// every gathered gate_up projection at >= 4096 tokens; where the token rows come by TMA (down
+// projections) it ran 0.83-1.34x, slower where its 256-row tiles overhang the rows (MiniCPM-MoE:
+// 1152 rows in five), fill fewer SMs than there are or the token tiles are long and full
+// (Mixtral-8x22B).  So: the tall tile for gathered rows; for rows by TMA, where it computes at
+// least 3 % fewer padded row x token products (each routed expert's last token tile half empty
+// on average) and its work items fill the SMs.
+bool ws_tall_tile(const sam_ssmm_params *ps, int want_bt) {
+    const int tile = env_int("SAMOYEDS_WS_TILE", -1);
+    if (tile >= 0) return tile == 1;
+    if (want_bt == 0 || !ws_tokens_mappable(ps, 2)) return true;  // (bf16 and fp16 alike)
+    const double S = (double)ps->S, routed = (double)std::min<int64_t>(ps->d.E, ps->S);
+    const double rt_tall = (double)ceil_div(ps->d.rp, 256), rt_128 = (double)ceil_div(ps->d.rp, 128);
+    const double work_tall = rt_tall * 256.0 * (S + 32.0 * routed), work_128 = rt_128 * 128.0 * (S + 64.0 * routed);
+    const double items_tall = rt_tall * (S / 64.0 + routed / 2.0);
+    return work_tall < 0.97 * work_128 && items_tall >= (double)device_sm_count();
+}
 
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t stream) {
     const int m = ps->f.m, variant = ssmm_variant();
@@ -892,7 +906,7 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             }
             if (m == 1 && which == 4) return launch_ws<T, 1, true>(ps, stream, ctas, want_bt);
             if (m == 1) return launch_ws<T, 1>(ps, stream, ctas, want_bt);
-            if (ws_tall_tile()) return launch_ws<T, 2, false, 1, false, true>(ps, stream, ctas, want_bt);
+            if (ws_tall_tile(ps, want_bt)) return launch_ws<T, 2, false, 1, false, true>(ps, stream, ctas, want_bt);
             return launch_ws<T, 2>(ps, stream, ctas, want_bt);
         }
         if (m == 1) return launch<T, Cfg<1, 64, 4, 6>, K_WGMMA>(ps, stream);

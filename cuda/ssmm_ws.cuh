@@ -47,7 +47,7 @@
 // Tiles (BK = 64 dense columns per stage, NB m64 blocks per consumer):
 //   2:4 (M = 1):     BM = 256 storage rows (each consumer 2 x m64) x 128 tokens,
 //                    4 stages of 34 KB; 128 fp32 accumulators per thread.
-//   1:M:V (M = 2), TALL (the default, SAMOYEDS_WS_TILE=1): BM = 256 storage rows
+//   1:M:V (M = 2), TALL (SAMOYEDS_WS_TILE=1; ws_tall_tile in ssmm.cu): BM = 256 storage rows
 //                    (each consumer 2 x m64, each the running total and row 0's
 //                    share, below) x 64 tokens (m64n64k32), 7 stages of 27 KB;
 //                    128 accumulators per thread.
