@@ -277,7 +277,9 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
                 m["samoyeds"][f"speedup_stream_vs_{peer}"] = m[peer]["ms_stream"] / m["samoyeds"]["ms_stream"]
                 if m[peer]["ms_gpu"] and m["samoyeds"]["ms_gpu"]:
                     m["samoyeds"][f"speedup_gpu_vs_{peer}"] = m[peer]["ms_gpu"] / m["samoyeds"]["ms_gpu"]
-    del holder, holders, block
+    holders.clear()  # the blocks' GPU memory goes back before the next model (run() refers to holder)
+    del block
+    holder = None
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
@@ -323,18 +325,24 @@ def main() -> None:
         BUDGET_S = 0.02
     methods = args.methods.split(",")
     rows, rounding = [], []
+    path = result_path(args, "moe_shared_experts.json" if args.shared_experts else "moe.json")
+    env = environment()
+
+    def save(complete: bool) -> None:  # after every model, so that a run cut short keeps what it measured
+        if path:
+            write_json(path, {"env": env, "complete": complete, "models": args.models.split(","), "cases": rows,
+                              "token_rounding": rounding})
     for name in args.models.split(","):
         for r in bench_model(name, tokens, args.format, methods, args.device, dtype, args.tiny, args.seed,
                              args.shared_experts):
             rows.append(r)
             _print_row(r, methods)
+        save(False)
     big = [t for t in tokens if t >= (64 if args.tiny else 4096)]
     for name in args.models.split(","):
         if big and "samoyeds" in methods and not args.shared_experts:
             rounding += bench_rounding(name, big, args.format, args.device, dtype, args.tiny, args.seed)
-    path = result_path(args, "moe_shared_experts.json" if args.shared_experts else "moe.json")
-    if path:
-        write_json(path, {"env": environment(), "cases": rows, "token_rounding": rounding})
+    save(True)
     print("\nmodel              T    " + "".join(f"{m:>12} ms" for m in methods) +
           "  sam/grp  sam/eager  sam/grp back-to-back  sam/grp GPU time   peak MiB (" + "/".join(methods) + ")   rel err")
     for r in rows:

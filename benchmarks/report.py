@@ -1,6 +1,7 @@
 """Markdown tables from the results JSON (the README's numbers come from here).
 
   python benchmarks/report.py [--gpu h100]
+  python benchmarks/report.py --merge-moe OUT A.json B.json ...   (bench_moe.py runs of other models, one file)
 """
 from __future__ import annotations
 
@@ -516,11 +517,37 @@ def shared_stream_table(d: dict) -> str:
     return "\n".join(rows)
 
 
+def merge_moe(out: str, parts: list) -> None:
+    """One moe.json from bench_moe.py runs over disjoint model lists (one call on the GPU machine
+    has a time limit): the cases and token-rounding rows of each, every run's environment under
+    "runs" (the first is "env"), complete only where each run was."""
+    runs = []
+    for p in parts:
+        with open(p) as fh:
+            runs.append(json.load(fh))
+    models = [m for r in runs for m in r.get("models", sorted({c["model"] for c in r["cases"]}))]
+    if len(models) != len(set(models)):
+        raise SystemExit(f"--merge-moe: a model appears in more than one run: {models}")
+    merged = {"env": runs[0]["env"], "runs": [r["env"] for r in runs],
+              "complete": all(r.get("complete", True) for r in runs), "models": models,
+              "cases": [c for r in runs for c in r["cases"]],
+              "token_rounding": [t for r in runs for t in r.get("token_rounding", [])]}
+    with open(out, "w") as fh:
+        json.dump(merged, fh, indent=1, allow_nan=False)
+    print(f"wrote {out}: {len(merged['cases'])} cases of {', '.join(models)} from {len(runs)} runs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--headline", action="store_true", help="only the README's headline table")
+    ap.add_argument("--merge-moe", nargs="+", metavar=("OUT", "RUN"), help="merge bench_moe.py runs into OUT")
     a = ap.parse_args()
+    if a.merge_moe:
+        if len(a.merge_moe) < 3:
+            ap.error("--merge-moe: OUT and at least two runs")
+        merge_moe(a.merge_moe[0], a.merge_moe[1:])
+        return
     if a.headline:
         print(headline(a.gpu))
         return
@@ -538,6 +565,8 @@ def main() -> None:
         env = d.get("env") or d.get("environment") or d
         print(f"\n{name}: {env.get('device')}, commit {env.get('commit', '?')[:10]}, {env.get('date')}, "
               f"torch {env.get('torch')}; `{env.get('command')}`\n")
+        for r in d.get("runs", [])[1:]:
+            print(f"  and {r.get('device')}, commit {r.get('commit', '?')[:10]}, {r.get('date')}; `{r.get('command')}`\n")
         if d.get("ceilings"):
             c = d["ceilings"]
             print(f"ceilings measured in the same run: dense bf16 {c['dense_bf16_tflops']:.0f} TFLOP/s, "
