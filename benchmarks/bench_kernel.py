@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
 from common import (SHAPES, MoEShape, add_run_args, ceilings_line, default_dtype, environment,  # noqa: E402
                     free_memory, measure_ceilings, result_path, setup_run, time_graph, time_ms, write_json,
-                    ws_stream_bytes)
+                    ws_stream_bytes, ws_tall_tile)
 from report import fill_ceiling  # noqa: E402
 
 FORMATS = {"samoyeds-75": "samoyeds-1:2:128", "samoyeds-50": "2:4"}
@@ -75,7 +75,7 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
         x_sorted = x
     w = (torch.randn(E, R, C, generator=gen, device=device, dtype=dtype) * C ** -0.5)
     res = {"model": shape.name, "T": T, "proj": proj, "E": E, "K": K, "R": R, "C": C, "S": S,
-           "tokens_per_expert_max": max(counts), "tokens_per_expert_mean": S / E,
+           "tokens_per_expert_max": max(counts), "tokens_per_expert_mean": S / E, "counts": counts,
            "dense_flop": 2.0 * S * R * C, "methods": {}}
     packed = {}
     for name, fmt in FORMATS.items():
@@ -168,7 +168,9 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
             # the default dispatch runs the wgmma.sp kernel (above SAM_DECODE_MAX_ROWS and SAM_DECODE_ROWS_PER_EXPERT
             # per expert, cuda/samoyeds_cuda.h; the benchmark sets neither environment override)
             if wgmma_sp and S > 128 and S > 16 * E:
-                t["stream_bytes"] = ws_stream_bytes(p.fmt.m, p.dims.rp, C, counts)
+                tall = p.fmt.m == 2 and ws_tall_tile(p.dims.rp, S, E, tok is None, torch.cuda.get_device_properties(0).multi_processor_count)
+                t["tile"] = "256x128" if p.fmt.m == 1 else "256x64" if tall else "128x128"
+                t["stream_bytes"] = ws_stream_bytes(p.fmt.m, p.dims.rp, C, counts, tall)
                 rate = t["stream_bytes"] / (t["ms"] * 1e-3) / 1e12
                 t["stream_tb_s"] = rate
                 for key, k in (("tma", "tma"), ("gather", "cp_async_gather"), ("mixed", "tma_and_gather")):

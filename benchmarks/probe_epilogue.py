@@ -38,6 +38,10 @@ def main():
     ap.add_argument("--formats", default="2:4,samoyeds-1:2:128")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    # the breakdowns here are of 1:2:V's 128 x 128 tile (the stream bytes below count its stages)
+    # unless SAMOYEDS_WS_TILE says otherwise
+    os.environ.setdefault("SAMOYEDS_WS_TILE", "0")
+    tall = os.environ["SAMOYEDS_WS_TILE"] == "1"
     variants = [("", {})]
     for v in a.variant:
         label, _, assigns = v.partition(":")
@@ -64,7 +68,7 @@ def main():
             xs = x[r.token_ids.long()].contiguous()
             counts = (r.offsets[1:] - r.offsets[:-1]).tolist()
             row = {"case": name, "fmt": fmt, "E": E, "R": R, "C": C, "S": a.S}
-            sbytes = ws_stream_bytes(m, R // (2 if m == 2 else 1), C, counts)
+            sbytes = ws_stream_bytes(m, R // (2 if m == 2 else 1), C, counts, tall)
             for kind, p in packed.items():
                 act = "swiglu" if kind == "gated" else "none"
                 cols = R // 2 if kind == "gated" else R
