@@ -187,6 +187,43 @@ def test_warp_specialised_work_items(shape, fmt, act, glu, kernel, monkeypatch):
     _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias=True)
 
 
+def _ws_inputs(shape, fmt, act, glu, by_tma):
+    """Fresh inputs of the warp-specialised kernel's tests, with bias and routing scales;
+    by_tma: x as a down projection reads it, rows in expert order without a row map (ids None),
+    its rows past offsets[E] NaN.  Returns (x, p, r, b, sc, ids, S, n, cols, the C reference's
+    output (S rows, poisoned past n), the float64 oracle's rows [:n])."""
+    T, K, E, R, C, pattern = shape
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    x, p, r, b, sc = _case(T, K, E, R, C, fmt, torch.bfloat16, pattern, act, glu, gen, bias=True, scale=True)
+    S, n = T * K, int(r.offsets[-1])
+    ids = r.token_ids
+    if by_tma:
+        x = torch.randn(S, C, generator=gen).to(torch.bfloat16)
+        x[n:] = float("nan")
+        ids = None
+    cols = R if act == "none" else R // 2
+    ref = _poisoned(S, cols, torch.bfloat16, "cpu")
+    sm.ssmm(x, p, r.offsets, ids, out=ref, act=act, bias=b, scale=sc)
+    oracle = oracle_ssmm(x, sm.unpack(p), r.offsets, ids, act, b, sc)[:n]
+    return x, p, r, b, sc, ids, S, n, cols, ref, oracle
+
+
+def _ws_outputs(var, values, monkeypatch, S, n, cols, call):
+    """call(out) with the environment variable var at each of values, on an output poisoned
+    with NaN: every routed row written and finite, none past offsets[E]; the outputs (on the
+    CPU) by value."""
+    outs = {}
+    for v in values:
+        monkeypatch.setenv(var, v)
+        out = _poisoned(S, cols, torch.bfloat16, "cuda")
+        call(out)
+        torch.cuda.synchronize()
+        outs[v] = out.cpu()
+        assert torch.isfinite(outs[v][:n]).all(), f"{var}={v}: unwritten or non-finite output rows"
+        assert torch.isnan(outs[v][n:]).all(), f"{var}={v}: rows past offsets[E] were written"
+    return outs
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES + [
     (2000, 2, 8, 1024, 256, "skewed"),   # more work items than SMs
@@ -204,34 +241,15 @@ def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
     offsets[E], and bit for bit the same (the same sums in the same order per element)."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
-    seed = torch.seed() % 2**31
-    T, K, E, R, C, pattern = shape
-    gen = torch.Generator().manual_seed(seed)
-    x, p, r, b, sc = _case(T, K, E, R, C, fmt, torch.bfloat16, pattern, act, glu, gen, bias=True, scale=True)
-    S, n = T * K, int(r.offsets[-1])
-    ids = r.token_ids
-    if rows == "tma":  # rows in expert order, read without a row map; rows past offsets[E] NaN
-        x = torch.randn(S, C, generator=gen).to(torch.bfloat16)
-        x[n:] = float("nan")
-        ids = None
-    cols = R if act == "none" else R // 2
-    ref = _poisoned(S, cols, torch.bfloat16, "cpu")
-    sm.ssmm(x, p, r.offsets, ids, out=ref, act=act, bias=b, scale=sc)
-    oracle = oracle_ssmm(x, sm.unpack(p), r.offsets, ids, act, b, sc)[:n]
+    x, p, r, b, sc, ids, S, n, cols, ref, oracle = _ws_inputs(shape, fmt, act, glu, rows == "tma")
     pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
     idg = None if ids is None else ids.cuda()
     # (=2: an error unless the TMA path runs; with no rows at all there is nothing to map)
     monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "0" if rows == "gather" else "2" if S else "1")
-    outs = {}
-    for tile in ("1", "0"):
-        monkeypatch.setenv("SAMOYEDS_WS_TILE", tile)
-        out = _poisoned(S, cols, torch.bfloat16, "cuda")
-        sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
-        torch.cuda.synchronize()
-        outs[tile] = out.cpu()
-        assert torch.isfinite(outs[tile][:n]).all(), f"SAMOYEDS_WS_TILE={tile}: unwritten or non-finite rows"
-        assert torch.isnan(outs[tile][n:]).all(), f"SAMOYEDS_WS_TILE={tile}: rows past offsets[E] were written"
-        e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(outs[tile][:n], oracle)
+    outs = _ws_outputs("SAMOYEDS_WS_TILE", ("1", "0"), monkeypatch, S, n, cols,
+                       lambda out: sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp"))
+    for tile, o in outs.items():
+        e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(o[:n], oracle)
         assert e_cuda <= 2 * e_ref + 1e-6, (tile, e_cuda, e_ref)
     assert torch.equal(outs["1"][:n], outs["0"][:n]), "the 256 x 64 and 128 x 128 tiles differ"
 
@@ -348,28 +366,11 @@ def test_wgmma_tokens_by_tma(shape, fmt, act, glu, kernel, monkeypatch):
     With token_ids given, =2 is refused."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
-    seed = torch.seed() % 2**31
-    T, K, E, R, C, pattern = shape
-    gen = torch.Generator().manual_seed(seed)
-    _, p, r, b, sc = _case(T, K, E, R, C, fmt, torch.bfloat16, pattern, act, glu, gen, bias=True, scale=True)
-    S, n = T * K, int(r.offsets[-1])
-    x = torch.randn(S, C, generator=gen).to(torch.bfloat16)
-    x[n:] = float("nan")
-    cols = R if act == "none" else R // 2
-    ref = _poisoned(S, cols, torch.bfloat16, "cpu")
-    sm.ssmm(x, p, r.offsets, None, out=ref, act=act, bias=b, scale=sc)
-    oracle = oracle_ssmm(x, sm.unpack(p), r.offsets, None, act, b, sc)[:n]
+    x, p, r, b, sc, _, S, n, cols, ref, oracle = _ws_inputs(shape, fmt, act, glu, by_tma=True)
     pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
     monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
-    outs = {}
-    for tma in ("2", "0"):
-        monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", tma)
-        out = _poisoned(S, cols, torch.bfloat16, "cuda")
-        sm.ssmm(xg, pg, offg, None, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
-        torch.cuda.synchronize()
-        outs[tma] = out.cpu()
-        assert torch.isfinite(outs[tma][:n]).all(), "unwritten or non-finite output rows"
-        assert torch.isnan(outs[tma][n:]).all(), "rows past offsets[E] were written"
+    outs = _ws_outputs("SAMOYEDS_WGMMA_TOKENS_TMA", ("2", "0"), monkeypatch, S, n, cols,
+                       lambda out: sm.ssmm(xg, pg, offg, None, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp"))
     assert torch.equal(outs["2"][:n], outs["0"][:n]), "TMA token rows and the gather differ"
     e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(outs["2"][:n], oracle)
     assert e_cuda <= 2 * e_ref + 1e-6, (e_cuda, e_ref)
