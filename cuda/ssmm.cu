@@ -859,15 +859,15 @@ sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, i
 }
 
 // 1:2:V's tile (SAMOYEDS_WS_TILE: 1 = 256 storage rows x 64 tokens, 0 = 128 x 128; unset: the
-// rule below).  Measured on H100 (docs/PERFORMANCE.md; kernel.json, experiments/
-// ssmm_kernels_tall_tile_*.json), both bit-identical: the tall tile gathers half the token
-// bytes per FLOP and leaves less of each expert's last token tile empty, 1.05-1.48x faster on
-// every gathered gate_up projection at >= 4096 tokens; where the token rows come by TMA (down
+// rule below).  Measured on H100 (docs/PERFORMANCE.md, v17; experiments/kernel_tall_everywhere_
+// 7acfa63.json, ssmm_kernels_tall_tile_*.json), both bit-identical: the tall tile gathers half the
+// token bytes per FLOP and leaves less of each expert's last token tile empty, 1.05-1.26x faster
+// on every gathered gate_up projection at >= 4096 tokens; where the token rows come by TMA (down
 // projections) it ran 0.83-1.34x, slower where its 256-row tiles overhang the rows (MiniCPM-MoE:
-// 1152 rows in five), fill fewer SMs than there are or the token tiles are long and full
-// (Mixtral-8x22B).  So: the tall tile for gathered rows; for rows by TMA, where it computes at
-// least 3 % fewer padded row x token products (each routed expert's last token tile half empty
-// on average) and its work items fill the SMs.
+// 1152 rows in five), where its items barely fill the SMs (Mixtral-8x22B at T = 256, which the
+// rule still gives it) and on long, full token tiles (Mixtral).  So: the tall tile for gathered
+// rows; for rows by TMA, where it computes at least 3 % fewer padded row x token products (each
+// routed expert's last token tile half empty on average) and its work items fill the SMs.
 bool ws_tall_tile(const sam_ssmm_params *ps, int want_bt) {
     const int tile = env_int("SAMOYEDS_WS_TILE", -1);
     if (tile >= 0) return tile == 1;
