@@ -205,10 +205,13 @@ def block_run(args):
 
 def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: bool, seed: int,
                 shared: bool = False) -> list:
+    t0 = time.perf_counter()
     holder, cfg = random_block(name, device, dtype, tiny, seed)
     block = holder.block
+    print(f"{name}: block built in {time.perf_counter() - t0:.1f} s", flush=True)
     # the same masked weights for every method: pack, then unpack to masked dense
     sm.patch_model(holder, fmt, progress=False, shared_experts=shared)
+    print(f"{name}: packed in {time.perf_counter() - t0:.1f} s", flush=True)
     packed_bytes = sm.hf.experts_weight_nbytes(holder, shared)
     sm.unpatch_model(holder)
     dense_bytes = sm.hf.experts_weight_nbytes(holder, shared)
