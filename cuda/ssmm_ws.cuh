@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             named_barrier_sync(3, PT);  // the item is decoded (producer warpgroup)
             const int e = info[0];
             {  // token row and routing scale of tile position tid < BN, one load round
-                static_assert(BN <= PT && PT % BN == 0, "one token row per producer thread");
+                static_assert(BN <= PT && PT % BN == 0, "at most one token row per producer thread");
                 const bool has_row = BN == PT || tid < BN;
                 int32_t t = -1;
                 float sc = 1.0f;
