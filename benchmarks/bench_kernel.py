@@ -170,7 +170,7 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
             if wgmma_sp and S > 128 and S > 16 * E:
                 sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
                 tall = p.fmt.m == 2 and ws_tall_tile(p.dims.rp, S, E, tok is None, sms)
-                t["tile"] = "256x128" if p.fmt.m == 1 else "256x64" if tall else "128x128"
+                t["tile"] = "256x128" if p.fmt.m == 1 else f"256x{tall}" if tall else "128x128"
                 t["stream_bytes"] = ws_stream_bytes(p.fmt.m, p.dims.rp, C, counts, tall)
                 rate = t["stream_bytes"] / (t["ms"] * 1e-3) / 1e12
                 t["stream_tb_s"] = rate

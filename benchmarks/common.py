@@ -219,31 +219,32 @@ def shared_fill_rates(device: Optional[int] = None) -> Dict[str, Optional[float]
 # packed values + tokens + metadata (+ row-selection indices for 1:M:V), and its tile.
 WS_TILE = {1: {"rows": 256, "tokens": 128, "stage_bytes": 16384 + 16384 + 2048},
            2: {"rows": 128, "tokens": 128, "stage_bytes": 8192 + 16384 + 1024 + 128},
-           "tall": {"rows": 256, "tokens": 64, "stage_bytes": 16384 + 8192 + 2048 + 256}}
+           64: {"rows": 256, "tokens": 64, "stage_bytes": 16384 + 8192 + 2048 + 256},
+           96: {"rows": 256, "tokens": 96, "stage_bytes": 16384 + 12288 + 2048 + 256}}
 
 
-def ws_tall_tile(storage_rows: int, S: int, E: int, tokens_by_tma: bool, sm_count: int) -> bool:
-    """Whether 1:2:V runs the tile of 256 rows x 64 tokens: the rule of ws_tall_tile in
-    cuda/ssmm.cu (gathered token rows always; rows by TMA where it pads at least 3 % less
-    work and its items fill the SMs), SAMOYEDS_WS_TILE overriding it."""
+def ws_tall_tile(storage_rows: int, S: int, E: int, tokens_by_tma: bool, sm_count: int) -> int:
+    """The token count of 1:2:V's tile of 256 rows (64 or 96), 0 for 128 x 128: the rule of
+    ws_tall_tile in cuda/ssmm.cu (gathered token rows: 64; rows by TMA: 64 where it pads at
+    least 3 % less work and its items fill the SMs), SAMOYEDS_WS_TILE overriding it."""
     env = os.environ.get("SAMOYEDS_WS_TILE")
     if env is not None and env.strip().lstrip("-").isdigit() and int(env) >= 0:
-        return int(env) == 1
+        return {2: 96, 1: 64}.get(int(env), 0)
     if not tokens_by_tma:
-        return True
+        return 64
     routed = min(E, S)
     rt_tall, rt_128 = -(-storage_rows // 256), -(-storage_rows // 128)
     work_tall = rt_tall * 256.0 * (S + 32.0 * routed)
     work_128 = rt_128 * 128.0 * (S + 64.0 * routed)
-    return work_tall < 0.97 * work_128 and rt_tall * (S / 64.0 + routed / 2.0) >= sm_count
+    return 64 if work_tall < 0.97 * work_128 and rt_tall * (S / 64.0 + routed / 2.0) >= sm_count else 0
 
 
-def ws_stream_bytes(m: int, storage_rows: int, cols: int, counts, tall: bool = False) -> int:
+def ws_stream_bytes(m: int, storage_rows: int, cols: int, counts, tall: int = 0) -> int:
     """Bytes the warp-specialised wgmma.sp kernel streams from L2 into shared memory for
     one projection: every work item (expert, row tile, token tile) loads one stage per
     64 columns.  `m` the format's M (1 for 2:4), `counts` the routed rows per expert,
-    `tall`: 1:2:V's tile of 256 rows x 64 tokens (ws_tall_tile)."""
-    t = WS_TILE[1 if m == 1 else "tall" if tall else 2]
+    `tall`: the token count of 1:2:V's tile of 256 rows (ws_tall_tile), 0 for 128 x 128."""
+    t = WS_TILE[1 if m == 1 else tall if tall else 2]
     row_tiles = -(-storage_rows // t["rows"])
     k_tiles = -(-cols // 64)
     items = sum(-(-c // t["tokens"]) for c in counts) * row_tiles

@@ -843,7 +843,7 @@ bool device_has_wgmma() {
 // The warp-specialised kernel of configuration WsCfg<M, PP, CL, DYN, BT, TALL>, with the
 // token rows by TMA (BT) where ws_tokens_map can map them and want_bt (SAMOYEDS_WGMMA_TOKENS_TMA)
 // allows it.
-template <typename T, int M, bool PP = false, int CL = 1, bool DYN = false, bool TALL = false>
+template <typename T, int M, bool PP = false, int CL = 1, bool DYN = false, int TALL = 0>
 sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, int want_bt) {
     using Cg = WsCfg<M, PP, CL, DYN, false, TALL>;
     using Ct = WsCfg<M, PP, CL, DYN, true, TALL>;
@@ -868,15 +868,16 @@ sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, i
 // rule still gives it) and on long, full token tiles (Mixtral).  So: the tall tile for gathered
 // rows; for rows by TMA, where it computes at least 3 % fewer padded row x token products (each
 // routed expert's last token tile half empty on average) and its work items fill the SMs.
-bool ws_tall_tile(const sam_ssmm_params *ps, int want_bt) {
+// Returns the tile's token count: 64 or 96 (256 storage rows), 0 for 128 x 128.
+int ws_tall_tile(const sam_ssmm_params *ps, int want_bt) {
     const int tile = env_int("SAMOYEDS_WS_TILE", -1);
-    if (tile >= 0) return tile == 1;
-    if (want_bt == 0 || !ws_tokens_mappable(ps, 2)) return true;  // (bf16 and fp16 alike)
+    if (tile >= 0) return tile == 2 ? 96 : tile == 1 ? 64 : 0;
+    if (want_bt == 0 || !ws_tokens_mappable(ps, 2)) return 64;  // (bf16 and fp16 alike)
     const double S = (double)ps->S, routed = (double)std::min<int64_t>(ps->d.E, ps->S);
     const double rt_tall = (double)ceil_div(ps->d.rp, 256), rt_128 = (double)ceil_div(ps->d.rp, 128);
     const double work_tall = rt_tall * 256.0 * (S + 32.0 * routed), work_128 = rt_128 * 128.0 * (S + 64.0 * routed);
     const double items_tall = rt_tall * (S / 64.0 + routed / 2.0);
-    return work_tall < 0.97 * work_128 && items_tall >= (double)device_sm_count();
+    return work_tall < 0.97 * work_128 && items_tall >= (double)device_sm_count() ? 64 : 0;
 }
 
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t stream) {
@@ -906,7 +907,11 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             }
             if (m == 1 && which == 4) return launch_ws<T, 1, true>(ps, stream, ctas, want_bt);
             if (m == 1) return launch_ws<T, 1>(ps, stream, ctas, want_bt);
-            if (ws_tall_tile(ps, want_bt)) return launch_ws<T, 2, false, 1, false, true>(ps, stream, ctas, want_bt);
+            switch (ws_tall_tile(ps, want_bt)) {
+            case 96: return launch_ws<T, 2, false, 1, false, 96>(ps, stream, ctas, want_bt);
+            case 64: return launch_ws<T, 2, false, 1, false, 64>(ps, stream, ctas, want_bt);
+            default: break;
+            }
             return launch_ws<T, 2>(ps, stream, ctas, want_bt);
         }
         if (m == 1) return launch<T, Cfg<1, 64, 4, 6>, K_WGMMA>(ps, stream);

@@ -107,11 +107,15 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M2_BT
 #define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
 #endif
-template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false, bool TALL_ = false>
+#ifndef SAM_WS_STAGES_T96
+#define SAM_WS_STAGES_T96 6  // 1:2:V, 256 x 96: 31 KB stages, six fit
+#endif
+template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false, int TALL_ = 0>
 struct WsCfg {
     static constexpr int M = M_;
     static constexpr bool BT = BT_;
-    static constexpr bool TALL = TALL_;
+    static constexpr bool TALL = TALL_ != 0;  // TALL_: the tall tile's tokens (64 or 96), 0: 128 x 128
+    static_assert(TALL_ == 0 || TALL_ == 64 || TALL_ == 96, "the tall tile holds 64 or 96 tokens");
     static constexpr bool PP = PP_;
     static constexpr int CL = CL_;
     static constexpr bool DYN = DYN_;
@@ -124,7 +128,7 @@ struct WsCfg {
     static constexpr int BMT = PP ? BMW : 2 * BMW;     // storage rows per work item
     static constexpr int CPI = PP ? 1 : 2;             // consumers per work item
     static constexpr int NSLOT_LOG2 = PP ? 2 : 1, NSLOT = 1 << NSLOT_LOG2;  // work slots
-    static constexpr int BN = TALL ? 64 : 128, BK = 64, KS = BK / 32;  // (BT: the box of ws_tokens_map)
+    static constexpr int BN = TALL ? TALL_ : 128, BK = 64, KS = BK / 32;  // (BT: the box of ws_tokens_map)
     // accumulator arrays of AN registers per thread (one m64 x BN block each): M = 1 one per
     // block; M = 2 the total and row 0's share of each block, block b at 2 b, 2 b + 1
     static constexpr int AN = BN / 2, ASTRIDE = M == 1 ? 1 : 2, NACC = NB * ASTRIDE;
@@ -133,8 +137,9 @@ struct WsCfg {
     // 0) and the up chunk of the same rows (block 1)
     static constexpr bool HANDOVER = M > 1 && !TALL;
     static constexpr int THREADS = 384, PTHREADS = 128;
-    // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168)
-    static constexpr int PREGS = M == 1 ? 72 : 64, CREGS = 216;
+    // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168); 256 x 96:
+    // 192 accumulators per consumer thread
+    static constexpr int PREGS = BN == 96 ? 40 : M == 1 ? 72 : 64, CREGS = BN == 96 ? 232 : 216;
     // setmaxnreg.inc only takes registers the producer's .dec gave back to the CTA's pool
     // (THREADS x 168 at launch, __launch_bounds__(384, 1)); asking for more never returns
     static_assert(PTHREADS * PREGS + (THREADS - PTHREADS) * CREGS <= THREADS * 168, "setmaxnreg register pool");
@@ -144,6 +149,7 @@ struct WsCfg {
     static constexpr int IDX_BYTES = M > 1 ? BMT : 0;
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
     static constexpr int ST = PP ? 8 : M == 1 ? (BT ? SAM_WS_STAGES_M1_BT : SAM_WS_STAGES_M1)
+                                              : BN == 96 ? SAM_WS_STAGES_T96
                                               : (BT ? SAM_WS_STAGES_M2_BT : SAM_WS_STAGES_M2);
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     // Epilogue staging, one area per consumer: a chunk of the tile's output (tokens x
@@ -226,6 +232,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         const T *x = static_cast<const T *>(p.x);
         // B: BN token rows x 8 chunks; thread -> chunk tid % 8, rows tid / 8 + 16 i
         constexpr int B_CH = BN * 8 / PT;
+        static_assert(BN * 8 % PT == 0, "whole 16-byte chunks of token rows per producer thread");
         const int b_row = tid / 8, b_ch = tid % 8;
         uint32_t b_dst[B_CH];
 #pragma unroll
@@ -262,7 +269,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             named_barrier_sync(3, PT);  // the item is decoded (producer warpgroup)
             const int e = info[0];
             {  // token row and routing scale of tile position tid < BN, one load round
-                static_assert(BN <= PT && PT % BN == 0, "at most one token row per producer thread");
+                static_assert(BN <= PT, "at most one token row per producer thread");
                 const bool has_row = BN == PT || tid < BN;
                 int32_t t = -1;
                 float sc = 1.0f;

@@ -234,11 +234,12 @@ def _ws_outputs(var, values, monkeypatch, S, n, cols, call):
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
 @pytest.mark.parametrize("rows", ["gather", "tma"])
 def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
-    """The 1:2:V tile of 256 storage rows x 64 tokens (SAMOYEDS_WS_TILE=1: each consumer two
-    m64n64 blocks, a gated item's gate and up chunk in one consumer) against the 128 x 128
-    tile (=0) on the same fresh inputs, with bias and routing scales, token rows gathered
-    or by TMA: both within the oracle tolerance of the C reference, nothing written past
-    offsets[E], and bit for bit the same (the same sums in the same order per element)."""
+    """The 1:2:V tiles of 256 storage rows x 64 tokens (SAMOYEDS_WS_TILE=1: each consumer two
+    m64n64 blocks, a gated item's gate and up chunk in one consumer) and x 96 tokens (=2: two
+    m64n96 blocks, 192 accumulators per thread) against the 128 x 128 tile (=0) on the same
+    fresh inputs, with bias and routing scales, token rows gathered or by TMA: each within the
+    oracle tolerance of the C reference, nothing written past offsets[E], and bit for bit the
+    same (the same sums in the same order per element)."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
     x, p, r, b, sc, ids, S, n, cols, ref, oracle = _ws_inputs(shape, fmt, act, glu, rows == "tma")
@@ -246,12 +247,13 @@ def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
     idg = None if ids is None else ids.cuda()
     # (=2: an error unless the TMA path runs; with no rows at all there is nothing to map)
     monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "0" if rows == "gather" else "2" if S else "1")
-    outs = _ws_outputs("SAMOYEDS_WS_TILE", ("1", "0"), monkeypatch, S, n, cols,
+    outs = _ws_outputs("SAMOYEDS_WS_TILE", ("2", "1", "0"), monkeypatch, S, n, cols,
                        lambda out: sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp"))
     for tile, o in outs.items():
         e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(o[:n], oracle)
         assert e_cuda <= 2 * e_ref + 1e-6, (tile, e_cuda, e_ref)
     assert torch.equal(outs["1"][:n], outs["0"][:n]), "the 256 x 64 and 128 x 128 tiles differ"
+    assert torch.equal(outs["2"][:n], outs["0"][:n]), "the 256 x 96 and 128 x 128 tiles differ"
 
 
 @pytest.mark.gpu
