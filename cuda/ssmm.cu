@@ -7,7 +7,7 @@
 //                                                 persistent grid; SAMOYEDS_WGMMA_KERNEL=3: one CTA per item,
 //                                                 4: ping-pong consumers (2:4), 5: clusters of two, weights
 //                                                 multicast, 6: a work counter; 1:2:V in tiles of 256 rows
-//                                                 x 64 tokens or 128 x 128, ws_tall_tile)
+//                                                 x 64 or 96 tokens or 128 x 128, ws_tall_tile)
 //     SAMOYEDS_WGMMA_KERNEL=1, or no TMA       -> ssmm_wgmma_kernel below (single-role wgmma.sp)
 //   otherwise (sm_80/86/89, 1:4:V)             -> ssmm_kernel below (mma.sp)
 // impl = mma_sp / wgmma_sp / decode forces one; docs/PERFORMANCE.md has the measurements.
@@ -858,7 +858,7 @@ sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, i
     return launch<T, Cg, K_WGMMA_WS>(ps, stream, ctas);
 }
 
-// 1:2:V's tile (SAMOYEDS_WS_TILE: 1 = 256 storage rows x 64 tokens, 0 = 128 x 128; unset: the
+// 1:2:V's tile (SAMOYEDS_WS_TILE: 1 = 256 storage rows x 64 tokens, 2 = 256 x 96, 0 = 128 x 128; unset: the
 // rule below).  Measured on H100 (docs/PERFORMANCE.md, v17; experiments/kernel_tall_everywhere_
 // 7acfa63.json, ssmm_kernels_tall_tile_*.json), both bit-identical: the tall tile gathers half the
 // token bytes per FLOP and leaves less of each expert's last token tile empty, 1.05-1.26x faster
@@ -868,16 +868,25 @@ sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, i
 // rule still gives it) and on long, full token tiles (Mixtral).  So: the tall tile for gathered
 // rows; for rows by TMA, where it computes at least 3 % fewer padded row x token products (each
 // routed expert's last token tile half empty on average) and its work items fill the SMs.
+// The tile of 256 rows x 96 tokens (SAMOYEDS_WS_TILE=2; 192 accumulators per consumer thread, six
+// stages) carries 1.3x fewer bytes per FLOP than either; on gathered rows it ran 0.97-1.03x the
+// 256 x 64 tile (the gather, unchanged per FLOP, sets the pace there), on Mixtral-8x7B's down
+// projection by TMA 1.06x the 128 x 128 tile and 1.17x the 256 x 64 one (ssmm_kernels, 8192 rows,
+// one expert).  So it replaces 128 x 128 for rows by TMA where the experts' token tiles are long
+// and full (at least 768 rows per routed expert), it pads no more work and its items fill the SMs.
 // Returns the tile's token count: 64 or 96 (256 storage rows), 0 for 128 x 128.
 int ws_tall_tile(const sam_ssmm_params *ps, int want_bt) {
     const int tile = env_int("SAMOYEDS_WS_TILE", -1);
     if (tile >= 0) return tile == 2 ? 96 : tile == 1 ? 64 : 0;
     if (want_bt == 0 || !ws_tokens_mappable(ps, 2)) return 64;  // (bf16 and fp16 alike)
     const double S = (double)ps->S, routed = (double)std::min<int64_t>(ps->d.E, ps->S);
+    const double sms = (double)device_sm_count();
     const double rt_tall = (double)ceil_div(ps->d.rp, 256), rt_128 = (double)ceil_div(ps->d.rp, 128);
     const double work_tall = rt_tall * 256.0 * (S + 32.0 * routed), work_128 = rt_128 * 128.0 * (S + 64.0 * routed);
     const double items_tall = rt_tall * (S / 64.0 + routed / 2.0);
-    return work_tall < 0.97 * work_128 && items_tall >= (double)device_sm_count() ? 64 : 0;
+    if (work_tall < 0.97 * work_128 && items_tall >= sms) return 64;
+    const double work_96 = rt_tall * 256.0 * (S + 48.0 * routed), items_96 = rt_tall * (S / 96.0 + routed / 2.0);
+    return S >= 768.0 * routed && work_96 <= work_128 && items_96 >= sms ? 96 : 0;
 }
 
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t stream) {
