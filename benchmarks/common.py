@@ -225,8 +225,9 @@ WS_TILE = {1: {"rows": 256, "tokens": 128, "stage_bytes": 16384 + 16384 + 2048},
 
 def ws_tall_tile(storage_rows: int, S: int, E: int, tokens_by_tma: bool, sm_count: int) -> int:
     """The token count of 1:2:V's tile of 256 rows (64 or 96), 0 for 128 x 128: the rule of
-    ws_tall_tile in cuda/ssmm.cu (gathered token rows: 64; rows by TMA: 64 where it pads at
-    least 3 % less work and its items fill the SMs, else 96 on long, full token tiles),
+    ws_tall_tile in cuda/ssmm.cu (gathered token rows: 64; rows by TMA: 96 from 256 rows per
+    routed expert where it pads no more than 128 x 128 and its items fill the SMs, else 64
+    where it pads at least 3 % less work than 128 x 128 and its items fill the SMs),
     SAMOYEDS_WS_TILE overriding it."""
     env = os.environ.get("SAMOYEDS_WS_TILE")
     if env is not None and env.strip().lstrip("-").isdigit() and int(env) >= 0:
@@ -237,11 +238,10 @@ def ws_tall_tile(storage_rows: int, S: int, E: int, tokens_by_tma: bool, sm_coun
     rt_tall, rt_128 = -(-storage_rows // 256), -(-storage_rows // 128)
     work_tall = rt_tall * 256.0 * (S + 32.0 * routed)
     work_128 = rt_128 * 128.0 * (S + 64.0 * routed)
-    if work_tall < 0.97 * work_128 and rt_tall * (S / 64.0 + routed / 2.0) >= sm_count:
-        return 64
     work_96 = rt_tall * 256.0 * (S + 48.0 * routed)
-    long_tiles = S >= 768.0 * routed and work_96 <= work_128
-    return 96 if long_tiles and rt_tall * (S / 96.0 + routed / 2.0) >= sm_count else 0
+    if S >= 256.0 * routed and work_96 <= work_128 and rt_tall * (S / 96.0 + routed / 2.0) >= sm_count:
+        return 96
+    return 64 if work_tall < 0.97 * work_128 and rt_tall * (S / 64.0 + routed / 2.0) >= sm_count else 0
 
 
 def ws_stream_bytes(m: int, storage_rows: int, cols: int, counts, tall: int = 0) -> int:

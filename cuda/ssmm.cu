@@ -871,9 +871,11 @@ sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, i
 // The tile of 256 rows x 96 tokens (SAMOYEDS_WS_TILE=2; 192 accumulators per consumer thread, six
 // stages) carries 1.3x fewer bytes per FLOP than either; on gathered rows it ran 0.97-1.03x the
 // 256 x 64 tile (the gather, unchanged per FLOP, sets the pace there), on Mixtral-8x7B's down
-// projection by TMA 1.06x the 128 x 128 tile and 1.17x the 256 x 64 one (ssmm_kernels, 8192 rows,
-// one expert).  So it replaces 128 x 128 for rows by TMA where the experts' token tiles are long
-// and full (at least 768 rows per routed expert), it pads no more work and its items fill the SMs.
+// projection by TMA 1.06-1.16x the 128 x 128 tile and 1.17-1.20x the 256 x 64 one (ssmm_kernels,
+// one expert, 8192 and 32768 rows), on Qwen3-30B-A3B's routed down projection 1.10x the 256 x 64
+// tile at 256 rows per expert and 0.93x at 64.  So for rows by TMA it is the tile wherever each
+// routed expert has at least 256 rows on average, it pads no more work than 128 x 128 and its
+// items fill the SMs.
 // Returns the tile's token count: 64 or 96 (256 storage rows), 0 for 128 x 128.
 int ws_tall_tile(const sam_ssmm_params *ps, int want_bt) {
     const int tile = env_int("SAMOYEDS_WS_TILE", -1);
@@ -883,10 +885,10 @@ int ws_tall_tile(const sam_ssmm_params *ps, int want_bt) {
     const double sms = (double)device_sm_count();
     const double rt_tall = (double)ceil_div(ps->d.rp, 256), rt_128 = (double)ceil_div(ps->d.rp, 128);
     const double work_tall = rt_tall * 256.0 * (S + 32.0 * routed), work_128 = rt_128 * 128.0 * (S + 64.0 * routed);
-    const double items_tall = rt_tall * (S / 64.0 + routed / 2.0);
-    if (work_tall < 0.97 * work_128 && items_tall >= sms) return 64;
     const double work_96 = rt_tall * 256.0 * (S + 48.0 * routed), items_96 = rt_tall * (S / 96.0 + routed / 2.0);
-    return S >= 768.0 * routed && work_96 <= work_128 && items_96 >= sms ? 96 : 0;
+    if (S >= 256.0 * routed && work_96 <= work_128 && items_96 >= sms) return 96;
+    const double items_tall = rt_tall * (S / 64.0 + routed / 2.0);
+    return work_tall < 0.97 * work_128 && items_tall >= sms ? 64 : 0;
 }
 
 template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t stream) {
