@@ -220,8 +220,7 @@ def shared_fill_rates(device: Optional[int] = None) -> Dict[str, Optional[float]
 WS_TILE = {1: {"rows": 256, "tokens": 128, "stage_bytes": 16384 + 16384 + 2048},
            2: {"rows": 128, "tokens": 128, "stage_bytes": 8192 + 16384 + 1024 + 128},
            64: {"rows": 256, "tokens": 64, "stage_bytes": 16384 + 8192 + 2048 + 256},
-           96: {"rows": 256, "tokens": 96, "stage_bytes": 16384 + 12288 + 2048 + 256},
-           48: {"rows": 512, "tokens": 48, "stage_bytes": 32768 + 6144 + 4096 + 512}}
+           96: {"rows": 256, "tokens": 96, "stage_bytes": 16384 + 12288 + 2048 + 256}}
 
 
 def ws_tall_tile(storage_rows: int, S: int, E: int, tokens_by_tma: bool, sm_count: int) -> int:
@@ -232,7 +231,7 @@ def ws_tall_tile(storage_rows: int, S: int, E: int, tokens_by_tma: bool, sm_coun
     SAMOYEDS_WS_TILE overriding it."""
     env = os.environ.get("SAMOYEDS_WS_TILE")
     if env is not None and env.strip().lstrip("-").isdigit() and int(env) >= 0:
-        return {3: 48, 2: 96, 1: 64}.get(int(env), 0)
+        return {2: 96, 1: 64}.get(int(env), 0)
     if not tokens_by_tma:
         return 64
     routed = min(E, S)
@@ -249,8 +248,7 @@ def ws_stream_bytes(m: int, storage_rows: int, cols: int, counts, tall: int = 0)
     """Bytes the warp-specialised wgmma.sp kernel streams from L2 into shared memory for
     one projection: every work item (expert, row tile, token tile) loads one stage per
     64 columns.  `m` the format's M (1 for 2:4), `counts` the routed rows per expert,
-    `tall`: the token count of 1:2:V's tall tile (ws_tall_tile: 64 or 96 with 256 rows, 48 with
-    512), 0 for 128 x 128."""
+    `tall`: the token count of 1:2:V's tile of 256 rows (ws_tall_tile), 0 for 128 x 128."""
     t = WS_TILE[1 if m == 1 else tall if tall else 2]
     row_tiles = -(-storage_rows // t["rows"])
     k_tiles = -(-cols // 64)

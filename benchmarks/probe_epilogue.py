@@ -41,7 +41,7 @@ def main():
     # the breakdowns here are of 1:2:V's 128 x 128 tile (the stream bytes below count its stages)
     # unless SAMOYEDS_WS_TILE says otherwise
     os.environ.setdefault("SAMOYEDS_WS_TILE", "0")
-    tall = {"1": 64, "2": 96, "3": 48}.get(os.environ["SAMOYEDS_WS_TILE"], 0)
+    tall = {"1": 64, "2": 96}.get(os.environ["SAMOYEDS_WS_TILE"], 0)
     variants = [("", {})]
     for v in a.variant:
         label, _, assigns = v.partition(":")

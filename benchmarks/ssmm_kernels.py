@@ -13,8 +13,7 @@ The gate_up cases read x by token index; the down cases read it without a row ma
 the warp-specialised kernel loads as TMA boxes; wgmma_ws_gather is the same kernel with
 the cp.async gather instead (SAMOYEDS_WGMMA_TOKENS_TMA=0).  For 1:2:V those two take the
 tile the library picks; wgmma_ws_tall / _tall_gather force the tile of 256 storage rows x
-64 tokens (SAMOYEDS_WS_TILE=1), wgmma_ws_tall96 / _tall96_gather 256 x 96 (=2),
-wgmma_ws_tall48 / _tall48_gather 512 x 48 (=3) and
+64 tokens (SAMOYEDS_WS_TILE=1), wgmma_ws_tall96 / _tall96_gather 256 x 96 (=2) and
 wgmma_ws_128 / _128_gather the one of 128 x 128 (=0).
 
   python benchmarks/ssmm_kernels.py [--S 8192] [--kernels wgmma_ws,wgmma_ws_tall,...] [--fmt FMT] [--out DIR]
@@ -34,8 +33,7 @@ KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1t
            ("wgmma_ws_cluster", "wgmma_sp", "5"), ("wgmma_ws_dynamic", "wgmma_sp", "6"),
            ("wgmma_ws_gather", "wgmma_sp", "2"), ("wgmma_ws_tall", "wgmma_sp", "2"),
            ("wgmma_ws_tall_gather", "wgmma_sp", "2"), ("wgmma_ws_tall96", "wgmma_sp", "2"),
-           ("wgmma_ws_tall96_gather", "wgmma_sp", "2"), ("wgmma_ws_tall48", "wgmma_sp", "2"),
-           ("wgmma_ws_tall48_gather", "wgmma_sp", "2"), ("wgmma_ws_128", "wgmma_sp", "2"),
+           ("wgmma_ws_tall96_gather", "wgmma_sp", "2"), ("wgmma_ws_128", "wgmma_sp", "2"),
            ("wgmma_ws_128_gather", "wgmma_sp", "2")]
 SELECTED = None  # --kernels: the kernels to time (the first one is the reference of the _err columns)
 
@@ -76,8 +74,7 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = env
         os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname.endswith("_gather") else "1"
         if kname.startswith(("wgmma_ws_tall", "wgmma_ws_128")):
-            os.environ["SAMOYEDS_WS_TILE"] = ("3" if "tall48" in kname else "2" if "tall96" in kname
-                                              else "1" if "tall" in kname else "0")
+            os.environ["SAMOYEDS_WS_TILE"] = "2" if "tall96" in kname else "1" if "tall" in kname else "0"
         else:
             os.environ.pop("SAMOYEDS_WS_TILE", None)
         out = torch.full((S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)

@@ -432,7 +432,7 @@ SAM_WGMMA_SP(__half, "f16")
 #undef SAM_WGMMA_SP_ASM
 
 // As WgmmaSp, with the packed A tile (64 rows x 16 values) read from shared memory
-// through a descriptor instead of registers, and N = 128, 96, 64 or 48 columns of B:
+// through a descriptor instead of registers, and N = 128, 96 or 64 columns of B:
 // D[64 x N] in N / 2 registers per thread.
 template <typename T, int N = 128> struct WgmmaSpSS;
 #define SAM_WGMMA_SP_SS(TYPE, PTXT, N)                                                                  \
@@ -455,12 +455,6 @@ template <typename T, int N = 128> struct WgmmaSpSS;
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, %50, 0, p, 1, 1, 0, 0;\n}\n"                          \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])                                                                                 \
                  : "l"(adesc), "l"(bdesc), "r"(e), "r"(scale_d));
-#define SAM_WGMMA_SP_SS_ASM_48(PTXT)                                                                    \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %27, 0;\n"                                          \
-                 "wgmma.mma_async.sp.sync.aligned.m64n48k32.f32." PTXT "." PTXT " "                     \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, %26, 0, p, 1, 1, 0, 0;\n}\n"                          \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])                                                                                 \
-                 : "l"(adesc), "l"(bdesc), "r"(e), "r"(scale_d));
 #define SAM_WGMMA_SP_SS_ASM_64(PTXT)                                                                    \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %35, 0;\n"                                          \
                  "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." PTXT "." PTXT " "                     \
@@ -470,7 +464,6 @@ template <typename T, int N = 128> struct WgmmaSpSS;
 #else
 #define SAM_WGMMA_SP_SS_ASM_128(PTXT) (void)d; (void)adesc; (void)bdesc; (void)e; (void)scale_d; __trap();
 #define SAM_WGMMA_SP_SS_ASM_96(PTXT) (void)d; (void)adesc; (void)bdesc; (void)e; (void)scale_d; __trap();
-#define SAM_WGMMA_SP_SS_ASM_48(PTXT) (void)d; (void)adesc; (void)bdesc; (void)e; (void)scale_d; __trap();
 #define SAM_WGMMA_SP_SS_ASM_64(PTXT) (void)d; (void)adesc; (void)bdesc; (void)e; (void)scale_d; __trap();
 #endif
 SAM_WGMMA_SP_SS(__nv_bfloat16, "bf16", 128)
@@ -479,13 +472,10 @@ SAM_WGMMA_SP_SS(__nv_bfloat16, "bf16", 64)
 SAM_WGMMA_SP_SS(__half, "f16", 64)
 SAM_WGMMA_SP_SS(__nv_bfloat16, "bf16", 96)
 SAM_WGMMA_SP_SS(__half, "f16", 96)
-SAM_WGMMA_SP_SS(__nv_bfloat16, "bf16", 48)
-SAM_WGMMA_SP_SS(__half, "f16", 48)
 #undef SAM_WGMMA_SP_SS
 #undef SAM_WGMMA_SP_SS_ASM_128
 #undef SAM_WGMMA_SP_SS_ASM_64
 #undef SAM_WGMMA_SP_SS_ASM_96
-#undef SAM_WGMMA_SP_SS_ASM_48
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

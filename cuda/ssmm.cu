@@ -670,7 +670,7 @@ template <typename T, typename C> bool ws_tensor_maps(const sam_ssmm_params *ps,
         std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     const cuuint64_t a_dim[3] = {cp / 2, rp, E}, a_stride[2] = {cp, rp * cp};
     // clusters: each CTA loads (and multicasts) 1 / CL of the item's rows
-    const cuuint32_t a_box[3] = {(cuuint32_t)(C::BK / 2), (cuuint32_t)(C::ABOX / C::CL), 1};
+    const cuuint32_t a_box[3] = {(cuuint32_t)(C::BK / 2), (cuuint32_t)(C::BMT / C::CL), 1};
     if (enc(&m.a, vt, 3, const_cast<void *>(ps->values), a_dim, a_stride, a_box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
             CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
@@ -879,7 +879,7 @@ sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, i
 // Returns the tile's token count: 64 or 96 (256 storage rows), 0 for 128 x 128.
 int ws_tall_tile(const sam_ssmm_params *ps, int want_bt) {
     const int tile = env_int("SAMOYEDS_WS_TILE", -1);
-    if (tile >= 0) return tile == 3 ? 48 : tile == 2 ? 96 : tile == 1 ? 64 : 0;
+    if (tile >= 0) return tile == 2 ? 96 : tile == 1 ? 64 : 0;
     if (want_bt == 0 || !ws_tokens_mappable(ps, 2)) return 64;  // (bf16 and fp16 alike)
     const double S = (double)ps->S, routed = (double)std::min<int64_t>(ps->d.E, ps->S);
     const double sms = (double)device_sm_count();
@@ -919,7 +919,6 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             if (m == 1 && which == 4) return launch_ws<T, 1, true>(ps, stream, ctas, want_bt);
             if (m == 1) return launch_ws<T, 1>(ps, stream, ctas, want_bt);
             switch (ws_tall_tile(ps, want_bt)) {
-            case 48: return launch_ws<T, 2, false, 1, false, 48>(ps, stream, ctas, want_bt);
             case 96: return launch_ws<T, 2, false, 1, false, 96>(ps, stream, ctas, want_bt);
             case 64: return launch_ws<T, 2, false, 1, false, 64>(ps, stream, ctas, want_bt);
             default: break;

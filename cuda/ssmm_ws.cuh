@@ -110,16 +110,12 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_T96
 #define SAM_WS_STAGES_T96 6  // 1:2:V, 256 x 96: 31 KB stages, six fit
 #endif
-#ifndef SAM_WS_STAGES_T48
-#define SAM_WS_STAGES_T48 4  // 1:2:V, 512 x 48: 43 KB stages, four fit
-#endif
 template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false, int TALL_ = 0>
 struct WsCfg {
     static constexpr int M = M_;
     static constexpr bool BT = BT_;
-    // TALL_: the tall tile's tokens, 64 or 96 (256 storage rows) or 48 (512 rows); 0: 128 x 128
-    static constexpr bool TALL = TALL_ != 0;
-    static_assert(TALL_ == 0 || TALL_ == 48 || TALL_ == 64 || TALL_ == 96, "the tall tiles: 48, 64 or 96 tokens");
+    static constexpr bool TALL = TALL_ != 0;  // TALL_: the tall tile's tokens (64 or 96), 0: 128 x 128
+    static_assert(TALL_ == 0 || TALL_ == 64 || TALL_ == 96, "the tall tile holds 64 or 96 tokens");
     static constexpr bool PP = PP_;
     static constexpr int CL = CL_;
     static constexpr bool DYN = DYN_;
@@ -127,10 +123,9 @@ struct WsCfg {
     static_assert(!PP || M == 1, "ping-pong consumers: 2:4 only (1:M:V needs both consumers' registers per item)");
     static_assert(CL == 1 || (CL == 2 && !PP), "clusters of 2, cooperative consumers");
     static_assert(!TALL || (M == 2 && !PP && CL == 1), "the tall 1:M:V tile: 1:2:V, cooperative, no clusters");
-    static constexpr int NB = M == 1 ? 2 : TALL_ == 48 ? 4 : TALL ? 2 : 1;  // m64 blocks per consumer warpgroup
+    static constexpr int NB = M == 1 || TALL ? 2 : 1;  // m64 blocks per consumer warpgroup
     static constexpr int BMW = 64 * NB;                // storage rows per consumer
     static constexpr int BMT = PP ? BMW : 2 * BMW;     // storage rows per work item
-    static constexpr int ABOX = BMT > 256 ? 256 : BMT;  // rows of a TMA box of packed values (at most 256)
     static constexpr int CPI = PP ? 1 : 2;             // consumers per work item
     static constexpr int NSLOT_LOG2 = PP ? 2 : 1, NSLOT = 1 << NSLOT_LOG2;  // work slots
     static constexpr int BN = TALL ? TALL_ : 128, BK = 64, KS = BK / 32;  // (BT: the box of ws_tokens_map)
@@ -144,7 +139,7 @@ struct WsCfg {
     static constexpr int THREADS = 384, PTHREADS = 128;
     // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168); 256 x 96:
     // 192 accumulators per consumer thread
-    static constexpr int PREGS = NACC * AN > 128 ? 40 : M == 1 ? 72 : 64, CREGS = NACC * AN > 128 ? 232 : 216;
+    static constexpr int PREGS = BN == 96 ? 40 : M == 1 ? 72 : 64, CREGS = BN == 96 ? 232 : 216;
     // setmaxnreg.inc only takes registers the producer's .dec gave back to the CTA's pool
     // (THREADS x 168 at launch, __launch_bounds__(384, 1)); asking for more never returns
     static_assert(PTHREADS * PREGS + (THREADS - PTHREADS) * CREGS <= THREADS * 168, "setmaxnreg register pool");
@@ -154,7 +149,7 @@ struct WsCfg {
     static constexpr int IDX_BYTES = M > 1 ? BMT : 0;
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
     static constexpr int ST = PP ? 8 : M == 1 ? (BT ? SAM_WS_STAGES_M1_BT : SAM_WS_STAGES_M1)
-                                              : BN == 96 ? SAM_WS_STAGES_T96 : BN == 48 ? SAM_WS_STAGES_T48
+                                              : BN == 96 ? SAM_WS_STAGES_T96
                                               : (BT ? SAM_WS_STAGES_M2_BT : SAM_WS_STAGES_M2);
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     // Epilogue staging, one area per consumer: a chunk of the tile's output (tokens x
@@ -316,10 +311,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     mbar_arrive_expect_tx(full_bar(s), TX);  // clusters: both halves land here
                     if (drop_a) {  // (measurement builds: the stage is marked full without them)
                     } else if constexpr (CL == 1) {
-#pragma unroll
-                        for (int ab = 0; ab < BMT / C::ABOX; ab++)
-                            tma_load_3d(base + ab * C::ABOX * 64, &tm.a, kt * (BK / 2), (int)row0 + ab * C::ABOX, e,
-                                        full_bar(s));
+                        tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
                         tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
                                     full_bar(s));
                     } else {  // this rank's half of the rows, to both CTAs
@@ -459,7 +451,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         constexpr bool HANDOVER = C::HANDOVER && GATED;  // the consumers pair gate and up rows via xch
         // output blocks of a consumer: one per m64 block, or one from a gate and an up block
         // (M = 1 and TALL gated; HANDOVER: from this consumer's block and the partner's)
-        constexpr int OB = GATED ? (NB > 2 ? NB / 2 : 1) : NB;
+        constexpr int OB = GATED ? 1 : NB;
         constexpr int OCW = OB * 64 * M;                           // output columns of a consumer
         constexpr int PR = OCW / 8;                               // 16-byte pieces per staged row
         constexpr int TC = C::STG_BYTES / (OCW * 2), JC = TC / 8;  // tokens per chunk
@@ -585,11 +577,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                                 float y[M];
 #pragma unroll
                                 for (int x = 0; x < M; x++) {
-                                    if constexpr (GATED) {  // block 2 ob the gate rows, block 2 ob + 1 the up rows
-                                        float v = val(2 * ob, i, x), u = val(2 * ob + 1, i, x);
+                                    if constexpr (GATED) {  // block 0 the gate rows, block 1 the up rows
+                                        float v = val(0, i, x), u = val(1, i, x);
                                         if (p.bias) {
-                                            v += bz[ob][hh][x][0];
-                                            u += bz[ob][hh][x][1];
+                                            v += bz[0][hh][x][0];
+                                            u += bz[0][hh][x][1];
                                         }
                                         y[x] = gated_act(p, v, u) * sc;
                                     } else {

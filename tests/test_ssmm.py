@@ -235,9 +235,8 @@ def _ws_outputs(var, values, monkeypatch, S, n, cols, call):
 @pytest.mark.parametrize("rows", ["gather", "tma"])
 def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
     """The 1:2:V tiles of 256 storage rows x 64 tokens (SAMOYEDS_WS_TILE=1: each consumer two
-    m64n64 blocks, a gated item's gate and up chunk in one consumer), x 96 tokens (=2: two
-    m64n96 blocks, 192 accumulators per thread) and of 512 rows x 48 tokens (=3: four m64n48
-    blocks, two gate/up chunk pairs, packed values in two TMA boxes) against the 128 x 128 tile (=0) on the same
+    m64n64 blocks, a gated item's gate and up chunk in one consumer) and x 96 tokens (=2: two
+    m64n96 blocks, 192 accumulators per thread) against the 128 x 128 tile (=0) on the same
     fresh inputs, with bias and routing scales, token rows gathered or by TMA: each within the
     oracle tolerance of the C reference, nothing written past offsets[E], and bit for bit the
     same (the same sums in the same order per element)."""
@@ -248,14 +247,13 @@ def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
     idg = None if ids is None else ids.cuda()
     # (=2: an error unless the TMA path runs; with no rows at all there is nothing to map)
     monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "0" if rows == "gather" else "2" if S else "1")
-    outs = _ws_outputs("SAMOYEDS_WS_TILE", ("3", "2", "1", "0"), monkeypatch, S, n, cols,
+    outs = _ws_outputs("SAMOYEDS_WS_TILE", ("2", "1", "0"), monkeypatch, S, n, cols,
                        lambda out: sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp"))
     for tile, o in outs.items():
         e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(o[:n], oracle)
         assert e_cuda <= 2 * e_ref + 1e-6, (tile, e_cuda, e_ref)
     assert torch.equal(outs["1"][:n], outs["0"][:n]), "the 256 x 64 and 128 x 128 tiles differ"
     assert torch.equal(outs["2"][:n], outs["0"][:n]), "the 256 x 96 and 128 x 128 tiles differ"
-    assert torch.equal(outs["3"][:n], outs["0"][:n]), "the 512 x 48 and 128 x 128 tiles differ"
 
 
 @pytest.mark.gpu
