@@ -8,7 +8,7 @@
 #                                [probe-shared-stream: PROBE_ARGS=...]
 #                                [bench-moe-models: MOE_MODELS=a,b MOE_TOKENS=1,16]
 #                                [ssmm-kernels: SSMM_KERNELS_ARGS="--fmt F --kernels a,b"]
-#                                [test-k: PYTEST_K=expr] ...
+#                                [test-k: PYTEST_K=expr] [stress: STRESS_ARGS="--model M --tokens T"] ...
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -64,6 +64,7 @@ for step in $steps; do
     bench-moe-models) run bench_moe_models 30 $PY benchmarks/bench_moe.py --models "${MOE_MODELS:?set MOE_MODELS}" \
       --tokens "${MOE_TOKENS:-1,16}" --out "$OUT" ;;
     ssmm-kernels) run ssmm_kernels 12 $PY benchmarks/ssmm_kernels.py --out "$OUT" ${SSMM_KERNELS_ARGS:-} ;;
+    stress) run stress_block 12 $PY benchmarks/stress_block.py ${STRESS_ARGS:-} ;;
     token-stream) run token_stream 8 $PY benchmarks/token_stream.py --out "$OUT" ;;
     probe-epilogue) run probe_epilogue 40 $PY benchmarks/probe_epilogue.py --out "$OUT" ${PROBE_EPI_ARGS:-} ;;
     fill) run fill_rate 20 $PY benchmarks/fill_rate.py --out "$OUT" ${FILL_ARGS:-} ;;

@@ -263,3 +263,14 @@ def test_layer_trace_groups_kernels_and_builds_its_table(monkeypatch):
         "samoyeds": {"total_us": 800.0, "groups_us": {"expert matmuls": 700.0, "combine": 60.0, "routing": 40.0}}}}
     table = report.layer_trace_table({"cases": [case]})
     assert "| olmoe | 4096 | 2000 us | 40% | 800 us | 88% | combine 60 us, routing 40 us | 2.50x |" in table
+
+
+def test_stress_block_smoke():
+    """stress_block.py's CPU smoke run: every burst of back-to-back forwards of the patched toy
+    block finishes and is reported, and the setting it ran under is named."""
+    p = _run([os.path.join(BENCH, "stress_block.py"), "--tiny", "--device", "cpu", "--model", "gpt-oss-20b",
+              "--tokens", "16", "--bursts", "2", "--calls", "3"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("gpt-oss-20b T=16 samoyeds-1:2:128:"), lines
+    assert [ln.split(":")[0] for ln in lines[1:]] == ["burst 0", "burst 1"], lines
