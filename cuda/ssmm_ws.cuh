@@ -47,10 +47,12 @@
 // Tiles (BK = 64 dense columns per stage, NB m64 blocks per consumer):
 //   2:4 (M = 1):     BM = 256 storage rows (each consumer 2 x m64) x 128 tokens,
 //                    4 stages of 34 KB; 128 fp32 accumulators per thread.
-//   1:M:V (M = 2), TALL (SAMOYEDS_WS_TILE=1; ws_tall_tile in ssmm.cu): BM = 256 storage rows
+//   1:M:V (M = 2), TALL = 64 (SAMOYEDS_WS_TILE=1; ws_tall_tile in ssmm.cu): BM = 256 storage rows
 //                    (each consumer 2 x m64, each the running total and row 0's
 //                    share, below) x 64 tokens (m64n64k32), 7 stages of 27 KB;
 //                    128 accumulators per thread.
+//   1:M:V, TALL = 96 (SAMOYEDS_WS_TILE=2): 256 storage rows x 96 tokens (m64n96k32), 6 stages
+//                    of 31 KB; 192 accumulators per thread (setmaxnreg 232 / 40).
 //   1:M:V, 128 x 128 (SAMOYEDS_WS_TILE=0): BM = 128 storage rows (each consumer
 //                    1 x m64) x 128 tokens, 7 stages of 26 KB.
 // The taller tiles halve the token bytes per issued FLOP against 128 x 128 (for
