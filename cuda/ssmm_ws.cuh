@@ -139,9 +139,10 @@ struct WsCfg {
     // 0) and the up chunk of the same rows (block 1)
     static constexpr bool HANDOVER = M > 1 && !TALL;
     static constexpr int THREADS = 384, PTHREADS = 128;
-    // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168); 256 x 96:
-    // 192 accumulators per consumer thread
-    static constexpr int PREGS = BN == 96 ? 40 : M == 1 ? 72 : 64, CREGS = BN == 96 ? 232 : 216;
+    // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168): more for the
+    // consumers where they hold more than 128 accumulators (256 x 96: 192)
+    static constexpr bool WIDE_ACC = NACC * AN > 128;
+    static constexpr int PREGS = WIDE_ACC ? 40 : M == 1 ? 72 : 64, CREGS = WIDE_ACC ? 232 : 216;
     // setmaxnreg.inc only takes registers the producer's .dec gave back to the CTA's pool
     // (THREADS x 168 at launch, __launch_bounds__(384, 1)); asking for more never returns
     static_assert(PTHREADS * PREGS + (THREADS - PTHREADS) * CREGS <= THREADS * 168, "setmaxnreg register pool");
@@ -272,7 +273,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             const int e = info[0];
             {  // token row and routing scale of tile position tid < BN, one load round
                 static_assert(BN <= PT, "at most one token row per producer thread");
-                const bool has_row = BN == PT || tid < BN;
+                const bool has_row = BN == PT || tid < BN;  // (BN == PT: every producer thread, no compare)
                 int32_t t = -1;
                 float sc = 1.0f;
                 if (e >= 0 && has_row) {
