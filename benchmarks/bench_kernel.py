@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
 from common import (SHAPES, MoEShape, add_run_args, ceilings_line, default_dtype, environment,  # noqa: E402
                     free_memory, measure_ceilings, result_path, setup_run, time_graph, time_ms, write_json,
-                    ws_stream_bytes, ws_tall_tile)
+                    ws_stream_bytes, ws_tall_tile, ws_tile_name)
 from report import fill_ceiling  # noqa: E402
 
 FORMATS = {"samoyeds-75": "samoyeds-1:2:128", "samoyeds-50": "2:4"}
@@ -169,8 +169,8 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
             # per expert, cuda/samoyeds_cuda.h; the benchmark sets neither environment override)
             if wgmma_sp and S > 128 and S > 16 * E:
                 sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-                tall = p.fmt.m == 2 and ws_tall_tile(p.dims.rp, S, E, tok is None, sms)
-                t["tile"] = "256x128" if p.fmt.m == 1 else f"256x{tall}" if tall else "128x128"
+                tall = ws_tall_tile(p.dims.rp, S, E, tok is None, sms) if p.fmt.m == 2 else 0
+                t["tile"] = ws_tile_name(p.fmt.m, tall)
                 t["stream_bytes"] = ws_stream_bytes(p.fmt.m, p.dims.rp, C, counts, tall)
                 rate = t["stream_bytes"] / (t["ms"] * 1e-3) / 1e12
                 t["stream_tb_s"] = rate

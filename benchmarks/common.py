@@ -216,11 +216,18 @@ def shared_fill_rates(device: Optional[int] = None) -> Dict[str, Optional[float]
 
 
 # Bytes of one k-tile stage of the warp-specialised wgmma.sp kernel (cuda/ssmm_ws.cuh, WsCfg):
-# packed values + tokens + metadata (+ row-selection indices for 1:M:V), and its tile.
-WS_TILE = {1: {"rows": 256, "tokens": 128, "stage_bytes": 16384 + 16384 + 2048},
-           2: {"rows": 128, "tokens": 128, "stage_bytes": 8192 + 16384 + 1024 + 128},
-           64: {"rows": 256, "tokens": 64, "stage_bytes": 16384 + 8192 + 2048 + 256},
-           96: {"rows": 256, "tokens": 96, "stage_bytes": 16384 + 12288 + 2048 + 256}}
+# packed values + tokens + metadata (+ row-selection indices for 1:M:V), by tile (storage rows x
+# tokens; 2:4 runs 256 x 128, 1:2:V one of the other three).
+WS_TILE = {"256x128": {"rows": 256, "tokens": 128, "stage_bytes": 16384 + 16384 + 2048},
+           "128x128": {"rows": 128, "tokens": 128, "stage_bytes": 8192 + 16384 + 1024 + 128},
+           "256x64": {"rows": 256, "tokens": 64, "stage_bytes": 16384 + 8192 + 2048 + 256},
+           "256x96": {"rows": 256, "tokens": 96, "stage_bytes": 16384 + 12288 + 2048 + 256}}
+
+
+def ws_tile_name(m: int, tall: int) -> str:
+    """The WS_TILE key of the tile that runs: `m` the format's M (1 for 2:4), `tall` the token
+    count ws_tall_tile gives 1:2:V (0 for 128 x 128)."""
+    return "256x128" if m == 1 else f"256x{tall}" if tall else "128x128"
 
 
 def ws_tall_tile(storage_rows: int, S: int, E: int, tokens_by_tma: bool, sm_count: int) -> int:
@@ -249,7 +256,7 @@ def ws_stream_bytes(m: int, storage_rows: int, cols: int, counts, tall: int = 0)
     one projection: every work item (expert, row tile, token tile) loads one stage per
     64 columns.  `m` the format's M (1 for 2:4), `counts` the routed rows per expert,
     `tall`: the token count of 1:2:V's tile of 256 rows (ws_tall_tile), 0 for 128 x 128."""
-    t = WS_TILE[1 if m == 1 else tall if tall else 2]
+    t = WS_TILE[ws_tile_name(m, tall)]
     row_tiles = -(-storage_rows // t["rows"])
     k_tiles = -(-cols // 64)
     items = sum(-(-c // t["tokens"]) for c in counts) * row_tiles

@@ -274,3 +274,27 @@ def test_stress_block_smoke():
     lines = p.stdout.splitlines()
     assert lines[0].startswith("gpt-oss-20b T=16 samoyeds-1:2:128:"), lines
     assert [ln.split(":")[0] for ln in lines[1:]] == ["burst 0", "burst 1"], lines
+
+
+def test_ws_tile_rule_and_stream_bytes(monkeypatch):
+    """benchmarks/common.py's mirror of ws_tall_tile (cuda/ssmm.cu) on the shapes its rule was set
+    from, SAMOYEDS_WS_TILE overriding it, and ws_stream_bytes counting the stages of that tile:
+    one per (expert's token tile, row tile, 64 columns)."""
+    import common
+    monkeypatch.delenv("SAMOYEDS_WS_TILE", raising=False)
+    # (storage rows, S, E, rows by TMA, SMs) -> token count of the tile (0: 128 x 128)
+    assert common.ws_tall_tile(2048, 8192, 8, False, 132) == 64    # gathered rows (gate_up): 256 x 64
+    assert common.ws_tall_tile(2048, 8192, 8, True, 132) == 96     # Mixtral down at T = 4096: long tiles
+    assert common.ws_tall_tile(1024, 32768, 128, True, 132) == 96  # Qwen3 down at T = 4096: 256 per expert
+    assert common.ws_tall_tile(1024, 8192, 128, True, 132) == 64   # Qwen3 down at T = 1024: 64 per expert
+    assert common.ws_tall_tile(1152, 32768, 8, True, 132) == 0     # MiniCPM down: 256-row tiles overhang
+    assert common.ws_tall_tile(2048, 512, 8, True, 132) == 0       # Mixtral down at T = 256: too few items
+    for env, want in (("0", 0), ("1", 64), ("2", 96)):
+        monkeypatch.setenv("SAMOYEDS_WS_TILE", env)
+        assert common.ws_tall_tile(2048, 8192, 8, False, 132) == want
+    assert [common.ws_tile_name(1, 0), common.ws_tile_name(2, 0), common.ws_tile_name(2, 96)] == \
+        ["256x128", "128x128", "256x96"]
+    counts = [100, 0, 200]  # token tiles of 96: 2 + 0 + 3; of 128: 1 + 0 + 2
+    stage96, stage128 = (common.WS_TILE[k]["stage_bytes"] for k in ("256x96", "128x128"))
+    assert common.ws_stream_bytes(2, 512, 4096, counts, 96) == 5 * 2 * 64 * stage96
+    assert common.ws_stream_bytes(2, 512, 4096, counts) == 3 * 4 * 64 * stage128
