@@ -21,6 +21,17 @@ import samoyeds as sm  # noqa: E402
 from bench_moe import random_block  # noqa: E402
 
 
+def on_stall(cmd: str) -> None:
+    """Runs cmd (a debugger attaching to this process, say) while the stalled kernel still runs."""
+    import ctypes
+    import subprocess
+    try:  # let a child process attach where Yama restricts ptrace to ancestors
+        ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    subprocess.run(cmd.replace("{pid}", str(os.getpid())), shell=True, timeout=300, check=False)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt-oss-20b")
@@ -32,6 +43,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true", help="shapes / 16: a quick CPU check of the script")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--on-stall", default="",
+                    help="a shell command run on a stall before the process leaves, {pid} replaced by this "
+                         "process's id (e.g. cuda-gdb -p {pid} -batch -ex 'info cuda kernels')")
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     holder, cfg = random_block(a.model, a.device, dtype, a.tiny, a.seed)
@@ -54,6 +68,8 @@ def main() -> int:
                 while not done.query():
                     if time.perf_counter() - t0 > a.timeout:
                         print(f"STALL: burst {b} of {a.calls} calls unfinished after {a.timeout:.0f} s", flush=True)
+                        if a.on_stall:
+                            on_stall(a.on_stall)
                         os._exit(3)
                     time.sleep(0.01)
             print(f"burst {b}: {a.calls} calls in {time.perf_counter() - t0:.3f} s", flush=True)

@@ -292,6 +292,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 continue;
             }
             named_barrier_sync(3, PT);  // every token row of the slot is written
+            // BT: only warp 0 loads anything (the TMA thread and the index loaders), so only it
+            // walks the ring.  A warp that waited on `empty` without arriving on `full` would be
+            // held back by nothing: slept through two phases of a stage's barrier, it would
+            // wait on a parity that had already come round again, for good (a rare hang).
+            if (b_tma && warp != 0) continue;
             const int64_t row0 = (int64_t)info[1] * BMT;
             const int s0 = b_tma ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
             const T *b_src[B_CH];

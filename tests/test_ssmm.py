@@ -2,6 +2,8 @@
 against both (GPU).  Fresh random data per case; outputs poisoned first."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -254,6 +256,46 @@ def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
         assert e_cuda <= 2 * e_ref + 1e-6, (tile, e_cuda, e_ref)
     assert torch.equal(outs["1"][:n], outs["0"][:n]), "the 256 x 64 and 128 x 128 tiles differ"
     assert torch.equal(outs["2"][:n], outs["0"][:n]), "the 256 x 96 and 128 x 128 tiles differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,tile", [("samoyeds-1:2:128", "1"), ("samoyeds-1:2:128", "2"),
+                                      ("samoyeds-1:2:128", "0"), ("2:4", "0")])
+def test_wgmma_tma_tokens_back_to_back(fmt, tile, monkeypatch):
+    """Thousands of launches, enqueued back to back, of the warp-specialised kernel with its token
+    rows by TMA, on the shape of GPT-OSS-20B's down projection at 256 tokens (32 experts, 2880 x
+    2880, 1024 routed rows, 46 k-tiles per work item): every launch must finish, and the last
+    output must be the first bit for bit.  (Producer warps that walked the ring without loading
+    into it could sleep through two phases of a stage's `empty` barrier and then wait for good:
+    about one launch in a thousand hung.)"""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    E, R, C, T, K = 32, 2880, 2880, 256, 4
+    w = (torch.randn(E, R, C, generator=gen) * C ** -0.5).to(torch.bfloat16)
+    p = sm.pack(w.cuda(), fmt)
+    r = sm.route(random_topk(T, K, E, "uniform", gen), E)
+    S = T * K
+    x = torch.randn(S, C, generator=gen).to(torch.bfloat16).cuda()
+    off = r.offsets.cuda()
+    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "2")  # an error unless the rows go by TMA
+    monkeypatch.setenv("SAMOYEDS_WS_TILE", tile)
+    first = _poisoned(S, R, torch.bfloat16, "cuda")
+    sm.ssmm(x, p, off, None, out=first, impl="wgmma_sp")
+    torch.cuda.synchronize()
+    assert torch.isfinite(first).all()
+    out = _poisoned(S, R, torch.bfloat16, "cuda")
+    launches = 4000
+    for _ in range(launches):
+        sm.ssmm(x, p, off, None, out=out, impl="wgmma_sp")
+    done = torch.cuda.Event()
+    done.record()
+    t0 = time.monotonic()
+    while not done.query():
+        if time.monotonic() - t0 > 60:
+            pytest.fail(f"{launches} launches unfinished after 60 s: a kernel hangs (the GPU stays busy)")
+        time.sleep(0.01)
+    assert torch.equal(out, first)
 
 
 @pytest.mark.gpu
