@@ -83,7 +83,7 @@ struct WsMaps {
 // PP = false: cooperative, both consumers on one item (BMT = 2 x BMW rows).  PP = true
 // (2:4 only): ping-pong, each consumer a whole item of BMW = 128 rows, the two taking
 // alternate items, so one's epilogue runs while the other's wgmmas keep the tensor
-// cores busy.
+// cores busy.  Each consumer has a ring of its own, half of the stages.
 //
 // CL = 2: clusters of two CTAs on the persistent grid, each cluster walking pairs of
 // work items of one expert and row tile and consecutive token tiles (rank r takes the
@@ -182,6 +182,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     constexpr int M = C::M, NB = C::NB, BMW = C::BMW, BMT = C::BMT, BN = C::BN, BK = C::BK, KS = C::KS,
                   ST = C::ST, PT = C::PTHREADS, NSLOT = C::NSLOT, CL = C::CL;
     constexpr bool PP = C::PP;
+    // Ping-pong: one ring of RS = ST / 2 stages per consumer, item n on ring n % 2, so that a
+    // consumer waits on every phase of the stages it reads (on one shared ring it would skip the
+    // other's positions, and a parity wait for a stage whose previous phase, the other
+    // consumer's, has not completed yet reads as done).  Cooperative: one ring of ST.
+    constexpr int RS = PP ? ST / 2 : ST;
+    static_assert(!PP || ST % 2 == 0, "ping-pong: two rings of ST / 2 stages");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = align_smem(smem_raw);
     const uint32_t bar0 = smem_u32(smem + C::BAR_OFF);
@@ -244,9 +250,17 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         const bool drop_b = (drop & 2) != 0, drop_a = (drop & 4) != 0;
         const uint32_t TX = (drop_a ? 0u : C::A_BYTES + C::META_BYTES) + (b_tma && !drop_b ? C::B_BYTES : 0u);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
-        uint32_t it = 0;  // stages issued by this CTA: ring slot it % ST, phase it / ST
+        uint32_t it = 0;      // stages issued into the ring of item n: slot it % RS, phase it / RS
+        uint32_t it_alt = 0;  // ping-pong: into the other ring
         int ends = 0;     // end-of-work records written (ping-pong: one per consumer)
         for (int n = 0;; n++) {
+            if constexpr (PP) {  // item n on ring n % 2
+                if (n > 0) {
+                    const uint32_t t = it;
+                    it = it_alt;
+                    it_alt = t;
+                }
+            }
             const int slot = n & (NSLOT - 1);
             int32_t *tok = slot_tok(slot), *info = slot_info(slot);
             if (warp == 0) {  // work item n of this CTA into its slot, once its consumers are done with item n-NSLOT
@@ -312,8 +326,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             const uint8_t *i_src = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp + (i_ok ? row0 + tid * 16 : 0) : nullptr;
             int slice = 0, slice_left = kt_per_slice;  // (M > 1: the k-tile's slice, without a division)
             for (int kt = 0; kt < KT; kt++, it++) {
-                const int s = it % ST;
-                if (it >= ST) mbar_wait(empty_bar(s), ((it / ST) - 1) & 1);
+                const int s = PP ? (n & 1) * RS + (int)(it % RS) : it % ST;
+                if (it >= RS) mbar_wait(empty_bar(s), ((it / RS) - 1) & 1);
                 const uint32_t base = smem_u32(stage_ptr(s));
                 if (tid == 0) {
                     mbar_arrive_expect_tx(full_bar(s), TX);  // clusters: both halves land here
@@ -413,11 +427,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
         }
     };
+    // the stage of position it of this consumer's ring (ping-pong: ring c, cooperative: the one ring)
+#define SAM_WS_STAGE(it) (PP ? c * RS + (int)((it) % RS) : (int)((it) % ST))
     // k-tile kt of the item, ring position it; `boundary`: the first k-tile of a slice
     auto step = [&](auto par_c, int kt, uint32_t it, bool boundary) {
         constexpr int par = decltype(par_c)::value;
-        const int st = it % ST;
-        mbar_wait(full_bar(st), (it / ST) & 1);
+        const int st = SAM_WS_STAGE(it);
+        mbar_wait(full_bar(st), (it / RS) & 1);
         // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
         // (the row-selection indices, by cp.async, are read by ordinary loads)
         if constexpr (!C::BT) fence_proxy_async();
@@ -440,7 +456,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                                       smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
         wgmma_commit();
         wgmma_wait<1>();
-        if (kt > 0) release((it - 1) % ST);
+        if (kt > 0) release(SAM_WS_STAGE(it - 1));
     };
 
     T *out = static_cast<T *>(p.out);
@@ -613,8 +629,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         }
     };
 
-    // cooperative: every item, ring positions running on; ping-pong: items c, c + 2, ...,
-    // item n's k-tiles at ring positions n * KT on (every item has KT k-tiles)
+    // cooperative: every item, ring positions running on; ping-pong: items c, c + 2, ..., on
+    // ring c, item n's k-tiles at its positions (n / 2) * KT on (every item has KT k-tiles)
     uint32_t it = 0;
     for (int n = PP ? c : 0;; n += PP ? 2 : 1) {
         const int slot = n & (NSLOT - 1);
@@ -622,7 +638,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         const int32_t *info = slot_info(slot);
         const int e = info[0];
         if (e < 0) break;
-        if (PP) it = (uint32_t)n * (uint32_t)KT;
+        if (PP) it = (uint32_t)(n >> 1) * (uint32_t)KT;  // (this consumer's items n = c, c + 2, ...)
         const int64_t row0 = (int64_t)info[1] * BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
         if (zero_init || KT == 0) {
 #pragma unroll
@@ -640,7 +656,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         wgmma_wait<0>();
 #pragma unroll
         for (int a = 0; a < NACC; a++) fence_regs(acc[a]);
-        if (KT > 0) release((it - 1) % ST);
+        if (KT > 0) release(SAM_WS_STAGE(it - 1));
         if (!(drop & 8)) {  // M = 2: the last slice's share, then acc[2b] = T - D: row 1 of each pair
 #pragma unroll
             for (int b = 0; b < NB; b++)
@@ -659,6 +675,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         mbar_arrive(tempty_bar(slot));
     }
     if (CL > 1) cluster_sync();
+#undef SAM_WS_STAGE
 #else
     (void)p;
     (void)tm;

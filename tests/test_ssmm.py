@@ -259,13 +259,15 @@ def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt,tile", [("samoyeds-1:2:128", "1"), ("samoyeds-1:2:128", "2"),
-                                      ("samoyeds-1:2:128", "0"), ("2:4", "0")])
-def test_wgmma_tma_tokens_back_to_back(fmt, tile, monkeypatch):
+@pytest.mark.parametrize("fmt,tile,kernel", [
+    ("samoyeds-1:2:128", "1", "2"), ("samoyeds-1:2:128", "2", "2"), ("samoyeds-1:2:128", "0", "2"),
+    ("2:4", "0", "2"), ("2:4", "0", "4"), ("samoyeds-1:2:128", "0", "5")])
+def test_wgmma_tma_tokens_back_to_back(fmt, tile, kernel, monkeypatch):
     """Thousands of launches, enqueued back to back, of the warp-specialised kernel with its token
-    rows by TMA, on the shape of GPT-OSS-20B's down projection at 256 tokens (32 experts, 2880 x
-    2880, 1024 routed rows, 46 k-tiles per work item): every launch must finish, and the last
-    output must be the first bit for bit.  (Producer warps that walked the ring without loading
+    rows by TMA (each tile; SAMOYEDS_WGMMA_KERNEL 2 persistent, 4 ping-pong consumers, 5 clusters),
+    on the shape of GPT-OSS-20B's down projection at 256 tokens (32 experts, 2880 x 2880, 1024
+    routed rows, 46 k-tiles per work item): every launch must finish, and outputs sampled along
+    the way must be the first bit for bit.  (Producer warps that walked the ring without loading
     into it could sleep through two phases of a stage's `empty` barrier and then wait for good:
     about one launch in a thousand hung.)"""
     if not _sm90():
@@ -280,14 +282,17 @@ def test_wgmma_tma_tokens_back_to_back(fmt, tile, monkeypatch):
     off = r.offsets.cuda()
     monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "2")  # an error unless the rows go by TMA
     monkeypatch.setenv("SAMOYEDS_WS_TILE", tile)
+    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
     first = _poisoned(S, R, torch.bfloat16, "cuda")
     sm.ssmm(x, p, off, None, out=first, impl="wgmma_sp")
     torch.cuda.synchronize()
     assert torch.isfinite(first).all()
     out = _poisoned(S, R, torch.bfloat16, "cuda")
-    launches = 4000
-    for _ in range(launches):
+    launches, samples = 4000, []
+    for i in range(launches):
         sm.ssmm(x, p, off, None, out=out, impl="wgmma_sp")
+        if i % 500 == 499:
+            samples.append(out.clone())
     done = torch.cuda.Event()
     done.record()
     t0 = time.monotonic()
@@ -295,7 +300,8 @@ def test_wgmma_tma_tokens_back_to_back(fmt, tile, monkeypatch):
         if time.monotonic() - t0 > 60:
             pytest.fail(f"{launches} launches unfinished after 60 s: a kernel hangs (the GPU stays busy)")
         time.sleep(0.01)
-    assert torch.equal(out, first)
+    for i, o in enumerate(samples):
+        assert torch.equal(o, first), f"launch {500 * i + 499} differs from the first"
 
 
 @pytest.mark.gpu
