@@ -210,15 +210,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     constexpr int drop = 0;
 #endif
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
-    // BT: the token rows of a k-tile come as one TMA box, so only the TMA thread and the
-    // threads that load row-selection indices (M > 1) copy anything into a stage
+    // BT: the token rows of a k-tile come as one TMA box, so only the threads that
+    // load row-selection indices (M > 1) arrive on `full` besides the TMA thread
     constexpr bool b_tma = C::BT;
     constexpr int IDX_THREADS = M > 1 ? BMT / 16 : 0;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            // every producer thread's arrival (its cp.asyncs landed; b_tma: a plain arrival where
-            // it copies nothing) + the TMA thread's expect_tx
-            mbar_init(full_bar(s), PT + 1);
+            // 128 cp.async arrivals (b_tma: the index loaders') + the TMA thread's expect_tx
+            mbar_init(full_bar(s), (b_tma ? IDX_THREADS : PT) + 1);
             // the item's consumer threads; clusters: the consumer warps of both CTAs
             mbar_init(empty_bar(s), CL == 1 ? C::CPI * 128 : CL * 8);
         }
@@ -307,6 +306,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 continue;
             }
             named_barrier_sync(3, PT);  // every token row of the slot is written
+            // BT: only warp 0 loads anything (the TMA thread and the index loaders), so only it
+            // walks the ring.  A warp that waited on `empty` without arriving on `full` would be
+            // held back by nothing: slept through two phases of a stage's barrier, it would
+            // wait on a parity that had already come round again, for good (a rare hang).
+            if (b_tma && warp != 0) continue;
             const int64_t row0 = (int64_t)info[1] * BMT;
             const int s0 = b_tma ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
             const T *b_src[B_CH];
@@ -364,12 +368,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     slice++;
                     slice_left = kt_per_slice;
                 }
-                // Every producer thread arrives, also where it loads nothing (b_tma: only the TMA
-                // thread and the index loaders do): a thread that waited on `empty` without
-                // arriving on `full` would be held back by nothing, and one that slept through two
-                // phases of a stage's barrier would wait on a parity come round again, for good.
                 if (!b_tma || i_load) cp_async_mbar_arrive(full_bar(s));
-                else mbar_arrive(full_bar(s));
             }
         }
         cp_async_wait<0>();
