@@ -208,10 +208,11 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
     t0 = time.perf_counter()
     holder, cfg = random_block(name, device, dtype, tiny, seed)
     block = holder.block
-    print(f"{name}: block built in {time.perf_counter() - t0:.1f} s", flush=True)
+    t1 = time.perf_counter()
+    print(f"{name}: block built in {t1 - t0:.1f} s", flush=True)
     # the same masked weights for every method: pack, then unpack to masked dense
     sm.patch_model(holder, fmt, progress=False, shared_experts=shared)
-    print(f"{name}: packed in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"{name}: packed in {time.perf_counter() - t1:.1f} s", flush=True)
     packed_bytes = sm.hf.experts_weight_nbytes(holder, shared)
     sm.unpatch_model(holder)
     dense_bytes = sm.hf.experts_weight_nbytes(holder, shared)

@@ -27,7 +27,8 @@
 // Where x is read without a row map (token_ids null, as the down projection reads its
 // intermediate rows; WsCfg::BT), an expert's rows are contiguous and the TMA thread loads
 // them too, as one 128-row box per k-tile (docs/PERFORMANCE.md, v11: 1.2-1.35x over the
-// gather on the same rows).
+// gather on the same rows), and the other producer warps, which then load nothing, stay
+// off the ring.
 // Warpgroups 1 and 2 are consumers: they wait on `full`, load the k-tile's metadata
 // words into registers and issue its wgmma.sp with both operands read by the tensor
 // cores from shared memory through descriptors (the packed values in the 64-byte
@@ -188,6 +189,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     // consumer's, has not completed yet reads as done).  Cooperative: one ring of ST.
     constexpr int RS = PP ? ST / 2 : ST;
     static_assert(!PP || ST % 2 == 0, "ping-pong: two rings of ST / 2 stages");
+    // the stage of position it of ring `ring` (a macro: as a lambda it changed the cooperative
+    // kernels' register allocation)
+#define SAM_WS_STAGE(ring, it) (PP ? (ring) * RS + (int)((it) % RS) : (int)((it) % ST))
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = align_smem(smem_raw);
     const uint32_t bar0 = smem_u32(smem + C::BAR_OFF);
@@ -307,9 +311,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
             named_barrier_sync(3, PT);  // every token row of the slot is written
             // BT: only warp 0 loads anything (the TMA thread and the index loaders), so only it
-            // walks the ring.  A warp that waited on `empty` without arriving on `full` would be
-            // held back by nothing: slept through two phases of a stage's barrier, it would
-            // wait on a parity that had already come round again, for good (a rare hang).
+            // walks the ring.  Warps that waited on `empty` there without arriving on `full` were
+            // held back by nothing, and about one call in a thousand they were found stuck on a
+            // stage's barrier that warp 0 had passed (docs/PERFORMANCE.md, "A hang").
             if (b_tma && warp != 0) continue;
             const int64_t row0 = (int64_t)info[1] * BMT;
             const int s0 = b_tma ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
@@ -326,7 +330,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             const uint8_t *i_src = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp + (i_ok ? row0 + tid * 16 : 0) : nullptr;
             int slice = 0, slice_left = kt_per_slice;  // (M > 1: the k-tile's slice, without a division)
             for (int kt = 0; kt < KT; kt++, it++) {
-                const int s = PP ? (n & 1) * RS + (int)(it % RS) : it % ST;
+                const int s = SAM_WS_STAGE(n & 1, it);
                 if (it >= RS) mbar_wait(empty_bar(s), ((it / RS) - 1) & 1);
                 const uint32_t base = smem_u32(stage_ptr(s));
                 if (tid == 0) {
@@ -427,12 +431,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             }
         }
     };
-    // the stage of position it of this consumer's ring (ping-pong: ring c, cooperative: the one ring)
-#define SAM_WS_STAGE(it) (PP ? c * RS + (int)((it) % RS) : (int)((it) % ST))
     // k-tile kt of the item, ring position it; `boundary`: the first k-tile of a slice
     auto step = [&](auto par_c, int kt, uint32_t it, bool boundary) {
         constexpr int par = decltype(par_c)::value;
-        const int st = SAM_WS_STAGE(it);
+        const int st = SAM_WS_STAGE(c, it);
         mbar_wait(full_bar(st), (it / RS) & 1);
         // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
         // (the row-selection indices, by cp.async, are read by ordinary loads)
@@ -456,7 +458,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                                       smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
         wgmma_commit();
         wgmma_wait<1>();
-        if (kt > 0) release(SAM_WS_STAGE(it - 1));
+        if (kt > 0) release(SAM_WS_STAGE(c, it - 1));
     };
 
     T *out = static_cast<T *>(p.out);
@@ -656,7 +658,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         wgmma_wait<0>();
 #pragma unroll
         for (int a = 0; a < NACC; a++) fence_regs(acc[a]);
-        if (KT > 0) release(SAM_WS_STAGE(it - 1));
+        if (KT > 0) release(SAM_WS_STAGE(c, it - 1));
         if (!(drop & 8)) {  // M = 2: the last slice's share, then acc[2b] = T - D: row 1 of each pair
 #pragma unroll
             for (int b = 0; b < NB; b++)
