@@ -27,8 +27,8 @@
 // Where x is read without a row map (token_ids null, as the down projection reads its
 // intermediate rows; WsCfg::BT), an expert's rows are contiguous and the TMA thread loads
 // them too, as one 128-row box per k-tile (docs/PERFORMANCE.md, v11: 1.2-1.35x over the
-// gather on the same rows), and the other producer warps, which then load nothing, stay
-// off the ring.
+// gather on the same rows); the other producer threads, which then load nothing, still
+// walk the ring and arrive on each stage's `full` barrier (docs/PERFORMANCE.md, "A hang").
 // Warpgroups 1 and 2 are consumers: they wait on `full`, load the k-tile's metadata
 // words into registers and issue its wgmma.sp with both operands read by the tensor
 // cores from shared memory through descriptors (the packed values in the 64-byte
@@ -214,14 +214,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     constexpr int drop = 0;
 #endif
     const int kt_per_slice = M > 1 ? p.V / BK : 1;
-    // BT: the token rows of a k-tile come as one TMA box, so only the threads that
-    // load row-selection indices (M > 1) arrive on `full` besides the TMA thread
+    // BT: the token rows of a k-tile come as one TMA box, so only the TMA thread and the
+    // threads that load row-selection indices (M > 1) copy anything into a stage
     constexpr bool b_tma = C::BT;
     constexpr int IDX_THREADS = M > 1 ? BMT / 16 : 0;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            // 128 cp.async arrivals (b_tma: the index loaders') + the TMA thread's expect_tx
-            mbar_init(full_bar(s), (b_tma ? IDX_THREADS : PT) + 1);
+            // every producer thread's arrival (its cp.asyncs landed; b_tma: a plain arrival
+            // where it copies nothing) + the TMA thread's expect_tx
+            mbar_init(full_bar(s), PT + 1);
             // the item's consumer threads; clusters: the consumer warps of both CTAs
             mbar_init(empty_bar(s), CL == 1 ? C::CPI * 128 : CL * 8);
         }
@@ -310,11 +311,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 continue;
             }
             named_barrier_sync(3, PT);  // every token row of the slot is written
-            // BT: only warp 0 loads anything (the TMA thread and the index loaders), so only it
-            // walks the ring.  Warps that waited on `empty` there without arriving on `full` were
-            // held back by nothing, and about one call in a thousand they were found stuck on a
-            // stage's barrier that warp 0 had passed (docs/PERFORMANCE.md, "A hang").
-            if (b_tma && warp != 0) continue;
             const int64_t row0 = (int64_t)info[1] * BMT;
             const int s0 = b_tma ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
             const T *b_src[B_CH];
@@ -372,7 +368,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     slice++;
                     slice_left = kt_per_slice;
                 }
+                // Every producer thread arrives, also where it loads nothing (b_tma: all but the
+                // TMA thread and the index loaders).  A thread that waits on `empty` without
+                // arriving on `full` is held back by nothing: asleep through two phases of a
+                // stage's barrier, it waits on a parity come round again, for good (the hang of
+                // docs/PERFORMANCE.md).  Arriving, it holds each phase until it has seen the last.
                 if (!b_tma || i_load) cp_async_mbar_arrive(full_bar(s));
+                else mbar_arrive(full_bar(s));
             }
         }
         cp_async_wait<0>();
