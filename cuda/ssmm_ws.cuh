@@ -368,8 +368,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     slice++;
                     slice_left = kt_per_slice;
                 }
-                // Every producer thread arrives, also where it loads nothing (b_tma: all but the
-                // TMA thread and the index loaders).  A thread that waits on `empty` without
+                // Every producer thread arrives, also where it copies nothing by cp.async (b_tma:
+                // a plain arrival from all but the index loaders).  A thread that waits on `empty` without
                 // arriving on `full` is held back by nothing: asleep through two phases of a
                 // stage's barrier, it waits on a parity come round again, for good (the hang of
                 // docs/PERFORMANCE.md).  Arriving, it holds each phase until it has seen the last.
