@@ -129,6 +129,7 @@ def main():
     cases = [("mixtral gate_up 1-expert", 1, 28672, 4096, "swiglu", False),
              ("mixtral down 1-expert", 1, 4096, 14336, "none", False),
              ("mixtral gate_up routed", 8, 28672, 4096, "swiglu", True),
+             ("mixtral down routed", 8, 4096, 14336, "none", True),
              ("qwen3 gate_up routed", 128, 1536, 2048, "swiglu", True),
              ("qwen3 down routed", 128, 2048, 768, "none", True)]
     for fmt in [a.fmt] if a.fmt else ["2:4", "samoyeds-1:2:128"]:
