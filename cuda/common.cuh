@@ -140,17 +140,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) {
 
 // 16-byte asynchronous copy global -> shared; src_bytes = 0 writes zeros and
 // reads nothing (tails and out-of-range rows).
-// Asks L2 for `bytes` (a multiple of 16) from global address src (16-byte aligned); no data
-// comes to the SM (sm_90).
-__device__ __forceinline__ void prefetch_l2_bulk(const void *src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#else
-    (void)src;
-    (void)bytes;
-#endif
-}
-
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
     int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));

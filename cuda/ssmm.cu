@@ -104,7 +104,6 @@ struct KParams : SsmmArgs {
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     int gm;                     // row tiles per rasterisation group (GM; SAMOYEDS_SSMM_GM)
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
-    int b_pf;                   // gathered token rows: asked of L2 this many k-tiles ahead (0: never)
 #if SAM_WS_DROP
     int drop;                   // SAMOYEDS_WS_DROP: the parts the warp-specialised kernel leaves out
 #endif
@@ -735,10 +734,6 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
     k.drop = env_int("SAMOYEDS_WS_DROP", 0);
 #endif
     k.work = nullptr;
-    // SAMOYEDS_WS_PREFETCH: k-tiles ahead at which the producer asks L2 for the gathered token
-    // rows (cp.async.bulk.prefetch.L2, 8 k-tiles a request); needs 16-byte aligned rows
-    k.b_pf = env_int("SAMOYEDS_WS_PREFETCH", 0);
-    if ((reinterpret_cast<uintptr_t>(ps->x) & 15) != 0 || ps->ldx % 8 != 0) k.b_pf = 0;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;
         if (!ws_tensor_maps<T, C>(ps, maps)) {

@@ -255,7 +255,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         const bool drop_b = (drop & 2) != 0, drop_a = (drop & 4) != 0;
         const uint32_t TX = (drop_a ? 0u : C::A_BYTES + C::META_BYTES) + (b_tma && !drop_b ? C::B_BYTES : 0u);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
-        const T *pf_src = nullptr;  // b_pf: this thread's token row of the item (prefetch)
         uint32_t it = 0;      // stages issued into the ring of item n: slot it % RS, phase it / RS
         uint32_t it_alt = 0;  // ping-pong: into the other ring
         int ends = 0;     // end-of-work records written (ping-pong: one per consumer)
@@ -302,7 +301,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     if (p.scale && s < s_end) sc = p.scale[s];
                 }
                 if (has_row) {
-                    pf_src = p.b_pf > 0 && t >= 0 ? x + (int64_t)t * p.ldx : nullptr;
                     tok[tid] = t;
                     slot_scale(slot)[tid] = sc;
                 }
@@ -328,10 +326,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             const uint8_t *i_src = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp + (i_ok ? row0 + tid * 16 : 0) : nullptr;
             int slice = 0, slice_left = kt_per_slice;  // (M > 1: the k-tile's slice, without a division)
             for (int kt = 0; kt < KT; kt++, it++) {
-                if (!b_tma && pf_src != nullptr && (kt & 7) == 0) {
-                    const int64_t c0 = (int64_t)(kt + p.b_pf) * BK, cols = min((int64_t)8 * BK, p.C - c0);
-                    if (cols >= 8) prefetch_l2_bulk(pf_src + c0, (uint32_t)(cols / 8) * 16u);
-                }
                 const int s = SAM_WS_STAGE(n & 1, it);
                 if (it >= RS) mbar_wait(empty_bar(s), ((it / RS) - 1) & 1);
                 const uint32_t base = smem_u32(stage_ptr(s));
