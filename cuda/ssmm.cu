@@ -914,11 +914,6 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             }
             if (which == 6) {
                 if (m == 1) return launch_ws<T, 1, false, 1, true>(ps, stream, ctas, want_bt);
-                switch (ws_tall_tile(ps, want_bt)) {
-                case 96: return launch_ws<T, 2, false, 1, true, 96>(ps, stream, ctas, want_bt);
-                case 64: return launch_ws<T, 2, false, 1, true, 64>(ps, stream, ctas, want_bt);
-                default: break;
-                }
                 return launch_ws<T, 2, false, 1, true>(ps, stream, ctas, want_bt);
             }
             if (m == 1 && which == 4) return launch_ws<T, 1, true>(ps, stream, ctas, want_bt);
