@@ -633,90 +633,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         }
     };
 
-    // ---- the gated tall tile's stores deferred into the next item (p.epi_defer): SwiGLU,
-    // routing scale and the rounding as in the epilogue above, then the item's slot is
-    // released and its 32 column pairs per thread wait in registers (pk) until the next
-    // item's first wgmmas are issued; they go out as 4-byte stores straight from there, a
-    // quarter after each of the next item's first four k-tiles.  Thread (warp, g, q) holds
-    // output columns ocol0 + 2 (lr + 8 hh) + {0, 1} of tokens 8 j + 2 q + t at pk[4 j + 2 hh + t].
-    constexpr bool DEFER = C::TALL && BN == 64 && M == 2 && NB == 2 && !PP && CL == 1;  // (256 x 96: no registers to spare)
-    uint32_t pk[DEFER ? AN : 1];
-    T *pk_out = nullptr;  // column pair (lr, hh = 0) of token 0 of the pending item, or null
-    uint32_t pk_ok = 0;   // bit 2 j + t: token 8 j + 2 q + t is a row; bit 16 + hh: columns in range
-    int pk_part = 4;      // quarters of pk stored (4: none pending)
-    // whether an item's output columns can take the 4-byte stores (pairs of columns at even
-    // offsets of 4-byte aligned rows); per launch
-    const bool defer_ok = DEFER && p.epi_defer != 0 && p.ldo % 2 == 0 && (reinterpret_cast<uintptr_t>(p.out) & 3) == 0;
-    auto defer_compute = [&](const int32_t *tok, const float *scl, int e, int64_t row0, int64_t s0) {
-      if constexpr (DEFER) {
-        const int lr = warp * 16 + g;
-        const int64_t ocol0 = row0 + crow;
-        float bz[2][2][2] = {};  // [hh][x][gate, up]
-        if (p.bias) {
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                for (int x = 0; x < 2; x++)
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        const int64_t col = ocol0 + (lr + 8 * hh) * 2 + x;
-                        if (col < p.out_cols) bz[hh][x][u] = load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + u * (p.R / 2) + col);
-                    }
-        }
-        uint32_t ok = 0;
-#pragma unroll
-        for (int j = 0; j < AN / 4; j++)
-#pragma unroll
-            for (int t = 0; t < 2; t++) {
-                const int tl = j * 8 + 2 * q + t;
-                ok |= (uint32_t)(tok[tl] >= 0) << (2 * j + t);
-                const float sc = scl[tl];
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int i = 4 * j + 2 * hh + t;
-                    float y[2];
-#pragma unroll
-                    for (int x = 0; x < 2; x++) {  // set 1 holds row 0, set 0 row 1 of each pair
-                        float v = x == 0 ? acc[1][i] : acc[0][i], u = x == 0 ? acc[3][i] : acc[2][i];
-                        if (p.bias) {
-                            v += bz[hh][x][0];
-                            u += bz[hh][x][1];
-                        }
-                        y[x] = gated_act(p, v, u) * sc;
-                    }
-                    pk[i] = Elem<T>::pack2(y[0], y[1]);
-                }
-            }
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) ok |= (uint32_t)(ocol0 + (lr + 8 * hh) * 2 + 1 < p.out_cols) << (16 + hh);
-        pk_ok = ok;
-        pk_out = out + s0 * p.ldo + ocol0 + lr * 2 + (int64_t)(2 * q) * p.ldo;
-        pk_part = 0;
-      }
-    };
-    // quarter PART of the pending stores: n8 token blocks j = 2 PART, 2 PART + 1
-    auto defer_flush = [&](auto part_c) {
-        constexpr int PART = decltype(part_c)::value;
-        if constexpr (DEFER) {
-#pragma unroll
-            for (int j = 2 * PART; j < 2 * PART + 2; j++)
-#pragma unroll
-                for (int t = 0; t < 2; t++)
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++)
-                        if ((pk_ok >> (2 * j + t)) & (pk_ok >> (16 + hh)) & 1u)
-                            *reinterpret_cast<uint32_t *>(pk_out + (int64_t)(8 * j + t) * p.ldo + 16 * hh) =
-                                pk[4 * j + 2 * hh + t];
-        }
-    };
-    auto defer_flush_all = [&]() {
-        if (pk_part <= 0) defer_flush(std::integral_constant<int, 0>{});
-        if (pk_part <= 1) defer_flush(std::integral_constant<int, 1>{});
-        if (pk_part <= 2) defer_flush(std::integral_constant<int, 2>{});
-        if (pk_part <= 3) defer_flush(std::integral_constant<int, 3>{});
-        pk_part = 4;
-    };
-
     // cooperative: every item, ring positions running on; ping-pong: items c, c + 2, ..., on
     // ring c, item n's k-tiles at its positions (n / 2) * KT on (every item has KT k-tiles)
     uint32_t it = 0;
@@ -725,10 +641,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         mbar_wait(tfull_bar(slot), (n >> C::NSLOT_LOG2) & 1);
         const int32_t *info = slot_info(slot);
         const int e = info[0];
-        if (e < 0) {
-            if (defer_ok && pk_part < 4) defer_flush_all();
-            break;
-        }
+        if (e < 0) break;
         if (PP) it = (uint32_t)(n >> 1) * (uint32_t)KT;  // (this consumer's items n = c, c + 2, ...)
         const int64_t row0 = (int64_t)info[1] * BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
         if (zero_init || KT == 0) {
@@ -742,22 +655,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         SliceStart slice;
         for (int kt = 0; kt < KT; kt += 2, it += 2) {
             step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
-            if (defer_ok && pk_part < 4) {  // the previous item's stores behind this item's first wgmmas
-                if (kt == 0) defer_flush(std::integral_constant<int, 0>{});
-                else defer_flush(std::integral_constant<int, 2>{});
-            }
             step(std::integral_constant<int, 1>{}, kt + 1, it + 1, slice.next(kt_per_slice));
-            if (defer_ok && pk_part < 4) {
-                if (kt == 0) {
-                    defer_flush(std::integral_constant<int, 1>{});
-                    pk_part = 2;
-                } else {
-                    defer_flush(std::integral_constant<int, 3>{});
-                    pk_part = 4;
-                }
-            }
         }
-        if (defer_ok && pk_part < 4) defer_flush_all();  // (KT == 2: the last quarters)
         wgmma_wait<0>();
 #pragma unroll
         for (int a = 0; a < NACC; a++) fence_regs(acc[a]);
@@ -772,8 +671,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         }
 
         if (drop & 16) {  // (measurement builds: nothing stored)
-        } else if (defer_ok && p.act != SAM_ACT_NONE && row0 + crow + BMW <= p.out_cols) {
-            defer_compute(slot_tok(slot), slot_scale(slot), e, row0, s0);
         } else if (p.act != SAM_ACT_NONE) {
             epilogue(std::true_type{}, slot_tok(slot), slot_scale(slot), e, row0, s0);
         } else {
