@@ -70,6 +70,7 @@ def main():
         rows[f"routed_gm{gm}"]["same_as_first"] = bool(torch.equal(out, ref))
     os.environ.pop("SAMOYEDS_SSMM_GM", None)
     if a.out:
+        os.makedirs(a.out, exist_ok=True)
         write_json(os.path.join(a.out, "gather_locality.json"),
                    {"environment": environment(), "model": a.model, "T": T, "t_l2": a.t_l2, "fmt": a.fmt, "rows": rows})
 
