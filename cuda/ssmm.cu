@@ -843,10 +843,10 @@ bool device_has_wgmma() {
 // The warp-specialised kernel of configuration WsCfg<M, PP, CL, DYN, BT, TALL>, with the
 // token rows by TMA (BT) where ws_tokens_map can map them and want_bt (SAMOYEDS_WGMMA_TOKENS_TMA)
 // allows it.
-template <typename T, int M, bool PP = false, int CL = 1, bool DYN = false, int TALL = 0, bool DEEP = false>
+template <typename T, int M, bool PP = false, int CL = 1, bool DYN = false, int TALL = 0>
 sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, int want_bt) {
-    using Cg = WsCfg<M, PP, CL, DYN, false, TALL, DEEP>;
-    using Ct = WsCfg<M, PP, CL, DYN, true, TALL, DEEP>;
+    using Cg = WsCfg<M, PP, CL, DYN, false, TALL>;
+    using Ct = WsCfg<M, PP, CL, DYN, true, TALL>;
     CUtensorMap bm;
     const bool bt = want_bt != 0 && ws_tokens_map<T, Ct::BN>(ps, bm);
     if (want_bt == 2 && !bt) {
@@ -879,7 +879,7 @@ sam_status launch_ws(const sam_ssmm_params *ps, cudaStream_t stream, int ctas, i
 // Returns the tile's token count: 64 or 96 (256 storage rows), 0 for 128 x 128.
 int ws_tall_tile(const sam_ssmm_params *ps, int want_bt) {
     const int tile = env_int("SAMOYEDS_WS_TILE", -1);
-    if (tile >= 0) return tile == 3 ? 65 : tile == 2 ? 96 : tile == 1 ? 64 : 0;  // (65: 256 x 64, deeper ring)
+    if (tile >= 0) return tile == 2 ? 96 : tile == 1 ? 64 : 0;
     if (want_bt == 0 || !ws_tokens_mappable(ps, 2)) return 64;  // (bf16 and fp16 alike)
     const double S = (double)ps->S, routed = (double)std::min<int64_t>(ps->d.E, ps->S);
     const double sms = (double)device_sm_count();
@@ -920,7 +920,6 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             if (m == 1) return launch_ws<T, 1>(ps, stream, ctas, want_bt);
             switch (ws_tall_tile(ps, want_bt)) {
             case 96: return launch_ws<T, 2, false, 1, false, 96>(ps, stream, ctas, want_bt);
-            case 65: return launch_ws<T, 2, false, 1, false, 64, true>(ps, stream, ctas, want_bt);
             case 64: return launch_ws<T, 2, false, 1, false, 64>(ps, stream, ctas, want_bt);
             default: break;
             }

@@ -113,13 +113,8 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_T96
 #define SAM_WS_STAGES_T96 6  // 1:2:V, 256 x 96: 31 KB stages, six fit
 #endif
-#ifndef SAM_WS_STAGES_T64_DEEP
-#define SAM_WS_STAGES_T64_DEEP 8  // 1:2:V, 256 x 64, DEEP: 27 KB stages with 4 KB staging areas
-#endif
-template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false, int TALL_ = 0, bool DEEP_ = false>
+template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false, int TALL_ = 0>
 struct WsCfg {
-    static constexpr bool DEEP = DEEP_;  // the 256 x 64 tile with a deeper ring and smaller staging areas
-    static_assert(!DEEP_ || TALL_ == 64, "the deeper ring: the 256 x 64 tile");
     static constexpr int M = M_;
     static constexpr bool BT = BT_;
     static constexpr bool TALL = TALL_ != 0;  // TALL_: the tall tile's tokens (64 or 96), 0: 128 x 128
@@ -159,7 +154,6 @@ struct WsCfg {
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
     static constexpr int ST = PP ? 8 : M == 1 ? (BT ? SAM_WS_STAGES_M1_BT : SAM_WS_STAGES_M1)
                                               : BN == 96 ? SAM_WS_STAGES_T96
-                                              : DEEP ? SAM_WS_STAGES_T64_DEEP
                                               : (BT ? SAM_WS_STAGES_M2_BT : SAM_WS_STAGES_M2);
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     // Epilogue staging, one area per consumer: a chunk of the tile's output (tokens x
@@ -169,7 +163,7 @@ struct WsCfg {
     // rows consumer 1's; they hand each other half of a chunk's tokens through one fp32
     // tile of XT tokens x (BMW * M) columns in consumer 1's staging area, and both stage
     // their outputs into consumer 0's.
-    static constexpr int STG_BYTES = DEEP ? 4096 : 8192;
+    static constexpr int STG_BYTES = 8192;
     static constexpr int XT = 32, XS = BMW * M + 4;
     static constexpr int STG_OFF = PIPE_BYTES, XCH_OFF = STG_OFF + STG_BYTES;
     static constexpr int EPI_BYTES = STG_BYTES + (HANDOVER && XT * XS * 4 > STG_BYTES ? XT * XS * 4 : STG_BYTES);
