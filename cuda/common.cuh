@@ -140,6 +140,13 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) {
 
 // 16-byte asynchronous copy global -> shared; src_bytes = 0 writes zeros and
 // reads nothing (tails and out-of-range rows).
+// One 16-byte store to global memory (p 16-byte aligned), as one instruction: written as a
+// uint4 assignment, the warp-specialised kernel's epilogue was compiled into four 4-byte stores.
+__device__ __forceinline__ void st_global_v4(void *p, uint4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
     int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
