@@ -104,7 +104,6 @@ struct KParams : SsmmArgs {
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     int gm;                     // row tiles per rasterisation group (GM; SAMOYEDS_SSMM_GM)
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
-    int st_v4;                  // the warp-specialised epilogue's 16-byte stores as st.global.v4 (SAMOYEDS_WS_ST_V4)
 #if SAM_WS_DROP
     int drop;                   // SAMOYEDS_WS_DROP: the parts the warp-specialised kernel leaves out
 #endif
@@ -735,7 +734,6 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
     k.drop = env_int("SAMOYEDS_WS_DROP", 0);
 #endif
     k.work = nullptr;
-    k.st_v4 = env_int("SAMOYEDS_WS_ST_V4", 1);
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;
         if (!ws_tensor_maps<T, C>(ps, maps)) {

@@ -536,8 +536,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 const uint4 v = *reinterpret_cast<const uint4 *>(sbase + tl * (OCW * 2) + ((pc ^ (tl & 7)) << 4));
                 T *dst = out + (s0 + ltok) * p.ldo + col;
                 if (vec_ok && col + 8 <= p.out_cols) {
-                    if (p.st_v4) st_global_v4(dst, v);
-                    else *reinterpret_cast<uint4 *>(dst) = v;
+                    st_global_v4(dst, v);
                 } else {
                     const T *y = reinterpret_cast<const T *>(&v);
                     for (int k = 0; k < 8 && col + k < p.out_cols; k++) dst[k] = y[k];
