@@ -138,8 +138,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte asynchronous copy global -> shared; src_bytes = 0 writes zeros and
-// reads nothing (tails and out-of-range rows).
 // One 16-byte store to global memory (p 16-byte aligned), as one instruction: written as a
 // uint4 assignment, the warp-specialised kernel's epilogue was compiled into four 4-byte stores.
 __device__ __forceinline__ void st_global_v4(void *p, uint4 v) {
@@ -147,6 +145,8 @@ __device__ __forceinline__ void st_global_v4(void *p, uint4 v) {
                  : "memory");
 }
 
+// 16-byte asynchronous copy global -> shared; src_bytes = 0 writes zeros and
+// reads nothing (tails and out-of-range rows).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
     int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
