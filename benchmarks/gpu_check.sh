@@ -8,6 +8,7 @@
 #                                [probe-shared-stream: PROBE_ARGS=...]
 #                                [bench-moe-models: MOE_MODELS=a,b MOE_TOKENS=1,16]
 #                                [ssmm-kernels: SSMM_KERNELS_ARGS="--fmt F --kernels a,b"]
+#                                [gather-locality: GATHER_ARGS="--model M --T N --gm 4,16"]
 #                                [test-k: PYTEST_K=expr] [stress: STRESS_ARGS="--model M --tokens T"] ...
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
