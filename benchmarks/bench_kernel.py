@@ -22,7 +22,12 @@ frac_fill_gather / frac_fill_mixed set it against the fill rate of TMA boxes, of
 the cp.async gather and of stages holding both, measured in the same run
 (samoyeds.shared_fill_rate): the data ceiling.  speedup_vs_cublas_at_fill is what
 the kernel's tiles would reach against cuBLAS if their stream ran at the fastest
-of those fill rates.
+of those fill rates.  form is the wgmma.sp instruction form that kernel's tile
+issues (the packed values read from shared memory, N = the tile's tokens), and
+frac_form the executed work against that form's issue rate in the same run
+(benchmarks/tc_forms.py: the forms that read more shared memory per flop issue
+slower); speedup_vs_cublas_at_form is what the case would reach against cuBLAS
+with its tensor cores at that rate and nothing else costing time.
 
   python benchmarks/bench_kernel.py [--quick] [--models a,b] [--tokens 256,4096] [--out DIR]
                                     [--tiny --device cpu]   (a CPU smoke run: shapes / 16, wall clock)
@@ -41,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
 from common import (SHAPES, MoEShape, add_run_args, ceilings_line, default_dtype, environment,  # noqa: E402
                     free_memory, measure_ceilings, result_path, setup_run, time_graph, time_ms, write_json,
-                    ws_stream_bytes, ws_tall_tile, ws_tile_name)
+                    WS_TILE_FORM, ws_stream_bytes, ws_tall_tile, ws_tile_name)
 from report import fill_ceiling  # noqa: E402
 
 FORMATS = {"samoyeds-75": "samoyeds-1:2:128", "samoyeds-50": "2:4"}
@@ -171,6 +176,10 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
                 sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
                 tall = ws_tall_tile(p.dims.rp, S, E, tok is None, sms) if p.fmt.m == 2 else 0
                 t["tile"] = ws_tile_name(p.fmt.m, tall)
+                t["form"] = WS_TILE_FORM[t["tile"]]
+                form_rate = ceil.get(f"{t['form']}_tflops")
+                t["frac_form"] = exec_flop / (t["ms"] * 1e-3) / (form_rate * 1e12) if form_rate else None
+                t["form_time_ms"] = exec_flop / (form_rate * 1e12) * 1e3 if form_rate else None
                 t["stream_bytes"] = ws_stream_bytes(p.fmt.m, p.dims.rp, C, counts, tall)
                 rate = t["stream_bytes"] / (t["ms"] * 1e-3) / 1e12
                 t["stream_tb_s"] = rate
@@ -187,6 +196,8 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
         if fill and "stream_bytes" in base[ours_name] and "ms" in base.get("cublas", {}):
             t_fill = base[ours_name]["stream_bytes"] / (fill * 1e12)
             base[ours_name]["speedup_vs_cublas_at_fill"] = base["cublas"]["ms"] * 1e-3 / t_fill
+        if base[ours_name].get("form_time_ms") and "ms" in base.get("cublas", {}):
+            base[ours_name]["speedup_vs_cublas_at_form"] = base["cublas"]["ms"] / base[ours_name]["form_time_ms"]
     del packed, masked75
     free_memory(device)
     return res
@@ -254,7 +265,7 @@ def _print_row(res):
 
 def _print_table(cases):
     print("\nmodel              T      proj     s75 ms  s50 ms  cublas  grp_mm  cslt   | s75/cub s75/grp s75/cslt s50/cub "
-          "| s75 TF/s  frac-ceil frac-wgsp frac-floor")
+          "| s75 TF/s  frac-ceil frac-wgsp frac-form frac-floor")
     for c in cases:
         m = c["methods"]
         s75 = m.get("samoyeds-75", {})
@@ -268,7 +279,7 @@ def _print_table(cases):
               f"{sp(s75, 'speedup_vs_cublas')} {sp(s75, 'speedup_vs_grouped_mm')} {sp(s75, 'speedup_vs_cusparselt')}"
               f" {sp(s50, 'speedup_vs_cublas')} | {s75.get('dense_equiv_tflops', math.nan):7.0f}"
               f"   {s75.get('frac_sparse_ceiling', math.nan):6.2f}    {_num(s75.get('frac_wgmma_sp')):6.2f}"
-              f"    {s75.get('frac_floor', math.nan):6.2f}")
+              f"    {_num(s75.get('frac_form')):6.2f}    {s75.get('frac_floor', math.nan):6.2f}")
 
 
 if __name__ == "__main__":

@@ -230,6 +230,12 @@ def ws_tile_name(m: int, tall: int) -> str:
     return "256x128" if m == 1 else f"256x{tall}" if tall else "128x128"
 
 
+# The wgmma.sp form each tile's consumers issue (samoyeds.tensor_core_rate kinds): the packed
+# values read from shared memory, N = the tile's tokens
+WS_TILE_FORM = {"256x128": "wgmma_sp_ss", "128x128": "wgmma_sp_ss", "256x96": "wgmma_sp_ss_n96",
+                "256x64": "wgmma_sp_ss_n64"}
+
+
 def ws_tall_tile(storage_rows: int, S: int, E: int, tokens_by_tma: bool, sm_count: int) -> int:
     """The token count of 1:2:V's tile of 256 rows (64 or 96), 0 for 128 x 128: the rule of
     ws_tall_tile in cuda/ssmm.cu (gathered token rows: 64; rows by TMA: 96 from 256 rows per

@@ -3,7 +3,7 @@
 # compute-sanitizer and the benchmarks; a short table last.  Full logs and the
 # results JSON go to $OUT (or ./gpu_out).
 #   bash benchmarks/gpu_check.sh [test] [sanitize] [bench] [bench-moe] [bench-sweep] [bench-breakdown]
-#                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [token-stream] [gather-locality] [probe-epilogue] [fill] [layer-trace] [test-ssmm] [accuracy]
+#                                [bench-e2e] [bench-memory] [bench-decode] [ssmm-kernels] [token-stream] [gather-locality] [probe-epilogue] [tc-forms] [fill] [layer-trace] [test-ssmm] [accuracy]
 #                                [smoke-gpu] [demo] [profile] [profile-tokens] [bench-moe-shared] [bench-dense] [bench-router] [bench-shared-mlp] [profile-router]
 #                                [probe-shared-stream: PROBE_ARGS=...]
 #                                [bench-moe-models: MOE_MODELS=a,b MOE_TOKENS=1,16]
@@ -69,6 +69,7 @@ for step in $steps; do
     token-stream) run token_stream 8 $PY benchmarks/token_stream.py --out "$OUT" ;;
     gather-locality) run gather_locality 12 $PY benchmarks/gather_locality.py --out "$OUT" ${GATHER_ARGS:-} ;;
     probe-epilogue) run probe_epilogue 40 $PY benchmarks/probe_epilogue.py --out "$OUT" ${PROBE_EPI_ARGS:-} ;;
+    tc-forms) run tc_forms 12 $PY benchmarks/tc_forms.py --out "$OUT" ;;
     fill) run fill_rate 20 $PY benchmarks/fill_rate.py --out "$OUT" ${FILL_ARGS:-} ;;
     layer-trace) run layer_trace 60 $PY benchmarks/layer_trace.py --out "$OUT" ${LAYER_TRACE_ARGS:-} ;;
     smoke-gpu)

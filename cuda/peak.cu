@@ -186,6 +186,87 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, in
 #endif
 }
 
+// The forms the warp-specialised kernels issue (SAM_TC_WGMMA_SP_N64 ..._SS_N64):
+// wgmma.sp m64nNk32 with A from registers or, as those kernels read it, from
+// shared memory through a 64-byte-swizzle descriptor.  As in wgmma_rate_kernel,
+// each warpgroup alternates between two accumulators, here standing for a tile's
+// two m64 blocks: each block reads its own A rows and the same k slice of B, so a
+// step moves the operand bytes a 256-row tile's consumer moves.
+constexpr int A_TILE_BYTES = 64 * 64;  // 64 rows x 16 packed values x two k32 steps, 64-byte swizzle
+
+#ifdef SAM_HAS_WGMMA
+__device__ __forceinline__ void wgmma_sp_bf16_m64n64k32(float (&d)[32], const uint32_t (&a)[4], uint64_t desc,
+                                                        uint32_t e) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, %37, 0, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(e));
+}
+#endif
+
+template <int N, bool A_SHARED>
+__global__ void __launch_bounds__(WG_THREADS, 1) wgmma_sp_form_kernel(int steps, int keep, float *sink,
+                                                                      int *missing) {
+    static_assert(A_SHARED ? (N == 64 || N == 96 || N == 128) : N == 64, "a form the kernels issue");
+#ifdef SAM_HAS_WGMMA
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char *tile = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    uint32_t *words = reinterpret_cast<uint32_t *>(tile);
+    for (int i = threadIdx.x; i < (B_TILE_BYTES + 2 * A_TILE_BYTES) / 4; i += WG_THREADS)
+        words[i] = rand_bf16x2(0x9e3779b9u + i);
+    fence_proxy_async();
+    __syncthreads();
+
+    const uint32_t sb = smem_u32(tile), sa = sb + B_TILE_BYTES;
+    const uint32_t seed = (blockIdx.x * WG_THREADS + threadIdx.x) * 8u;
+    uint32_t a[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) a[i] = rand_bf16x2(seed + i);
+    float acc[2][N / 2];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) acc[j][i] = 0.0f;
+
+    for (int s = 0; s < steps; s++) {
+        fence_regs(acc[0]);
+        fence_regs(acc[1]);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < WG_BATCH; j++) {
+            const int blk = j & 1, ks = (j >> 1) & 1;  // block (A rows), k32 step
+            const uint64_t bdesc = smem_desc_sw128(sb + ks * 64);
+            if constexpr (A_SHARED)
+                WgmmaSpSS<__nv_bfloat16, N>::run(acc[blk], smem_desc_sw64(sa + blk * A_TILE_BYTES + ks * 32), bdesc,
+                                                 SP_META, 1);
+            else
+                wgmma_sp_bf16_m64n64k32(acc[blk], a, bdesc, SP_META);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+    fence_regs(acc[0]);
+    fence_regs(acc[1]);
+    if (keep) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) sum += acc[0][i] + acc[1][i];
+        sink[blockIdx.x * WG_THREADS + threadIdx.x] = sum;
+    }
+#else
+    (void)steps; (void)keep; (void)sink;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *missing = 1;
+#endif
+}
+
 // ---------------- shared-memory fill rate ----------------
 constexpr int FILL_THREADS = 128;
 constexpr int FILL_ROWS = 128, FILL_ROW_BYTES = 128;  // a part: 128 rows x 64 bf16 columns
@@ -335,7 +416,16 @@ Plan plan_for(sam_tc_kind kind) {
     case SAM_TC_MMA: return {mma_rate_kernel<false>, MMA_THREADS, 0, warps * CHAINS * 2.0 * 16 * 8 * 16};
     case SAM_TC_MMA_SP: return {mma_rate_kernel<true>, MMA_THREADS, 0, warps * CHAINS * 2.0 * 16 * 8 * 32};
     case SAM_TC_WGMMA: return {wgmma_rate_kernel<false>, WG_THREADS, wg_smem, wgs * WG_BATCH * 2.0 * 64 * 128 * 16};
-    default: return {wgmma_rate_kernel<true>, WG_THREADS, wg_smem, wgs * WG_BATCH * 2.0 * 64 * 128 * 32};
+    case SAM_TC_WGMMA_SP: return {wgmma_rate_kernel<true>, WG_THREADS, wg_smem, wgs * WG_BATCH * 2.0 * 64 * 128 * 32};
+    default: break;
+    }
+    const int form_smem = B_TILE_BYTES + 2 * A_TILE_BYTES + 1024;
+    const double form_flop = wgs * WG_BATCH * 2.0 * 64 * 32;  // times N
+    switch (kind) {
+    case SAM_TC_WGMMA_SP_N64: return {wgmma_sp_form_kernel<64, false>, WG_THREADS, form_smem, form_flop * 64};
+    case SAM_TC_WGMMA_SP_SS: return {wgmma_sp_form_kernel<128, true>, WG_THREADS, form_smem, form_flop * 128};
+    case SAM_TC_WGMMA_SP_SS_N96: return {wgmma_sp_form_kernel<96, true>, WG_THREADS, form_smem, form_flop * 96};
+    default: return {wgmma_sp_form_kernel<64, true>, WG_THREADS, form_smem, form_flop * 64};
     }
 }
 
@@ -429,7 +519,7 @@ sam_status device_gate(const char *name, int device, bool hopper, int *sms, int 
 sam_status measure(sam_tc_kind kind, int device, double *tflops) {
     const char *name = KIND_NAMES[kind];
     int sms = 0, cc = 0;
-    const bool wg = kind == SAM_TC_WGMMA || kind == SAM_TC_WGMMA_SP;
+    const bool wg = kind >= SAM_TC_WGMMA;  // every wgmma form
     if (sam_status st = device_gate(name, device, wg, &sms, &cc)) return st;
 
     const Plan p = plan_for(kind);

@@ -288,10 +288,17 @@ typedef enum sam_tc_kind {
     SAM_TC_MMA_SP = 1,   /* mma.sp::ordered_metadata.sync m16n8k32 */
     SAM_TC_WGMMA = 2,    /* wgmma.mma_async m64n128k16 */
     SAM_TC_WGMMA_SP = 3, /* wgmma.mma_async.sp m64n128k32 */
-    SAM_TC_KIND_COUNT = 4
+    /* The forms the warp-specialised kernels issue, A read from shared memory by
+     * descriptor (64-byte swizzle) as TMA wrote it, and N = 64 from registers: */
+    SAM_TC_WGMMA_SP_N64 = 4,    /* wgmma.mma_async.sp m64n64k32, A in registers */
+    SAM_TC_WGMMA_SP_SS = 5,     /* m64n128k32, A in shared memory (2:4 tiles) */
+    SAM_TC_WGMMA_SP_SS_N96 = 6, /* m64n96k32, A in shared memory (1:M:V 256 x 96) */
+    SAM_TC_WGMMA_SP_SS_N64 = 7, /* m64n64k32, A in shared memory (1:M:V 256 x 64) */
+    SAM_TC_KIND_COUNT = 8
 } sam_tc_kind;
 /* The kinds' names, in enum order (the Python API takes these). */
-#define SAM_TC_KIND_NAMES {"mma", "mma_sp", "wgmma", "wgmma_sp"}
+#define SAM_TC_KIND_NAMES \
+    {"mma", "mma_sp", "wgmma", "wgmma_sp", "wgmma_sp_n64", "wgmma_sp_ss", "wgmma_sp_ss_n96", "wgmma_sp_ss_n64"}
 
 /* *tflops = the rate at which `device` executes instructions of `kind` when
  * nothing but that instruction runs (operands in registers and shared memory,

@@ -70,6 +70,12 @@ def tensor_core_rate(kind: str, device: int = 0) -> float:
     * ``"wgmma"``: ``wgmma.mma_async`` m64n128k16, A in registers, B in shared
       memory (an sm_90 device and a build with sm_90a)
     * ``"wgmma_sp"``: ``wgmma.mma_async.sp`` m64n128k32, as ``"wgmma"``
+    * ``"wgmma_sp_n64"``: ``wgmma.mma_async.sp`` m64n64k32, as ``"wgmma"``
+    * ``"wgmma_sp_ss"``, ``"wgmma_sp_ss_n96"``, ``"wgmma_sp_ss_n64"``:
+      ``wgmma.mma_async.sp`` m64n128k32 / m64n96k32 / m64n64k32 with the packed
+      A tile read from shared memory through a descriptor, the forms the
+      warp-specialised kernels issue; each warpgroup alternates two A tiles
+      over one B k slice, as a 256-row tile's consumer does
 
     A sparse instruction counts the flops of its dense shape (m16n8k32 sparse:
     2*16*8*32), so the sparse kinds compare directly with the dense ones and
