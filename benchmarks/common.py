@@ -65,6 +65,7 @@ def environment() -> dict:
         "torch": torch.__version__,
         "cuda_runtime": torch.version.cuda,
         "samoyeds": samoyeds.build_info(),
+        "nvcc_flags": os.environ.get("SAMOYEDS_NVCC_FLAGS"),  # measurement builds (docs/PERFORMANCE.md)
     }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)

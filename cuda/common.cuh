@@ -484,6 +484,48 @@ SAM_WGMMA_SP_SS(__half, "f16", 96)
 #undef SAM_WGMMA_SP_SS_ASM_64
 #undef SAM_WGMMA_SP_SS_ASM_96
 
+// As WgmmaSpSS, with the packed A tile in registers (the operand form of WgmmaSp) for
+// N = 64 and 96 columns of B; N = 128 is WgmmaSp.  The rate measurement (peak.cu) and
+// measurement builds (SAM_WS_A_REGS in ssmm.cu) issue it.
+template <typename T, int N> struct WgmmaSpRS;
+#define SAM_WGMMA_SP_RS(TYPE, PTXT, N)                                                                  \
+    template <> struct WgmmaSpRS<TYPE, N> {                                                             \
+        static __device__ __forceinline__ void run(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t bdesc, \
+                                                   uint32_t e, int scale_d = 1) {                       \
+            SAM_WGMMA_SP_RS_ASM_##N(PTXT)                                                               \
+        }                                                                                               \
+    };
+#ifdef SAM_HAS_WGMMA
+#define SAM_WGMMA_SP_RS_ASM_64(PTXT)                                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"                                          \
+                 "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." PTXT "." PTXT " "                     \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, %37, 0, p, 1, 1, 0;\n}\n"                          \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(e), "r"(scale_d));
+#define SAM_WGMMA_SP_RS_ASM_96(PTXT)                                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %54, 0;\n"                                          \
+                 "wgmma.mma_async.sp.sync.aligned.m64n96k32.f32." PTXT "." PTXT " "                     \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, %53, 0, p, 1, 1, 0;\n}\n"                          \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])                                                                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(e), "r"(scale_d));
+#else
+#define SAM_WGMMA_SP_RS_ASM_64(PTXT) (void)d; (void)a; (void)bdesc; (void)e; (void)scale_d; __trap();
+#define SAM_WGMMA_SP_RS_ASM_96(PTXT) (void)d; (void)a; (void)bdesc; (void)e; (void)scale_d; __trap();
+#endif
+SAM_WGMMA_SP_RS(__nv_bfloat16, "bf16", 64)
+SAM_WGMMA_SP_RS(__half, "f16", 64)
+SAM_WGMMA_SP_RS(__nv_bfloat16, "bf16", 96)
+SAM_WGMMA_SP_RS(__half, "f16", 96)
+#undef SAM_WGMMA_SP_RS
+#undef SAM_WGMMA_SP_RS_ASM_64
+#undef SAM_WGMMA_SP_RS_ASM_96
+template <typename T> struct WgmmaSpRS<T, 128> {
+    static __device__ __forceinline__ void run(float (&d)[64], const uint32_t (&a)[4], uint64_t bdesc, uint32_t e,
+                                               int scale_d = 1) {
+        WgmmaSp<T>::run(d, a, bdesc, e, scale_d);
+    }
+};
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace sam

@@ -194,23 +194,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, in
 // step moves the operand bytes a 256-row tile's consumer moves.
 constexpr int A_TILE_BYTES = 64 * 64;  // 64 rows x 16 packed values x two k32 steps, 64-byte swizzle
 
-#ifdef SAM_HAS_WGMMA
-__device__ __forceinline__ void wgmma_sp_bf16_m64n64k32(float (&d)[32], const uint32_t (&a)[4], uint64_t desc,
-                                                        uint32_t e) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, %37, 0, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(e));
-}
-#endif
-
 template <int N, bool A_SHARED>
 __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_sp_form_kernel(int steps, int keep, float *sink,
                                                                       int *missing) {
@@ -247,7 +230,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_sp_form_kernel(int steps,
                 WgmmaSpSS<__nv_bfloat16, N>::run(acc[blk], smem_desc_sw64(sa + blk * A_TILE_BYTES + ks * 32), bdesc,
                                                  SP_META, 1);
             else
-                wgmma_sp_bf16_m64n64k32(acc[blk], a, bdesc, SP_META);
+                WgmmaSpRS<__nv_bfloat16, N>::run(acc[blk], a, bdesc, SP_META, 1);
         }
         wgmma_commit();
         wgmma_wait<1>();

@@ -93,9 +93,19 @@ template <int M_, int BK_, int WN_, int ST_> struct Cfg {
 // SAMOYEDS_WS_DROP, a bit set of parts to leave out so that what remains can be timed alone
 // (its output is then not the product): 2 the token rows' loads, 4 the weights' and
 // metadata's loads (the stage is marked full without them), 8 the 1:M:V row selection, 16
-// the epilogue.  Release builds leave it at 0 and compile none of it in.
+// the epilogue, 32 the packed values' loads alone (clusters: ignored).  Release builds leave it at 0 and compile none of it in.
 #ifndef SAM_WS_DROP
 #define SAM_WS_DROP 0
+#endif
+// SAM_WS_A_REGS=1 (with SAM_WS_DROP=1): the warp-specialised kernel's wgmmas take their packed
+// A tile from a fixed set of registers instead of the stage, and SAMOYEDS_WS_DROP's bit 32 leaves
+// the packed values' TMA load out (the metadata still comes): what the A operand's shared-memory
+// writes and reads cost, timed against the same build's other variants.
+#ifndef SAM_WS_A_REGS
+#define SAM_WS_A_REGS 0
+#endif
+#if SAM_WS_A_REGS && !SAM_WS_DROP
+#error "SAM_WS_A_REGS is a measurement build: set SAM_WS_DROP=1 as well"
 #endif
 
 struct KParams : SsmmArgs {

@@ -252,8 +252,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
         const bool i_load = M > 1 && tid < IDX_THREADS;  // row-selection indices: BMT bytes in 16-byte chunks
-        const bool drop_b = (drop & 2) != 0, drop_a = (drop & 4) != 0;
-        const uint32_t TX = (drop_a ? 0u : C::A_BYTES + C::META_BYTES) + (b_tma && !drop_b ? C::B_BYTES : 0u);
+        const bool drop_b = (drop & 2) != 0, drop_a = (drop & 4) != 0, drop_v = (drop & 32) != 0 && CL == 1;
+        const uint32_t TX = (drop_a ? 0u : (drop_v ? 0u : C::A_BYTES) + C::META_BYTES) + (b_tma && !drop_b ? C::B_BYTES : 0u);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
         uint32_t it = 0;      // stages issued into the ring of item n: slot it % RS, phase it / RS
         uint32_t it_alt = 0;  // ping-pong: into the other ring
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     mbar_arrive_expect_tx(full_bar(s), TX);  // clusters: both halves land here
                     if (drop_a) {  // (measurement builds: the stage is marked full without them)
                     } else if constexpr (CL == 1) {
-                        tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
+                        if (!drop_v) tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
                         tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
                                     full_bar(s));
                     } else {  // this rank's half of the rows, to both CTAs
@@ -396,6 +396,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     uint32_t sel[NB][2];  // M = 2: the row the previous slice selected, for row hh of block b (fold_row_set)
     uint32_t ef[2][NB][KS];
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
+#if SAM_WS_A_REGS
+    // measurement builds with SAM_WS_A_REGS: every wgmma takes these registers as its packed
+    // A tile instead of reading the stage's (what A in registers would cost; not the product)
+    const uint32_t a_regs[4] = {0x3c003c00u ^ (uint32_t)lane, 0x3c003c00u, 0x3c003c00u ^ (uint32_t)g, 0x3c003c00u};
+#endif
 
     // the metadata words of the k-tile (the packed values stay in shared memory)
     auto load_meta = [&](auto par_c, int st) {
@@ -456,8 +461,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int b = 0; b < NB; b++)
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
+#if SAM_WS_A_REGS
+                WgmmaSpRS<T, BN>::run(acc[b * ASTRIDE], a_regs, smem_desc_sw128(sb + ks * 64), ef[par][b][ks],
+                                      zero_init || kt > 0 || ks > 0);
+#else
                 WgmmaSpSS<T, BN>::run(acc[b * ASTRIDE], smem_desc_sw64(sa + (crow + b * 64) * 64 + ks * 32),
                                       smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
+#endif
         wgmma_commit();
         wgmma_wait<1>();
         if (kt > 0) release(SAM_WS_STAGE(c, it - 1));
