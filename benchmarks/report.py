@@ -417,6 +417,16 @@ def headline(gpu: str) -> str:
                 fr = [c["methods"].get(fmt, {}).get("frac_wgmma_sp") for c in d["cases"] if c["T"] >= 4096]
                 rows.append(f"| kernel, {name}, T >= 4096: fraction of the wgmma.sp issue rate ({rate:.0f} TFLOP/s, "
                             f"same run) | {_range(fr, '{:.0%}')} | {link('kernel.json')} |")
+            for fmt, name in (("samoyeds-75", "75 %"), ("samoyeds-50", "2:4")):
+                fr = [c["methods"].get(fmt, {}).get("frac_form") for c in d["cases"] if c["T"] >= 4096]
+                if any(f is not None for f in fr):
+                    at = [c["methods"].get(fmt, {}).get("speedup_vs_cublas_at_form") for c in d["cases"]
+                          if c["T"] >= 4096 and c["S"] >= 1024 * c["E"]]
+                    rows.append(f"| kernel, {name}, T >= 4096: fraction of the issue rate of the wgmma.sp form its "
+                                f"tiles issue (A from shared memory, N = the tile's tokens; same run) | "
+                                f"{_range(fr, '{:.0%}')} | {link('kernel.json')} |")
+                    rows.append(f"| kernel, {name}, >= 1024 tokens per expert: vs cuBLAS if its tensor cores ran at "
+                                f"that form's rate and nothing else cost time | {_range(at)} | {link('kernel.json')} |")
         fill = fill_ceiling(d.get("ceilings", {}))
         if fill:
             big = [c for c in d["cases"] if c["T"] >= 4096 and c["S"] >= 1024 * c["E"]]
