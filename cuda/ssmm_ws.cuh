@@ -496,8 +496,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     for (int ks = 0; ks < KS; ks++)
 #pragma unroll
                         for (int h = 0; h < 2; h++) abuf[bi][b][ks][hh + 2 * h] = ldg_nc_u32(src + 8 * ks + 4 * h);
-                } else {  // (measurement: one 16-byte load, the bytes a fragment-ordered layout would read)
-                    const uint4 v = ldg_nc_na_u4(src);
+                } else {
+                    // (measurement: the bytes and the access of a layout storing each warp's
+                    // 16 rows x 64 columns of a k-tile as 1 KB in fragment order, one 512-byte
+                    // piece per row half: here the warp's rows' own bytes, 8 k-tiles of one
+                    // row per piece, so each k-tile reads 512 contiguous bytes a row half;
+                    // not the product)
+                    // (pieces of 512 bytes: K of at least 512 columns, the last piece wrapped round)
+                    const int64_t pieces = p.cp / 512, grp = (kt >> 3) >= pieces ? (kt >> 3) - pieces : (kt >> 3);
+                    const uint4 v = ldg_nc_na_u4(arow[b][hh] + (kt & 7) * (p.cp / 4) + grp * 128);
                     abuf[bi][b][0][hh] = v.x;
                     abuf[bi][b][0][2 + hh] = v.y;
                     abuf[bi][b][1][hh] = v.z;
@@ -732,9 +739,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     // rows past the expert's storage rows read its last row (their outputs are never stored)
-                    const int64_t r = min(row0 + crow + b * 64 + warp * 16 + g + 8 * hh, p.rp - 1);
+                    int64_t r;
+                    if constexpr (C::AL == 1) r = min(row0 + crow + b * 64 + warp * 16 + g + 8 * hh, p.rp - 1);
+                    else r = min(row0 + crow + b * 64 + warp * 16 + 8 * hh, p.rp - 8);  // (8 rows from r)
                     arow[b][hh] = static_cast<const uint32_t *>(p.values) + ((int64_t)e * p.rp + r) * wpr +
-                                  (C::AL == 1 ? q : 4 * q);
+                                  (C::AL == 1 ? q : 4 * lane);
                 }
             if (KT > 0) load_a(std::integral_constant<int, 0>{}, 0);
             if (KT > 1) load_a(std::integral_constant<int, 1>{}, 1);
