@@ -395,20 +395,6 @@ __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
-// A 32-bit load through the read-only path (cached in L1), and a 16-byte one that does not
-// allocate in L1: operands that no other thread of the SM reads again.
-__device__ __forceinline__ uint32_t ldg_nc_u32(const uint32_t *p) {
-    uint32_t v;
-    asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ uint4 ldg_nc_na_u4(const uint32_t *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 // Keeps the compiler from moving accumulator registers across asynchronous MMAs.
 template <int N> __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #pragma unroll

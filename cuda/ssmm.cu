@@ -101,16 +101,6 @@ template <int M_, int BK_, int WN_, int ST_> struct Cfg {
 // A tile from a fixed set of registers instead of the stage, and SAMOYEDS_WS_DROP's bit 32 leaves
 // the packed values' TMA load out (the metadata still comes): what the A operand's shared-memory
 // writes and reads cost, timed against the same build's other variants.
-// SAM_WS_A_LDG: the 256 x 64 tile's consumers load the packed A fragments from global memory
-// into registers (WsCfg::AL): 1 with four 4-byte loads a row and k-tile (the result is the
-// product), 2 with one 16-byte load (measurement builds only: the bytes a fragment-ordered
-// layout would read, not the product).
-#ifndef SAM_WS_A_LDG
-#define SAM_WS_A_LDG 0
-#endif
-#if SAM_WS_A_LDG == 2 && !SAM_WS_DROP
-#error "SAM_WS_A_LDG=2 is a measurement build: set SAM_WS_DROP=1 as well"
-#endif
 #ifndef SAM_WS_A_REGS
 #define SAM_WS_A_REGS 0
 #endif

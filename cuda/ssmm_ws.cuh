@@ -143,11 +143,7 @@ struct WsCfg {
     // registers per thread after setmaxnreg (128 * PREGS + 256 * CREGS <= 384 * 168): more for the
     // consumers where they hold more than 128 accumulators (256 x 96: 192)
     static constexpr bool WIDE_ACC = NACC * AN > 128;
-    // AL (the 256 x 64 tile, SAM_WS_A_LDG): the consumers load their packed A fragments from
-    // global memory straight into a ring of three k-tiles of registers, and wgmma.sp takes A
-    // from registers; the producer streams only the token rows, metadata and indices
-    static constexpr int AL = TALL_ == 64 ? SAM_WS_A_LDG : 0;
-    static constexpr int PREGS = WIDE_ACC ? 40 : AL ? 56 : M == 1 ? 72 : 64, CREGS = WIDE_ACC ? 232 : AL ? 224 : 216;
+    static constexpr int PREGS = WIDE_ACC ? 40 : M == 1 ? 72 : 64, CREGS = WIDE_ACC ? 232 : 216;
     // setmaxnreg.inc only takes registers the producer's .dec gave back to the CTA's pool
     // (THREADS x 168 at launch, __launch_bounds__(384, 1)); asking for more never returns
     static_assert(PTHREADS * PREGS + (THREADS - PTHREADS) * CREGS <= THREADS * 168, "setmaxnreg register pool");
@@ -257,8 +253,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
         const bool i_load = M > 1 && tid < IDX_THREADS;  // row-selection indices: BMT bytes in 16-byte chunks
         const bool drop_b = (drop & 2) != 0, drop_a = (drop & 4) != 0, drop_v = (drop & 32) != 0 && CL == 1;
-        const uint32_t TX = (drop_a ? 0u : (drop_v || C::AL ? 0u : C::A_BYTES) + C::META_BYTES) +
-                            (b_tma && !drop_b ? C::B_BYTES : 0u);
+        const uint32_t TX = (drop_a ? 0u : (drop_v ? 0u : C::A_BYTES) + C::META_BYTES) + (b_tma && !drop_b ? C::B_BYTES : 0u);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
         uint32_t it = 0;      // stages issued into the ring of item n: slot it % RS, phase it / RS
         uint32_t it_alt = 0;  // ping-pong: into the other ring
@@ -338,7 +333,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                     mbar_arrive_expect_tx(full_bar(s), TX);  // clusters: both halves land here
                     if (drop_a) {  // (measurement builds: the stage is marked full without them)
                     } else if constexpr (CL == 1) {
-                        if (!drop_v && !C::AL) tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
+                        if (!drop_v) tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
                         tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
                                     full_bar(s));
                     } else {  // this rank's half of the rows, to both CTAs
@@ -399,7 +394,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     float acc[NACC][AN];
     constexpr bool zero_init = M > 1;
     uint32_t sel[NB][2];  // M = 2: the row the previous slice selected, for row hh of block b (fold_row_set)
-    uint32_t ef[C::AL ? 3 : 2][NB][KS];
+    uint32_t ef[2][NB][KS];
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
 #if SAM_WS_A_REGS
     // measurement builds with SAM_WS_A_REGS: every wgmma takes these registers as its packed
@@ -474,71 +469,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                                       smem_desc_sw128(sb + ks * 64), ef[par][b][ks], zero_init || kt > 0 || ks > 0);
 #endif
         wgmma_commit();
-        wgmma_wait<1>();
-        if (kt > 0) release(SAM_WS_STAGE(c, it - 1));
-    };
-
-    // AL: thread (warp, g, q) holds storage rows crow + b*64 + warp*16 + g + 8hh of every k-tile
-    // as the register operand of wgmma.sp m64nNk32: per k32 step ks, {row g, row g + 8} x
-    // packed words {8 ks + q, 8 ks + q + 4} of the row's 16 words (64 bytes) of the k-tile
-    uint32_t abuf[C::AL ? 3 : 1][NB][KS][4];
-    const uint32_t *arow[NB][2];
-    // the A fragments of k-tile kt into ring slot bi (the rows' pointers set per item)
-    auto load_a = [&](auto bi_c, int kt) {
-        constexpr int bi = decltype(bi_c)::value;
-#pragma unroll
-        for (int b = 0; b < NB; b++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const uint32_t *src = arow[b][hh] + kt * 16;
-                if constexpr (C::AL == 1) {
-#pragma unroll
-                    for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) abuf[bi][b][ks][hh + 2 * h] = ldg_nc_u32(src + 8 * ks + 4 * h);
-                } else {
-                    // (measurement: the bytes and the access of a layout storing each warp's
-                    // 16 rows x 64 columns of a k-tile as 1 KB in fragment order, one 512-byte
-                    // piece per row half: here the warp's rows' own bytes, 8 k-tiles of one
-                    // row per piece, so each k-tile reads 512 contiguous bytes a row half;
-                    // not the product)
-                    // (pieces of 512 bytes: K of at least 512 columns, the last piece wrapped round)
-                    const int64_t pieces = p.cp / 512, grp = (kt >> 3) >= pieces ? (kt >> 3) - pieces : (kt >> 3);
-                    const uint4 v = ldg_nc_na_u4(arow[b][hh] + (kt & 7) * (p.cp / 4) + grp * 128);
-                    abuf[bi][b][0][hh] = v.x;
-                    abuf[bi][b][0][2 + hh] = v.y;
-                    abuf[bi][b][1][hh] = v.z;
-                    abuf[bi][b][1][2 + hh] = v.w;
-                }
-            }
-    };
-    // k-tile kt in ring slot j = kt % 3; once its wgmmas are issued, loads k-tile kt + 1 into
-    // slot (j + 1) % 3, which the wgmmas of kt - 2 read (done: the wait of step kt - 1), so the
-    // loads have this step's wgmmas to land behind
-    auto step_al = [&](auto j_c, int kt, uint32_t it, bool boundary) {
-        constexpr int j = decltype(j_c)::value;
-        const int st = SAM_WS_STAGE(c, it);
-        mbar_wait(full_bar(st), (it / RS) & 1);
-        if constexpr (!C::BT) fence_proxy_async();
-        load_meta(j_c, st);
-        if (M > 1 && boundary) {
-            wgmma_wait<0>();
-#pragma unroll
-            for (int a = 0; a < NACC; a++) fence_regs(acc[a]);
-            if (!(drop & 8)) select_rows(st);
-#pragma unroll
-            for (int a = 0; a < NACC; a++) fence_regs(acc[a]);
-        }
-        const uint32_t sb = smem_u32(stage_ptr(st)) + C::A_BYTES;
-        wgmma_fence();
-#pragma unroll
-        for (int b = 0; b < NB; b++)
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-                WgmmaSpRS<T, BN>::run(acc[b * ASTRIDE], abuf[j % (C::AL ? 3 : 1)][b][ks], smem_desc_sw128(sb + ks * 64),
-                                      ef[j][b][ks], zero_init || kt > 0 || ks > 0);
-        wgmma_commit();
-        if (kt + 1 < KT) load_a(std::integral_constant<int, (j + 1) % 3>{}, kt + 1);
         wgmma_wait<1>();
         if (kt > 0) release(SAM_WS_STAGE(c, it - 1));
     };
@@ -733,39 +663,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int b = 0; b < NB; b++) sel[b][0] = sel[b][1] = first_sel<M>();
         SliceStart slice;
-        if constexpr (C::AL) {
-            const int64_t wpr = p.cp / 4;  // 32-bit words per storage row
-#pragma unroll
-            for (int b = 0; b < NB; b++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    // rows past the expert's storage rows read its last row (their outputs are never stored)
-                    int64_t r;
-                    if constexpr (C::AL == 1) r = min(row0 + crow + b * 64 + warp * 16 + g + 8 * hh, p.rp - 1);
-                    else r = min(row0 + crow + b * 64 + warp * 16 + 8 * hh, p.rp - 8);  // (8 rows from r)
-                    arow[b][hh] = static_cast<const uint32_t *>(p.values) + ((int64_t)e * p.rp + r) * wpr +
-                                  (C::AL == 1 ? q : 4 * lane);
-                }
-            if (KT > 0) load_a(std::integral_constant<int, 0>{}, 0);
-            int kt = 0;
-            for (; kt + 3 <= KT; kt += 3, it += 3) {
-                step_al(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
-                step_al(std::integral_constant<int, 1>{}, kt + 1, it + 1, slice.next(kt_per_slice));
-                step_al(std::integral_constant<int, 2>{}, kt + 2, it + 2, slice.next(kt_per_slice));
-            }
-            if (kt < KT) {
-                step_al(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
-                it++;
-                if (kt + 1 < KT) {
-                    step_al(std::integral_constant<int, 1>{}, kt + 1, it, slice.next(kt_per_slice));
-                    it++;
-                }
-            }
-        } else {
-            for (int kt = 0; kt < KT; kt += 2, it += 2) {
-                step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
-                step(std::integral_constant<int, 1>{}, kt + 1, it + 1, slice.next(kt_per_slice));
-            }
+        for (int kt = 0; kt < KT; kt += 2, it += 2) {
+            step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
+            step(std::integral_constant<int, 1>{}, kt + 1, it + 1, slice.next(kt_per_slice));
         }
         wgmma_wait<0>();
 #pragma unroll
