@@ -131,6 +131,34 @@ __global__ void __launch_bounds__(MMA_THREADS) mma_rate_kernel(int steps, int ke
 #endif
 }
 
+#ifdef SAM_HAS_WGMMA
+// The rate kernels' shared-memory operands: `bytes` of pseudo-random bf16 from a
+// 1024-byte boundary of the dynamic shared memory (a 128-byte-swizzle atom), written
+// through the generic proxy and fenced for the async proxy's reads by wgmma.
+__device__ __forceinline__ uint32_t wg_rate_tiles(unsigned char *smem_raw, int bytes) {
+    unsigned char *tile = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    uint32_t *words = reinterpret_cast<uint32_t *>(tile);
+    for (int i = threadIdx.x; i < bytes / 4; i += WG_THREADS) words[i] = rand_bf16x2(0x9e3779b9u + i);
+    fence_proxy_async();
+    __syncthreads();
+    return smem_u32(tile);
+}
+
+// The end of a warpgroup rate loop: every group done, the accumulators kept alive by a
+// store under a flag the host never sets.
+template <int AN> __device__ __forceinline__ void wg_rate_finish(float (&acc)[2][AN], int keep, float *sink) {
+    wgmma_wait<0>();
+    fence_regs(acc[0]);
+    fence_regs(acc[1]);
+    if (keep) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < AN; i++) sum += acc[0][i] + acc[1][i];
+        sink[blockIdx.x * WG_THREADS + threadIdx.x] = sum;
+    }
+}
+#endif
+
 // `steps` commit groups of WG_BATCH warpgroup MMAs per warpgroup.  Code
 // compiled for anything but sm_90a sets *missing instead of running (a trap
 // would leave the context unusable).
@@ -138,14 +166,7 @@ template <bool SPARSE>
 __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, int keep, float *sink, int *missing) {
 #ifdef SAM_HAS_WGMMA
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    // 128-byte-swizzle atoms are 1024 bytes: the tile starts on one (smem_desc_sw128)
-    unsigned char *tile = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    uint32_t *words = reinterpret_cast<uint32_t *>(tile);
-    for (int i = threadIdx.x; i < B_TILE_BYTES / 4; i += WG_THREADS) words[i] = rand_bf16x2(0x9e3779b9u + i);
-    fence_proxy_async();  // written through the generic proxy, read by wgmma through the async one
-    __syncthreads();
-
-    const uint32_t sb = smem_u32(tile);
+    const uint32_t sb = wg_rate_tiles(smem_raw, B_TILE_BYTES);
     const uint32_t seed = (blockIdx.x * WG_THREADS + threadIdx.x) * 8u;
     uint32_t a[4];
 #pragma unroll
@@ -171,15 +192,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, in
         wgmma_commit();
         wgmma_wait<1>();
     }
-    wgmma_wait<0>();
-    fence_regs(acc[0]);
-    fence_regs(acc[1]);
-    if (keep) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 64; i++) sum += acc[0][i] + acc[1][i];
-        sink[blockIdx.x * WG_THREADS + threadIdx.x] = sum;
-    }
+    wg_rate_finish(acc, keep, sink);
 #else
     (void)steps; (void)keep; (void)sink;
     if (blockIdx.x == 0 && threadIdx.x == 0) *missing = 1;
@@ -200,14 +213,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_sp_form_kernel(int steps,
     static_assert(A_SHARED ? (N == 64 || N == 96 || N == 128) : N == 64, "a form the kernels issue");
 #ifdef SAM_HAS_WGMMA
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    unsigned char *tile = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    uint32_t *words = reinterpret_cast<uint32_t *>(tile);
-    for (int i = threadIdx.x; i < (B_TILE_BYTES + 2 * A_TILE_BYTES) / 4; i += WG_THREADS)
-        words[i] = rand_bf16x2(0x9e3779b9u + i);
-    fence_proxy_async();
-    __syncthreads();
-
-    const uint32_t sb = smem_u32(tile), sa = sb + B_TILE_BYTES;
+    const uint32_t sb = wg_rate_tiles(smem_raw, B_TILE_BYTES + 2 * A_TILE_BYTES), sa = sb + B_TILE_BYTES;
     const uint32_t seed = (blockIdx.x * WG_THREADS + threadIdx.x) * 8u;
     uint32_t a[4];
 #pragma unroll
@@ -235,15 +241,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_sp_form_kernel(int steps,
         wgmma_commit();
         wgmma_wait<1>();
     }
-    wgmma_wait<0>();
-    fence_regs(acc[0]);
-    fence_regs(acc[1]);
-    if (keep) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < N / 2; i++) sum += acc[0][i] + acc[1][i];
-        sink[blockIdx.x * WG_THREADS + threadIdx.x] = sum;
-    }
+    wg_rate_finish(acc, keep, sink);
 #else
     (void)steps; (void)keep; (void)sink;
     if (blockIdx.x == 0 && threadIdx.x == 0) *missing = 1;
