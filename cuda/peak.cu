@@ -16,8 +16,11 @@
 //                    WG_BATCH m64n128 MMAs per commit group, alternating between
 //                    two accumulators and over the B tile's k slices, and keeps
 //                    two groups in flight (wait_group 1), as a matmul main loop
-//                    does.  A comes from registers (the operand form of the
-//                    wgmma.sp kernels), B through a 128-byte-swizzle descriptor.
+//                    does.  A comes from registers, B through a 128-byte-swizzle
+//                    descriptor.
+//   wgmma_sp_n64 .. wgmma_sp_ss_n64  the wgmma.sp forms the warp-specialised
+//                    kernels issue, N = 64 / 96 / 128 and A from registers or
+//                    from shared memory (64-byte swizzle), as wgmma_sp otherwise.
 // Operands are pseudo-random bf16 in [-1, 1): the tensor cores' power, and so the
 // clock they hold, depends on the data, and a matmul's data is not zeros.  The
 // accumulators are written out only under a flag the host never sets, which the
@@ -131,89 +134,35 @@ __global__ void __launch_bounds__(MMA_THREADS) mma_rate_kernel(int steps, int ke
 #endif
 }
 
-#ifdef SAM_HAS_WGMMA
-// The rate kernels' shared-memory operands: `bytes` of pseudo-random bf16 from a
-// 1024-byte boundary of the dynamic shared memory (a 128-byte-swizzle atom), written
-// through the generic proxy and fenced for the async proxy's reads by wgmma.
-__device__ __forceinline__ uint32_t wg_rate_tiles(unsigned char *smem_raw, int bytes) {
-    unsigned char *tile = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    uint32_t *words = reinterpret_cast<uint32_t *>(tile);
-    for (int i = threadIdx.x; i < bytes / 4; i += WG_THREADS) words[i] = rand_bf16x2(0x9e3779b9u + i);
-    fence_proxy_async();
-    __syncthreads();
-    return smem_u32(tile);
-}
+// `steps` commit groups of WG_BATCH warpgroup MMAs of form KIND (a sam_tc_kind from
+// SAM_TC_WGMMA on) per warpgroup.  SAM_TC_WGMMA, SAM_TC_WGMMA_SP: m64n128 with A from
+// registers, each warpgroup alternating between two accumulators and over the B tile's k
+// slices.  The forms the warp-specialised kernels issue (SAM_TC_WGMMA_SP_N64 ..._SS_N64):
+// wgmma.sp m64nNk32 with A from registers or, as those kernels read it, from shared memory
+// through a 64-byte-swizzle descriptor; the two accumulators stand for a tile's two m64
+// blocks, each reading its own A rows and the same k slice of B, so a step moves the
+// operand bytes a 256-row tile's consumer moves.  Code compiled for anything but sm_90a
+// sets *missing instead of running (a trap would leave the context unusable).
+constexpr int A_TILE_BYTES = 64 * 64;  // 64 rows x 16 packed values x two k32 steps, 64-byte swizzle
+constexpr int WG_SMEM = B_TILE_BYTES + 2 * A_TILE_BYTES + 1024;  // + room to align the tiles
 
-// The end of a warpgroup rate loop: every group done, the accumulators kept alive by a
-// store under a flag the host never sets.
-template <int AN> __device__ __forceinline__ void wg_rate_finish(float (&acc)[2][AN], int keep, float *sink) {
-    wgmma_wait<0>();
-    fence_regs(acc[0]);
-    fence_regs(acc[1]);
-    if (keep) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < AN; i++) sum += acc[0][i] + acc[1][i];
-        sink[blockIdx.x * WG_THREADS + threadIdx.x] = sum;
-    }
-}
-#endif
-
-// `steps` commit groups of WG_BATCH warpgroup MMAs per warpgroup.  Code
-// compiled for anything but sm_90a sets *missing instead of running (a trap
-// would leave the context unusable).
-template <bool SPARSE>
+template <int KIND>
 __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, int keep, float *sink, int *missing) {
 #ifdef SAM_HAS_WGMMA
+    constexpr bool A_SHARED = KIND >= SAM_TC_WGMMA_SP_SS;
+    constexpr int N = KIND == SAM_TC_WGMMA_SP_N64 || KIND == SAM_TC_WGMMA_SP_SS_N64 ? 64
+                      : KIND == SAM_TC_WGMMA_SP_SS_N96                             ? 96
+                                                                                  : 128;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    const uint32_t sb = wg_rate_tiles(smem_raw, B_TILE_BYTES);
-    const uint32_t seed = (blockIdx.x * WG_THREADS + threadIdx.x) * 8u;
-    uint32_t a[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) a[i] = rand_bf16x2(seed + i);
-    float acc[2][64];
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc[j][i] = 0.0f;
+    // 128-byte-swizzle atoms are 1024 bytes: the tiles start on one (smem_desc_sw128)
+    unsigned char *tile = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    uint32_t *words = reinterpret_cast<uint32_t *>(tile);
+    for (int i = threadIdx.x; i < (B_TILE_BYTES + 2 * A_TILE_BYTES) / 4; i += WG_THREADS)
+        words[i] = rand_bf16x2(0x9e3779b9u + i);
+    fence_proxy_async();  // written through the generic proxy, read by wgmma through the async one
+    __syncthreads();
 
-    for (int s = 0; s < steps; s++) {
-        fence_regs(acc[0]);
-        fence_regs(acc[1]);
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < WG_BATCH; j++) {
-            // k slices of the 128-byte rows: 4 of k16 (32 bytes), 2 of k32 (64 bytes)
-            if constexpr (SPARSE)
-                WgmmaSp<__nv_bfloat16>::run(acc[j & 1], a, smem_desc_sw128(sb + (j & 1) * 64), SP_META, 1);
-            else
-                wgmma_bf16_m64n128k16(acc[j & 1], a, smem_desc_sw128(sb + (j & 3) * 32), 1);
-        }
-        wgmma_commit();
-        wgmma_wait<1>();
-    }
-    wg_rate_finish(acc, keep, sink);
-#else
-    (void)steps; (void)keep; (void)sink;
-    if (blockIdx.x == 0 && threadIdx.x == 0) *missing = 1;
-#endif
-}
-
-// The forms the warp-specialised kernels issue (SAM_TC_WGMMA_SP_N64 ..._SS_N64):
-// wgmma.sp m64nNk32 with A from registers or, as those kernels read it, from
-// shared memory through a 64-byte-swizzle descriptor.  As in wgmma_rate_kernel,
-// each warpgroup alternates between two accumulators, here standing for a tile's
-// two m64 blocks: each block reads its own A rows and the same k slice of B, so a
-// step moves the operand bytes a 256-row tile's consumer moves.
-constexpr int A_TILE_BYTES = 64 * 64;  // 64 rows x 16 packed values x two k32 steps, 64-byte swizzle
-
-template <int N, bool A_SHARED>
-__global__ void __launch_bounds__(WG_THREADS, 1) wgmma_sp_form_kernel(int steps, int keep, float *sink,
-                                                                      int *missing) {
-    static_assert(A_SHARED ? (N == 64 || N == 96 || N == 128) : N == 64, "a form the kernels issue");
-#ifdef SAM_HAS_WGMMA
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    const uint32_t sb = wg_rate_tiles(smem_raw, B_TILE_BYTES + 2 * A_TILE_BYTES), sa = sb + B_TILE_BYTES;
+    const uint32_t sb = smem_u32(tile), sa = sb + B_TILE_BYTES;
     const uint32_t seed = (blockIdx.x * WG_THREADS + threadIdx.x) * 8u;
     uint32_t a[4];
 #pragma unroll
@@ -230,18 +179,33 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_sp_form_kernel(int steps,
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < WG_BATCH; j++) {
-            const int blk = j & 1, ks = (j >> 1) & 1;  // block (A rows), k32 step
-            const uint64_t bdesc = smem_desc_sw128(sb + ks * 64);
-            if constexpr (A_SHARED)
-                WgmmaSpSS<__nv_bfloat16, N>::run(acc[blk], smem_desc_sw64(sa + blk * A_TILE_BYTES + ks * 32), bdesc,
-                                                 SP_META, 1);
-            else
-                WgmmaSpRS<__nv_bfloat16, N>::run(acc[blk], a, bdesc, SP_META, 1);
+            // k slices of the 128-byte rows: 4 of k16 (32 bytes), 2 of k32 (64 bytes)
+            if constexpr (KIND == SAM_TC_WGMMA) {
+                wgmma_bf16_m64n128k16(acc[j & 1], a, smem_desc_sw128(sb + (j & 3) * 32), 1);
+            } else if constexpr (KIND == SAM_TC_WGMMA_SP) {
+                WgmmaSp<__nv_bfloat16>::run(acc[j & 1], a, smem_desc_sw128(sb + (j & 1) * 64), SP_META, 1);
+            } else {
+                const int blk = j & 1, ks = (j >> 1) & 1;  // block (A rows), k32 step
+                const uint64_t bdesc = smem_desc_sw128(sb + ks * 64);
+                if constexpr (A_SHARED)
+                    WgmmaSpSS<__nv_bfloat16, N>::run(acc[blk], smem_desc_sw64(sa + blk * A_TILE_BYTES + ks * 32),
+                                                     bdesc, SP_META, 1);
+                else
+                    WgmmaSpRS<__nv_bfloat16, N>::run(acc[blk], a, bdesc, SP_META, 1);
+            }
         }
         wgmma_commit();
         wgmma_wait<1>();
     }
-    wg_rate_finish(acc, keep, sink);
+    wgmma_wait<0>();
+    fence_regs(acc[0]);
+    fence_regs(acc[1]);
+    if (keep) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) sum += acc[0][i] + acc[1][i];
+        sink[blockIdx.x * WG_THREADS + threadIdx.x] = sum;
+    }
 #else
     (void)steps; (void)keep; (void)sink;
     if (blockIdx.x == 0 && threadIdx.x == 0) *missing = 1;
@@ -392,21 +356,17 @@ struct Plan {
 
 Plan plan_for(sam_tc_kind kind) {
     const double warps = MMA_THREADS / 32, wgs = WG_THREADS / 128;
-    const int wg_smem = B_TILE_BYTES + 1024;  // + room to align the tile
+    const double wg_flop = wgs * WG_BATCH * 2.0 * 64;  // per CTA and step, times N x K (dense-equivalent)
     switch (kind) {
     case SAM_TC_MMA: return {mma_rate_kernel<false>, MMA_THREADS, 0, warps * CHAINS * 2.0 * 16 * 8 * 16};
     case SAM_TC_MMA_SP: return {mma_rate_kernel<true>, MMA_THREADS, 0, warps * CHAINS * 2.0 * 16 * 8 * 32};
-    case SAM_TC_WGMMA: return {wgmma_rate_kernel<false>, WG_THREADS, wg_smem, wgs * WG_BATCH * 2.0 * 64 * 128 * 16};
-    case SAM_TC_WGMMA_SP: return {wgmma_rate_kernel<true>, WG_THREADS, wg_smem, wgs * WG_BATCH * 2.0 * 64 * 128 * 32};
-    default: break;
-    }
-    const int form_smem = B_TILE_BYTES + 2 * A_TILE_BYTES + 1024;
-    const double form_flop = wgs * WG_BATCH * 2.0 * 64 * 32;  // times N
-    switch (kind) {
-    case SAM_TC_WGMMA_SP_N64: return {wgmma_sp_form_kernel<64, false>, WG_THREADS, form_smem, form_flop * 64};
-    case SAM_TC_WGMMA_SP_SS: return {wgmma_sp_form_kernel<128, true>, WG_THREADS, form_smem, form_flop * 128};
-    case SAM_TC_WGMMA_SP_SS_N96: return {wgmma_sp_form_kernel<96, true>, WG_THREADS, form_smem, form_flop * 96};
-    default: return {wgmma_sp_form_kernel<64, true>, WG_THREADS, form_smem, form_flop * 64};
+    case SAM_TC_WGMMA: return {wgmma_rate_kernel<SAM_TC_WGMMA>, WG_THREADS, WG_SMEM, wg_flop * 128 * 16};
+    case SAM_TC_WGMMA_SP: return {wgmma_rate_kernel<SAM_TC_WGMMA_SP>, WG_THREADS, WG_SMEM, wg_flop * 128 * 32};
+    case SAM_TC_WGMMA_SP_N64: return {wgmma_rate_kernel<SAM_TC_WGMMA_SP_N64>, WG_THREADS, WG_SMEM, wg_flop * 64 * 32};
+    case SAM_TC_WGMMA_SP_SS: return {wgmma_rate_kernel<SAM_TC_WGMMA_SP_SS>, WG_THREADS, WG_SMEM, wg_flop * 128 * 32};
+    case SAM_TC_WGMMA_SP_SS_N96:
+        return {wgmma_rate_kernel<SAM_TC_WGMMA_SP_SS_N96>, WG_THREADS, WG_SMEM, wg_flop * 96 * 32};
+    default: return {wgmma_rate_kernel<SAM_TC_WGMMA_SP_SS_N64>, WG_THREADS, WG_SMEM, wg_flop * 64 * 32};
     }
 }
 
