@@ -298,3 +298,24 @@ def test_ws_tile_rule_and_stream_bytes(monkeypatch):
     stage96, stage128 = (common.WS_TILE[k]["stage_bytes"] for k in ("256x96", "128x128"))
     assert common.ws_stream_bytes(2, 512, 4096, counts, 96) == 5 * 2 * 64 * stage96
     assert common.ws_stream_bytes(2, 512, 4096, counts) == 3 * 4 * 64 * stage128
+
+
+def test_tile_forms_and_their_operand_bytes():
+    """Every warp-specialised tile names the wgmma.sp form (a tensor_core_rate kind) its
+    consumers issue, and tc_forms.py's operand bytes per dense-equivalent flop follow the
+    instruction shapes: B (N x K bf16) in every form, the packed A tile (64 x K/2) only where
+    it is read from shared memory."""
+    import common
+    import tc_forms
+    from samoyeds import _C
+    assert set(common.WS_TILE_FORM) == set(common.WS_TILE)
+    for tile, kind in common.WS_TILE_FORM.items():
+        assert kind in _C.TENSOR_CORE_KINDS
+        n, a_shared, sparse = tc_forms.WGMMA_FORMS[kind]
+        assert a_shared and sparse and n == int(tile.split("x")[1]), (tile, kind)
+    assert set(tc_forms.WGMMA_FORMS) <= set(_C.TENSOR_CORE_KINDS)
+    bpf = tc_forms.operand_bytes_per_flop
+    assert bpf("mma") is None and bpf("mma_sp") is None  # operands in registers
+    assert bpf("wgmma") == bpf("wgmma_sp") == bpf("wgmma_sp_n64") == 1 / 64
+    for kind, n in (("wgmma_sp_ss", 128), ("wgmma_sp_ss_n96", 96), ("wgmma_sp_ss_n64", 64)):
+        assert bpf(kind) == pytest.approx(1 / 64 + 1 / (2 * n)), kind
