@@ -93,7 +93,8 @@ template <int M_, int BK_, int WN_, int ST_> struct Cfg {
 // SAMOYEDS_WS_DROP, a bit set of parts to leave out so that what remains can be timed alone
 // (its output is then not the product): 2 the token rows' loads, 4 the weights' and
 // metadata's loads (the stage is marked full without them), 8 the 1:M:V row selection, 16
-// the epilogue, 32 the packed values' loads alone (clusters: ignored).  Release builds leave it at 0 and compile none of it in.
+// the epilogue, 32 the packed values' loads alone (clusters: ignored).  Release builds leave
+// it at 0 and compile none of it in.
 #ifndef SAM_WS_DROP
 #define SAM_WS_DROP 0
 #endif
