@@ -108,6 +108,12 @@ template <int M_, int BK_, int WN_, int ST_> struct Cfg {
 #if SAM_WS_A_REGS && !SAM_WS_DROP
 #error "SAM_WS_A_REGS is a measurement build: set SAM_WS_DROP=1 as well"
 #endif
+// SAM_WS_CLUSTER_TALL=1: SAMOYEDS_WGMMA_KERNEL=5 (clusters of two, the weights multicast) runs
+// 1:2:V in the tile ws_tall_tile picks (256 x 64 or 256 x 96) instead of 128 x 128 alone.  Off
+// by default: four more kernels per dtype for a comparison switch.
+#ifndef SAM_WS_CLUSTER_TALL
+#define SAM_WS_CLUSTER_TALL 0
+#endif
 
 struct KParams : SsmmArgs {
     int V;                      // slice length (BK without row selection)
@@ -921,6 +927,13 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
             const int want_bt = env_int("SAMOYEDS_WGMMA_TOKENS_TMA", 1);
             if (which == 5) {
                 if (m == 1) return launch_ws<T, 1, false, 2>(ps, stream, ctas, want_bt);
+#if SAM_WS_CLUSTER_TALL
+                switch (ws_tall_tile(ps, want_bt)) {
+                case 96: return launch_ws<T, 2, false, 2, false, 96>(ps, stream, ctas, want_bt);
+                case 64: return launch_ws<T, 2, false, 2, false, 64>(ps, stream, ctas, want_bt);
+                default: break;
+                }
+#endif
                 return launch_ws<T, 2, false, 2>(ps, stream, ctas, want_bt);
             }
             if (which == 6) {

@@ -125,7 +125,7 @@ struct WsCfg {
     static_assert(!DYN || CL == 1, "the work counter hands out single items");
     static_assert(!PP || M == 1, "ping-pong consumers: 2:4 only (1:M:V needs both consumers' registers per item)");
     static_assert(CL == 1 || (CL == 2 && !PP), "clusters of 2, cooperative consumers");
-    static_assert(!TALL || (M == 2 && !PP && CL == 1), "the tall 1:M:V tile: 1:2:V, cooperative, no clusters");
+    static_assert(!TALL || (M == 2 && !PP), "the tall 1:M:V tile: 1:2:V, cooperative");
     static constexpr int NB = M == 1 || TALL ? 2 : 1;  // m64 blocks per consumer warpgroup
     static constexpr int BMW = 64 * NB;                // storage rows per consumer
     static constexpr int BMT = PP ? BMW : 2 * BMW;     // storage rows per work item

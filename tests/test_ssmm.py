@@ -259,6 +259,40 @@ def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [
+    (2000, 2, 8, 1024, 256, "skewed"),   # more work items than SMs
+    (900, 3, 40, 512, 128, "one"),       # one expert holding most rows: odd token-tile counts leave a CTA idle
+    (70, 2, 3, 640, 320, "uniform"),     # 384 storage rows, 1.5 tiles of 256
+])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
+@pytest.mark.parametrize("rows", ["gather", "tma"])
+def test_wgmma_cluster_tall_tile(shape, act, glu, rows, monkeypatch):
+    """Clusters of two CTAs sharing the weights by TMA multicast (SAMOYEDS_WGMMA_KERNEL=5) in each
+    1:2:V tile (SAMOYEDS_WS_TILE 1, 2, 0; builds with SAM_WS_CLUSTER_TALL run the tall tiles in
+    clusters, others 128 x 128) against the persistent kernel (=2) in the 128 x 128 tile on the
+    same fresh inputs: within the oracle tolerance, nothing written past offsets[E], bit for bit
+    the same."""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    x, p, r, b, sc, ids, S, n, cols, ref, oracle = _ws_inputs(shape, "samoyeds-1:2:128", act, glu, rows == "tma")
+    pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
+    idg = None if ids is None else ids.cuda()
+    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "0" if rows == "gather" else "2" if S else "1")
+
+    def run(out):
+        sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
+
+    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", "2")
+    base = _ws_outputs("SAMOYEDS_WS_TILE", ("0",), monkeypatch, S, n, cols, run)["0"]
+    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", "5")
+    outs = _ws_outputs("SAMOYEDS_WS_TILE", ("1", "2", "0"), monkeypatch, S, n, cols, run)
+    e_ref = rel_err(ref[:n], oracle)
+    for tile, o in outs.items():
+        assert rel_err(o[:n], oracle) <= 2 * e_ref + 1e-6, tile
+        assert torch.equal(o[:n], base[:n]), f"clusters, tile {tile}: differs from the persistent kernel"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt,tile,kernel", [
     ("samoyeds-1:2:128", "1", "2"), ("samoyeds-1:2:128", "2", "2"), ("samoyeds-1:2:128", "0", "2"),
     ("2:4", "0", "2"), ("2:4", "0", "4"), ("samoyeds-1:2:128", "0", "5")])
