@@ -16,10 +16,15 @@ tile the library picks; wgmma_ws_tall / _tall_gather force the tile of 256 stora
 64 tokens (SAMOYEDS_WS_TILE=1), wgmma_ws_tall96 / _tall96_gather 256 x 96 (=2) and
 wgmma_ws_128 / _128_gather the one of 128 x 128 (=0).
 
-  python benchmarks/ssmm_kernels.py [--S 8192] [--kernels wgmma_ws,wgmma_ws_tall,...] [--fmt FMT] [--out DIR]
+  python benchmarks/ssmm_kernels.py [--S 8192] [--kernels wgmma_ws,wgmma_ws_tall,...] [--fmt FMT]
+                                    [--repeat N] [--cases "mixtral gate_up routed,..."] [--out DIR]
+
+--repeat N times the kernels in N rounds, taking turns, and keeps each one's median (and the
+rounds' timings).
 """
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -36,6 +41,7 @@ KERNELS = [("mma_sp", "mma_sp", None), ("wgmma", "wgmma_sp", "1"), ("wgmma_ws_1t
            ("wgmma_ws_tall96_gather", "wgmma_sp", "2"), ("wgmma_ws_128", "wgmma_sp", "2"),
            ("wgmma_ws_128_gather", "wgmma_sp", "2")]
 SELECTED = None  # --kernels: the kernels to time (the first one is the reference of the _err columns)
+REPEAT = 1       # --repeat: rounds in which the kernels' timings take turns
 
 
 def kernels(fmt):
@@ -69,15 +75,22 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
     cols = R // 2 if glu else R
     row = {"case": name, "E": E, "R": R, "C": C, "S": S, "fmt": fmt, "act": act}
     ref = None
-    for kname, impl, env in kernels(fmt):
+
+    def select(kname, env):  # the kernel's switches (read at launch, so also by a graph's capture)
         if env is not None:
             os.environ["SAMOYEDS_WGMMA_KERNEL"] = env
+        else:
+            os.environ.pop("SAMOYEDS_WGMMA_KERNEL", None)
         os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "0" if kname.endswith("_gather") else "1"
         if kname.startswith(("wgmma_ws_tall", "wgmma_ws_128")):
             os.environ["SAMOYEDS_WS_TILE"] = "2" if "tall96" in kname else "1" if "tall" in kname else "0"
         else:
             os.environ.pop("SAMOYEDS_WS_TILE", None)
-        out = torch.full((S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)
+
+    out = torch.full((S, cols), float("nan"), device="cuda", dtype=torch.bfloat16)
+    for kname, impl, env in kernels(fmt):
+        select(kname, env)
+        out.fill_(float("nan"))
         sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl)
         torch.cuda.synchronize()
         if ref is None:
@@ -85,7 +98,16 @@ def run_case(name, E, R, C, S, fmt, act, gen, routed=False, top_k=2):
             row[f"{kname}_err"] = 0.0
         else:
             row[f"{kname}_err"] = float((out.float() - ref).norm() / ref.norm())
-        row[f"{kname}_ms"] = time_graph(lambda: sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl))["ms"]
+    # the kernels' timings take turns, REPEAT rounds (each a CUDA-graph median); the row keeps their median
+    times = {k[0]: [] for k in kernels(fmt)}
+    for _ in range(REPEAT):
+        for kname, impl, env in kernels(fmt):
+            select(kname, env)
+            times[kname].append(time_graph(lambda: sm.ssmm(x, p, offs, tok, out=out, act=act, impl=impl))["ms"])
+    for kname, ts in times.items():
+        row[f"{kname}_ms"] = statistics.median(ts)
+        if REPEAT > 1:
+            row[f"{kname}_ms_rounds"] = ts
     os.environ.pop("SAMOYEDS_WGMMA_KERNEL", None)
     os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA", None)
     os.environ.pop("SAMOYEDS_WS_TILE", None)
@@ -115,9 +137,15 @@ def main():
     ap.add_argument("--S", type=int, default=8192)
     ap.add_argument("--kernels", default=None, help="comma-separated kernel names (default: all)")
     ap.add_argument("--fmt", default=None, help="one format (default: 2:4 and samoyeds-1:2:128)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="time the kernels in turns, this many rounds, and keep each one's median")
+    ap.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    global SELECTED
+    global SELECTED, REPEAT
+    if a.repeat < 1:
+        ap.error("--repeat: at least 1")
+    REPEAT = a.repeat
     if a.kernels:
         SELECTED = a.kernels.split(",")
         unknown = set(SELECTED) - {k[0] for k in KERNELS}
@@ -132,8 +160,13 @@ def main():
              ("mixtral down routed", 8, 4096, 14336, "none", True),
              ("qwen3 gate_up routed", 128, 1536, 2048, "swiglu", True),
              ("qwen3 down routed", 128, 2048, 768, "none", True)]
+    wanted = a.cases.split(",") if a.cases else None
+    if wanted and set(wanted) - {c[0] for c in cases}:
+        ap.error(f"--cases: unknown {sorted(set(wanted) - {c[0] for c in cases})}; known: {[c[0] for c in cases]}")
     for fmt in [a.fmt] if a.fmt else ["2:4", "samoyeds-1:2:128"]:
         for name, E, R, C, act, routed in cases:
+            if wanted and name not in wanted:
+                continue
             row = run_case(name, E, R, C, S, fmt, act, gen, routed=routed, top_k=8 if E == 128 else 2)
             rows.append(row)
             names = [k[0] for k in kernels(fmt)]
