@@ -5,7 +5,7 @@
 # What differs between builds of one kernel (register allocation, a switch compiled in) is
 # then timed against the machine's drift, not across calls.
 #
-#   FLAGS_A="" FLAGS_B="-DSAM_WS_EMPTY_PER_WARP=1" ROUNDS=3 \
+#   FLAGS_A="" FLAGS_B="-DSAM_WS_STAGES_M2=6" ROUNDS=3 \
 #     bash benchmarks/ab_builds.sh benchmarks/ssmm_kernels.py --S 32768 --fmt samoyeds-1:2:128 --kernels wgmma_ws
 #
 # The command gets --out DIR appended.  The summary (benchmarks/ab_summary.py) compares every
@@ -32,12 +32,15 @@ pb=$!
 wait $pa || { tail -30 "$OUT/ab/build_a.log"; exit 1; }
 wait $pb || { tail -30 "$OUT/ab/build_b.log"; exit 1; }
 echo "builds: $(( $(date +%s) - t0 )) s (a: '${FLAGS_A:-}', b: '${FLAGS_B:-}')"
+for b in a b; do  # each build imports as itself (the script's own folder, not the working tree, leads sys.path)
+  (cd /tmp && PYTHONPATH="$WORK/$b" $PY -c "import samoyeds; assert samoyeds.__file__.startswith('$WORK/$b/'), samoyeds.__file__") \
+    || { echo "build $b does not import from $WORK/$b"; exit 1; }
+done
 for r in $(seq 1 "$ROUNDS"); do
   for b in a b; do
     mkdir -p "$OUT/ab/$b$r"
     (cd "$ROOT" && PYTHONPATH="$WORK/$b${PYTHONPATH:+:$PYTHONPATH}" $PY "$@" --out "$OUT/ab/$b$r") > "$OUT/ab/$b$r.log" 2>&1 \
       || { echo "round $r build $b failed:"; tail -20 "$OUT/ab/$b$r.log"; exit 1; }
-    PYTHONPATH="$WORK/$b" $PY -c "import samoyeds, os; assert os.path.dirname(samoyeds.__file__).startswith('$WORK/$b'), samoyeds.__file__"
   done
 done
 $PY "$ROOT/benchmarks/ab_summary.py" "$OUT/ab" "$ROUNDS" --flags-a="${FLAGS_A:-}" --flags-b="${FLAGS_B:-}"

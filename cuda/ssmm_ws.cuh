@@ -113,12 +113,6 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_T96
 #define SAM_WS_STAGES_T96 6  // 1:2:V, 256 x 96: 31 KB stages, six fit
 #endif
-// SAM_WS_EMPTY_PER_WARP=1: a consumer warp releases a stage with one arrival (lane 0, after the
-// warp's wgmma wait) instead of one per thread, as the clusters' consumers do.  A build switch for
-// measurements (benchmarks/ab_builds.sh).
-#ifndef SAM_WS_EMPTY_PER_WARP
-#define SAM_WS_EMPTY_PER_WARP 0
-#endif
 template <int M_, bool PP_ = false, int CL_ = 1, bool DYN_ = false, bool BT_ = false, int TALL_ = 0>
 struct WsCfg {
     static constexpr int M = M_;
@@ -230,7 +224,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             // where it copies nothing) + the TMA thread's expect_tx
             mbar_init(full_bar(s), PT + 1);
             // the item's consumer threads; clusters: the consumer warps of both CTAs
-            mbar_init(empty_bar(s), CL == 1 ? (SAM_WS_EMPTY_PER_WARP ? C::CPI * 4 : C::CPI * 128) : CL * 8);
+            mbar_init(empty_bar(s), CL == 1 ? C::CPI * 128 : CL * 8);
         }
         for (int s = 0; s < NSLOT; s++) {
             mbar_init(tfull_bar(s), PT);               // the producer threads, each after its token row
@@ -434,11 +428,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     // the wgmmas that read stage st are done: one arrival per thread, or (clusters) one
     // per warp on the stage's barrier in both CTAs, whose producers both write it
     auto release = [&](int st) {
-        if constexpr (CL == 1 && !SAM_WS_EMPTY_PER_WARP) {
+        if constexpr (CL == 1) {
             mbar_arrive(empty_bar(st));
-        } else if constexpr (CL == 1) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty_bar(st));
         } else {
             __syncwarp();
             if (lane == 0) {
