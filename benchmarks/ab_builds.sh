@@ -23,7 +23,7 @@ for b in a b; do
   mkdir -p "$WORK/$b"
   tar -C "$ROOT" --exclude=./build --exclude=./gpu_out --exclude='./samoyeds/_C*.so' --exclude=./.git -cf - . | tar -C "$WORK/$b" -xf -
 done
-jobs=$(( $(nproc) / 2 ))
+jobs=$(( $(nproc) > 1 ? $(nproc) / 2 : 1 ))  # each build half the cores
 t0=$(date +%s)
 (cd "$WORK/a" && SAMOYEDS_BUILD_JOBS=$jobs SAMOYEDS_NVCC_FLAGS="${FLAGS_A:-}" $PY setup.py -q build_ext --inplace > "$OUT/ab/build_a.log" 2>&1) &
 pa=$!

@@ -178,8 +178,8 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
                 t["tile"] = ws_tile_name(p.fmt.m, tall)
                 t["form"] = WS_TILE_FORM[t["tile"]]
                 form_rate = ceil.get(f"{t['form']}_tflops")
-                t["frac_form"] = exec_flop / (t["ms"] * 1e-3) / (form_rate * 1e12) if form_rate else None
                 t["form_time_ms"] = exec_flop / (form_rate * 1e12) * 1e3 if form_rate else None
+                t["frac_form"] = t["form_time_ms"] / t["ms"] if form_rate else None
                 t["stream_bytes"] = ws_stream_bytes(p.fmt.m, p.dims.rp, C, counts, tall)
                 rate = t["stream_bytes"] / (t["ms"] * 1e-3) / 1e12
                 t["stream_tb_s"] = rate

@@ -161,8 +161,9 @@ def main():
              ("qwen3 gate_up routed", 128, 1536, 2048, "swiglu", True),
              ("qwen3 down routed", 128, 2048, 768, "none", True)]
     wanted = a.cases.split(",") if a.cases else None
-    if wanted and set(wanted) - {c[0] for c in cases}:
-        ap.error(f"--cases: unknown {sorted(set(wanted) - {c[0] for c in cases})}; known: {[c[0] for c in cases]}")
+    unknown = set(wanted or ()) - {c[0] for c in cases}
+    if unknown:
+        ap.error(f"--cases: unknown {sorted(unknown)}; known: {[c[0] for c in cases]}")
     for fmt in [a.fmt] if a.fmt else ["2:4", "samoyeds-1:2:128"]:
         for name, E, R, C, act, routed in cases:
             if wanted and name not in wanted:
