@@ -8,6 +8,9 @@
 #   FLAGS_A="" FLAGS_B="-DSAM_WS_STAGES_M2=6" ROUNDS=3 \
 #     bash benchmarks/ab_builds.sh benchmarks/ssmm_kernels.py --S 32768 --fmt samoyeds-1:2:128 --kernels wgmma_ws
 #
+# AB_CHECK (optional): a command run in build b's copy before any timing (its tests, say,
+# PYTHONPATH leading to that copy); if it fails nothing is timed.
+#
 # The command gets --out DIR appended.  The summary (benchmarks/ab_summary.py) compares every
 # *_ms value of the runs' JSON rows: the median over rounds of each build, and b / a.
 set -uo pipefail
@@ -36,6 +39,12 @@ for b in a b; do  # each build imports as itself (the script's own folder, not t
   (cd /tmp && PYTHONPATH="$WORK/$b" $PY -c "import samoyeds; assert samoyeds.__file__.startswith('$WORK/$b/'), samoyeds.__file__") \
     || { echo "build $b does not import from $WORK/$b"; exit 1; }
 done
+if [ -n "${AB_CHECK:-}" ]; then
+  (cd "$WORK/b" && PYTHONPATH="$WORK/b${PYTHONPATH:+:$PYTHONPATH}" bash -c "$AB_CHECK") > "$OUT/ab/check_b.log" 2>&1
+  rc=$?
+  echo "check of build b (rc=$rc): $(tail -1 "$OUT/ab/check_b.log")"
+  [ $rc -eq 0 ] || { tail -30 "$OUT/ab/check_b.log"; exit 1; }
+fi
 for r in $(seq 1 "$ROUNDS"); do
   for b in a b; do
     mkdir -p "$OUT/ab/$b$r"
