@@ -110,9 +110,6 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M2_BT
 #define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
 #endif
-#ifndef SAM_WS_SPLIT_FOLD
-#define SAM_WS_SPLIT_FOLD 1  // the tall tiles: a slice at a time, each block folded beside the other's wgmmas (split_run)
-#endif
 #ifndef SAM_WS_STAGES_T96
 #define SAM_WS_STAGES_T96 6  // 1:2:V, 256 x 96: 31 KB stages, six fit
 #endif
@@ -398,8 +395,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     constexpr bool zero_init = M > 1;
     uint32_t sel[NB][2];  // M = 2: the row the previous slice selected, for row hh of block b (fold_row_set)
     uint32_t ef[2][NB][KS];
-    // the tall tiles fold each block while the other block's wgmmas run (step_split below)
-    constexpr bool SPLIT = M == 2 && NB == 2 && SAM_WS_SPLIT_FOLD;
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
 #if SAM_WS_A_REGS
     // measurement builds with SAM_WS_A_REGS: every wgmma takes these registers as its packed
@@ -476,96 +471,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         wgmma_commit();
         wgmma_wait<1>();
         if (kt > 0) release(SAM_WS_STAGE(c, it - 1));
-    };
-
-    // The tall tiles (two m64 blocks a consumer; 1:2:V, slices of an even number of k-tiles)
-    // take a slice (two k-tiles) at a time, block by block, one commit group per block and
-    // k-tile: block 0's wgmmas of both k-tiles, then block 1's, so that a block's fold at a
-    // slice boundary waits only for that block's wgmmas of the slice before
-    // (wgmma.wait_group 2) while the other block's four still run.  A run of P slices ends
-    // with a full wait: ptxas keeps the wgmmas asynchronous only where no group is in flight
-    // across the loop's back edge at a fold (it serialises every wgmma otherwise, C7514).
-    // Each block's metadata words are loaded after its own wgmmas of the slice before are
-    // done.  Bit-identical to the k-tile loop (`step`): the same sums in the same order.
-    auto wait_full = [&](uint32_t i) {
-        const int st = SAM_WS_STAGE(c, i);
-        mbar_wait(full_bar(st), (i / RS) & 1);
-        if constexpr (!C::BT) fence_proxy_async();
-        return st;
-    };
-    auto issue_block = [&](auto par_c, int b, int st) {
-        constexpr int par = decltype(par_c)::value;
-        const uint32_t sa = smem_u32(stage_ptr(st)), sb = sa + C::A_BYTES;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-#if SAM_WS_A_REGS
-            WgmmaSpRS<T, BN>::run(acc[b * ASTRIDE], a_regs, smem_desc_sw128(sb + ks * 64), ef[par][b][ks], 1);
-#else
-            WgmmaSpSS<T, BN>::run(acc[b * ASTRIDE], smem_desc_sw64(sa + (crow + b * 64) * 64 + ks * 32),
-                                  smem_desc_sw128(sb + ks * 64), ef[par][b][ks], 1);
-#endif
-        wgmma_commit();
-    };
-    // block b's metadata words of the slice's two k-tiles (stages st0, st1)
-    auto load_meta_block = [&](int b, int st0, int st1) {
-#pragma unroll
-        for (int par = 0; par < 2; par++) {
-            const uint32_t *mt_s = reinterpret_cast<const uint32_t *>(stage_ptr(par ? st1 : st0) + C::A_BYTES + C::B_BYTES);
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) ef[par][b][ks] = mt_s[((crow / 16 + b * 4 + warp) * KS + ks) * 16 + 2 * g + (q & 1)];
-        }
-    };
-    auto wants_of = [&](int st, int b, uint32_t(&w)[2]) {
-        const uint8_t *idx_s = stage_ptr(st) + C::A_BYTES + C::B_BYTES + C::META_BYTES;
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) w[hh] = idx_s[crow + b * 64 + warp * 16 + g + 8 * hh];
-    };
-    auto fold_block = [&](int b, const uint32_t(&w)[2]) {
-        fence_regs(acc[b * ASTRIDE]);
-        fence_regs(acc[b * ASTRIDE + 1]);
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-            fold_row_set<M, NT8>([&](int a, int j, int k) -> float & { return acc[b * ASTRIDE + a][4 * j + k]; },
-                                 sel[b][hh], w[hh], hh);
-        fence_regs(acc[b * ASTRIDE]);
-        fence_regs(acc[b * ASTRIDE + 1]);
-    };
-    using par0_t = std::integral_constant<int, 0>;
-    using par1_t = std::integral_constant<int, 1>;
-    // P slices at ring positions it0 .. it0 + 2 P - 1; nothing in flight before or after
-    auto split_run = [&](auto p_c, uint32_t it0, SliceStart &slice) {
-        constexpr int P = decltype(p_c)::value;
-#pragma unroll
-        for (int qs = 0; qs < P; qs++) {
-            const uint32_t i0 = it0 + 2 * qs;
-            const bool bnd = slice.next(kt_per_slice);
-            slice.next(kt_per_slice);  // (an odd k-tile never starts a slice here)
-            const int st0 = wait_full(i0), st1 = wait_full(i0 + 1);
-            uint32_t w0[2], w1[2];
-            if (bnd) {
-                wants_of(st0, 0, w0);
-                wants_of(st0, 1, w1);
-            }
-            wgmma_wait<2>();  // block 0's wgmmas of the slice before are done
-            load_meta_block(0, st0, st1);
-            if (bnd && !(drop & 8)) fold_block(0, w0);
-            wgmma_fence();
-            issue_block(par0_t{}, 0, st0);
-            issue_block(par1_t{}, 0, st1);
-            wgmma_wait<2>();  // and block 1's: the slice before's stages are free
-            if (qs > 0) {
-                release(SAM_WS_STAGE(c, i0 - 2));
-                release(SAM_WS_STAGE(c, i0 - 1));
-            }
-            load_meta_block(1, st0, st1);
-            if (bnd && !(drop & 8)) fold_block(1, w1);
-            wgmma_fence();
-            issue_block(par0_t{}, 1, st0);
-            issue_block(par1_t{}, 1, st1);
-        }
-        wgmma_wait<0>();
-        release(SAM_WS_STAGE(c, it0 + 2 * P - 2));
-        release(SAM_WS_STAGE(c, it0 + 2 * P - 1));
     };
 
     T *out = static_cast<T *>(p.out);
@@ -758,28 +663,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #pragma unroll
         for (int b = 0; b < NB; b++) sel[b][0] = sel[b][1] = first_sel<M>();
         SliceStart slice;
-        if constexpr (SPLIT) {
-            // (launch_m runs the wgmma.sp kernels for 1:2:V with V a multiple of 128: slices
-            // of an even number of k-tiles.)  Runs of two slices, one first where KT is not a
-            // multiple of four.  The k-tile loop below is not compiled in here: beside it ptxas
-            // serialises every wgmma of the kernel (C7514).
-            int kt = 0;
-            if (KT % 4 != 0) {
-                split_run(std::integral_constant<int, 1>{}, it, slice);
-                kt = 2;
-            }
-            for (; kt < KT; kt += 4) split_run(std::integral_constant<int, 2>{}, it + kt, slice);
-            it += KT;
-        } else {
-            for (int kt = 0; kt < KT; kt += 2, it += 2) {
-                step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
-                step(std::integral_constant<int, 1>{}, kt + 1, it + 1, slice.next(kt_per_slice));
-            }
+        for (int kt = 0; kt < KT; kt += 2, it += 2) {
+            step(std::integral_constant<int, 0>{}, kt, it, slice.next(kt_per_slice));
+            step(std::integral_constant<int, 1>{}, kt + 1, it + 1, slice.next(kt_per_slice));
         }
         wgmma_wait<0>();
 #pragma unroll
         for (int a = 0; a < NACC; a++) fence_regs(acc[a]);
-        if (KT > 0 && !SPLIT) release(SAM_WS_STAGE(c, it - 1));  // (split_run releases its own)
+        if (KT > 0) release(SAM_WS_STAGE(c, it - 1));
         if (!(drop & 8)) {  // M = 2: the last slice's share, then acc[2b] = T - D: row 1 of each pair
 #pragma unroll
             for (int b = 0; b < NB; b++)
