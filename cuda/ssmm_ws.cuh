@@ -110,11 +110,8 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M2_BT
 #define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
 #endif
-#ifndef SAM_WS_WRITER_FENCE
-#define SAM_WS_WRITER_FENCE 1  // gathered token rows: each producer thread fences its own copies (below)
-#endif
-#ifndef SAM_WS_FENCE_LAG
-#define SAM_WS_FENCE_LAG 2  // SAM_WS_WRITER_FENCE: stages a producer thread's copies stay in flight before it signals one
+#ifndef SAM_WS_FENCE_AHEAD
+#define SAM_WS_FENCE_AHEAD 3  // gathered token rows: landed stages a consumer's proxy fence may take in ahead
 #endif
 #ifndef SAM_WS_STAGES_T96
 #define SAM_WS_STAGES_T96 6  // 1:2:V, 256 x 96: 31 KB stages, six fit
@@ -259,12 +256,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int i = 0; i < B_CH; i++) b_dst[i] = C::A_BYTES + C::b_off(b_row + 16 * i, b_ch);
         const bool i_load = M > 1 && tid < IDX_THREADS;  // row-selection indices: BMT bytes in 16-byte chunks
         const bool drop_b = (drop & 2) != 0, drop_a = (drop & 4) != 0, drop_v = (drop & 32) != 0 && CL == 1;
-        // the gathered token rows: each thread signals a stage itself, LAG stages later, once its
-        // copies have landed and behind a proxy fence, so that the consumers need no fence of
-        // their own before their wgmmas read the stage (SAM_WS_WRITER_FENCE)
-        constexpr bool wfence = !b_tma && SAM_WS_WRITER_FENCE;
-        constexpr int LAG = SAM_WS_FENCE_LAG;
-        static_assert(!wfence || (LAG >= 1 && LAG < RS), "the producer's signals lag fewer stages than the ring holds");
         const uint32_t TX = (drop_a ? 0u : (drop_v ? 0u : C::A_BYTES) + C::META_BYTES) + (b_tma && !drop_b ? C::B_BYTES : 0u);
         const int total = warp == 0 ? count_token_tiles<BN * CL>(p, lane) : 0;  // (clusters: token tile pairs)
         uint32_t it = 0;      // stages issued into the ring of item n: slot it % RS, phase it / RS
@@ -337,7 +328,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             const bool i_ok = i_load && row0 + tid * 16 < p.rp;
             const uint8_t *i_src = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp + (i_ok ? row0 + tid * 16 : 0) : nullptr;
             int slice = 0, slice_left = kt_per_slice;  // (M > 1: the k-tile's slice, without a division)
-            int pend = 0;  // wfence: stages this thread has issued and not yet signalled
             for (int kt = 0; kt < KT; kt++, it++) {
                 const int s = SAM_WS_STAGE(n & 1, it);
                 if (it >= RS) mbar_wait(empty_bar(s), ((it / RS) - 1) & 1);
@@ -386,27 +376,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 // arriving on `full` is held back by nothing: asleep through two phases of a
                 // stage's barrier, it waits on a parity come round again, for good (the hang of
                 // docs/PERFORMANCE.md).  Arriving, it holds each phase until it has seen the last.
-                if constexpr (wfence) {
-                    // signal the stage LAG positions back once this thread's copies into it have
-                    // landed, behind a proxy fence (generic writes -> the consumers' wgmma reads)
-                    cp_async_commit();
-                    if (pend == LAG) {
-                        cp_async_wait<LAG>();
-                        fence_proxy_async();
-                        mbar_arrive(full_bar(SAM_WS_STAGE(n & 1, it - LAG)));
-                    } else {
-                        pend++;
-                    }
-                } else if (!b_tma || i_load) {
-                    cp_async_mbar_arrive(full_bar(s));
-                } else {
-                    mbar_arrive(full_bar(s));
-                }
-            }
-            if constexpr (wfence) {  // the item's last stages, before its next item is decoded
-                cp_async_wait<0>();
-                fence_proxy_async();
-                for (; pend > 0; pend--) mbar_arrive(full_bar(SAM_WS_STAGE(n & 1, it - pend)));
+                if (!b_tma || i_load) cp_async_mbar_arrive(full_bar(s));
+                else mbar_arrive(full_bar(s));
             }
         }
         cp_async_wait<0>();
@@ -427,6 +398,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     constexpr bool zero_init = M > 1;
     uint32_t sel[NB][2];  // M = 2: the row the previous slice selected, for row hh of block b (fold_row_set)
     uint32_t ef[2][NB][KS];
+    uint32_t fenced = 0;  // gathered token rows: ring positions below this one are behind a proxy fence (step)
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
 #if SAM_WS_A_REGS
     // measurement builds with SAM_WS_A_REGS: every wgmma takes these registers as its packed
@@ -475,9 +447,22 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         constexpr int par = decltype(par_c)::value;
         const int st = SAM_WS_STAGE(c, it);
         mbar_wait(full_bar(st), (it / RS) & 1);
-        // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
-        // (the row-selection indices, by cp.async, are read by ordinary loads)
-        if constexpr (!C::BT && !SAM_WS_WRITER_FENCE) fence_proxy_async();
+        // The token rows came through the generic proxy (cp.async): a proxy fence orders them
+        // before the wgmmas' reads.  One fence covers every stage whose `full` phase this thread
+        // has seen complete, so it also takes in the next stages of the item that have already
+        // landed (tested without waiting), and their k-tiles skip it.  BT: every operand by TMA
+        // (the row-selection indices, by cp.async, are read by ordinary loads).
+        if constexpr (!C::BT) {
+            if (it >= fenced) {
+                uint32_t upto = it + 1;
+                for (int j = 1; j <= SAM_WS_FENCE_AHEAD && kt + j < KT; j++) {
+                    if (!mbar_test(full_bar(SAM_WS_STAGE(c, it + j)), ((it + j) / RS) & 1)) break;
+                    upto = it + j + 1;
+                }
+                fence_proxy_async();
+                fenced = upto;
+            }
+        }
         load_meta(par_c, st);
         if (M > 1 && boundary) {
             wgmma_wait<0>();
