@@ -110,9 +110,6 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M2_BT
 #define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
 #endif
-#ifndef SAM_WS_FENCE_AHEAD
-#define SAM_WS_FENCE_AHEAD 3  // gathered token rows: landed stages a consumer's proxy fence may take in ahead
-#endif
 #ifndef SAM_WS_STAGES_T96
 #define SAM_WS_STAGES_T96 6  // 1:2:V, 256 x 96: 31 KB stages, six fit
 #endif
@@ -398,7 +395,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     constexpr bool zero_init = M > 1;
     uint32_t sel[NB][2];  // M = 2: the row the previous slice selected, for row hh of block b (fold_row_set)
     uint32_t ef[2][NB][KS];
-    uint32_t fenced = 0;  // gathered token rows: ring positions below this one are behind a proxy fence (step)
     const int crow = PP ? 0 : c * BMW;  // first storage row of this consumer in the item
 #if SAM_WS_A_REGS
     // measurement builds with SAM_WS_A_REGS: every wgmma takes these registers as its packed
@@ -447,22 +443,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         constexpr int par = decltype(par_c)::value;
         const int st = SAM_WS_STAGE(c, it);
         mbar_wait(full_bar(st), (it / RS) & 1);
-        // The token rows came through the generic proxy (cp.async): a proxy fence orders them
-        // before the wgmmas' reads.  One fence covers every stage whose `full` phase this thread
-        // has seen complete, so it also takes in the next stages of the item that have already
-        // landed (tested without waiting), and their k-tiles skip it.  BT: every operand by TMA
-        // (the row-selection indices, by cp.async, are read by ordinary loads).
-        if constexpr (!C::BT) {
-            if (it >= fenced) {
-                uint32_t upto = it + 1;
-                for (int j = 1; j <= SAM_WS_FENCE_AHEAD && kt + j < KT; j++) {
-                    if (!mbar_test(full_bar(SAM_WS_STAGE(c, it + j)), ((it + j) / RS) & 1)) break;
-                    upto = it + j + 1;
-                }
-                fence_proxy_async();
-                fenced = upto;
-            }
-        }
+        // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
+        // (the row-selection indices, by cp.async, are read by ordinary loads)
+        if constexpr (!C::BT) fence_proxy_async();
         load_meta(par_c, st);
         if (M > 1 && boundary) {
             wgmma_wait<0>();
