@@ -110,6 +110,9 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M2_BT
 #define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
 #endif
+#ifndef SAM_WS_WEIGHTS_FIRST
+#define SAM_WS_WEIGHTS_FIRST 1  // gathered token rows: the weights' TMA on a barrier of its own (wfull_bar)
+#endif
 #ifndef SAM_WS_STAGES_T96
 #define SAM_WS_STAGES_T96 6  // 1:2:V, 256 x 96: 31 KB stages, six fit
 #endif
@@ -169,8 +172,10 @@ struct WsCfg {
     static constexpr int EPI_BYTES = STG_BYTES + (HANDOVER && XT * XS * 4 > STG_BYTES ? XT * XS * 4 : STG_BYTES);
     // NSLOT work slots, each: BN token rows, BN routing scales, (e, rt, s0)
     static constexpr int SLOT_OFF = STG_OFF + EPI_BYTES, SLOT_BYTES = BN * 8 + 16;
-    static constexpr int BAR_OFF = SLOT_OFF + NSLOT * SLOT_BYTES;  // full[ST] empty[ST] tfull[NSLOT] tempty[NSLOT]
-    static constexpr int SMEM = BAR_OFF + (2 * ST + 2 * NSLOT) * 8 + 1024;  // + alignment slack
+    // full[ST] empty[ST] tfull[NSLOT] tempty[NSLOT], and with gathered token rows wfull[ST]
+    static constexpr int BAR_OFF = SLOT_OFF + NSLOT * SLOT_BYTES;
+    static constexpr bool WFULL = !BT && SAM_WS_WEIGHTS_FIRST;  // (ssmm_ws_kernel: wfull_bar)
+    static constexpr int SMEM = BAR_OFF + ((WFULL ? 3 : 2) * ST + 2 * NSLOT) * 8 + 1024;  // + alignment slack
     static_assert(SMEM <= 227 * 1024, "shared memory");
     // A (TMA, 64-byte swizzle, read by smem_desc_sw64): rows of 64 bytes; B: rows of
     // 128 bytes in the 128-byte swizzle (smem_desc_sw128)
@@ -199,6 +204,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
     auto tfull_bar = [&](int s) { return bar0 + 8u * (2 * ST + s); };
     auto tempty_bar = [&](int s) { return bar0 + 8u * (2 * ST + NSLOT + s); };
+    // Gathered token rows (WFULL): the stage's packed values and metadata (TMA) complete on a
+    // barrier of their own, wfull, and the token rows and row-selection indices (cp.async) on
+    // full, so that a consumer loads the metadata words while the gather is still landing and,
+    // once it has, only fences before its wgmmas.  BT: everything on full.
+    auto wfull_bar = [&](int s) { return C::WFULL ? bar0 + 8u * (2 * ST + 2 * NSLOT + s) : bar0 + 8u * s; };
     // work slot: int32 tok[BN], float scale[BN], then e, rt, and s0 as int64
     auto slot_tok = [&](int s) { return reinterpret_cast<int32_t *>(smem + C::SLOT_OFF + s * C::SLOT_BYTES); };
     auto slot_scale = [&](int s) { return reinterpret_cast<float *>(slot_tok(s) + BN); };
@@ -222,7 +232,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int s = 0; s < ST; s++) {
             // every producer thread's arrival (its cp.asyncs landed; b_tma: a plain arrival
             // where it copies nothing) + the TMA thread's expect_tx
-            mbar_init(full_bar(s), PT + 1);
+            mbar_init(full_bar(s), C::WFULL ? PT : PT + 1);
+            if (C::WFULL) mbar_init(wfull_bar(s), 1);
             // the item's consumer threads; clusters: the consumer warps of both CTAs
             mbar_init(empty_bar(s), CL == 1 ? C::CPI * 128 : CL * 8);
         }
@@ -330,18 +341,18 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 if (it >= RS) mbar_wait(empty_bar(s), ((it / RS) - 1) & 1);
                 const uint32_t base = smem_u32(stage_ptr(s));
                 if (tid == 0) {
-                    mbar_arrive_expect_tx(full_bar(s), TX);  // clusters: both halves land here
+                    mbar_arrive_expect_tx(wfull_bar(s), TX);  // clusters: both halves land here
                     if (drop_a) {  // (measurement builds: the stage is marked full without them)
                     } else if constexpr (CL == 1) {
-                        if (!drop_v) tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(s));
+                        if (!drop_v) tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, wfull_bar(s));
                         tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
-                                    full_bar(s));
+                                    wfull_bar(s));
                     } else {  // this rank's half of the rows, to both CTAs
                         constexpr int HR = BMT / CL;
                         tma_load_3d_mc(base + rank * (C::A_BYTES / CL), &tm.a, kt * (BK / 2), (int)row0 + rank * HR, e,
-                                       full_bar(s), (uint16_t)((1u << CL) - 1));
+                                       wfull_bar(s), (uint16_t)((1u << CL) - 1));
                         tma_load_3d_mc(base + C::A_BYTES + C::B_BYTES + rank * (C::META_BYTES / CL), &tm.meta,
-                                       kt * KS * 16, (int)(row0 / 16) + rank * (HR / 16), e, full_bar(s),
+                                       kt * KS * 16, (int)(row0 / 16) + rank * (HR / 16), e, wfull_bar(s),
                                        (uint16_t)((1u << CL) - 1));
                     }
                     // the item's rows s0 .. s0 + BN - 1 of x; rows past the expert belong to
@@ -442,11 +453,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     auto step = [&](auto par_c, int kt, uint32_t it, bool boundary) {
         constexpr int par = decltype(par_c)::value;
         const int st = SAM_WS_STAGE(c, it);
+        if constexpr (C::WFULL) {  // the metadata words while the token rows may still be landing
+            mbar_wait(wfull_bar(st), (it / RS) & 1);
+            load_meta(par_c, st);
+        }
         mbar_wait(full_bar(st), (it / RS) & 1);
         // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
         // (the row-selection indices, by cp.async, are read by ordinary loads)
         if constexpr (!C::BT) fence_proxy_async();
-        load_meta(par_c, st);
+        if constexpr (!C::WFULL) load_meta(par_c, st);
         if (M > 1 && boundary) {
             wgmma_wait<0>();
 #pragma unroll
