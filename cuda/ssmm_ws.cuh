@@ -101,6 +101,9 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M1
 #define SAM_WS_STAGES_M1 4  // 2:4: 4 measured faster than 6 on long K
 #endif
+#ifndef SAM_WS_PAIRS
+#define SAM_WS_PAIRS 1  // the 256 x 64 tile on gathered rows: barriers per pair of stages (WsCfg::PAIRS)
+#endif
 #ifndef SAM_WS_STAGES_M2
 #define SAM_WS_STAGES_M2 7
 #endif
@@ -110,8 +113,8 @@ struct WsMaps {
 #ifndef SAM_WS_STAGES_M2_BT
 #define SAM_WS_STAGES_M2_BT SAM_WS_STAGES_M2
 #endif
-#ifndef SAM_WS_WEIGHTS_FIRST
-#define SAM_WS_WEIGHTS_FIRST 1  // gathered token rows: the weights' TMA on a barrier of its own (wfull_bar)
+#ifndef SAM_WS_STAGES_PAIRS
+#define SAM_WS_STAGES_PAIRS 8  // WsCfg::PAIRS: four pairs of 27 KB stages (the staging areas then 4 KB)
 #endif
 #ifndef SAM_WS_STAGES_T96
 #define SAM_WS_STAGES_T96 6  // 1:2:V, 256 x 96: 31 KB stages, six fit
@@ -155,8 +158,15 @@ struct WsCfg {
     static constexpr int META_BYTES = (BMT / 16) * KS * 64;
     static constexpr int IDX_BYTES = M > 1 ? BMT : 0;
     static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + META_BYTES + IDX_BYTES + 1023) / 1024 * 1024;
+    // PAIRS (the 256 x 64 tile with gathered token rows; SAM_WS_PAIRS): the ring's barriers
+    // guard pairs of stages, k-tiles 2i and 2i + 1 of an item (every item has an even number
+    // of k-tiles and starts at an even ring position), so that a consumer waits on `full`,
+    // fences the gathered rows and releases a stage once per two k-tiles, over a ring of
+    // eight stages (docs/PERFORMANCE.md, v20)
+    static constexpr bool PAIRS = SAM_WS_PAIRS && M == 2 && TALL_ == 64 && !BT;
     static constexpr int ST = PP ? 8 : M == 1 ? (BT ? SAM_WS_STAGES_M1_BT : SAM_WS_STAGES_M1)
                                               : BN == 96 ? SAM_WS_STAGES_T96
+                                              : PAIRS ? SAM_WS_STAGES_PAIRS
                                               : (BT ? SAM_WS_STAGES_M2_BT : SAM_WS_STAGES_M2);
     static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
     // Epilogue staging, one area per consumer: a chunk of the tile's output (tokens x
@@ -166,16 +176,15 @@ struct WsCfg {
     // rows consumer 1's; they hand each other half of a chunk's tokens through one fp32
     // tile of XT tokens x (BMW * M) columns in consumer 1's staging area, and both stage
     // their outputs into consumer 0's.
-    static constexpr int STG_BYTES = 8192;
+    // (4 KB where a deep ring leaves no room for 8: WsCfg::PAIRS)
+    static constexpr int STG_BYTES = PIPE_BYTES + 2 * 8192 + 4096 > 227 * 1024 ? 4096 : 8192;
     static constexpr int XT = 32, XS = BMW * M + 4;
     static constexpr int STG_OFF = PIPE_BYTES, XCH_OFF = STG_OFF + STG_BYTES;
     static constexpr int EPI_BYTES = STG_BYTES + (HANDOVER && XT * XS * 4 > STG_BYTES ? XT * XS * 4 : STG_BYTES);
     // NSLOT work slots, each: BN token rows, BN routing scales, (e, rt, s0)
     static constexpr int SLOT_OFF = STG_OFF + EPI_BYTES, SLOT_BYTES = BN * 8 + 16;
-    // full[ST] empty[ST] tfull[NSLOT] tempty[NSLOT], and with gathered token rows wfull[ST]
-    static constexpr int BAR_OFF = SLOT_OFF + NSLOT * SLOT_BYTES;
-    static constexpr bool WFULL = !BT && SAM_WS_WEIGHTS_FIRST;  // (ssmm_ws_kernel: wfull_bar)
-    static constexpr int SMEM = BAR_OFF + ((WFULL ? 3 : 2) * ST + 2 * NSLOT) * 8 + 1024;  // + alignment slack
+    static constexpr int BAR_OFF = SLOT_OFF + NSLOT * SLOT_BYTES;  // full[ST] empty[ST] tfull[NSLOT] tempty[NSLOT]
+    static constexpr int SMEM = BAR_OFF + (2 * ST + 2 * NSLOT) * 8 + 1024;  // + alignment slack
     static_assert(SMEM <= 227 * 1024, "shared memory");
     // A (TMA, 64-byte swizzle, read by smem_desc_sw64): rows of 64 bytes; B: rows of
     // 128 bytes in the 128-byte swizzle (smem_desc_sw128)
@@ -194,6 +203,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     // consumer's, has not completed yet reads as done).  Cooperative: one ring of ST.
     constexpr int RS = PP ? ST / 2 : ST;
     static_assert(!PP || ST % 2 == 0, "ping-pong: two rings of ST / 2 stages");
+    constexpr bool PAIRS = C::PAIRS;
+    static_assert(!PAIRS || RS % 2 == 0, "pairs of stages: an even ring");
     // the stage of position it of ring `ring` (a macro: as a lambda it changed the cooperative
     // kernels' register allocation)
 #define SAM_WS_STAGE(ring, it) (PP ? (ring) * RS + (int)((it) % RS) : (int)((it) % ST))
@@ -204,11 +215,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
     auto tfull_bar = [&](int s) { return bar0 + 8u * (2 * ST + s); };
     auto tempty_bar = [&](int s) { return bar0 + 8u * (2 * ST + NSLOT + s); };
-    // Gathered token rows (WFULL): the stage's packed values and metadata (TMA) complete on a
-    // barrier of their own, wfull, and the token rows and row-selection indices (cp.async) on
-    // full, so that a consumer loads the metadata words while the gather is still landing and,
-    // once it has, only fences before its wgmmas.  BT: everything on full.
-    auto wfull_bar = [&](int s) { return C::WFULL ? bar0 + 8u * (2 * ST + 2 * NSLOT + s) : bar0 + 8u * s; };
     // work slot: int32 tok[BN], float scale[BN], then e, rt, and s0 as int64
     auto slot_tok = [&](int s) { return reinterpret_cast<int32_t *>(smem + C::SLOT_OFF + s * C::SLOT_BYTES); };
     auto slot_scale = [&](int s) { return reinterpret_cast<float *>(slot_tok(s) + BN); };
@@ -232,8 +238,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         for (int s = 0; s < ST; s++) {
             // every producer thread's arrival (its cp.asyncs landed; b_tma: a plain arrival
             // where it copies nothing) + the TMA thread's expect_tx
-            mbar_init(full_bar(s), C::WFULL ? PT : PT + 1);
-            if (C::WFULL) mbar_init(wfull_bar(s), 1);
+            mbar_init(full_bar(s), PT + 1);
             // the item's consumer threads; clusters: the consumer warps of both CTAs
             mbar_init(empty_bar(s), CL == 1 ? C::CPI * 128 : CL * 8);
         }
@@ -338,28 +343,34 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
             int slice = 0, slice_left = kt_per_slice;  // (M > 1: the k-tile's slice, without a division)
             for (int kt = 0; kt < KT; kt++, it++) {
                 const int s = SAM_WS_STAGE(n & 1, it);
-                if (it >= RS) mbar_wait(empty_bar(s), ((it / RS) - 1) & 1);
+                // PAIRS: the barriers of a pair of stages are the even stage's; a pair is waited
+                // for at its first k-tile, expects both k-tiles' bytes, and is marked full by every
+                // producer thread's arrival after its second k-tile (covering both k-tiles' copies)
+                const int sb = PAIRS ? (s & ~1) : s;
+                const bool pair_first = !PAIRS || (kt & 1) == 0, pair_last = !PAIRS || (kt & 1) == 1;
+                if (pair_first && it >= RS) mbar_wait(empty_bar(sb), ((it / RS) - 1) & 1);
                 const uint32_t base = smem_u32(stage_ptr(s));
                 if (tid == 0) {
-                    mbar_arrive_expect_tx(wfull_bar(s), TX);  // clusters: both halves land here
+                    // (clusters: both halves land here)
+                    if (pair_first) mbar_arrive_expect_tx(full_bar(sb), PAIRS ? 2 * TX : TX);
                     if (drop_a) {  // (measurement builds: the stage is marked full without them)
                     } else if constexpr (CL == 1) {
-                        if (!drop_v) tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, wfull_bar(s));
+                        if (!drop_v) tma_load_3d(base, &tm.a, kt * (BK / 2), (int)row0, e, full_bar(sb));
                         tma_load_3d(base + C::A_BYTES + C::B_BYTES, &tm.meta, kt * KS * 16, (int)(row0 / 16), e,
-                                    wfull_bar(s));
+                                    full_bar(sb));
                     } else {  // this rank's half of the rows, to both CTAs
                         constexpr int HR = BMT / CL;
                         tma_load_3d_mc(base + rank * (C::A_BYTES / CL), &tm.a, kt * (BK / 2), (int)row0 + rank * HR, e,
-                                       wfull_bar(s), (uint16_t)((1u << CL) - 1));
+                                       full_bar(sb), (uint16_t)((1u << CL) - 1));
                         tma_load_3d_mc(base + C::A_BYTES + C::B_BYTES + rank * (C::META_BYTES / CL), &tm.meta,
-                                       kt * KS * 16, (int)(row0 / 16) + rank * (HR / 16), e, wfull_bar(s),
+                                       kt * KS * 16, (int)(row0 / 16) + rank * (HR / 16), e, full_bar(sb),
                                        (uint16_t)((1u << CL) - 1));
                     }
                     // the item's rows s0 .. s0 + BN - 1 of x; rows past the expert belong to
                     // the next one (their output columns are never stored), rows past T and
                     // columns past C are zero-filled
                     if constexpr (b_tma) {
-                        if (!drop_b) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(s));
+                        if (!drop_b) tma_load_2d(base + C::A_BYTES, &tm.b, kt * BK, s0, full_bar(sb));
                     }
                 }
                 if (!b_tma && !drop_b) {
@@ -384,8 +395,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
                 // arriving on `full` is held back by nothing: asleep through two phases of a
                 // stage's barrier, it waits on a parity come round again, for good (the hang of
                 // docs/PERFORMANCE.md).  Arriving, it holds each phase until it has seen the last.
-                if (!b_tma || i_load) cp_async_mbar_arrive(full_bar(s));
-                else mbar_arrive(full_bar(s));
+                if (pair_last) {
+                    if (!b_tma || i_load) cp_async_mbar_arrive(full_bar(sb));
+                    else mbar_arrive(full_bar(sb));
+                }
             }
         }
         cp_async_wait<0>();
@@ -453,15 +466,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     auto step = [&](auto par_c, int kt, uint32_t it, bool boundary) {
         constexpr int par = decltype(par_c)::value;
         const int st = SAM_WS_STAGE(c, it);
-        if constexpr (C::WFULL) {  // the metadata words while the token rows may still be landing
-            mbar_wait(wfull_bar(st), (it / RS) & 1);
-            load_meta(par_c, st);
+        if (!PAIRS || par == 0) {  // PAIRS: the pair of stages st, st + 1 at once
+            mbar_wait(full_bar(st), (it / RS) & 1);
+            // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
+            // (the row-selection indices, by cp.async, are read by ordinary loads)
+            if constexpr (!C::BT) fence_proxy_async();
         }
-        mbar_wait(full_bar(st), (it / RS) & 1);
-        // the token rows came through the generic proxy (cp.async); BT: every operand by TMA
-        // (the row-selection indices, by cp.async, are read by ordinary loads)
-        if constexpr (!C::BT) fence_proxy_async();
-        if constexpr (!C::WFULL) load_meta(par_c, st);
+        load_meta(par_c, st);
         if (M > 1 && boundary) {
             wgmma_wait<0>();
 #pragma unroll
@@ -485,7 +496,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
 #endif
         wgmma_commit();
         wgmma_wait<1>();
-        if (kt > 0) release(SAM_WS_STAGE(c, it - 1));
+        // the wgmmas of the k-tile before are done (PAIRS: and of the pair before)
+        if (PAIRS ? par == 0 && kt > 0 : kt > 0) release(SAM_WS_STAGE(c, it - 1) & (PAIRS ? ~1 : ~0));
     };
 
     T *out = static_cast<T *>(p.out);
@@ -685,7 +697,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         wgmma_wait<0>();
 #pragma unroll
         for (int a = 0; a < NACC; a++) fence_regs(acc[a]);
-        if (KT > 0) release(SAM_WS_STAGE(c, it - 1));
+        if (KT > 0) release(SAM_WS_STAGE(c, it - 1) & (PAIRS ? ~1 : ~0));
         if (!(drop & 8)) {  // M = 2: the last slice's share, then acc[2b] = T - D: row 1 of each pair
 #pragma unroll
             for (int b = 0; b < NB; b++)
