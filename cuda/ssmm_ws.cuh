@@ -39,7 +39,7 @@
 //
 // Epilogue, per consumer warpgroup and outside the ring (so it overlaps the
 // producer's next item): bias, activation and routing scale on the accumulators
-// in fp32, one rounding to T into an 8 KB staging chunk, then whole 16-byte pieces
+// in fp32, one rounding to T into an 8 KB staging chunk (WsCfg::PAIRS: 4 KB), then whole 16-byte pieces
 // of output rows.  A gated item's gate and up rows are the two m64 blocks of one
 // consumer (a GLU chunk pair, samoyeds_layout.h); in the 128 x 128 1:M:V tile they
 // are consumer 0's and consumer 1's, and each hands the other the rows of half of
@@ -50,7 +50,8 @@
 //                    4 stages of 34 KB; 128 fp32 accumulators per thread.
 //   1:M:V (M = 2), TALL = 64 (SAMOYEDS_WS_TILE=1; ws_tall_tile in ssmm.cu): BM = 256 storage rows
 //                    (each consumer 2 x m64, each the running total and row 0's
-//                    share, below) x 64 tokens (m64n64k32), 7 stages of 27 KB;
+//                    share, below) x 64 tokens (m64n64k32), 7 stages of 27 KB (gathered
+//                    token rows: 8, their barriers per pair of stages, WsCfg::PAIRS);
 //                    128 accumulators per thread.
 //   1:M:V, TALL = 96 (SAMOYEDS_WS_TILE=2): 256 storage rows x 96 tokens (m64n96k32), 6 stages
 //                    of 31 KB; 192 accumulators per thread (setmaxnreg 232 / 40).
