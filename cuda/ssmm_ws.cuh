@@ -39,8 +39,8 @@
 //
 // Epilogue, per consumer warpgroup and outside the ring (so it overlaps the
 // producer's next item): bias, activation and routing scale on the accumulators
-// in fp32, one rounding to T into an 8 KB staging chunk (WsCfg::PAIRS: 4 KB), then whole 16-byte pieces
-// of output rows.  A gated item's gate and up rows are the two m64 blocks of one
+// in fp32, one rounding to T into an 8 KB staging chunk (WsCfg::PAIRS: 4 KB), then
+// whole 16-byte pieces of output rows.  A gated item's gate and up rows are the two m64 blocks of one
 // consumer (a GLU chunk pair, samoyeds_layout.h); in the 128 x 128 1:M:V tile they
 // are consumer 0's and consumer 1's, and each hands the other the rows of half of
 // the tokens in fp32, each computing the activation of its half.
@@ -177,8 +177,8 @@ struct WsCfg {
     // rows consumer 1's; they hand each other half of a chunk's tokens through one fp32
     // tile of XT tokens x (BMW * M) columns in consumer 1's staging area, and both stage
     // their outputs into consumer 0's.
-    // (4 KB where a deep ring leaves no room for 8: WsCfg::PAIRS)
-    static constexpr int STG_BYTES = PIPE_BYTES + 2 * 8192 + 4096 > 227 * 1024 ? 4096 : 8192;
+    // (PAIRS: 4 KB, 16-token chunks, which leaves room for the eighth stage)
+    static constexpr int STG_BYTES = PAIRS ? 4096 : 8192;
     static constexpr int XT = 32, XS = BMW * M + 4;
     static constexpr int STG_OFF = PIPE_BYTES, XCH_OFF = STG_OFF + STG_BYTES;
     static constexpr int EPI_BYTES = STG_BYTES + (HANDOVER && XT * XS * 4 > STG_BYTES ? XT * XS * 4 : STG_BYTES);
@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
         wgmma_commit();
         wgmma_wait<1>();
         // the wgmmas of the k-tile before are done (PAIRS: and of the pair before)
-        if (PAIRS ? par == 0 && kt > 0 : kt > 0) release(SAM_WS_STAGE(c, it - 1) & (PAIRS ? ~1 : ~0));
+        if ((!PAIRS || par == 0) && kt > 0) release(SAM_WS_STAGE(c, it - 1) & (PAIRS ? ~1 : ~0));
     };
 
     T *out = static_cast<T *>(p.out);
