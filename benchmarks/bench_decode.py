@@ -11,6 +11,12 @@ are CUDA-graph replays timed with CUDA events (common.time_graph).  Also the who
 block (moe_forward) with impl="auto" (which runs the decode kernel for small S) against
 the prefill kernels.
 
+A call timed alone pays the graph's launch and leaves part of its weights in L2 for the
+next replay.  "In a stream" times the decode kernel (and the same-bytes copy, and the
+block) as a model's layers run it: n calls back to back in one graph, each on its own
+copy of the packed weights (n copies of at least STREAM_BYTES routed bytes in all, so
+that L2 cannot hold them across calls), the same inputs and token sets; the time per call.
+
     python benchmarks/bench_decode.py [--out DIR] [--variants 0,1,2] [--tokens 16,32] [--variants-everywhere]
                                       [--format 2:4] [--name bench_decode_24.json]
 
@@ -41,6 +47,29 @@ CASES = [  # model, E, H, I, K, T values (all variants and the block), T values 
 # (Gumbel top-k): the busiest expert gets 3-4x the mean rows (uniform routing: ~2x)
 SKEW = 0.4
 SKEWED = [("qwen3-30b-a3b", 128, 2048, 768, 8, [64, 128, 256]), ("olmoe", 64, 2048, 1024, 8, [64, 128, 256])]
+# "in a stream": calls on rotated weight copies reading at least this many bytes in all
+# (five times the H100's 50 MB L2), at least 2 and at most MAX_COPIES copies
+STREAM_BYTES = 256 * 2**20
+MAX_COPIES = 32
+
+
+def stream_copies(nbytes: int) -> int:
+    """How many rotated copies a stream of calls reading nbytes each takes."""
+    return max(2, min(MAX_COPIES, -(-STREAM_BYTES // max(1, nbytes))))
+
+
+class Copies:
+    """Rotated copies of a packed weight (the first is the weight itself), made on demand."""
+
+    def __init__(self, p: sm.PackedWeight) -> None:
+        self.ws = [p]
+
+    def __getitem__(self, n: int) -> list:
+        while len(self.ws) < n:
+            p = self.ws[0]
+            self.ws.append(sm.PackedWeight(p.values.clone(), p.meta.clone(),
+                                           None if p.idx is None else p.idx.clone(), p.fmt, p.shape, p.glu))
+        return self.ws[:n]
 
 
 def route_top_k(T: int, E: int, K: int, skew: float, dev: str) -> torch.Tensor:
@@ -69,6 +98,19 @@ def copy_ms(nbytes: int, dev: str) -> float:
     return time_graph(lambda: dst.copy_(src), budget_s=0.2)["ms"]
 
 
+def copy_stream_ms(nbytes: int, n: int, dev: str) -> float:
+    """copy_ms in a stream: n such copies back to back, each on its own buffers; per copy."""
+    pairs = [(torch.empty(nbytes // 2, dtype=torch.uint8, device=dev).random_(0, 255),
+              torch.empty(nbytes // 2, dtype=torch.uint8, device=dev)) for _ in range(n)]
+
+    def fn():
+        for src, dst in pairs:
+            dst.copy_(src)
+    ms = time_graph(fn, inner=n, budget_s=0.2)["ms"]
+    del pairs
+    return ms
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
@@ -94,6 +136,7 @@ def main() -> None:
     for model, E, H, I, K, Ts, sweep in CASES:
         gu = sm.pack((torch.randn(E, 2 * I, H, device=dev) * H ** -0.5).to(dt), args.format, glu=True)
         dn = sm.pack((torch.randn(E, H, I, device=dev) * I ** -0.5).to(dt), args.format)
+        copies = {"gate_up": Copies(gu), "down": Copies(dn)}
         torch.cuda.empty_cache()
         for T, skew in [(t, 0.0) for t in Ts + sweep] + [(t, SKEW) for t in skewed.get(model, [])]:
             full = T in Ts and not skew
@@ -124,6 +167,14 @@ def main() -> None:
                     os.environ.pop("SAMOYEDS_DECODE_VARIANT", None)
                     os.environ.pop("SAMOYEDS_DECODE_TOKENS", None)
                 copy_same_ms = copy_ms(nbytes, dev)
+                n = stream_copies(nbytes)
+                ws = copies[proj][n]
+
+                def fs(ws=ws):
+                    for q in ws:
+                        sm.ssmm(inp, q, r.offsets, ids, out=out, act=act, scale=scale, impl="decode", check=False)
+                stream_ms = time_graph(fs, inner=n, budget_s=0.2)["ms"]
+                copy_same_stream = copy_stream_ms(nbytes, n, dev)
                 counts = torch.bincount(topk.reshape(-1), minlength=E)
                 row = dict(model=model, proj=proj, T=T, K=K, E=E, S=T * K, routed_experts=int(used.numel()),
                            skew=skew, max_rows=int(counts.max()), bytes=nbytes, ms=res, decode_ms=res["decode"],
@@ -131,12 +182,18 @@ def main() -> None:
                 row["frac_of_copy"] = row["decode_tb_s"] / copy
                 row["copy_same_bytes_ms"] = copy_same_ms
                 row["frac_of_copy_same_bytes"] = copy_same_ms / res["decode"]
+                row.update(stream_copies=n, decode_stream_ms=stream_ms, copy_same_bytes_stream_ms=copy_same_stream,
+                           decode_stream_tb_s=nbytes / (stream_ms * 1e-3) / 1e12)
+                row["frac_of_copy_stream"] = row["decode_stream_tb_s"] / copy
+                row["frac_of_copy_same_bytes_stream"] = copy_same_stream / stream_ms
                 rows.append(row)
                 print(f"{model:14s} {proj:7s} T={T:3d}{' skewed' if skew else ''} S={T * K:4d} "
                       f"routed={row['routed_experts']:3d} max rows={row['max_rows']:3d} "
                       f"{nbytes / 1e6:7.1f} MB  " + "  ".join(f"{k} {v * 1e3:7.1f}us" for k, v in res.items())
                       + f"  -> {row['decode_tb_s']:.2f} TB/s ({100 * row['frac_of_copy']:.0f} % of copy; "
-                      f"{100 * row['frac_of_copy_same_bytes']:.0f} % of a copy of the same bytes)")
+                      f"{100 * row['frac_of_copy_same_bytes']:.0f} % of a copy of the same bytes); in a stream of "
+                      f"{n}: {stream_ms * 1e3:.1f}us {100 * row['frac_of_copy_stream']:.0f} % of copy, "
+                      f"{100 * row['frac_of_copy_same_bytes_stream']:.0f} % of the same-bytes copies")
             if not full:
                 continue
             # the whole block: auto (decode for small S) vs the prefill kernels; "auto/serial":
@@ -155,9 +212,24 @@ def main() -> None:
                     ms = time_graph(fb, budget_s=0.2)["ms"]
                     blk[name] = ms if rep == 0 else min(blk[name], ms)
                     os.environ.pop("SAMOYEDS_PDL", None)
-            rows.append(dict(model=model, proj="block", T=T, K=K, E=E, ms=blk))
-            print(f"{model:14s} block   T={T:3d} S={T * K:4d} " + "  ".join(f"{k} {v * 1e3:7.1f}us" for k, v in blk.items()))
-        del gu, dn
+            # the block in a stream (auto), on rotated copies of both projections' weights
+            nbytes = packed_bytes(gu, used) + packed_bytes(dn, used)
+            n = stream_copies(nbytes)
+            pairs = list(zip(copies["gate_up"][n], copies["down"][n]))
+
+            def fbs(pairs=pairs):
+                for g, d in pairs:
+                    moe_forward(x, topk, w, g, d, impl="auto")
+            stream_ms = time_graph(fbs, inner=n, budget_s=0.2)["ms"]
+            row = dict(model=model, proj="block", T=T, K=K, E=E, ms=blk, bytes=nbytes, stream_copies=n,
+                       auto_stream_ms=stream_ms)
+            row["frac_of_copy"] = nbytes / (blk["auto"] * 1e-3) / 1e12 / copy
+            row["frac_of_copy_stream"] = nbytes / (stream_ms * 1e-3) / 1e12 / copy
+            rows.append(row)
+            print(f"{model:14s} block   T={T:3d} S={T * K:4d} " + "  ".join(f"{k} {v * 1e3:7.1f}us" for k, v in blk.items())
+                  + f"  weights {nbytes / 1e6:.1f} MB: {100 * row['frac_of_copy']:.0f} % of copy; in a stream of {n}: "
+                  f"{stream_ms * 1e3:.1f}us {100 * row['frac_of_copy_stream']:.0f} %")
+        del gu, dn, copies
         torch.cuda.empty_cache()
     path = os.path.join(gpu_dir(args.out), args.name)
     write_json(path, dict(environment(), ceilings=ceil, format=args.format, rows=rows))

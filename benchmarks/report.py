@@ -274,29 +274,47 @@ def accuracy_table(d: dict) -> str:
 
 
 def decode_table(d: dict) -> str:
-    """The decode kernel: achieved bandwidth over the routed experts' packed bytes, and the block."""
-    same = any("copy_same_bytes_ms" in r for r in d.get("rows", []))
+    """The decode kernel: achieved bandwidth over the routed experts' packed bytes, and the block;
+    "back to back": calls on rotated weight copies back to back in one graph (bench_decode.py)."""
+    rs = d.get("rows", [])
+    same = any("copy_same_bytes_ms" in r for r in rs)
+    b2b = any("decode_stream_ms" in r for r in rs)
     rows = ["| model | projection | T | routed rows S | experts read | MB read | decode kernel | TB/s | of device copy "
-            + ("| of a copy of the same bytes " if same else "") + "| mma.sp | wgmma.sp |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if same else "") + "---:|---:|"]
-    serial = any("auto/serial" in r.get("ms", {}) for r in d.get("rows", []) if r.get("proj") == "block")
+            + ("| of a copy of the same bytes " if same else "")
+            + ("| back to back | TB/s | of device copy | of same-bytes copies back to back " if b2b else "")
+            + "| mma.sp | wgmma.sp |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if same else "") + ("---:|" * 4 if b2b else "")
+            + "---:|---:|"]
+    blk_rows = [r for r in rs if r.get("proj") == "block"]
+    serial = any("auto/serial" in r.get("ms", {}) for r in blk_rows)
+    bb = any("auto_stream_ms" in r for r in blk_rows)
     blocks = ["| model | T | MoE block, impl auto | " + ("launches one after another | " if serial else "")
-              + "decode | mma.sp | wgmma.sp | auto vs mma.sp |",
-              "|---|---:|---:|" + ("---:|" if serial else "") + "---:|---:|---:|---:|"]
-    for r in d.get("rows", []):
+              + "decode | mma.sp | wgmma.sp | auto vs mma.sp |"
+              + (" weights MB | of device copy | back to back | of device copy |" if bb else ""),
+              "|---|---:|---:|" + ("---:|" if serial else "") + "---:|---:|---:|---:|" + ("---:|" * 4 if bb else "")]
+    for r in rs:
         m = r.get("ms", {})
         if r.get("proj") == "block":
             if m.get("auto") and m.get("mma_sp"):
                 ser = f"{_f(m.get('auto/serial'), '.3f')} ms | " if serial else ""
+                tail = ""
+                if bb:
+                    tail = (f" {r['bytes'] / 1e6:.1f} | {r['frac_of_copy']:.0%} | {r['auto_stream_ms']:.3f} ms | "
+                            f"{r['frac_of_copy_stream']:.0%} |" if "auto_stream_ms" in r else " - | - | - | - |")
                 blocks.append(f"| {r['model']} | {r['T']} | {m['auto']:.3f} ms | {ser}{_f(m.get('decode'), '.3f')} ms | "
-                              f"{m['mma_sp']:.3f} ms | {_f(m.get('wgmma_sp'), '.3f')} ms | {_x(m['mma_sp'] / m['auto'])} |")
+                              f"{m['mma_sp']:.3f} ms | {_f(m.get('wgmma_sp'), '.3f')} ms | {_x(m['mma_sp'] / m['auto'])} |"
+                              + tail)
             continue
         if "decode_ms" not in r:
             continue
+        stream = ""
+        if b2b:
+            stream = (f"{r['decode_stream_ms']:.3f} ms | {r['decode_stream_tb_s']:.2f} | {r['frac_of_copy_stream']:.0%} | "
+                      f"{r['frac_of_copy_same_bytes_stream']:.0%} | " if "decode_stream_ms" in r else "- | - | - | - | ")
         rows.append(f"| {r['model']} | {r['proj']} | {r['T']} | {r['S']} | {r['routed_experts']} | "
                     f"{r['bytes'] / 1e6:.1f} | {r['decode_ms']:.3f} ms | {r['decode_tb_s']:.2f} | "
                     f"{r['frac_of_copy']:.0%} | "
-                    + (f"{r['frac_of_copy_same_bytes']:.0%} | " if same else "")
+                    + (f"{r['frac_of_copy_same_bytes']:.0%} | " if same else "") + stream
                     + f"{_f(m.get('mma_sp'), '.3f')} ms | {_f(m.get('wgmma_sp'), '.3f')} ms |")
     return "\n".join(rows) + "\n\n" + "\n".join(blocks)
 
