@@ -170,10 +170,13 @@ def main() -> None:
                 n = stream_copies(nbytes)
                 ws = copies[proj][n]
 
-                def fs(ws=ws):
-                    for q in ws:
-                        sm.ssmm(inp, q, r.offsets, ids, out=out, act=act, scale=scale, impl="decode", check=False)
-                stream_ms = time_graph(fs, inner=n, budget_s=0.2)["ms"]
+                stream = {}
+                for impl in ["decode"] + (["wgmma_sp"] if wgmma_ok else []):
+                    def fs(ws=ws, impl=impl):
+                        for q in ws:
+                            sm.ssmm(inp, q, r.offsets, ids, out=out, act=act, scale=scale, impl=impl, check=False)
+                    stream[impl] = time_graph(fs, inner=n, budget_s=0.2)["ms"]
+                stream_ms = stream["decode"]
                 copy_same_stream = copy_stream_ms(nbytes, n, dev)
                 counts = torch.bincount(topk.reshape(-1), minlength=E)
                 row = dict(model=model, proj=proj, T=T, K=K, E=E, S=T * K, routed_experts=int(used.numel()),
@@ -182,7 +185,8 @@ def main() -> None:
                 row["frac_of_copy"] = row["decode_tb_s"] / copy
                 row["copy_same_bytes_ms"] = copy_same_ms
                 row["frac_of_copy_same_bytes"] = copy_same_ms / res["decode"]
-                row.update(stream_copies=n, decode_stream_ms=stream_ms, copy_same_bytes_stream_ms=copy_same_stream,
+                row.update(stream_copies=n, stream_ms=stream, decode_stream_ms=stream_ms,
+                           copy_same_bytes_stream_ms=copy_same_stream,
                            decode_stream_tb_s=nbytes / (stream_ms * 1e-3) / 1e12)
                 row["frac_of_copy_stream"] = row["decode_stream_tb_s"] / copy
                 row["frac_of_copy_same_bytes_stream"] = copy_same_stream / stream_ms
@@ -193,7 +197,8 @@ def main() -> None:
                       + f"  -> {row['decode_tb_s']:.2f} TB/s ({100 * row['frac_of_copy']:.0f} % of copy; "
                       f"{100 * row['frac_of_copy_same_bytes']:.0f} % of a copy of the same bytes); in a stream of "
                       f"{n}: {stream_ms * 1e3:.1f}us {100 * row['frac_of_copy_stream']:.0f} % of copy, "
-                      f"{100 * row['frac_of_copy_same_bytes_stream']:.0f} % of the same-bytes copies")
+                      f"{100 * row['frac_of_copy_same_bytes_stream']:.0f} % of the same-bytes copies"
+                      + "".join(f"; {k} {v * 1e3:.1f}us" for k, v in stream.items() if k != "decode") + ")")
             if not full:
                 continue
             # the whole block: auto (decode for small S) vs the prefill kernels; "auto/serial":
@@ -217,18 +222,22 @@ def main() -> None:
             n = stream_copies(nbytes)
             pairs = list(zip(copies["gate_up"][n], copies["down"][n]))
 
-            def fbs(pairs=pairs):
-                for g, d in pairs:
-                    moe_forward(x, topk, w, g, d, impl="auto")
-            stream_ms = time_graph(fbs, inner=n, budget_s=0.2)["ms"]
+            stream = {}
+            for impl in ["auto"] + (["wgmma_sp"] if wgmma_ok else []):
+                def fbs(pairs=pairs, impl=impl):
+                    for g, d in pairs:
+                        moe_forward(x, topk, w, g, d, impl=impl)
+                stream[impl] = time_graph(fbs, inner=n, budget_s=0.2)["ms"]
+            stream_ms = stream["auto"]
             row = dict(model=model, proj="block", T=T, K=K, E=E, ms=blk, bytes=nbytes, stream_copies=n,
-                       auto_stream_ms=stream_ms)
+                       stream_ms=stream, auto_stream_ms=stream_ms)
             row["frac_of_copy"] = nbytes / (blk["auto"] * 1e-3) / 1e12 / copy
             row["frac_of_copy_stream"] = nbytes / (stream_ms * 1e-3) / 1e12 / copy
             rows.append(row)
             print(f"{model:14s} block   T={T:3d} S={T * K:4d} " + "  ".join(f"{k} {v * 1e3:7.1f}us" for k, v in blk.items())
                   + f"  weights {nbytes / 1e6:.1f} MB: {100 * row['frac_of_copy']:.0f} % of copy; in a stream of {n}: "
-                  f"{stream_ms * 1e3:.1f}us {100 * row['frac_of_copy_stream']:.0f} %")
+                  f"{stream_ms * 1e3:.1f}us {100 * row['frac_of_copy_stream']:.0f} %"
+                  + "".join(f"; {k} {v * 1e3:.1f}us" for k, v in stream.items() if k != "auto"))
         del gu, dn, copies
         torch.cuda.empty_cache()
     path = os.path.join(gpu_dir(args.out), args.name)
