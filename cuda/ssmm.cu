@@ -808,7 +808,9 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
             SAM_CUDA_TRY(launched, "ssmm");
         } else {
             if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
-            ssmm_ws_kernel<T, C><<<(unsigned)grid, C::THREADS, C::SMEM, stream>>>(k, maps);
+            SAM_CUDA_TRY(launch_kernel(ssmm_ws_kernel<T, C>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM, stream,
+                                       pdl_enabled(), k, maps),
+                         "ssmm");
         }
     } else {
         void (*kernel)(const KParams);
