@@ -121,6 +121,7 @@ struct KParams : SsmmArgs {
     int meta_remap;             // wgmma metadata register layout (see ssmm_wgmma_kernel)
     int gm;                     // row tiles per rasterisation group (GM; SAMOYEDS_SSMM_GM)
     unsigned long long *work;   // WsCfg::DYN: the next work item (zero at launch), else null
+    int pdl_trigger;            // the warp-specialised kernel lets the kernel after it launch as it starts
 #if SAM_WS_DROP
     int drop;                   // SAMOYEDS_WS_DROP: the parts the warp-specialised kernel leaves out
 #endif
@@ -751,6 +752,7 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
     k.drop = env_int("SAMOYEDS_WS_DROP", 0);
 #endif
     k.work = nullptr;
+    k.pdl_trigger = 0;
     if constexpr (KIND == K_WGMMA_WS) {
         WsMaps maps;
         if (!ws_tensor_maps<T, C>(ps, maps)) {
@@ -808,8 +810,12 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
             SAM_CUDA_TRY(launched, "ssmm");
         } else {
             if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
+            // SAMOYEDS_WS_PDL: 0 a plain launch; 1 a programmatic dependent launch; 2 one that also
+            // lets the kernel after it launch as it starts
+            const int ws_pdl = pdl_enabled() ? env_int("SAMOYEDS_WS_PDL", 2) : 0;
+            k.pdl_trigger = ws_pdl >= 2;
             SAM_CUDA_TRY(launch_kernel(ssmm_ws_kernel<T, C>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM, stream,
-                                       pdl_enabled(), k, maps),
+                                       ws_pdl >= 1, k, maps),
                          "ssmm");
         }
     } else {

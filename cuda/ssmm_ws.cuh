@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     // barriers above are set up while the kernel before ends; nothing below reads or writes
     // before it has, and the kernel after may be scheduled from here on.
     pdl_wait();
-    pdl_trigger();
+    if (p.pdl_trigger) pdl_trigger();
 
     const int wg = tid / 128;
     if (wg == 0) {
