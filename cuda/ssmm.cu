@@ -810,9 +810,13 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, int max_ctas =
             SAM_CUDA_TRY(launched, "ssmm");
         } else {
             if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;
-            // SAMOYEDS_WS_PDL: 0 a plain launch; 1 a programmatic dependent launch; 2 one that also
-            // lets the kernel after it launch as it starts
-            const int ws_pdl = pdl_enabled() ? env_int("SAMOYEDS_WS_PDL", 2) : 0;
+            // SAMOYEDS_WS_PDL: 0 a plain launch; 1 (default) a programmatic dependent launch (its CTAs
+            // set up while the kernel before ends; the kernel after launches as they end); 2 one that
+            // also lets the kernel after it launch as it starts.  Measured on H100 (docs/PERFORMANCE.md,
+            // experiments/probe_block_env_ws_pdl.json), the block in turns: 1 0.98-1.00x the time of
+            // 0 (Mixtral-8x7B at T = 4096 0.983-0.988x), 2 1.00-1.12x (slower wherever a
+            // warp-specialised kernel runs, the most at 16-128 tokens).
+            const int ws_pdl = pdl_enabled() ? env_int("SAMOYEDS_WS_PDL", 1) : 0;
             k.pdl_trigger = ws_pdl >= 2;
             SAM_CUDA_TRY(launch_kernel(ssmm_ws_kernel<T, C>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM, stream,
                                        ws_pdl >= 1, k, maps),

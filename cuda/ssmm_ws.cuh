@@ -254,9 +254,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_ws_kernel(const KParams p,
     }
     if (CL == 1) __syncthreads();
     else cluster_sync();  // the peer multicasts into this CTA's stages from now on
-    // A programmatic dependent launch (common.cuh; the persistent grid of one CTA per SM): the
-    // barriers above are set up while the kernel before ends; nothing below reads or writes
-    // before it has, and the kernel after may be scheduled from here on.
+    // A programmatic dependent launch (common.cuh; SAMOYEDS_WS_PDL in ssmm.cu): the barriers
+    // above are set up while the kernel before ends, nothing below reads or writes before it
+    // has; the kernel after launches as this one's CTAs end (or from here, p.pdl_trigger).
     pdl_wait();
     if (p.pdl_trigger) pdl_trigger();
 
