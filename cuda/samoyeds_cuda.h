@@ -140,10 +140,6 @@ sam_status sam_ssmm_cuda(const sam_ssmm_params *p, void *stream);
  * SAM_DECODE_ROWS_PER_EXPERT).  Measurements: docs/PERFORMANCE.md. */
 #define SAM_DECODE_MAX_ROWS 128       /* Mixtral-8x7B: decode wins to S = 128, wgmma.sp from 256 */
 #define SAM_DECODE_ROWS_PER_EXPERT 16 /* Qwen3-30B-A3B/OLMoE at 16 per expert, skewed routing: 1.27x/1.16x */
-/* ... except where the token rows come by TMA in the wgmma.sp kernel (no row map), the rows
- * have at most 4096 columns and the routed rows average more than this many per expert
- * (SAMOYEDS_DECODE_TMA_ROWS_PER_EXPERT; -1: never): there the wgmma.sp kernel takes them. */
-#define SAM_DECODE_TMA_ROWS_PER_EXPERT (-1)
 /* 2:4 and 1:2:V: the decode kernel's token passes are 32 rows (else 16) once the routed
  * rows average more than this many per expert; 1:4:V: 16 rows (else 8) above half as
  * many (cuda/ssmm_decode.cu, launch_m). */

@@ -977,19 +977,6 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
     return SAM_STATUS_UNSUPPORTED;
 }
 
-// Projections the decode rule would give the decode kernel that the persistent wgmma.sp
-// kernel takes instead: token rows read without a row map (the down projection's, by TMA),
-// short rows (C <= 4096 columns: the decode kernel's split-K passes are then a few k-tiles
-// per warp) and more than SAMOYEDS_DECODE_TMA_ROWS_PER_EXPERT rows per expert on average.
-bool wgmma_takes_decode_rows(const sam_ssmm_params *ps) {
-    const int rpe = env_int("SAMOYEDS_DECODE_TMA_ROWS_PER_EXPERT", SAM_DECODE_TMA_ROWS_PER_EXPERT);
-    const int m = ps->f.m;
-    return rpe >= 0 && ps->S > (int64_t)rpe * ps->d.E && ps->d.C <= 4096 && m <= 2 &&
-           (m == 1 || ps->f.v % 128 == 0) && env_int("SAMOYEDS_SSMM_WGMMA", 1) != 0 &&
-           env_int("SAMOYEDS_WGMMA_KERNEL", 0) != 1 && device_has_wgmma() && ws_tma_usable(ps) &&
-           ws_tokens_mappable(ps, 2) && env_int("SAMOYEDS_WGMMA_TOKENS_TMA", 1) != 0;
-}
-
 }  // namespace
 }  // namespace sam
 
@@ -1017,7 +1004,7 @@ extern "C" sam_status sam_ssmm_cuda(const sam_ssmm_params *ps, void *stream) {
         return SAM_STATUS_UNSUPPORTED;
     }
     // decode / small-T: split-K kernel of cuda/ssmm_decode.cu (threshold: docs/PERFORMANCE.md)
-    if (ps->impl == 3 || (ps->impl == 0 && sam_ssmm_use_decode(ps) && !sam::wgmma_takes_decode_rows(ps)))
+    if (ps->impl == 3 || (ps->impl == 0 && sam_ssmm_use_decode(ps)))
         return sam_ssmm_decode_cuda(ps, stream);
     return sam::with_tc_dtype(ps->dtype, [&](auto t) { return sam::launch_m<decltype(t)>(ps, (cudaStream_t)stream); });
 }
