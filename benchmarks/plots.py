@@ -385,7 +385,8 @@ def decode(d: dict):
     """The decode kernel (bench_decode.json): the routed experts' packed bytes per second as a
     share of the device copy rate measured in the same run, by tokens T, for gate_up (left) and
     down (right), uniform routing; filled where impl="auto" runs this kernel (S <= 128 routed
-    rows or at most 16 per expert), hollow past that."""
+    rows or at most 16 per expert), hollow past that; dotted, where the file has them, the same
+    calls back to back on rotated weight copies."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
     rows = [r for r in d.get("rows", []) if r.get("proj") in ("gate_up", "down") and not r.get("skew")]
@@ -397,6 +398,10 @@ def decode(d: dict):
                 continue
             color = f"C{i}"
             ax.plot([r["T"] for r in pts], [100 * r["frac_of_copy"] for r in pts], "-", color=color, label=model)
+            b2b = [r for r in pts if "frac_of_copy_stream" in r]
+            if b2b:
+                ax.plot([r["T"] for r in b2b], [100 * r["frac_of_copy_stream"] for r in b2b], ":", color=color,
+                        marker=".", label=f"{model}, back to back")
             for r in pts:
                 auto = r["S"] <= 128 or r["S"] <= 16 * r["E"]
                 ax.plot([r["T"]], [100 * r["frac_of_copy"]], "o", color=color,
@@ -412,7 +417,7 @@ def decode(d: dict):
     axes[0].set_ylabel("weights read, % of the copy rate")
     axes[0].legend(fontsize=8)
     _title(fig, f"Decode kernel ({d.get('format', '?')}): weight stream against the copy rate "
-                "(dashed: 80 %)", {"env": d.get("env") or d})
+                "(dashed: 80 %; dotted: back to back)", {"env": d.get("env") or d})
     fig.tight_layout()
     return fig
 
