@@ -17,7 +17,7 @@ block) as a model's layers run it: n calls back to back in one graph, each on it
 copy of the packed weights (n copies of at least STREAM_BYTES routed bytes in all, so
 that L2 cannot hold them across calls), the same inputs and token sets; the time per call.
 
-    python benchmarks/bench_decode.py [--out DIR] [--variants 0,1,2] [--tokens 16,32] [--variants-everywhere]
+    python benchmarks/bench_decode.py [--out DIR] [--variants 0,1,2] [--tokens 16,32] [--variants-everywhere] [--models M,N]
                                       [--format 2:4] [--name bench_decode_24.json]
 
 --tokens times the decode kernel again with SAMOYEDS_DECODE_TOKENS set to each value
@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--format", default=FMT, help="the packed format of both projections")
     ap.add_argument("--name", default="bench_decode.json", help="the results file's name")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--models", default="", help="comma-separated subset of the models (default: all)")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     dev, dt = "cuda", torch.bfloat16
@@ -133,7 +134,13 @@ def main() -> None:
     wgmma_ok = sm90 and (fmt.n == fmt.m or (fmt.n, fmt.m) == (1, 2) and fmt.v % 128 == 0)  # what wgmma.sp takes
     rows = []
     skewed = {m: ts for m, *_, ts in SKEWED}
+    only = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(only) - {c[0] for c in CASES})
+    if unknown:
+        ap.error(f"--models: unknown {unknown}; expected some of {[c[0] for c in CASES]}")
     for model, E, H, I, K, Ts, sweep in CASES:
+        if only and model not in only:
+            continue
         gu = sm.pack((torch.randn(E, 2 * I, H, device=dev) * H ** -0.5).to(dt), args.format, glu=True)
         dn = sm.pack((torch.randn(E, H, I, device=dev) * I ** -0.5).to(dt), args.format)
         copies = {"gate_up": Copies(gu), "down": Copies(dn)}

@@ -151,6 +151,11 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool v
     int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
+// The same with an L2 prefetch of the 256-byte block around src (PTX .L2::256B): the
+// decode kernel's weight copies, which read each row 64 bytes per k-tile and warp.
+__device__ __forceinline__ void cp_async16_l2_256(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

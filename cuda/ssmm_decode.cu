@@ -45,6 +45,12 @@
 
 #include "common.cuh"
 
+// SAM_DECODE_L2_PREFETCH (build flag, default 0): the weight copies ask L2 for the 256-byte
+// block around each 16-byte piece (cp.async .L2::256B), as TMA's L2 promotion does.
+#ifndef SAM_DECODE_L2_PREFETCH
+#define SAM_DECODE_L2_PREFETCH 0
+#endif
+
 namespace sam {
 namespace {
 
@@ -188,10 +194,20 @@ template <typename T, typename Cf> struct DPlan {
 #pragma unroll
         for (int i = 0; i < 2 * MT; i++) {
             const T *src = (i < MT ? a_src0 : a_src1) + (int64_t)(i % MT) * 8 * pitch + ka;
+#if SAM_DECODE_L2_PREFETCH
+            cp_async16_l2_256(base + a_dst + 512 * i, src);
+#else
             cp_async16(base + a_dst + 512 * i, src, true);
+#endif
         }
-        if ((lane >> 3) < MT)
-            cp_async16(base + Cf::META_OFF + (lane >> 3) * 128 + (lane & 7) * 16, m_src + (int64_t)kt * 32, true);
+        if ((lane >> 3) < MT) {
+            const uint32_t m_dst = base + Cf::META_OFF + (lane >> 3) * 128 + (lane & 7) * 16;
+#if SAM_DECODE_L2_PREFETCH
+            cp_async16_l2_256(m_dst, m_src + (int64_t)kt * 32);
+#else
+            cp_async16(m_dst, m_src + (int64_t)kt * 32, true);
+#endif
+        }
         if (M > 1 && lane < MT && fresh) cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)slice * p.rp, true);
     }
     // the token rows of k-tile kt
