@@ -45,10 +45,14 @@
 
 #include "common.cuh"
 
-// SAM_DECODE_L2_PREFETCH (build flag, default 0): the weight copies ask L2 for the 256-byte
-// block around each 16-byte piece (cp.async .L2::256B), as TMA's L2 promotion does.
+// SAM_DECODE_L2_PREFETCH (build flag, default 1): the weight copies ask L2 for the 256-byte
+// block around each 16-byte piece (cp.async .L2::256B), as the TMA loads of the wgmma.sp kernel
+// promote theirs.  Measured on H100 against 0, two builds in turns
+// (experiments/decode_l2_prefetch_ab.json, Qwen3-30B-A3B and OLMoE): back to back on rotated
+// weights the projections 0.95-0.99x the time (OLMoE with skewed routing at 16-32 rows per
+// expert 0.99-1.02x), the block 0.97-0.98x.
 #ifndef SAM_DECODE_L2_PREFETCH
-#define SAM_DECODE_L2_PREFETCH 0
+#define SAM_DECODE_L2_PREFETCH 1
 #endif
 
 namespace sam {
