@@ -319,3 +319,36 @@ def test_tile_forms_and_their_operand_bytes():
     assert bpf("wgmma") == bpf("wgmma_sp") == bpf("wgmma_sp_n64") == 1 / 64
     for kind, n in (("wgmma_sp_ss", 128), ("wgmma_sp_ss_n96", 96), ("wgmma_sp_ss_n64", 64)):
         assert bpf(kind) == pytest.approx(1 / 64 + 1 / (2 * n)), kind
+
+
+def test_decode_table_back_to_back_columns():
+    """report.decode_table: with and without the back-to-back timings every row of both tables
+    has as many cells as its header, and the back-to-back figures land in their columns."""
+    import bench_decode
+    import report
+
+    assert bench_decode.stream_copies(1) == bench_decode.MAX_COPIES
+    assert bench_decode.stream_copies(10 * bench_decode.STREAM_BYTES) == 2
+    assert bench_decode.stream_copies(bench_decode.STREAM_BYTES // 4) == 4
+    assert bench_decode.stream_copies(bench_decode.STREAM_BYTES // 4 - 1) == 5  # at least STREAM_BYTES in all
+    proj = dict(model="m", proj="down", T=16, S=128, E=64, routed_experts=50, bytes=70e6, decode_ms=0.04,
+                decode_tb_s=1.75, frac_of_copy=0.72, copy_same_bytes_ms=0.03, frac_of_copy_same_bytes=0.75,
+                ms={"decode": 0.04, "mma_sp": 0.08, "wgmma_sp": 0.036})
+    block = dict(model="m", proj="block", T=16, ms={"auto": 0.1, "auto/serial": 0.105, "decode": 0.1,
+                                                    "mma_sp": 0.2, "wgmma_sp": 0.12})
+    b2b_proj = dict(proj, stream_copies=4, stream_ms={"decode": 0.035, "wgmma_sp": 0.034}, decode_stream_ms=0.035,
+                    decode_stream_tb_s=2.0, frac_of_copy_stream=0.823, frac_of_copy_same_bytes_stream=0.781)
+    b2b_block = dict(block, bytes=210e6, frac_of_copy=0.86, stream_copies=2, auto_stream_ms=0.0987,
+                     frac_of_copy_stream=0.874, stream_ms={"auto": 0.0987, "wgmma_sp": 0.118})
+    for rows, extra in (([proj, block], 0), ([b2b_proj, b2b_block], 4)):
+        tables = report.decode_table({"rows": rows}).split("\n\n")
+        assert len(tables) == 2
+        for t in tables:
+            lines = t.split("\n")
+            assert len(lines) == 3
+            assert len({line.count("|") for line in lines}) == 1, t
+        assert tables[0].split("\n")[0].count("|") == 13 + extra
+        assert tables[1].split("\n")[0].count("|") == 9 + extra
+    tables = report.decode_table({"rows": [b2b_proj, b2b_block]}).split("\n\n")
+    assert "| 0.035 ms | 2.00 | 82% | 78% |" in tables[0]
+    assert "| 210.0 | 86% | 0.099 ms | 87% |" in tables[1]
