@@ -647,3 +647,80 @@ def test_auto_picks_decode_for_few_rows_per_expert(act, glu, monkeypatch):
     pre = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="auto")
     assert rel_err(pre[:n], dec[:n].double()) < 1e-2
     assert torch.equal(pre[:n], _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl=_prefill_impl())[:n])
+
+
+def _unrouted_case(T, fmt, act, glu, seed):
+    """E = 6 experts of which only 1 and 4 are routed: returns the inputs and, packed from the
+    same weights, a copy whose unrouted experts' values and bias are NaN."""
+    E, R, C = 6, 384, 320
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, C, generator=gen).to(torch.bfloat16)
+    xs = torch.randn(2 * T, C, generator=gen).to(torch.bfloat16)  # rows in expert order, no row map
+    w = (torch.randn(E, R, C, generator=gen) * C ** -0.5).to(torch.bfloat16)
+    p = sm.pack(w, fmt, glu=glu)
+    flip = torch.rand(T, generator=gen) < 0.5
+    topk = torch.stack([torch.where(flip, 4, 1), torch.where(flip, 1, 4)], dim=1)
+    r = sm.route(topk, E)
+    b = torch.randn(E, R, generator=gen).to(torch.bfloat16)
+    sc = torch.rand(T * 2, generator=gen)
+    unrouted = [0, 2, 3, 5]
+    counts = (r.offsets[1:] - r.offsets[:-1]).tolist()
+    assert [e for e in range(E) if counts[e] == 0] == unrouted
+    bad = sm.PackedWeight(p.values.clone(), p.meta, p.idx, p.fmt, p.shape, glu=p.glu)
+    bad.values[unrouted] = float("nan")
+    b_bad = b.clone()
+    b_bad[unrouted] = float("nan")
+    return x, xs, p, bad, r, b, b_bad, sc
+
+
+def _unrouted_outputs(T, fmt, act, glu, ways, monkeypatch):
+    """For each (device, impl, SAMOYEDS_WGMMA_KERNEL or None) of ways, with the token rows
+    gathered and read without a row map: the output on the clean weights and on the copy whose
+    unrouted experts are NaN must be equal bit for bit, every routed row finite."""
+    seed = torch.seed() % 2**31
+    x, xs, p, bad, r, b, b_bad, sc = _unrouted_case(T, fmt, act, glu, seed)
+    S, n = T * 2, int(r.offsets[-1])
+    cols = 384 if act == "none" else 192
+
+    def run(dev, packed, bias, impl, ids):
+        out = _poisoned(S, cols, torch.bfloat16, dev)
+        sm.ssmm((xs if ids is None else x).to(dev), packed.to(dev), r.offsets.to(dev),
+                None if ids is None else ids.to(dev), out=out,
+                act=act, bias=bias.to(dev), scale=sc.to(dev), impl=impl)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        return out.cpu()
+
+    for dev, impl, kernel in ways:
+        if kernel is not None:
+            monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
+        for ids in (r.token_ids, None):
+            clean = run(dev, p, b, impl, ids)
+            dirty = run(dev, bad, b_bad, impl, ids)
+            what = f"{dev} impl={impl} kernel={kernel} token rows {'without a row map' if ids is None else 'gathered'}"
+            assert torch.isfinite(clean[:n]).all(), f"{what}: unwritten rows on the clean weights"
+            assert torch.isnan(clean[n:]).all(), f"{what}: rows past offsets[E] were written"
+            assert torch.equal(dirty[:n], clean[:n]), f"{what}: an unrouted expert's weights reached the output"
+
+
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
+def test_ref_never_reads_unrouted_experts(fmt, monkeypatch):
+    """The C reference skips the experts nobody routed to: their NaN weights and bias change
+    nothing."""
+    _unrouted_outputs(9, fmt, "swiglu", True, [("cpu", "auto", None)], monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [37, 600])
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
+def test_unrouted_experts_are_never_read(T, fmt, act, glu, monkeypatch):
+    """Experts nobody routed to cost nothing: with their packed values and bias NaN, every
+    kernel (decode, mma.sp, each wgmma.sp kernel; token rows gathered and, as the down
+    projection reads them, without a row map) gives, bit for bit, what it gives on the clean
+    weights.  A kernel that took an unrouted expert's weights into a sum would carry its NaN
+    into the output."""
+    ways = [("cuda", impl, None) for impl in ("decode", "mma_sp")]
+    if _sm90() and "sm_90a" in sm.build_info()["cuda_archs"]:
+        ways += [("cuda", "wgmma_sp", k) for k in ("1", "2", "3", "4", "5", "6")]
+    _unrouted_outputs(T, fmt, act, glu, ways, monkeypatch)
