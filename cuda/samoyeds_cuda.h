@@ -92,6 +92,53 @@ sam_status sam_format_unpack_cuda(void *out, const void *values, const uint32_t 
 
 /* ---- the sparse-sparse matmul (cuda/ssmm.cu) ----------------------------- */
 
+/* Which kernel runs an ssmm (sam_ssmm_params.impl). */
+typedef enum sam_impl {
+    SAM_IMPL_AUTO = 0,      /* the selection rule of cuda/ssmm.cu */
+    SAM_IMPL_MMA_SP = 1,    /* mma.sp, sm_80 and later (cuda/ssmm_mma_sp.cu) */
+    SAM_IMPL_WGMMA_SP = 2,  /* the warp-specialised wgmma.sp kernel, sm_90a (cuda/ssmm_wgmma_sp.cu) */
+    SAM_IMPL_DECODE = 3     /* split-K, bound by reading the weights (cuda/ssmm_decode.cu) */
+} sam_impl;
+
+/* The 1:2:V tile of the wgmma.sp kernel (storage rows x tokens). */
+typedef enum sam_tile {
+    SAM_TILE_AUTO = 0,
+    SAM_TILE_128X128 = 1,
+    SAM_TILE_256X64 = 2,
+    SAM_TILE_256X96 = 3
+} sam_tile;
+
+/* How the wgmma.sp kernel brings the token rows into shared memory. */
+typedef enum sam_token_rows {
+    SAM_TOKEN_ROWS_AUTO = 0,   /* by TMA where x is read without a row map and aligned, else gathered */
+    SAM_TOKEN_ROWS_GATHER = 1, /* always gathered (cp.async by index) */
+    SAM_TOKEN_ROWS_TMA = 2     /* by TMA; SAM_STATUS_UNSUPPORTED where they cannot be */
+} sam_token_rows;
+
+/* What stays tunable in the kernel selection: filled by the extension from
+ * samoyeds/_config.py (tests and benchmarks override it there); a call that
+ * has no opinion passes sam_ssmm_config_default(). */
+typedef struct sam_ssmm_config {
+    int decode_max_rows;        /* AUTO: the decode kernel when S <= this (-1: SAM_DECODE_MAX_ROWS) */
+    int decode_rows_per_expert; /* ... or when S <= this * E (-1: SAM_DECODE_ROWS_PER_EXPERT) */
+    sam_tile tile;              /* the wgmma.sp kernel's 1:2:V tile */
+    sam_token_rows token_rows;  /* the wgmma.sp kernel's token rows */
+} sam_ssmm_config;
+
+static inline sam_ssmm_config sam_ssmm_config_default(void) {
+    sam_ssmm_config c;
+    c.decode_max_rows = -1;
+    c.decode_rows_per_expert = -1;
+    c.tile = SAM_TILE_AUTO;
+    c.token_rows = SAM_TOKEN_ROWS_AUTO;
+    return c;
+}
+
+/* Programmatic dependent launch (sm_90 and later) for every samoyeds kernel
+ * launched after this call, process-wide: 1 on (the default), 0 plain launches. */
+void sam_cuda_set_pdl(int enabled);
+int sam_cuda_pdl(void);
+
 typedef struct sam_ssmm_params {
     /* activations: x[T][ldx], row token_ids[s] (or s when token_ids is NULL) */
     const void *x;
