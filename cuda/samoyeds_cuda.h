@@ -164,9 +164,8 @@ typedef struct sam_ssmm_params {
     /* output: out[S][ldo], R columns (R/2 with an activation) */
     void *out;
     int64_t ldo;
-    int impl;                /* 0: best for the device (the decode kernel when
-                                sam_ssmm_use_decode(p)); 1: mma.sp; 2: wgmma.sp
-                                (sm_90a); 3: decode (split-K, cuda/ssmm_decode.cu) */
+    sam_impl impl;           /* SAM_IMPL_AUTO: best for the device */
+    sam_ssmm_config cfg;     /* the selection's tunables (sam_ssmm_config_default()) */
     int offsets_ready;       /* 1: offsets were complete before the kernel launched just
                                 before this one on the stream let its dependents start
                                 (samoyeds kernels do so only after their own wait for the
