@@ -23,11 +23,11 @@
 //     BN token rows gathered by index from x); warps never wait for each other
 //     inside the loop (__syncwarp only).  Interleaving the warps' k-tiles keeps
 //     W*64 contiguous bytes of every row in flight together (DRAM page
-//     locality; docs/KERNELS.md, "The decode kernel").  Each k-step is MT x NT mma.sp m16n8k32 on ldmatrix
-//     fragments (weights = the sparse A operand).
+//     locality; docs/KERNELS.md, "The decode kernel").  Each k-step is MT x NT
+//     mma.sp m16n8k32 on ldmatrix fragments (weights = the sparse A operand).
 //   * row selection (1:M:V): M accumulator sets per condensed row (a running
 //     total and the shares of M - 1 rows), folded at the warp's first k-tile and
-//     whenever its next k-tile lies in another slice, exactly as in ssmm.cu; the
+//     whenever its next k-tile lies in another slice, exactly as in ssmm_mma_sp.cu; the
 //     set -> original row map (perm) travels with the partial sums into the reduction.
 //   * the W partial tiles are reduced through shared memory in warp order
 //     0..W-1 (deterministic, no atomics), then the prefill epilogue semantics:
@@ -253,7 +253,7 @@ __device__ __forceinline__ void d_prologue(const DParams &p, const DPlan<T, Cf> 
 // MT x NT mma.sp m16n8k32 per 32 columns on ldmatrix fragments (weights = the sparse A
 // operand).  Row selection (1:M:V): M accumulator sets per condensed row, set 0 the running
 // total mma writes, the others the shares of M - 1 rows, folded in whenever a k-tile lies in
-// another slice than the warp's previous one (fold_row_set, common.cuh); at the end perm says
+// another slice than the warp's previous one (fold_row_set, ssmm_work.cuh); at the end perm says
 // which row of its group each set holds.  Ends with every copy landed.
 template <typename T, typename Cf>
 __device__ __forceinline__ void d_kloop(const DParams &p, const DPlan<T, Cf> &pl, const DRange<Cf> &r,
@@ -574,5 +574,6 @@ template <typename T> sam_status launch_pass(const sam_ssmm_params *ps, cudaStre
 // The format/epilogue checks of sam_ssmm_cuda (n = 1, V % 64, glu <-> act,
 // C % 8) have run before this is called.
 extern "C" sam_status sam_ssmm_decode_cuda(const sam_ssmm_params *ps, void *stream) {
-    return sam::with_tc_dtype(ps->dtype, [&](auto t) { return sam::launch_pass<decltype(t)>(ps, (cudaStream_t)stream); });
+    return sam::with_tc_dtype(ps->dtype,
+                              [&](auto t) { return sam::launch_pass<decltype(t)>(ps, (cudaStream_t)stream); });
 }

@@ -71,8 +71,8 @@ __device__ __forceinline__ void epilogue(const PrefillArgs &p, const WgmmaSmem<C
         return sbase + tl * (OCW * 2) + ((((cw >> 3) ^ (tl & 7)) << 4) | ((cw & 7) * 2));
     };
     auto consumer_sync = [&]() {
-        if (HANDOVER) named_barrier_sync(2, 256);
-        else named_barrier_sync(4 + c, 128);
+        if (HANDOVER) named_barrier_sync(BAR_CONSUMERS, 256);
+        else named_barrier_sync(BAR_CONSUMER0 + c, 128);
     };
     // the value of block b at accumulator i for row x of its group (M = 2: set 1 holds
     // row 0, set 0 row 1 of each pair)

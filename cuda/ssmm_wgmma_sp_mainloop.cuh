@@ -64,7 +64,7 @@ __device__ __forceinline__ void producer(const PrefillArgs &p, const WgmmaMaps &
     for (int n = 0;; n++) {
         const int e = schedule_item<C>(p, sm, n, total, tid);
         if (e < 0) break;
-        named_barrier_sync(3, PT);  // every token row of the slot is written
+        named_barrier_sync(BAR_PRODUCER, PT);  // every token row of the slot is written
         const int slot = n & (C::NSLOT - 1);
         const int32_t *tok = sm.slot_tok(slot), *info = sm.slot_info(slot);
         const int64_t row0 = (int64_t)info[1] * BMT;

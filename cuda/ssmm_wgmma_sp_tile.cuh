@@ -100,6 +100,10 @@ struct WgmmaTile {
     static __device__ __forceinline__ uint32_t b_off(int row, int ch) { return row * 128 + ((ch ^ (row & 7)) << 4); }
 };
 
+// Named barriers of the kernel (bar.sync ids; 0 is __syncthreads): the producer warpgroup,
+// both consumer warpgroups together, and consumer c alone (BAR_CONSUMER0 + c).
+enum WgmmaBarrier : int { BAR_CONSUMERS = 2, BAR_PRODUCER = 3, BAR_CONSUMER0 = 4 };
+
 // Addresses in a CTA's shared memory (base aligned to 1024 bytes): the stages of the
 // ring, the mbarriers (full / empty per stage: the stage's bytes landed / its wgmmas are
 // done; tfull / tempty per work slot: the item is decoded / its epilogue is done), and

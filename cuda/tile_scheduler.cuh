@@ -36,7 +36,7 @@ __device__ __forceinline__ int schedule_item(const PrefillArgs &p, const WgmmaSm
             *reinterpret_cast<int64_t *>(info + 2) = e >= 0 ? tile_s0<BN>(p, e, tt) : 0;
         }
     }
-    named_barrier_sync(3, PT);  // the item is decoded (producer warpgroup)
+    named_barrier_sync(BAR_PRODUCER, PT);  // the item is decoded (producer warpgroup)
     const int e = info[0];
     {  // token row and routing scale of tile position tid < BN, one load round
         static_assert(BN <= PT, "at most one token row per producer thread");
