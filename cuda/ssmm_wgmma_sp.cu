@@ -73,6 +73,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
     float acc[C::NACC][C::AN];
     uint32_t sel[C::NB][2];  // M = 2: the row the previous slice selected, for row hh of block b
     uint32_t ef[2][C::NB][C::KS];
+    const EpilogueTarget<T> target = EpilogueTarget<T>::template make<C>(p, sm, w.c);
     uint32_t it = 0;  // ring position of the item's first k-tile
     for (int n = 0;; n++) {
         const int slot = n & (C::NSLOT - 1);
@@ -83,9 +84,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
         const int64_t row0 = (int64_t)info[1] * C::BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
         consumer_mainloop<T, C>(sm, w, acc, sel, ef, it, KT, kt_per_slice);
         if (p.act != SAM_ACT_NONE)
-            epilogue<true, T, C>(p, sm, w, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
+            epilogue<true, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
         else
-            epilogue<false, T, C>(p, sm, w, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
+            epilogue<false, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
         mbar_arrive(sm.tempty_bar(slot));
     }
 #else

@@ -19,21 +19,40 @@ namespace sam {
 
 #ifdef SAM_HAS_WGMMA
 
+// What a consumer's epilogue needs that stays the same from item to item (set up once,
+// before its first item): the output, whether its rows take 16-byte stores, and the
+// consumer's staging and hand-over areas.
+template <typename T> struct EpilogueTarget {
+    T *out;
+    bool vec_ok;
+    float *xch;
+    unsigned char *stg;
+    template <typename C>
+    __device__ __forceinline__ static EpilogueTarget make(const PrefillArgs &p, const WgmmaSmem<C> &sm, int c) {
+        EpilogueTarget d;
+        d.out = static_cast<T *>(p.out);
+        d.vec_ok = p.ldo % 8 == 0 && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0;
+        d.xch = reinterpret_cast<float *>(sm.smem + C::XCH_OFF);
+        d.stg = sm.smem + C::STG_OFF + c * C::STG_BYTES;
+        return d;
+    }
+};
+
 // Thread (warp, g, q) of consumer c holds storage rows crow + b*64 + warp*16 + g + 8hh and
 // tokens j*8 + 2q + t at acc[b * ASTRIDE + set][4j + 2hh + t].  Item: expert e, storage
 // rows from row0, sorted rows from s0; tok / scl: its token rows and routing scales.
 template <bool GATED, typename T, typename C>
 __device__ __forceinline__ void epilogue(const PrefillArgs &p, const WgmmaSmem<C> &sm, const WgmmaConsumer &w,
-                                         float (&acc)[C::NACC][C::AN], const int32_t *tok, const float *scl, int e,
-                                         int64_t row0, int64_t s0) {
+                                         const EpilogueTarget<T> &target, float (&acc)[C::NACC][C::AN],
+                                         const int32_t *tok, const float *scl, int e, int64_t row0, int64_t s0) {
     constexpr int M = C::M, NB = C::NB, BN = C::BN, ASTRIDE = C::ASTRIDE;
     const int c = w.c, warp = w.warp, g = w.g, q = w.q, crow = w.crow, wtid = w.wtid;
     unsigned char *const smem = sm.smem;
-    T *out = static_cast<T *>(p.out);
-    const bool vec_ok = p.ldo % 8 == 0 && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0;
+    T *out = target.out;
+    const bool vec_ok = target.vec_ok;
     auto bias_at = [&](int64_t i) { return load_as_float(p.bias, p.bias_dtype, i); };
-    float *xch = reinterpret_cast<float *>(smem + C::XCH_OFF);
-    unsigned char *stg = smem + C::STG_OFF + c * C::STG_BYTES;
+    float *xch = target.xch;
+    unsigned char *stg = target.stg;
     constexpr bool HANDOVER = C::HANDOVER && GATED;  // the consumers pair gate and up rows via xch
     // output blocks of a consumer: one per m64 block, or one from a gate and an up block
     // (M = 1 and TALL gated; HANDOVER: from this consumer's block and the partner's)
