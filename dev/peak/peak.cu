@@ -1,6 +1,8 @@
-// peak.cu -- (dev/peak: a measurement instrument, not in the wheel; peak.py builds it)
-// the issue rate of one tensor-core instruction form: the ceiling the
-// matmul kernels are measured against, taken on the same device in the same run.
+// peak.cu -- the issue rate of one tensor-core instruction form (the ceiling the
+// matmul kernels are measured against, taken on the same device in the same run) and
+// the rate at which SMs fill their shared memory from L2.  A measurement instrument,
+// not in the wheel: dev/peak/peak.py builds it with cuda/device.cu (peak.h is its C
+// interface).
 //
 // A cuBLAS matmul rate mixes the instruction's rate with a tile schedule, data
 // movement and clocks under that load; the number here has only the instruction.
