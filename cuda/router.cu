@@ -571,7 +571,7 @@ sam_status rt_tile(const RouterArgs &a, cudaStream_t stream, bool sel, int G) {
 // tiles take 64 experts (a 2 x 4 grid of warps needs two n8 tiles a warp).  It chooses too
 // (`chose`) where one expert tile holds every expert and its warps take at most two turns
 // of 32 / G tokens each: more turns on 8 warps a CTA cost more than a selection kernel
-// (docs/KERNELS.md, "The router").
+// (docs/KERNELS.md, "Router, dense decode, gated activation").
 template <typename T, int BE>
 sam_status rt_tiles(const RouterArgs &a, cudaStream_t stream, bool &chose) {
     const int64_t et = (a.E + BE - 1) / BE, sms = device_sm_count() > 0 ? device_sm_count() : 132;

@@ -180,7 +180,7 @@ sam_status sam_ssmm_cuda(const sam_ssmm_params *p, void *stream);
  * sam_ssmm_use_decode(p): p->S at most p->cfg.decode_max_rows (-1:
  * SAM_DECODE_MAX_ROWS), or at most p->cfg.decode_rows_per_expert (-1:
  * SAM_DECODE_ROWS_PER_EXPERT) rows per expert on average.  The defaults come from
- * docs/KERNELS.md ("Which kernel runs"). */
+ * docs/KERNELS.md ("The selection rule"). */
 #define SAM_DECODE_MAX_ROWS 128
 #define SAM_DECODE_ROWS_PER_EXPERT 16
 /* 2:4 and 1:2:V: the decode kernel's token passes are 32 rows (else 16) once the routed
