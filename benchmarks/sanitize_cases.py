@@ -8,10 +8,15 @@ measurement calibrates its launches to ~10 ms, which racecheck stretches past th
 time limit, and nothing reads what those kernels write to shared memory but their
 mbarriers."""
 import os
+import sys
+from pathlib import Path
 
 import torch
 
 import samoyeds as sm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dev" / "peak"))
+import peak  # noqa: E402  (dev/peak: the fill-rate probes, built with nvcc on first use)
 
 
 def main() -> None:
@@ -39,13 +44,10 @@ def main() -> None:
         bias = torch.randn(E, R, generator=gen).to(dtype).cuda()
         y = sm.ssmm(x, p, r.offsets, r.token_ids, act=act, bias=bias, scale=sc, impl=impl)
         sm.combine(y, r.pos) if not glu else None
-    # the warp-specialised kernel's other work distributions (SAMOYEDS_WGMMA_KERNEL): ping-pong
-    # consumers (4, 2:4 only), clusters of two sharing the weights by multicast (5) and items
-    # from a counter (6), with more items than the grid holds and experts with odd token-tile
-    # counts
+    # the wgmma.sp kernel with more work items than the grid holds and experts with odd
+    # token-tile counts
     if torch.cuda.get_device_capability() == (9, 0):
-        for kernel, fmt in [("4", "2:4"), ("5", "2:4"), ("5", "samoyeds-1:2:128"), ("6", "2:4")]:
-            os.environ["SAMOYEDS_WGMMA_KERNEL"] = kernel
+        for fmt in ("2:4", "samoyeds-1:2:128"):
             T, K, E, H, I = 1500, 2, 3, 256, 640
             x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
             w = torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda()
@@ -54,53 +56,43 @@ def main() -> None:
             sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
             sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", scale=sc, impl="wgmma_sp")
         # the token rows by TMA (x read without a row map, as a down projection reads its
-        # intermediate rows; =2: an error unless that path runs): columns past C, rows past
+        # intermediate rows; "tma": an error unless that path runs): columns past C, rows past
         # offsets[E] and past the last expert's last tile
-        os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "2"
-        for kernel, fmt in [("2", "2:4"), ("2", "samoyeds-1:2:128"), ("4", "2:4"), ("5", "samoyeds-1:2:128"),
-                            ("6", "2:4")]:
-            os.environ["SAMOYEDS_WGMMA_KERNEL"] = kernel
-            T, K, E, H, I = 1001, 3, 4, 256, 200
-            w = torch.randn(E, H, I, generator=gen).to(torch.bfloat16).cuda()
-            p = sm.pack(w, fmt)
-            r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
-            x = torch.randn(T * K, I, generator=gen).to(torch.bfloat16).cuda()
-            sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
-            sm.ssmm(x, p, r.offsets, None, scale=sc, impl="wgmma_sp")
-        os.environ.pop("SAMOYEDS_WGMMA_KERNEL")
-        # the 1:2:V tiles of 256 rows x 64 and x 96 tokens (SAMOYEDS_WS_TILE=1, 2), token rows by
-        # TMA and gathered, gated (a last item of one gate/up chunk pair) and not
-        for tile, tma, act in [("1", "2", "none"), ("1", "0", "swiglu"), ("2", "2", "none"), ("2", "0", "swiglu")]:
-            os.environ["SAMOYEDS_WS_TILE"] = tile
-            os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = tma
+        with sm.config(token_rows="tma"):
+            for fmt in ("2:4", "samoyeds-1:2:128"):
+                T, K, E, H, I = 1001, 3, 4, 256, 200
+                w = torch.randn(E, H, I, generator=gen).to(torch.bfloat16).cuda()
+                p = sm.pack(w, fmt)
+                r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
+                x = torch.randn(T * K, I, generator=gen).to(torch.bfloat16).cuda()
+                sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
+                sm.ssmm(x, p, r.offsets, None, scale=sc, impl="wgmma_sp")
+        # the 1:2:V tiles of 256 rows x 64 and x 96 tokens, token rows by TMA and gathered,
+        # gated (a last item of one gate/up chunk pair) and not
+        for tile, rows, act in [("256x64", "tma", "none"), ("256x64", "gather", "swiglu"),
+                                ("256x96", "tma", "none"), ("256x96", "gather", "swiglu")]:
             T, K, E, H, I = 1001, 3, 4, 320, 320  # 384 storage rows (glu): 1.5 tiles of 256
             glu = act != "none"
             w = torch.randn(E, 2 * I if glu else I, H, generator=gen).to(torch.bfloat16).cuda()
             p = sm.pack(w, "samoyeds-1:2:128", glu=glu)
             r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
             sc = sm.gather_weights(torch.rand(T, K, generator=gen).cuda(), r)
-            if tma == "2":
-                x = torch.randn(T * K, H, generator=gen).to(torch.bfloat16).cuda()
-                sm.ssmm(x, p, r.offsets, None, scale=sc, impl="wgmma_sp")
-            else:
-                x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
-                sm.ssmm(x, p, r.offsets, r.token_ids, act=act, scale=sc, impl="wgmma_sp")
-        os.environ.pop("SAMOYEDS_WS_TILE")
-        os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA")
-    # every decode tile shape (SAMOYEDS_DECODE_VARIANT) with passes of 16 and 32 tokens
-    # (SAMOYEDS_DECODE_TOKENS), several token passes and uneven K ranges
-    for variant in ("0", "1", "2", "3", "4", "5", "6"):
-        for tokens in ("16", "32"):
-            os.environ["SAMOYEDS_DECODE_VARIANT"] = variant
-            os.environ["SAMOYEDS_DECODE_TOKENS"] = tokens
-            T, K, E, H, I = 40, 2, 6, 200, 136
-            x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
-            p = sm.pack(torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda(), "samoyeds-1:2:128",
-                        glu=True)
-            r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
-            sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", impl="decode")
-    os.environ.pop("SAMOYEDS_DECODE_VARIANT")
-    os.environ.pop("SAMOYEDS_DECODE_TOKENS")
+            with sm.config(tile=tile, token_rows=rows):
+                if rows == "tma":
+                    x = torch.randn(T * K, H, generator=gen).to(torch.bfloat16).cuda()
+                    sm.ssmm(x, p, r.offsets, None, scale=sc, impl="wgmma_sp")
+                else:
+                    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+                    sm.ssmm(x, p, r.offsets, r.token_ids, act=act, scale=sc, impl="wgmma_sp")
+    # the decode kernel's CTA shapes (few CTAs; many at up to 8 rows per expert; many above)
+    # and token passes of 8, 16 and 32 (chosen from S and E), several passes, uneven K ranges
+    for T, K, E, I in [(40, 2, 6, 136), (10, 2, 6, 136), (4, 1, 6, 136), (24, 8, 64, 256), (36, 8, 32, 320)]:
+        H = 200
+        x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+        p = sm.pack(torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda(), "samoyeds-1:2:128",
+                    glu=True)
+        r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
+        sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", impl="decode")
     # routing of more pairs than one CTA takes (counts, scan, rows in blocks)
     r = sm.route(torch.randint(0, 9, (3001, 2), generator=gen).cuda(), 8)
     sm.gather_weights(torch.rand(3001, 2, generator=gen).cuda(), r)
@@ -126,19 +118,16 @@ def main() -> None:
             sm.dense_decode(h, torch.randn(24, R, generator=gen).to(torch.bfloat16).cuda(), weights_ready=True)
     # the router: every logits kernel configuration (split-K below 512 tokens, tiles from 512,
     # choosing in the tile kernel up to 128 experts), tails of tokens, experts and columns,
-    # groups, a bias; the selection kernel on keys with segments of lanes (SAMOYEDS_ROUTER_KERNELS=3)
-    # and on compares (=1)
-    for T, E, H, k, ng, kernels in [(1, 60, 72, 6, 4, "2"), (13, 33, 136, 3, 1, "2"), (40, 128, 264, 8, 8, "2"),
-                                    (1100, 96, 40, 2, 1, "2"), (700, 20, 72, 4, 4, "2"), (600, 300, 40, 8, 4, "2"),
-                                    (1100, 96, 40, 6, 4, "3"), (700, 20, 72, 4, 4, "3"), (600, 64, 40, 6, 4, "1")]:
-        os.environ["SAMOYEDS_ROUTER_KERNELS"] = kernels
+    # groups, a bias; the selection kernel (keys, segments of lanes) after the tiles above 128
+    # experts
+    for T, E, H, k, ng in [(1, 60, 72, 6, 4), (13, 33, 136, 3, 1), (40, 128, 264, 8, 8), (1100, 96, 40, 2, 1),
+                           (700, 20, 72, 4, 4), (600, 300, 40, 8, 4)]:
         x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
         w = torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda()
         sm.router(x, w, k, n_group=ng, topk_group=max(1, ng // 2), logits_dtype="float32", renorm=True)
         sm.router(x, w, k, bias=torch.randn(E, generator=gen).cuda(), mode="topk_softmax")
         sm.router(x, w, k, mode="sigmoid_topk", n_group=ng, topk_group=max(1, ng // 2), renorm=True,
                   choice_bias=torch.randn(E, generator=gen).cuda(), logits_dtype="float32")
-    del os.environ["SAMOYEDS_ROUTER_KERNELS"]
     # the gated activation: 16-byte pieces and single elements, column slices of wider rows
     for T, I in [(3, 24), (5, 13), (40, 1416)]:
         wide = torch.randn(T, 2 * I + 8, generator=gen).to(torch.bfloat16).cuda()
@@ -148,28 +137,27 @@ def main() -> None:
     # attention kernels are not ours), on two streams (routed path and shared MLP, unpruned and
     # packed), above and at decode sizes
     try:
-        from samoyeds.hf_families import Shape, build_model
+        from samoyeds.hf.families import Shape, build_model
     except ImportError:  # transformers absent
         build_model = None
     if build_model is not None:
-        os.environ["SAMOYEDS_SHARED_STREAM_MIN_ROWS"] = "1"
         shape = Shape(vocab=64, hidden=128, layers=1, experts=8, top_k=2, intermediate=64, heads=4, kv_heads=2,
                       head_dim=32, init_std=0.1)
         for packed in (False, True):
             model = build_model("deepseek_v2", shape, seed=3)
-            sm.patch_model(model, "samoyeds-1:2:128", progress=False, shared_experts=packed)
+            sm.patch_model(model, "samoyeds-1:2:128", progress=False, shared_experts=packed,
+                           shared_stream_min_rows=1)
             model.to(device="cuda", dtype=torch.bfloat16)
             block = next(m for m in model.modules() if getattr(type(m), "_samoyeds_block", False))
             with torch.no_grad():
                 for length in (3, 40):
                     block(torch.randn(2, length, shape.hidden, generator=gen).to(torch.bfloat16).cuda())
-        os.environ.pop("SAMOYEDS_SHARED_STREAM_MIN_ROWS")
     # the fill-rate kernels (sm_90a): rings of one stage and of several, clusters for multicast
-    if ("sm_90a" in sm.build_info()["cuda_archs"].split() and torch.cuda.get_device_capability() == (9, 0)
+    if (torch.cuda.get_device_capability() == (9, 0) and peak.available()
             and os.environ.get("SAMOYEDS_SANITIZE_TOOL", "memcheck") == "memcheck"):
-        for kind in sm._C.SHARED_FILL_KINDS:
+        for kind in peak.FILL_KINDS:
             for stages in (1, 3):
-                sm.shared_fill_rate(kind, ctas=4, stages=stages)
+                peak.shared_fill_rate(kind, ctas=4, stages=stages)
     torch.cuda.synchronize()
     print("sanitize cases done")
 

@@ -1,6 +1,6 @@
 /*
  * module.c -- samoyeds._C: module definition (multi-phase init, module state),
- * error mapping, build/device information and the tensor-core issue rate.
+ * error mapping, build/device information and the ssmm configuration.
  *
  * The ops themselves (argument checks, DLPack intake, dispatch to the C
  * reference or the CUDA launchers) are in ops.c.
@@ -71,94 +71,6 @@ static PyObject *py_cuda_device_capability(PyObject *self, PyObject *arg)
 #endif
 }
 
-static const char *const tc_kind_names[SAM_TC_KIND_COUNT] = SAM_TC_KIND_NAMES;
-static const char *const fill_kind_names[SAM_FILL_KIND_COUNT] = SAM_FILL_KIND_NAMES;
-
-/* The names of n kinds as a tuple, in enum order. */
-static PyObject *kinds_tuple(const char *const *names, int n)
-{
-    PyObject *t = PyTuple_New(n);
-    if (t == NULL) return NULL;
-    for (int i = 0; i < n; i++) {
-        PyObject *s = PyUnicode_FromString(names[i]);
-        if (s == NULL) { Py_DECREF(t); return NULL; }
-        PyTuple_SET_ITEM(t, i, s);
-    }
-    return t;
-}
-
-/* The index of the kind named by o_kind among n names, or -1 with a ValueError
- * naming the function `fn` and the names it takes. */
-static int kind_index(PyObject *o_kind, const char *const *names, int n, const char *fn)
-{
-    const char *name = PyUnicode_AsUTF8(o_kind);
-    if (name == NULL) return -1;
-    for (int i = 0; i < n; i++)
-        if (strcmp(name, names[i]) == 0) return i;
-    PyObject *kinds = kinds_tuple(names, n);
-    if (kinds == NULL) return -1;
-    PyErr_Format(PyExc_ValueError, "%s: kind: expected one of %R, got %R", fn, kinds, o_kind);
-    Py_DECREF(kinds);
-    return -1;
-}
-
-/* tensor_core_rate(kind, device=0) -> float: the issue rate of one tensor-core
- * instruction form in dense-equivalent TFLOP/s (cuda/peak.cu).  The kind is
- * checked in every build, so a typo is a ValueError with or without CUDA. */
-static PyObject *py_tensor_core_rate(PyObject *self, PyObject *args, PyObject *kw)
-{
-    (void)self;
-    static char *kwlist[] = {"kind", "device", NULL};
-    PyObject *o_kind = NULL;
-    int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "U|i:tensor_core_rate", kwlist, &o_kind, &device)) return NULL;
-    const int kind = kind_index(o_kind, tc_kind_names, SAM_TC_KIND_COUNT, "tensor_core_rate");
-    if (kind < 0) return NULL;
-#if SAM_WITH_CUDA
-    double tflops = 0.0;
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = sam_tc_rate_cuda((sam_tc_kind)kind, device, &tflops);
-    Py_END_ALLOW_THREADS
-    if (status != SAM_STATUS_OK) return sam_raise_status(status, "tensor_core_rate", sam_cuda_last_error());
-    return PyFloat_FromDouble(tflops);
-#else
-    (void)device;
-    PyErr_SetString(PyExc_RuntimeError, "tensor_core_rate: samoyeds was built without CUDA");
-    return NULL;
-#endif
-}
-
-/* shared_fill_rate(kind, device=0, ctas=0, stages=0) -> dict: how fast every SM
- * (or `ctas` of them) fills its shared memory from L2 one way with `stages` in
- * flight (cuda/peak.cu): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz, and the
- * ctas and in_flight_bytes (per CTA) that ran. */
-static PyObject *py_shared_fill_rate(PyObject *self, PyObject *args, PyObject *kw)
-{
-    (void)self;
-    static char *kwlist[] = {"kind", "device", "ctas", "stages", NULL};
-    PyObject *o_kind = NULL;
-    int device = 0, ctas = 0, stages = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "U|iii:shared_fill_rate", kwlist, &o_kind, &device, &ctas, &stages))
-        return NULL;
-    const int kind = kind_index(o_kind, fill_kind_names, SAM_FILL_KIND_COUNT, "shared_fill_rate");
-    if (kind < 0) return NULL;
-#if SAM_WITH_CUDA
-    double out[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = sam_fill_rate_cuda((sam_fill_kind)kind, device, ctas, stages, out);
-    Py_END_ALLOW_THREADS
-    if (status != SAM_STATUS_OK) return sam_raise_status(status, "shared_fill_rate", sam_cuda_last_error());
-    return Py_BuildValue("{s:d,s:d,s:d,s:i,s:i}", "tb_per_s", out[0], "bytes_per_clock_per_sm", out[1],
-                         "sm_clock_mhz", out[2], "ctas", (int)out[3], "in_flight_bytes", (int)out[4]);
-#else
-    (void)device; (void)ctas; (void)stages;
-    PyErr_SetString(PyExc_RuntimeError, "shared_fill_rate: samoyeds was built without CUDA");
-    return NULL;
-#endif
-}
-
 static PyObject *py_build_info(PyObject *self, PyObject *unused)
 {
     (void)self; (void)unused;
@@ -168,19 +80,17 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused)
 #if SAM_WITH_CUDA
     archs = PyUnicode_FromString(sam_cuda_archs());
     PyObject *rt = PyLong_FromLong(sam_cuda_runtime_version());
-    PyObject *drop = PyBool_FromLong(sam_ssmm_ws_drop_compiled());
 #else
     archs = PyUnicode_FromString("");
     PyObject *rt = Py_NewRef(Py_None);
-    PyObject *drop = Py_NewRef(Py_False);
 #endif
     PyObject *vals[] = {
         PyUnicode_FromString(SAM_VERSION), PyBool_FromLong(SAM_WITH_CUDA), archs, rt,
         PyLong_FromLong(SAM_LAYOUT_VERSION), PyUnicode_FromFormat("%d.%d", SAM_DLPACK_MAJOR, SAM_DLPACK_MINOR),
-        PyLong_FromUnsignedLong((unsigned long)NPY_API_VERSION), drop,
+        PyLong_FromUnsignedLong((unsigned long)NPY_API_VERSION),
     };
     const char *keys[] = {"version", "cuda_compiled", "cuda_archs", "cuda_runtime_version",
-                          "layout_version", "dlpack_max_version", "numpy_c_api_version", "ws_drop"};
+                          "layout_version", "dlpack_max_version", "numpy_c_api_version"};
     int ok = 1;
     for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
         if (vals[i] == NULL || PyDict_SetItemString(d, keys[i], vals[i]) < 0) ok = 0;
@@ -198,6 +108,52 @@ static PyObject *py_set_fast_dlpack(PyObject *self, PyObject *arg)
     int old = the_state->fast_dlpack;
     the_state->fast_dlpack = on;
     return PyBool_FromLong(old);
+}
+
+/* set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl): stores the
+ * ssmm selection's tunables in the module state (every ssmm and moe_forward copies them
+ * into its params) and turns programmatic dependent launch on or off process-wide. */
+static PyObject *py_set_config(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"decode_max_rows", "decode_rows_per_expert", "tile", "token_rows", "pdl", NULL};
+    int max_rows, per_expert, tile, token_rows, pdl;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiip:set_config", kwlist, &max_rows, &per_expert, &tile,
+                                     &token_rows, &pdl))
+        return NULL;
+    if (max_rows < -1 || per_expert < -1) {
+        PyErr_Format(PyExc_ValueError, "set_config: decode_max_rows = %d, decode_rows_per_expert = %d; expected "
+                     "-1 (the default rule) or a non-negative count", max_rows, per_expert);
+        return NULL;
+    }
+    if (tile < SAM_TILE_AUTO || tile > SAM_TILE_256X96) {
+        PyErr_Format(PyExc_ValueError, "set_config: tile = %d; expected 0 (auto), 1 (128x128), 2 (256x64) or "
+                     "3 (256x96)", tile);
+        return NULL;
+    }
+    if (token_rows < SAM_TOKEN_ROWS_AUTO || token_rows > SAM_TOKEN_ROWS_TMA) {
+        PyErr_Format(PyExc_ValueError, "set_config: token_rows = %d; expected 0 (auto), 1 (gather) or 2 (tma)",
+                     token_rows);
+        return NULL;
+    }
+    sam_module_state *st = (sam_module_state *)PyModule_GetState(self);
+    st->cfg.decode_max_rows = max_rows;
+    st->cfg.decode_rows_per_expert = per_expert;
+    st->cfg.tile = (sam_tile)tile;
+    st->cfg.token_rows = (sam_token_rows)token_rows;
+    st->pdl = pdl;
+#if SAM_WITH_CUDA
+    sam_cuda_set_pdl(pdl);
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_config(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    const sam_module_state *st = (const sam_module_state *)PyModule_GetState(self);
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:O}", "decode_max_rows", st->cfg.decode_max_rows,
+                         "decode_rows_per_expert", st->cfg.decode_rows_per_expert, "tile", (int)st->cfg.tile,
+                         "token_rows", (int)st->cfg.token_rows, "pdl", st->pdl ? Py_True : Py_False);
 }
 
 /* A NumPy array holding the 2:4 positions of a metadata array: out[..., j]
@@ -265,13 +221,11 @@ static PyMethodDef sam_methods[] = {
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without)."},
     {"cuda_device_capability", py_cuda_device_capability, METH_O, "(major, minor) of a device."},
-    {"tensor_core_rate", (PyCFunction)(void (*)(void))py_tensor_core_rate, METH_VARARGS | METH_KEYWORDS,
-     "tensor_core_rate(kind, device=0) -> float: issue rate of a tensor-core instruction form "
-     "(one of TENSOR_CORE_KINDS), dense-equivalent TFLOP/s."},
-    {"shared_fill_rate", (PyCFunction)(void (*)(void))py_shared_fill_rate, METH_VARARGS | METH_KEYWORDS,
-     "shared_fill_rate(kind, device=0, ctas=0, stages=0) -> dict: how fast every SM (or ctas of them) fills its "
-     "shared memory from L2 (one of SHARED_FILL_KINDS): tb_per_s, bytes_per_clock_per_sm, sm_clock_mhz, ctas, "
-     "in_flight_bytes."},
+    {"set_config", (PyCFunction)(void (*)(void))py_set_config, METH_VARARGS | METH_KEYWORDS,
+     "set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl): the ssmm selection's "
+     "tunables (-1: the kernel's default rule; tile and token_rows as the sam_tile / sam_token_rows enums) and "
+     "programmatic dependent launch, for every later call."},
+    {"get_config", py_get_config, METH_NOARGS, "get_config() -> dict: what set_config stored."},
     {"set_fast_dlpack", py_set_fast_dlpack, METH_O,
      "Enable/disable the DLPack C exchange-API fast path; returns the old setting."},
     {"decode_meta", py_decode_meta, METH_O, "decode_meta(meta) -> uint8 ndarray [..., 8, 2] of positions."},
@@ -293,16 +247,8 @@ static int sam_exec(PyObject *m)
     if (PyModule_AddIntConstant(m, "GLU_CHUNK", SAM_GLU_CHUNK) < 0) return -1;
     if (PyModule_AddIntConstant(m, "MAX_M", SAM_MAX_M) < 0) return -1;
     if (PyModule_AddIntConstant(m, "WITH_CUDA", SAM_WITH_CUDA) < 0) return -1;
-    PyObject *kinds = kinds_tuple(tc_kind_names, SAM_TC_KIND_COUNT);
-    if (kinds == NULL) return -1;
-    int added = PyModule_AddObjectRef(m, "TENSOR_CORE_KINDS", kinds);
-    Py_DECREF(kinds);
-    if (added < 0) return -1;
-    kinds = kinds_tuple(fill_kind_names, SAM_FILL_KIND_COUNT);
-    if (kinds == NULL) return -1;
-    added = PyModule_AddObjectRef(m, "SHARED_FILL_KINDS", kinds);
-    Py_DECREF(kinds);
-    if (added < 0) return -1;
+    st->cfg = sam_ssmm_config_default();
+    st->pdl = 1;
     if (PyModule_AddStringConstant(m, "__version__", SAM_VERSION) < 0) return -1;
     the_state = st;
     return 0;

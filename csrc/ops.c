@@ -385,7 +385,6 @@ PyObject *sam_py_format_unpack(PyObject *self, PyObject *args, PyObject *kw)
 
 PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw)
 {
-    (void)self;
     static char *kwlist[] = {"out", "x", "values", "meta", "idx", "offsets", "token_ids", "rows", "cols",
                              "n", "m", "v", "glu", "act", "bias", "scale", "alpha", "limit", "impl",
                              "stream", NULL};
@@ -522,6 +521,7 @@ PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw)
     p.out = out.data;
     p.ldo = ldo;
     p.impl = impl;
+    p.cfg = ((const sam_module_state *)PyModule_GetState(self))->cfg;
     int status;
     if (c.cuda) {
 #if SAM_WITH_CUDA
@@ -1164,7 +1164,6 @@ static int moe_weight(op_ctx *c, const char *name, sam_tensor *values, sam_tenso
 
 PyObject *sam_py_moe_forward(PyObject *self, PyObject *args, PyObject *kw)
 {
-    (void)self;
     static char *kwlist[] = {"out", "workspace", "x", "top_k_index", "top_k_weights", "gate_up_values",
                              "gate_up_meta", "gate_up_idx", "down_values", "down_meta", "down_idx",
                              "intermediate", "n", "m", "v", "act", "gate_up_bias", "down_bias", "alpha",
@@ -1311,6 +1310,7 @@ PyObject *sam_py_moe_forward(PyObject *self, PyObject *args, PyObject *kw)
     g->alpha = alpha; g->limit = limit;
     g->out = base + L.h; g->ldo = inter;
     g->impl = impl;
+    g->cfg = ((const sam_module_state *)PyModule_GetState(self))->cfg;
     d->x = base + L.h; d->T = S; d->ldx = inter; d->dtype = x.dtype;
     d->values = dv.data; d->meta = (const uint32_t *)dm.data;
     d->idx = sam_format_has_selection(fd) ? (const uint8_t *)di.data : NULL;
@@ -1323,6 +1323,7 @@ PyObject *sam_py_moe_forward(PyObject *self, PyObject *args, PyObject *kw)
     d->alpha = alpha; d->limit = limit;
     d->out = base + L.y; d->ldo = H;
     d->impl = impl;
+    d->cfg = g->cfg;
     d->offsets_ready = 1;  /* routed two launches back (cuda/samoyeds_cuda.h) */
     int status;
     if (c.cuda) {

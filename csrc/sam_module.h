@@ -14,6 +14,8 @@ typedef struct sam_module_state {
     PyObject *api_types[SAM_API_CACHE];   /* types whose exchange API was looked up */
     const DLPackExchangeAPI *api_tables[SAM_API_CACHE];
     int api_next;
+    sam_ssmm_config cfg;                  /* copied into every sam_ssmm_params (set_config) */
+    int pdl;                              /* programmatic dependent launch (set_config) */
 } sam_module_state;
 
 /* The state of the (single) loaded module; NULL before it is initialised. */

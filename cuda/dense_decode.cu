@@ -30,6 +30,7 @@
 // Invariants (checked by the launcher): C % 8 == 0, ldx % 8 == 0, x, w, up 16-byte
 // aligned.  Rows past R, tokens past T and columns past C load zeros and store nothing.
 #include "common.cuh"
+#include "ptx_mma.cuh"
 
 namespace sam {
 namespace {

@@ -1,5 +1,6 @@
-// device.cu -- device queries and the launchers' error reporting.
-#include <stdlib.h>
+// device.cu -- device queries, the launchers' error reporting and the process-wide
+// programmatic-dependent-launch switch.
+#include <atomic>
 
 #include "common.cuh"
 
@@ -24,10 +25,8 @@ sam_status cuda_status(cudaError_t err, const char *op) {
     return SAM_STATUS_CUDA_ERROR;
 }
 
-int env_int(const char *name, int dflt) {
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : dflt;
-}
+// sam_cuda_set_pdl: programmatic dependent launches on (1, the default) or off.
+static std::atomic<int> g_pdl{1};
 
 int device_sm_count() {
     static int cache[64];
@@ -48,7 +47,7 @@ int device_sm_count() {
 bool pdl_enabled() {
     static int cache[64];  // 0: not asked yet, 1: no, 2: yes
     int dev = 0;
-    if (env_int("SAMOYEDS_PDL", 1) == 0) return false;
+    if (g_pdl.load(std::memory_order_relaxed) == 0) return false;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
         cudaGetLastError();
         return false;
@@ -67,6 +66,10 @@ bool pdl_enabled() {
 extern "C" {
 
 const char *sam_cuda_last_error(void) { return sam::g_error; }
+
+void sam_cuda_set_pdl(int enabled) { sam::g_pdl.store(enabled != 0 ? 1 : 0, std::memory_order_relaxed); }
+
+int sam_cuda_pdl(void) { return sam::g_pdl.load(std::memory_order_relaxed); }
 
 int sam_cuda_device_count(void) {
     int n = 0;

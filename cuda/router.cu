@@ -33,15 +33,12 @@
 //     value's bits made unsigned-orderable above the complemented id: two shuffles and a
 //     compare a step); the renormalising sum in selection order, as the reference.
 //
-// SAMOYEDS_ROUTER_KERNELS=1 runs the pair as it was before the tile kernel and the keys
-// (the split-K logits kernel at every T; one token a warp, the arg-max by compares), =3
-// the tile kernel without the choice, then the selection kernel: for comparisons.
-//
 // Both launch as programmatic dependents: each waits for the kernel before it on the
 // stream before reading anything, and lets its own dependent start at once.
-#include "common.cuh"
-
 #include <math.h>
+
+#include "common.cuh"
+#include "ptx_mma.cuh"
 
 namespace sam {
 namespace {
@@ -209,18 +206,8 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_logits_kernel(const Rout
 // tokens per warp): lane `sub` of the segment holds experts sub + G i, i < PER.  Sums and
 // arg-maxes run over the segment by shuffles of width G.
 
-// (value, id) a better than (value, id) b: larger first, a NaN below every number, equal
-// values by the lower id.
-__device__ __forceinline__ bool rt_better(float a, int ia, float b, int ib) {
-    if (ia < 0) return false;
-    if (ib < 0) return true;
-    const bool na = isnan(a), nb = isnan(b);
-    if (na != nb) return nb;
-    if (!na && a != b) return a > b;
-    return ia < ib;
-}
-
-// The same order as one unsigned 64-bit key per entry: the value's bits made
+// The order of the choice (larger first, a NaN below every number, equal values by the
+// lower id) as one unsigned 64-bit key per entry: the value's bits made
 // unsigned-orderable (negative numbers complemented, the sign bit set on the others; -0
 // as +0; a NaN 0, below every number) above the complemented id (equal values: the lower
 // id is the larger key); 0 is no entry, below every entry.
@@ -243,19 +230,11 @@ __device__ __forceinline__ uint64_t rt_seg_max(uint64_t key, int G) {
     return key;
 }
 
-// The best of (v, id) over the segment (id -1: no entry) into v and id, by either order.
-template <bool KEYS> __device__ __forceinline__ void rt_best(float &v, int &id, int G) {
-    if constexpr (KEYS) {
-        const uint64_t key = rt_seg_max(id < 0 ? 0ull : rt_key(v, id), G);
-        v = rt_key_value(key);
-        id = key == 0 ? -1 : rt_key_id(key);
-    } else {
-        for (int o = G >> 1; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, v, o, G);
-            const int oi = __shfl_xor_sync(0xffffffffu, id, o, G);
-            if (rt_better(ov, oi, v, id)) v = ov, id = oi;
-        }
-    }
+// The best of (v, id) over the segment (id -1: no entry) into v and id.
+__device__ __forceinline__ void rt_best(float &v, int &id, int G) {
+    const uint64_t key = rt_seg_max(id < 0 ? 0ull : rt_key(v, id), G);
+    v = rt_key_value(key);
+    id = key == 0 ? -1 : rt_key_id(key);
 }
 
 // The group limit of one token's segment: v[i] (expert sub + G i, open entries) keeps its
@@ -263,7 +242,7 @@ template <bool KEYS> __device__ __forceinline__ void rt_best(float &v, int &id, 
 // becomes `masked` elsewhere; a group's score is its largest value, or with TOP2 the sum
 // of its two largest.  Equal group scores: the lower group first.  row: the token's E
 // floats of shared memory; n_group <= G.
-template <int PER, bool TOP2, bool KEYS>
+template <int PER, bool TOP2>
 __device__ __forceinline__ void rt_group_limit(float (&v)[PER], uint32_t open, float *row, int sub, int G, int E,
                                                int n_group, int topk_group, float masked) {
     const int gs = E / n_group;
@@ -285,7 +264,7 @@ __device__ __forceinline__ void rt_group_limit(float (&v)[PER], uint32_t open, f
     for (int j = 0; j < topk_group; j++) {
         float bv = gv;
         int bi = sub < n_group && !(chosen >> sub & 1) ? sub : -1;
-        rt_best<KEYS>(bv, bi, G);
+        rt_best(bv, bi, G);
         chosen |= 1u << (bi & 31);
     }
 #pragma unroll
@@ -299,7 +278,7 @@ __device__ __forceinline__ void rt_group_limit(float (&v)[PER], uint32_t open, f
 // slot j / G (k <= E <= G PER).  Every array is indexed by compile-time positions only (no
 // local memory): the chosen score is taken where the key matches, and a lane's results
 // enter its slots from the back, moved to the front once all are in.
-template <int PER, bool KEYS>
+template <int PER>
 __device__ __forceinline__ void rt_choose(const RouterArgs &p, int64_t t, bool live, int sub, int G, float (&v)[PER],
                                           uint32_t open, float *row) {
     const int E = p.E;
@@ -316,7 +295,7 @@ __device__ __forceinline__ void rt_choose(const RouterArgs &p, int64_t t, bool l
         for (int o = G >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o, G);
 #pragma unroll
         for (int i = 0; i < PER; i++) v[i] /= s;
-        if (p.n_group > 1) rt_group_limit<PER, false, KEYS>(v, open, row, sub, G, E, p.n_group, p.topk_group, 0.0f);
+        if (p.n_group > 1) rt_group_limit<PER, false>(v, open, row, sub, G, E, p.n_group, p.topk_group, 0.0f);
     }
     float pv[PER] = {};  // SIGMOID_TOPK: the scores (v holds the choice values)
     if (p.mode == SAM_ROUTER_SIGMOID_TOPK) {
@@ -328,42 +307,28 @@ __device__ __forceinline__ void rt_choose(const RouterArgs &p, int64_t t, bool l
                                                                : 0.0f);
         }
         if (p.n_group > 1)
-            rt_group_limit<PER, true, KEYS>(v, open, row, sub, G, E, p.n_group, p.topk_group, -INFINITY);
+            rt_group_limit<PER, true>(v, open, row, sub, G, E, p.n_group, p.topk_group, -INFINITY);
     }
     float mine[PER], tot = 0.0f, first = 0.0f;
     int mine_id[PER];
-    uint64_t key[PER];  // KEYS: the open entries' keys (0 once taken or past E)
+    uint64_t key[PER];  // the open entries' keys (0 once taken or past E)
 #pragma unroll
-    for (int i = 0; i < PER; i++) key[i] = KEYS && (open >> i & 1) ? rt_key(v[i], sub + G * i) : 0ull;
+    for (int i = 0; i < PER; i++) key[i] = (open >> i & 1) ? rt_key(v[i], sub + G * i) : 0ull;
     int held = 0;  // results this lane holds, in mine[PER - held ..]
     for (int j = 0; j < p.k; j++) {
         float bv = 0.0f, sv = 0.0f;  // sv: SIGMOID_TOPK, the chosen expert's score on its lane
         int bi = -1;
-        if constexpr (KEYS) {
-            uint64_t best = key[0];
+        uint64_t best = key[0];
 #pragma unroll
-            for (int i = 1; i < PER; i++) best = key[i] > best ? key[i] : best;
-            best = rt_seg_max(best, G);  // k <= E: an open entry is left (0 only past T)
-            bv = rt_key_value(best);
-            bi = rt_key_id(best);
+        for (int i = 1; i < PER; i++) best = key[i] > best ? key[i] : best;
+        best = rt_seg_max(best, G);  // k <= E: an open entry is left (0 only past T)
+        bv = rt_key_value(best);
+        bi = rt_key_id(best);
 #pragma unroll
-            for (int i = 0; i < PER; i++) {
-                const bool hit = key[i] == best;
-                sv = hit ? pv[i] : sv;
-                key[i] = hit ? 0ull : key[i];
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if ((open >> i & 1) && rt_better(v[i], sub + G * i, bv, bi)) bv = v[i], bi = sub + G * i;
-            rt_best<false>(bv, bi, G);
-            const bool mine_e = (bi & (G - 1)) == sub;
-#pragma unroll
-            for (int i = 0; i < PER; i++) {
-                const bool hit = mine_e && sub + G * i == bi;
-                sv = hit ? pv[i] : sv;
-                if (hit) open &= ~(1u << i);
-            }
+        for (int i = 0; i < PER; i++) {
+            const bool hit = key[i] == best;
+            sv = hit ? pv[i] : sv;
+            key[i] = hit ? 0ull : key[i];
         }
         if (j == 0) first = bv;
         if (p.mode == SAM_ROUTER_TOPK_SOFTMAX) bv = expf(bv - first);
@@ -400,18 +365,15 @@ __device__ __forceinline__ void rt_choose(const RouterArgs &p, int64_t t, bool l
 }
 
 // Lanes per token: the power of two that leaves at most 8 experts per lane and holds
-// n_group lanes (the group scores); 32 from 257 experts (up to 16 per lane).  keys = false:
-// one token per warp (the selection as it was before the keys).
-inline int rt_lanes(int E, int n_group, bool keys) {
-    if (!keys) return 32;
+// n_group lanes (the group scores); 32 from 257 experts (up to 16 per lane).
+inline int rt_lanes(int E, int n_group) {
     int g = 1;
     while (g < 32 && (g * 8 < E || g < n_group)) g *= 2;
     return g;
 }
 
-// PER: entries per lane (E <= G PER); KEYS: the arg-max by rt_key, else by rt_better.
-// CTA = RT_SEL_WARPS warps of 32 / G tokens each.
-template <int PER, bool KEYS>
+// PER: entries per lane (E <= G PER).  CTA = RT_SEL_WARPS warps of 32 / G tokens each.
+template <int PER>
 __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const RouterArgs p, int G) {
     __shared__ float sc[RT_SEL_WARPS][32 * PER];  // the group limit's rows: E floats per token
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane & (G - 1);
@@ -429,7 +391,7 @@ __global__ void __launch_bounds__(32 * RT_SEL_WARPS) router_select_kernel(const 
         v[i] = ok ? load_as_float(p.logits, p.logits_dtype, t * p.E + e) : 0.0f;
         if (ok) open |= 1u << i;
     }
-    rt_choose<PER, KEYS>(p, t, live, sub, G, v, open, sc[warp] + (lane / G) * (G * PER));
+    rt_choose<PER>(p, t, live, sub, G, v, open, sc[warp] + (lane / G) * (G * PER));
 }
 
 // ---- the tile kernel -----------------------------------------------------------------
@@ -566,7 +528,7 @@ __global__ void __launch_bounds__(RT_THREADS, 1) router_tile_kernel(const Router
                 v[i] = ok ? tile[tl * LDS + e] : 0.0f;
                 if (ok) open |= 1u << i;
             }
-            rt_choose<8, true>(p, t, live, sub, G, v, open, tile + tl * LDS);
+            rt_choose<8>(p, t, live, sub, G, v, open, tile + tl * LDS);
         }
     }
 }
@@ -607,27 +569,26 @@ sam_status rt_tile(const RouterArgs &a, cudaStream_t stream, bool sel, int G) {
 // The tile kernel's tokens per CTA: the largest of 128, 64, 32 that gives at least three
 // quarters of a CTA per SM (fewer tokens per CTA read the weight tile more often); 32-token
 // tiles take 64 experts (a 2 x 4 grid of warps needs two n8 tiles a warp).  It chooses too
-// (`choose`) where one expert tile holds every expert and its warps take at most two turns
+// (`chose`) where one expert tile holds every expert and its warps take at most two turns
 // of 32 / G tokens each: more turns on 8 warps a CTA cost more than a selection kernel
-// (measured: four turns 0.94-0.95x, eight 0.84x).
+// (docs/KERNELS.md, "Router, dense decode, gated activation").
 template <typename T, int BE>
-sam_status rt_tiles(const RouterArgs &a, cudaStream_t stream, bool choose, bool &chose) {
+sam_status rt_tiles(const RouterArgs &a, cudaStream_t stream, bool &chose) {
     const int64_t et = (a.E + BE - 1) / BE, sms = device_sm_count() > 0 ? device_sm_count() : 132;
     auto enough = [&](int bm) { return 4 * ((a.T + bm - 1) / bm) * et >= 3 * sms; };
-    const int G = rt_lanes(a.E, a.n_group, true);
-    auto sel = [&](int bm, int be) { return chose = choose && a.E <= be && bm * G <= 2 * 32 * RT_WARPS; };
+    const int G = rt_lanes(a.E, a.n_group);
+    auto sel = [&](int bm, int be) { return chose = a.E <= be && bm * G <= 2 * 32 * RT_WARPS; };
     if (enough(128)) return rt_tile<T, 128, BE, 4>(a, stream, sel(128, BE), G);
     if (enough(64)) return rt_tile<T, 64, BE, 4>(a, stream, sel(64, BE), G);
     constexpr int BE32 = BE < 64 ? 64 : BE;
     return rt_tile<T, 32, BE32, 2>(a, stream, sel(32, BE32), G);
 }
 
-// The selection kernel: keys, 32 / G tokens per warp (G = rt_lanes); else the compares,
-// one token per warp.
-template <int PER> sam_status rt_select(const RouterArgs &a, cudaStream_t stream, bool keys) {
-    const int G = rt_lanes(a.E, a.n_group, keys);
+// The selection kernel: 32 / G tokens per warp (G = rt_lanes).
+template <int PER> sam_status rt_select(const RouterArgs &a, cudaStream_t stream) {
+    const int G = rt_lanes(a.E, a.n_group);
     const unsigned grid = (unsigned)((a.T + RT_SEL_WARPS * (32 / G) - 1) / (RT_SEL_WARPS * (32 / G)));
-    SAM_CUDA_TRY(launch_kernel(keys ? router_select_kernel<PER, true> : router_select_kernel<PER, false>, dim3(grid),
+    SAM_CUDA_TRY(launch_kernel(router_select_kernel<PER>, dim3(grid),
                                dim3(32 * RT_SEL_WARPS), 0, stream, pdl_enabled(), a, G),
                  "router");
     return launch_status("router");
@@ -689,19 +650,15 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
     a.ids = p->ids;
     a.sel_lanes = 32;
     cudaStream_t s = (cudaStream_t)stream;
-    // SAMOYEDS_ROUTER_KERNELS: 2 (default) as below; 1 the split-K logits kernel at every T and
-    // the compare-based arg-max, one token per warp; 3 the tile kernel never choosing
-    const int kernels = env_int("SAMOYEDS_ROUTER_KERNELS", 2);
     // (up to 16 experts the split-K kernel keeps more bytes in flight below 8192 tokens)
-    const bool previous = kernels == 1, tiles = !previous && a.T >= RT_TILE_MIN_T && (a.E > 16 || a.T >= 8192);
+    const bool tiles = a.T >= RT_TILE_MIN_T && (a.E > 16 || a.T >= 8192);
     bool fused = false;  // the tile kernel chose
     const sam_status st = with_tc_dtype(p->dtype, [&](auto t) {
         using T = decltype(t);
         if (tiles) {
-            const bool choose = kernels != 3;
-            if (a.E <= 32) return rt_tiles<T, 32>(a, s, choose, fused);
-            if (a.E <= 64) return rt_tiles<T, 64>(a, s, choose, fused);
-            return rt_tiles<T, 128>(a, s, choose, fused);
+            if (a.E <= 32) return rt_tiles<T, 32>(a, s, fused);
+            if (a.E <= 64) return rt_tiles<T, 64>(a, s, fused);
+            return rt_tiles<T, 128>(a, s, fused);
         }
         // few tokens: 16-expert tiles over many CTAs; else 32 tokens by up to 64 experts
         if (a.T <= 8) return rt_launch<T, 1, 1>(a, s);
@@ -711,10 +668,5 @@ extern "C" sam_status sam_router_cuda(const sam_router_params *p, void *stream) 
         return rt_launch<T, 4, 4>(a, s);
     });
     if (st != SAM_STATUS_OK || fused) return st;
-    if (!previous) return a.E <= 256 ? rt_select<8>(a, s, true) : rt_select<16>(a, s, true);
-    if (a.E <= 32) return rt_select<1>(a, s, false);
-    if (a.E <= 64) return rt_select<2>(a, s, false);
-    if (a.E <= 128) return rt_select<4>(a, s, false);
-    if (a.E <= 256) return rt_select<8>(a, s, false);
-    return rt_select<16>(a, s, false);
+    return a.E <= 256 ? rt_select<8>(a, s) : rt_select<16>(a, s);
 }

@@ -22,13 +22,12 @@
 //     2:4 metadata tiles, the row-selection indices at a slice change, and the
 //     BN token rows gathered by index from x); warps never wait for each other
 //     inside the loop (__syncwarp only).  Interleaving the warps' k-tiles keeps
-//     W*64 contiguous bytes of every row in flight together: contiguous K
-//     ranges per warp (64-byte pieces of many rows) ran 10-25 % slower on H100
-//     (DRAM page locality).  Each k-step is MT x NT mma.sp m16n8k32 on ldmatrix
-//     fragments (weights = the sparse A operand).
+//     W*64 contiguous bytes of every row in flight together (DRAM page
+//     locality; docs/KERNELS.md, "The decode kernel").  Each k-step is MT x NT
+//     mma.sp m16n8k32 on ldmatrix fragments (weights = the sparse A operand).
 //   * row selection (1:M:V): M accumulator sets per condensed row (a running
 //     total and the shares of M - 1 rows), folded at the warp's first k-tile and
-//     whenever its next k-tile lies in another slice, exactly as in ssmm.cu; the
+//     whenever its next k-tile lies in another slice, exactly as in ssmm_mma_sp.cu; the
 //     set -> original row map (perm) travels with the partial sums into the reduction.
 //   * the W partial tiles are reduced through shared memory in warp order
 //     0..W-1 (deterministic, no atomics), then the prefill epilogue semantics:
@@ -41,28 +40,18 @@
 // a multiple of 128 (even k-tile count); C % 8 == 0 and V % 64 == 0 (checked
 // by sam_ssmm_cuda).  Invalid token ids (< 0 or >= T) read nothing and write
 // nothing; rows past offsets[E] or S are never touched.
-#include <stdlib.h>
-
 #include "common.cuh"
-
-// SAM_DECODE_L2_PREFETCH (build flag, default 1): the weight copies ask L2 for the 256-byte
-// block around each 16-byte piece (cp.async .L2::256B), as the TMA loads of the wgmma.sp kernel
-// promote theirs.  Measured on H100 against 0, two builds in turns
-// (experiments/decode_l2_prefetch_ab.json, Qwen3-30B-A3B and OLMoE): back to back on rotated
-// weights the projections 0.95-0.99x the time (OLMoE with skewed routing at 16-32 rows per
-// expert 0.99-1.02x), the block 0.97-0.98x.
-#ifndef SAM_DECODE_L2_PREFETCH
-#define SAM_DECODE_L2_PREFETCH 1
-#endif
+#include "ptx_mma.cuh"
+#include "ssmm_epilogue.cuh"
+#include "ssmm_work.cuh"
 
 namespace sam {
 namespace {
 
 // M: accumulator sets (row-group size); MT: m16 row tiles per CTA; NT: n8 token
 // tiles per pass; W: warps (split-K ways); ST: pipeline stages per warp.
-template <int M_, int MT_, int NT_, int W_, int ST_, bool IL_ = true> struct DCfg {
+template <int M_, int MT_, int NT_, int W_, int ST_> struct DecodeTile {
     static constexpr int M = M_, MT = MT_, NT = NT_, W = W_, ST = ST_;
-    static constexpr bool IL = IL_;
     static_assert(MT % 2 == 0 && 64 % (16 * MT / 2) == 0, "a GLU half of the rows divides the 64-row chunk");
     static constexpr int THREADS = 32 * W;
     static constexpr int ROWS = 16 * MT;  // storage rows per CTA
@@ -198,19 +187,11 @@ template <typename T, typename Cf> struct DPlan {
 #pragma unroll
         for (int i = 0; i < 2 * MT; i++) {
             const T *src = (i < MT ? a_src0 : a_src1) + (int64_t)(i % MT) * 8 * pitch + ka;
-#if SAM_DECODE_L2_PREFETCH
             cp_async16_l2_256(base + a_dst + 512 * i, src);
-#else
-            cp_async16(base + a_dst + 512 * i, src, true);
-#endif
         }
         if ((lane >> 3) < MT) {
             const uint32_t m_dst = base + Cf::META_OFF + (lane >> 3) * 128 + (lane & 7) * 16;
-#if SAM_DECODE_L2_PREFETCH
             cp_async16_l2_256(m_dst, m_src + (int64_t)kt * 32);
-#else
-            cp_async16(m_dst, m_src + (int64_t)kt * 32, true);
-#endif
         }
         if (M > 1 && lane < MT && fresh) cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)slice * p.rp, true);
     }
@@ -231,16 +212,15 @@ template <typename T, typename Cf> struct DPlan {
     }
 };
 
-// A warp's k-tiles (64 columns each).  Interleaved (IL): warp, warp + W, ...: at any
-// moment the W warps read W*64 contiguous bytes of every row (DRAM page locality);
-// else a contiguous range.
+// A warp's k-tiles (64 columns each), interleaved: warp, warp + W, ...: at any moment
+// the W warps read W*64 contiguous bytes of every row (DRAM page locality).
 template <typename Cf> struct DRange {
-    static constexpr int KSTEP = Cf::IL ? Cf::W : 1;
+    static constexpr int KSTEP = Cf::W;
     int kt0, n_it, kt_end;
     __device__ __forceinline__ DRange(const DParams &p, int warp) {
         const int KT = (int)(p.cp / 64), W = Cf::W;
-        kt0 = Cf::IL ? warp : warp * KT / W;
-        n_it = Cf::IL ? (warp < KT ? (KT - warp + W - 1) / W : 0) : (warp + 1) * KT / W - kt0;
+        kt0 = warp;
+        n_it = warp < KT ? (KT - warp + W - 1) / W : 0;
         kt_end = kt0 + n_it * KSTEP;
     }
 };
@@ -273,7 +253,7 @@ __device__ __forceinline__ void d_prologue(const DParams &p, const DPlan<T, Cf> 
 // MT x NT mma.sp m16n8k32 per 32 columns on ldmatrix fragments (weights = the sparse A
 // operand).  Row selection (1:M:V): M accumulator sets per condensed row, set 0 the running
 // total mma writes, the others the shares of M - 1 rows, folded in whenever a k-tile lies in
-// another slice than the warp's previous one (fold_row_set, common.cuh); at the end perm says
+// another slice than the warp's previous one (fold_row_set, ssmm_work.cuh); at the end perm says
 // which row of its group each set holds.  Ends with every copy landed.
 template <typename T, typename Cf>
 __device__ __forceinline__ void d_kloop(const DParams &p, const DPlan<T, Cf> &pl, const DRange<Cf> &r,
@@ -404,16 +384,7 @@ __device__ __forceinline__ void d_epilogue(const DParams &p, const float *red, c
         float y8[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            const int64_t col = c0 + k;
-            const bool in = col < p.out_cols;
-            float y = v[k];
-            if (p.bias && in) y += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + col);
-            if (gated) {
-                float uu = u[k];
-                if (p.bias && in) uu += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + bias_up + col);
-                y = gated_act(p, y, uu);
-            }
-            y8[k] = y * sc;
+            y8[k] = epilogue_value(p, e, c0 + k, gated, bias_up, v[k], [&] { return u[k]; }) * sc;
         }
         T *dst = out + s * p.ldo + c0;
         if (vec_ok && c0 + 8 <= p.out_cols) {
@@ -533,38 +504,12 @@ template <typename T, typename Cf> sam_status launch(const sam_ssmm_params *ps, 
     return launch_status("ssmm");
 }
 
-// Tokens per pass (BN = 8 NT), from S (the capacity of sorted rows, an upper bound of any
-// expert's rows) and E, so that an expert's rows mostly fit one pass and its weights are
-// read once, with at most 128 accumulator registers (M * NT <= 8 at MT = 4):
-//   * 8 while S <= 8 or S < E (less than one row per expert on average);
-//   * 2:4 and 1:2:V: 16 while S <= 16 or the rows average at most SAM_DECODE_WIDE_PASS
-//     per expert, else 32;
-//   * 1:4:V: 8 up to SAM_DECODE_WIDE_PASS / 2 rows per expert, else 16.
-// SAMOYEDS_DECODE_TOKENS = 8, 16 or 32 sets the pass instead (1:4:V: at most 16).
-// Measured on H100 (docs/PERFORMANCE.md): at 16 rows per expert 1:2:128's 32-token passes
-// ran 1.02-1.47x faster than 16-token ones, at up to 8 the 16-token passes up to 1.16x
-// (2:4: 1.07x) faster than 32 (fewer token bytes per weight byte, more CTAs per SM;
-// experiments/bench_decode_wide_pass.json, bench_decode_24_wide_pass.json); 1:4:V's
-// 16-token passes 1.07-1.40x faster at 8-16 rows per expert on all rows but one (0.96x),
-// 0.73-1.29x at 0.5-4 (bench_decode_14_wide_pass.json); 8-token passes on Qwen3-30B-A3B
-// at T = 8 (0.5 rows per expert) 1.14-1.15x faster than 16 for 1:2:128, 2:4 within 1 %,
-// and at S = E (T = 16) the block 2 % slower (bench_decode_narrow_12.json, _24.json,
-// moe_8_token_passes_at_s_eq_e.json).
-// Variant (SAMOYEDS_DECODE_VARIANT), all with interleaved k-tiles unless noted:
-// 0 = 64 rows, 4 warps, 4 stages; 1 = 64 rows, 8 warps, 3 stages; 2 = 32 rows,
-// 8 warps, 4 stages; 3 = 32 rows, 4 warps, 4 stages, contiguous K ranges;
-// 4 = 32 rows, 4 warps, 4 stages; 5 = 64 rows, 4 warps, 2 stages; 6 = 64 rows,
-// 2 warps, 3 stages (5 and 6: smaller CTAs, more of them per SM).  Unset: 1 when the
-// grid has fewer CTAs of 64 rows than two per SM (more warps per CTA keep more bytes
-// in flight); else 6 while the routed rows average at most 8 per expert (most experts
-// then take one token pass, and five CTAs per SM overlap one's reduction with the
-// others' loads: 1.04-1.11x over 0 on Qwen3-30B-A3B at T = 16 and 128 and OLMoE at 16,
-// experiments/bench_decode_variants.json), or with 32-token passes (0's four 4-stage
-// rings of 8.6-8.8 KB stages leave one CTA per SM: 6 is 1.12-1.81x faster there for
-// 1:2:128, up to 1.63x for 2:4; experiments/bench_decode_wide_pass.json,
-// bench_decode_24_wide_pass.json), else 0 (2 CTAs per SM: a shorter tail).
-// Measured on H100, docs/PERFORMANCE.md.
-// A variant whose shared memory the device cannot give (sm_80: 163 KB) falls back to 0.
+// The CTA shape of a token pass of NT n8 tiles (docs/KERNELS.md, "The decode kernel"):
+// 64 rows by 8 warps of 3 stages when the grid has fewer CTAs than two per SM (more warps
+// per CTA keep more bytes in flight; 4 warps of 4 stages where the device cannot give its
+// shared memory, sm_80's 163 KB); else 64 rows by 2 warps of 3 stages while the routed rows
+// average at most 8 per expert or the passes are 32 tokens wide (more, smaller CTAs per SM
+// overlap one's reduction with the others' loads); else 64 rows by 4 warps of 4 stages.
 bool smem_fits(int bytes) {
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -575,45 +520,48 @@ bool smem_fits(int bytes) {
     return bytes <= optin;
 }
 
-template <typename T, int M, int NT> sam_status launch_v(const sam_ssmm_params *ps, cudaStream_t s, int variant) {
-    using V1 = DCfg<M, 4, NT, 8, 3>;
-    using V2 = DCfg<M, 2, NT, 8, 4>;
-    if (variant < 0) {
-        const int64_t ctas = ps->d.rp / 64 * std::min<int64_t>(ps->d.E, ps->S);
-        const bool few_rows = ps->S <= 8 * (int64_t)ps->d.E;
-        variant = ctas < 2 * (int64_t)device_sm_count() ? 1 : few_rows || NT == 4 ? 6 : 0;
+template <typename T, int M, int NT> sam_status launch_cta(const sam_ssmm_params *ps, cudaStream_t s) {
+    using Wide = DecodeTile<M, 4, NT, 8, 3>;
+    using Small = DecodeTile<M, 4, NT, 2, 3>;
+    using Base = DecodeTile<M, 4, NT, 4, 4>;
+    const int64_t ctas = ps->d.rp / 64 * std::min<int64_t>(ps->d.E, ps->S);
+    const bool few_rows = ps->S <= 8 * (int64_t)ps->d.E;
+    if (ctas < 2 * (int64_t)device_sm_count()) {
+        if (smem_fits(Wide::SMEM)) return launch<T, Wide>(ps, s);
+        return launch<T, Base>(ps, s);
     }
-    if (variant == 1 && smem_fits(V1::SMEM)) return launch<T, V1>(ps, s);
-    if (variant == 2 && smem_fits(V2::SMEM)) return launch<T, V2>(ps, s);
-    if (variant == 3) return launch<T, DCfg<M, 2, NT, 4, 4, false>>(ps, s);
-    if (variant == 4) return launch<T, DCfg<M, 2, NT, 4, 4>>(ps, s);
-    if (variant == 5) return launch<T, DCfg<M, 4, NT, 4, 2>>(ps, s);
-    if (variant == 6) return launch<T, DCfg<M, 4, NT, 2, 3>>(ps, s);
-    return launch<T, DCfg<M, 4, NT, 4, 4>>(ps, s);
+    if (few_rows || NT == 4) return launch<T, Small>(ps, s);
+    return launch<T, Base>(ps, s);
 }
 
-template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_t s) {
-    const int m = ps->f.m, variant = env_int("SAMOYEDS_DECODE_VARIANT", -1);
-    const int tokens = env_int("SAMOYEDS_DECODE_TOKENS", 0);
+// Tokens per pass (BN = 8 NT), from S (the capacity of sorted rows, an upper bound of any
+// expert's rows) and E, so that an expert's rows mostly fit one pass and its weights are
+// read once, with at most 128 accumulator registers (M * NT <= 8 at MT = 4):
+//   * 8 while S <= 8 or S < E (less than one row per expert on average);
+//   * 2:4 and 1:2:V: 16 while S <= 16 or the rows average at most SAM_DECODE_WIDE_PASS
+//     per expert, else 32;
+//   * 1:4:V: 8 up to SAM_DECODE_WIDE_PASS / 2 rows per expert, else 16.
+// docs/KERNELS.md ("The decode kernel") has the measurements.
+template <typename T> sam_status launch_pass(const sam_ssmm_params *ps, cudaStream_t s) {
+    const int m = ps->f.m;
     // routed rows above which the passes are wider: 32 tokens (2:4, 1:2:V), 16 (1:4:V, from
     // half the rows per expert: its 16-token pass holds as many accumulators as 1:2:V's 32)
     const int64_t wide = (int64_t)(m == 4 ? SAM_DECODE_WIDE_PASS / 2 : SAM_DECODE_WIDE_PASS) * ps->d.E;
     int nt = 1;
     if (ps->S > 8 && ps->S >= ps->d.E) nt = m == 4 ? (ps->S > wide ? 2 : 1) : ps->S <= 16 || ps->S <= wide ? 2 : 4;
-    if (tokens > 0) nt = tokens <= 8 ? 1 : tokens <= 16 ? 2 : 4;
     if (m == 1) {
-        if (nt == 1) return launch_v<T, 1, 1>(ps, s, variant);
-        if (nt == 2) return launch_v<T, 1, 2>(ps, s, variant);
-        return launch_v<T, 1, 4>(ps, s, variant);
+        if (nt == 1) return launch_cta<T, 1, 1>(ps, s);
+        if (nt == 2) return launch_cta<T, 1, 2>(ps, s);
+        return launch_cta<T, 1, 4>(ps, s);
     }
     if (m == 2) {
-        if (nt == 1) return launch_v<T, 2, 1>(ps, s, variant);
-        if (nt == 2) return launch_v<T, 2, 2>(ps, s, variant);
-        return launch_v<T, 2, 4>(ps, s, variant);
+        if (nt == 1) return launch_cta<T, 2, 1>(ps, s);
+        if (nt == 2) return launch_cta<T, 2, 2>(ps, s);
+        return launch_cta<T, 2, 4>(ps, s);
     }
     if (m == 4) {  // M * NT <= 8: at most 16 tokens
-        if (nt == 1) return launch_v<T, 4, 1>(ps, s, variant);
-        return launch_v<T, 4, 2>(ps, s, variant);
+        if (nt == 1) return launch_cta<T, 4, 1>(ps, s);
+        return launch_cta<T, 4, 2>(ps, s);
     }
     set_error("ssmm: the decode kernel supports formats 2:4, 1:2:V and 1:4:V; got %d:%d:%d", ps->f.n, ps->f.m,
               ps->f.v);
@@ -623,22 +571,9 @@ template <typename T> sam_status launch_m(const sam_ssmm_params *ps, cudaStream_
 }  // namespace
 }  // namespace sam
 
-extern "C" int sam_ssmm_decode_max_rows(void) {
-    return sam::env_int("SAMOYEDS_DECODE_MAX_ROWS", SAM_DECODE_MAX_ROWS);
-}
-
-extern "C" int sam_ssmm_decode_rows_per_expert(void) {
-    return sam::env_int("SAMOYEDS_DECODE_ROWS_PER_EXPERT", SAM_DECODE_ROWS_PER_EXPERT);
-}
-
-// What impl 0 runs: the decode kernel while it reads each routed expert's weights in
-// one pass or close to it (few rows in all, or few per expert on average).
-extern "C" int sam_ssmm_use_decode(const sam_ssmm_params *p) {
-    return p->S <= sam_ssmm_decode_max_rows() || p->S <= (int64_t)sam_ssmm_decode_rows_per_expert() * p->d.E;
-}
-
 // The format/epilogue checks of sam_ssmm_cuda (n = 1, V % 64, glu <-> act,
 // C % 8) have run before this is called.
 extern "C" sam_status sam_ssmm_decode_cuda(const sam_ssmm_params *ps, void *stream) {
-    return sam::with_tc_dtype(ps->dtype, [&](auto t) { return sam::launch_m<decltype(t)>(ps, (cudaStream_t)stream); });
+    return sam::with_tc_dtype(ps->dtype,
+                              [&](auto t) { return sam::launch_pass<decltype(t)>(ps, (cudaStream_t)stream); });
 }

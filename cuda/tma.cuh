@@ -1,12 +1,12 @@
-// tma.cuh -- the asynchronous copy machinery shared by the warp-specialised
-// matmul kernels (ssmm_ws.cuh) and the shared-memory fill-rate measurement
-// (peak.cu): mbarrier waits and arrivals, TMA tile loads, cluster helpers, and
-// the driver's tensor-map encoder.
+// tma.cuh -- the asynchronous copy machinery of the wgmma.sp kernel
+// (ssmm_wgmma_sp.cu; dev/peak/peak.cu reuses it): mbarrier waits and arrivals, TMA
+// tile loads, named barriers, register reallocation, and the driver's tensor-map encoder.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
 
 #include "common.cuh"
+#include "ptx_wgmma.cuh"
 
 namespace sam {
 
@@ -81,49 +81,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map
         "[%5];\n" ::"r"(dst),
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
-}
-// 2-d TMA tile load, multicast: the box lands at `dst` in every CTA of `mask` (cluster
-// ranks), each completing on its own barrier at the offset `bar`.
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar,
-                                               uint16_t mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
-        "{%2, %3}], [%4], %5;\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-        : "memory");
-}
-// 3-d TMA tile load, multicast, as tma_load_2d_mc.
-__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
-                                               uint32_t bar, uint16_t mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
-        "{%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
-        : "memory");
-}
-// Arrives on the barrier at offset `bar` of cluster rank `cta`'s shared memory.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(cta));
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ uint32_t cluster_id() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ uint32_t cluster_count() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-    return r;
 }
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

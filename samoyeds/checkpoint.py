@@ -29,8 +29,9 @@ from torch import nn
 
 from . import _C
 from . import hf as _hf
+from .hf import experts as _experts, llama4 as _llama4
 from .format import SparseFormat
-from .packed import PackedDims, PackedWeight
+from .packed import PackedWeight
 
 __all__ = ["CHECKPOINT_VERSION", "CheckpointError", "EXPERTS_FILE", "MODEL_FILE", "checkpoint_sizes",
            "from_pretrained", "save_pretrained"]
@@ -54,9 +55,9 @@ class CheckpointError(ValueError):
     """A samoyeds checkpoint is corrupt, of another version, or does not match its model."""
 
 
-def _expert_keys(name: str, p: "_hf.ExpertsPatch") -> Dict[str, str]:
+def _expert_keys(name: str, p: "_experts.ExpertsPatch") -> Dict[str, str]:
     """Buffer name -> state_dict key of one patched experts module's arrays."""
-    names = [f"samoyeds_{proj}_{a}" for proj in _hf._PROJS for a in _hf._ARRAYS]
+    names = [f"samoyeds_{proj}_{a}" for proj in _experts.PROJS for a in _experts.ARRAYS]
     names.append("samoyeds_gate_up_bias")
     return {n: f"{name}.{n}" if name else n for n in names}
 
@@ -80,14 +81,14 @@ def save_pretrained(model: nn.Module, path: PathLike) -> None:
     """
     from safetensors.torch import save_file
 
-    shared = _hf._packed_shared(model)
+    shared = _hf.packed_shared(model)
     if shared:
         raise NotImplementedError(
             f"{type(model).__name__}: shared experts {[n for n, _, _ in shared][:2]} are packed "
             "(patch_model(..., shared_experts=True)); samoyeds checkpoints hold packed routed experts only: "
             "save the model patched without shared_experts=True")
 
-    targets = _hf._find_experts(model)
+    targets = _experts.find_experts(model)
     patched = [t for t in targets if getattr(t.experts, "_samoyeds", None) is not None]
     if not patched:
         raise ValueError(f"{type(model).__name__} has no experts module packed by samoyeds; call "
@@ -105,7 +106,7 @@ def save_pretrained(model: nn.Module, path: PathLike) -> None:
     experts: Dict[str, torch.Tensor] = {}
     modules: List[dict] = []
     for t in patched:
-        p: _hf.ExpertsPatch = t.experts._samoyeds
+        p: _experts.ExpertsPatch = t.experts._samoyeds
         keys = _expert_keys(t.name, p)
         for key in keys.values():
             if key in state:
@@ -236,7 +237,8 @@ def _set_tensor(model: nn.Module, name: str, value: torch.Tensor, file: str) -> 
 
 
 def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = None,
-                    model_class: Optional[type] = None) -> nn.Module:
+                    model_class: Optional[type] = None, router: bool = True, shared_stream: bool = True,
+                    shared_stream_min_rows: int = 4096) -> nn.Module:
     """Rebuilds a model written by :func:`save_pretrained`, its experts packed.
 
     The model is built from ``config.json`` on the meta device; the packed arrays
@@ -248,6 +250,7 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
         device: where the tensors are read to (default CPU).
         model_class: the transformers class to build (default: the class that was
             saved, looked up in ``transformers``).
+        router, shared_stream, shared_stream_min_rows: as :func:`samoyeds.patch_model`'s.
     Returns:
         The model in eval mode, patched (``experts_implementation="samoyeds"``; unpruned
         shared experts on the dense decode path, as :func:`samoyeds.patch_model` leaves them).
@@ -258,6 +261,7 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
     """
     import transformers
 
+    _hf.check_options(router, shared_stream, shared_stream_min_rows)
     path = os.fspath(path)
     dev = str(torch.device(device)) if device is not None else "cpu"
     efile, mfile = os.path.join(path, EXPERTS_FILE), os.path.join(path, MODEL_FILE)
@@ -275,18 +279,18 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
             model = cls._from_config(config) if hasattr(cls, "_from_config") else cls(config)
         model.eval()
 
-        targets = _hf._find_experts(model)
+        targets = _experts.find_experts(model)
         stored = {m["name"]: m for m in head["modules"]}
         names = [t.name for t in targets]
         if sorted(names) != sorted(stored):
             raise CheckpointError(f"{efile}: holds experts modules {sorted(stored)}; the model built from "
                                   f"config.json has {sorted(names)}")
-        layouts: Dict[str, _hf.ExpertsPatch] = {}
+        layouts: Dict[str, _experts.ExpertsPatch] = {}
         arrays: Dict[str, Dict[str, Optional[torch.Tensor]]] = {}
         keys = set(ef.keys())
         for t in targets:
             try:
-                layout = _hf._layout(t, model, fmt, allow_meta=True)
+                layout = _experts.experts_layout(t, model, fmt, allow_meta=True)
             except _hf.UnsupportedModelError as e:
                 raise CheckpointError(f"{efile}: {e}") from e
             s = stored[t.name]
@@ -313,7 +317,7 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
             E, H, I = layout.num_experts, layout.hidden, layout.intermediate
             for proj, shape, glu in (("gate_up", (E, 2 * I, H), True), ("down", (E, H, I), False)):
                 key = f"{t.name}.samoyeds_{proj}"
-                v, m, ix = (got[f"samoyeds_{proj}_{a}"] for a in _hf._ARRAYS)
+                v, m, ix = (got[f"samoyeds_{proj}_{a}"] for a in _experts.ARRAYS)
                 if v.dtype not in _VALUE_DTYPES or m.dtype != torch.uint32 or (ix is not None and ix.dtype != torch.uint8):
                     raise CheckpointError(
                         f"{efile}: {key}: expected values float32/bfloat16/float16, meta uint32, idx uint8; got "
@@ -335,7 +339,7 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
 
     for t in targets:
         mod, layout = t.experts, layouts[t.name]
-        for proj in _hf._PROJS:
+        for proj in _experts.PROJS:
             delattr(mod, f"{proj}_proj")
         if layout.bias:
             delattr(mod, "gate_up_proj_bias")
@@ -343,7 +347,7 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
             mod.register_buffer(attr, value)
         mod._samoyeds = layout
         if t.block is not None:
-            t.block.__class__ = _hf._patched_llama4_class(type(t.block))
+            t.block.__class__ = _llama4.patched_class(type(t.block))
 
     with _open(mfile, dev) as mf:
         for key in mf.keys():
@@ -377,11 +381,10 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
     gen_file = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_file) and hasattr(model, "generation_config"):
         model.generation_config = transformers.GenerationConfig.from_pretrained(path)
-    _hf.register()
-    _hf._dense_shared_patch_all(model, targets)
-    _hf._router_patch_all(model, targets)
-    _hf._block_patch_all(model, targets)
-    _hf._set_implementation(model, [t.experts for t in targets if t.block is None], _hf.IMPLEMENTATION)
+    _experts.register()
+    _hf.install(model, targets, dense_shared=True, router=router, shared_stream=shared_stream,
+                shared_stream_min_rows=shared_stream_min_rows)
+    _experts.set_implementation(model, [t.experts for t in targets if t.block is None], _experts.IMPLEMENTATION)
     return model
 
 

@@ -44,13 +44,13 @@ chunk's statistics are held at a time.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import hf as _hf
+from .hf import experts as _experts
 from .format import PRESETS, SparseFormat
 from .packed import mask as _format_mask
 
@@ -526,7 +526,7 @@ class _Captured:
     w: List[torch.Tensor]        # [N, K] routing weights
 
 
-def _capture_hook(t: "_hf._Target", store: _Captured):
+def _capture_hook(t: "_experts.Target", store: _Captured):
     E = t.layout.num_experts
 
     def hook(mod, args, kwargs):
@@ -569,7 +569,7 @@ def _run_batch(model: torch.nn.Module, batch: Any, device: torch.device) -> None
                         f"got {type(batch).__name__}")
 
 
-def _capture(model: torch.nn.Module, t: "_hf._Target", calibration: Sequence[Any]) -> _Captured:
+def _capture(model: torch.nn.Module, t: "_experts.Target", calibration: Sequence[Any]) -> _Captured:
     store = _Captured([], [], [])
     handle = t.experts.register_forward_pre_hook(_capture_hook(t, store), with_kwargs=True)
     device = _device_of(model)
@@ -600,7 +600,7 @@ def _per_expert(store: _Captured, E: int, weighted: bool) -> List[Tuple[torch.Te
     return out
 
 
-def _gated(x: torch.Tensor, w_gate_up: torch.Tensor, bias: Optional[torch.Tensor], p: "_hf.ExpertsPatch") -> torch.Tensor:
+def _gated(x: torch.Tensor, w_gate_up: torch.Tensor, bias: Optional[torch.Tensor], p: "_experts.ExpertsPatch") -> torch.Tensor:
     """An expert's down_proj input ``[N, I]``: its gated activation for inputs ``x [N, H]``
     (``w_gate_up [2I, H]`` in packing layout, gate rows first; ``bias [2I]`` or None)."""
     y = x.float() @ w_gate_up.float().T
@@ -622,7 +622,7 @@ def _chunks(E: int, C: int, method: str, budget: int) -> Iterable[Tuple[int, int
         yield e0, min(E, e0 + step)
 
 
-def _prune_module(model: torch.nn.Module, t: "_hf._Target", pat: Pattern, method: str,
+def _prune_module(model: torch.nn.Module, t: "_experts.Target", pat: Pattern, method: str,
                   calibration: Optional[Sequence[Any]], weighted: bool, damp: float,
                   budget: int, glu_joint: bool, refit_iters: int) -> Dict[str, torch.Tensor]:
     p = t.layout
@@ -635,15 +635,15 @@ def _prune_module(model: torch.nn.Module, t: "_hf._Target", pat: Pattern, method
     gu_bias = None
     if p.bias:
         b = mod._parameters["gate_up_proj_bias"].detach()
-        gu_bias = _hf._split_gate_up(b, 1) if p.interleaved else b
-    for proj in _hf._PROJS:
+        gu_bias = _experts.split_gate_up(b, 1) if p.interleaved else b
+    for proj in _experts.PROJS:
         param = mod._parameters[f"{proj}_proj"]
-        w = _hf._to_pack(param, p, proj)                                    # [E, R, C]
+        w = _experts.to_pack(param, p, proj)                                    # [E, R, C]
         C = w.shape[2]
         pat.check(w.shape[1], C, f"{t.name}.{proj}_proj")
         dense_in = None
         if proj == "down" and per is not None:
-            wgu = _hf._to_pack(mod._parameters["gate_up_proj"], p, "gate_up")   # already pruned
+            wgu = _experts.to_pack(mod._parameters["gate_up_proj"], p, "gate_up")   # already pruned
             bias = (lambda e: None) if gu_bias is None else (lambda e: gu_bias[e])
             if method == "sparsegpt":
                 dense_in = [_gated(x, wgu_dense[e], bias(e), p) for e, (x, r) in enumerate(per)]
@@ -665,8 +665,8 @@ def _prune_module(model: torch.nn.Module, t: "_hf._Target", pat: Pattern, method
             del inputs, dense
         del dense_in
         with torch.no_grad():
-            param.copy_(_hf._from_pack(new, p, proj))
-        masks[f"{proj}_proj"] = _hf._from_pack(keep, p, proj)
+            param.copy_(_experts.from_pack(new, p, proj))
+        masks[f"{proj}_proj"] = _experts.from_pack(keep, p, proj)
         del w, new
     return masks
 
@@ -713,22 +713,22 @@ def prune_model(model: torch.nn.Module, pattern_: PatternLike = "samoyeds-1:2:12
             calibration = list(calibration)
         if not calibration:
             raise ValueError("calibration: got no batches")
-    targets = _hf._find_experts(model)
+    targets = _experts.find_experts(model)
     if not targets:
-        raise _hf.UnsupportedModelError(f"{type(model).__name__}: no Mixture-of-Experts experts module found")
+        raise _experts.UnsupportedModelError(f"{type(model).__name__}: no Mixture-of-Experts experts module found")
     patched = [t.name for t in targets if getattr(t.experts, "_samoyeds", None) is not None]
     if patched:
         raise ValueError(f"{type(model).__name__} is already patched ({patched[0]!r}, ...); prune the dense model")
     check_fmt = pat.fmt or SparseFormat(*PRESETS["2:4"])
     for t in targets:
-        t.layout = _hf._layout(t, model, check_fmt)
+        t.layout = _experts.experts_layout(t, model, check_fmt)
     was_training = model.training
     model.eval()
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")      # Hessians and their factors need full fp32 (no TF32)
     masks: Dict[str, Dict[str, torch.Tensor]] = {}
     try:
-        for t in _hf._progress(targets, progress, f"samoyeds: pruning experts ({pat.name}, {method})"):
+        for t in _experts.progress(targets, progress, f"samoyeds: pruning experts ({pat.name}, {method})"):
             masks[t.name] = _prune_module(model, t, pat, method, calibration, routing_weighted, damp,
                                           memory_budget, glu_joint, refit_iters)
     finally:

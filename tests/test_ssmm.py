@@ -132,25 +132,13 @@ def _prefill_impl() -> str:
     return "wgmma_sp" if _sm90() and "sm_90a" in sm.build_info()["cuda_archs"] else "mma_sp"
 
 
-def _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias):
-    """wgmma.sp kernel `kernel` (SAMOYEDS_WGMMA_KERNEL) and the mma.sp kernel on the same
-    fresh inputs (routing scales on): each within the oracle tolerance of _check_cuda,
-    and close to each other.  Kernel 4 on a 1:M:V format: the cooperative kernel's
-    result, bit for bit (its documented fallback)."""
+def _check_wgmma_agrees(shape, fmt, act, glu, bias):
+    """The wgmma.sp kernel and the mma.sp kernel on the same fresh inputs (routing scales
+    on): each within the oracle tolerance of _check_cuda, and close to each other."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
     seed = torch.seed() % 2**31
     x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, act, glu, bias=bias, scale=True, seed=seed)
-    if kernel == "4" and fmt != "2:4":
-        # ping-pong consumers run 2:4 only; 1:M:V falls back to the cooperative kernel (2)
-        outs = []
-        for k in ("4", "2"):
-            monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", k)
-            outs.append(_check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="wgmma_sp"))
-        n = int(r.offsets[-1])  # (the rows past it stay NaN, checked by _check_cuda)
-        assert torch.equal(outs[0][:n], outs[1][:n]), "SAMOYEDS_WGMMA_KERNEL=4 on 1:M:V must run the cooperative kernel"
-        return
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
     a = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="wgmma_sp")
     m = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="mma_sp")
     n = int(r.offsets[-1])
@@ -161,14 +149,10 @@ def _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:256"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
-@pytest.mark.parametrize("kernel", ["1", "2", "3", "4", "5", "6"])
-def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu, kernel, monkeypatch):
-    """Each Hopper wgmma.sp kernel (SAMOYEDS_WGMMA_KERNEL: 1 single-role, 2
-    warp-specialised with TMA on a persistent grid, 3 the same with one work item
-    per CTA, 4 persistent with ping-pong consumers, 5 persistent in clusters of two
-    sharing the weights by TMA multicast, 6 persistent taking items from a counter) and the
+def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu):
+    """The Hopper wgmma.sp kernel (warp-specialised, weights by TMA, persistent grid) and the
     mma.sp kernel on the same inputs: both within the oracle tolerance, and close to each other."""
-    _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias=glu)
+    _check_wgmma_agrees(shape, fmt, act, glu, bias=glu)
 
 
 @pytest.mark.gpu
@@ -179,14 +163,11 @@ def test_wgmma_and_mma_sp_paths_agree(shape, fmt, act, glu, kernel, monkeypatch)
 ])
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-@pytest.mark.parametrize("kernel", ["2", "3", "4", "5", "6"])
-def test_warp_specialised_work_items(shape, fmt, act, glu, kernel, monkeypatch):
-    """The warp-specialised kernel's work distribution (persistent grid, 2, one
-    item per CTA, 3, ping-pong consumers taking alternate items, 4, or clusters of two
-    taking pairs of token tiles, an odd tile count leaving one CTA without tokens, 5, or
-    items taken from a counter in global memory, 6) against the C reference, the float64 oracle and the mma.sp
-    kernel, with bias and routing scales: every item computed once, nothing else written."""
-    _check_wgmma_agrees(shape, fmt, act, glu, kernel, monkeypatch, bias=True)
+def test_warp_specialised_work_items(shape, fmt, act, glu):
+    """The wgmma.sp kernel's work distribution (a persistent grid, each CTA walking several
+    items) against the C reference, the float64 oracle and the mma.sp kernel, with bias and
+    routing scales: every item computed once, nothing else written."""
+    _check_wgmma_agrees(shape, fmt, act, glu, bias=True)
 
 
 def _ws_inputs(shape, fmt, act, glu, by_tma):
@@ -210,19 +191,19 @@ def _ws_inputs(shape, fmt, act, glu, by_tma):
     return x, p, r, b, sc, ids, S, n, cols, ref, oracle
 
 
-def _ws_outputs(var, values, monkeypatch, S, n, cols, call):
-    """call(out) with the environment variable var at each of values, on an output poisoned
-    with NaN: every routed row written and finite, none past offsets[E]; the outputs (on the
-    CPU) by value."""
+def _ws_outputs(field, values, S, n, cols, call, **fixed):
+    """call(out) with samoyeds.config(field=v, **fixed) for each of values, on an output
+    poisoned with NaN: every routed row written and finite, none past offsets[E]; the
+    outputs (on the CPU) by value."""
     outs = {}
     for v in values:
-        monkeypatch.setenv(var, v)
-        out = _poisoned(S, cols, torch.bfloat16, "cuda")
-        call(out)
-        torch.cuda.synchronize()
+        with sm.config(**{field: v}, **fixed):
+            out = _poisoned(S, cols, torch.bfloat16, "cuda")
+            call(out)
+            torch.cuda.synchronize()
         outs[v] = out.cpu()
-        assert torch.isfinite(outs[v][:n]).all(), f"{var}={v}: unwritten or non-finite output rows"
-        assert torch.isnan(outs[v][n:]).all(), f"{var}={v}: rows past offsets[E] were written"
+        assert torch.isfinite(outs[v][:n]).all(), f"{field}={v}: unwritten or non-finite output rows"
+        assert torch.isnan(outs[v][n:]).all(), f"{field}={v}: rows past offsets[E] were written"
     return outs
 
 
@@ -235,10 +216,10 @@ def _ws_outputs(var, values, monkeypatch, S, n, cols, call):
 @pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "samoyeds-1:2:256"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
 @pytest.mark.parametrize("rows", ["gather", "tma"])
-def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
-    """The 1:2:V tiles of 256 storage rows x 64 tokens (SAMOYEDS_WS_TILE=1: each consumer two
-    m64n64 blocks, a gated item's gate and up chunk in one consumer) and x 96 tokens (=2: two
-    m64n96 blocks, 192 accumulators per thread) against the 128 x 128 tile (=0) on the same
+def test_wgmma_tall_tile(shape, fmt, act, glu, rows):
+    """The 1:2:V tiles of 256 storage rows x 64 tokens (tile="256x64": each consumer two
+    m64n64 blocks, a gated item's gate and up chunk in one consumer) and x 96 tokens
+    ("256x96": two m64n96 blocks, 192 accumulators per thread) against "128x128" on the same
     fresh inputs, with bias and routing scales, token rows gathered or by TMA: each within the
     oracle tolerance of the C reference, nothing written past offsets[E], and bit for bit the
     same (the same sums in the same order per element)."""
@@ -247,58 +228,25 @@ def test_wgmma_tall_tile(shape, fmt, act, glu, rows, monkeypatch):
     x, p, r, b, sc, ids, S, n, cols, ref, oracle = _ws_inputs(shape, fmt, act, glu, rows == "tma")
     pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
     idg = None if ids is None else ids.cuda()
-    # (=2: an error unless the TMA path runs; with no rows at all there is nothing to map)
-    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "0" if rows == "gather" else "2" if S else "1")
-    outs = _ws_outputs("SAMOYEDS_WS_TILE", ("2", "1", "0"), monkeypatch, S, n, cols,
-                       lambda out: sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp"))
+    # ("tma": an error unless the TMA path runs; with no rows at all there is nothing to map)
+    token_rows = "gather" if rows == "gather" else "tma" if S else "auto"
+    outs = _ws_outputs("tile", ("256x96", "256x64", "128x128"), S, n, cols,
+                       lambda out: sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp"),
+                       token_rows=token_rows)
     for tile, o in outs.items():
         e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(o[:n], oracle)
         assert e_cuda <= 2 * e_ref + 1e-6, (tile, e_cuda, e_ref)
-    assert torch.equal(outs["1"][:n], outs["0"][:n]), "the 256 x 64 and 128 x 128 tiles differ"
-    assert torch.equal(outs["2"][:n], outs["0"][:n]), "the 256 x 96 and 128 x 128 tiles differ"
+    assert torch.equal(outs["256x64"][:n], outs["128x128"][:n]), "the 256 x 64 and 128 x 128 tiles differ"
+    assert torch.equal(outs["256x96"][:n], outs["128x128"][:n]), "the 256 x 96 and 128 x 128 tiles differ"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [
-    (2000, 2, 8, 1024, 256, "skewed"),   # more work items than SMs
-    (900, 3, 40, 512, 128, "one"),       # one expert holding most rows: odd token-tile counts leave a CTA idle
-    (70, 2, 3, 640, 320, "uniform"),     # 384 storage rows, 1.5 tiles of 256
-])
-@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-@pytest.mark.parametrize("rows", ["gather", "tma"])
-def test_wgmma_cluster_tall_tile(shape, act, glu, rows, monkeypatch):
-    """Clusters of two CTAs sharing the weights by TMA multicast (SAMOYEDS_WGMMA_KERNEL=5) in each
-    1:2:V tile (SAMOYEDS_WS_TILE 1, 2, 0; builds with SAM_WS_CLUSTER_TALL run the tall tiles in
-    clusters, others 128 x 128) against the persistent kernel (=2) in the 128 x 128 tile on the
-    same fresh inputs: within the oracle tolerance, nothing written past offsets[E], bit for bit
-    the same."""
-    if not _sm90():
-        pytest.skip("wgmma.sp runs on sm_90 only")
-    x, p, r, b, sc, ids, S, n, cols, ref, oracle = _ws_inputs(shape, "samoyeds-1:2:128", act, glu, rows == "tma")
-    pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
-    idg = None if ids is None else ids.cuda()
-    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "0" if rows == "gather" else "2" if S else "1")
-
-    def run(out):
-        sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
-
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", "2")
-    base = _ws_outputs("SAMOYEDS_WS_TILE", ("0",), monkeypatch, S, n, cols, run)["0"]
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", "5")
-    outs = _ws_outputs("SAMOYEDS_WS_TILE", ("1", "2", "0"), monkeypatch, S, n, cols, run)
-    e_ref = rel_err(ref[:n], oracle)
-    for tile, o in outs.items():
-        assert rel_err(o[:n], oracle) <= 2 * e_ref + 1e-6, tile
-        assert torch.equal(o[:n], base[:n]), f"clusters, tile {tile}: differs from the persistent kernel"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt,tile,kernel", [
-    ("samoyeds-1:2:128", "1", "2"), ("samoyeds-1:2:128", "2", "2"), ("samoyeds-1:2:128", "0", "2"),
-    ("2:4", "0", "2"), ("2:4", "0", "4"), ("samoyeds-1:2:128", "0", "5")])
-def test_wgmma_tma_tokens_back_to_back(fmt, tile, kernel, monkeypatch):
+@pytest.mark.parametrize("fmt,tile", [
+    ("samoyeds-1:2:128", "256x64"), ("samoyeds-1:2:128", "256x96"), ("samoyeds-1:2:128", "128x128"),
+    ("2:4", "auto")])
+def test_wgmma_tma_tokens_back_to_back(fmt, tile):
     """Thousands of launches, enqueued back to back, of the warp-specialised kernel with its token
-    rows by TMA (each tile; SAMOYEDS_WGMMA_KERNEL 2 persistent, 4 ping-pong consumers, 5 clusters),
+    rows by TMA (each tile),
     on the shape of GPT-OSS-20B's down projection at 256 tokens (32 experts, 2880 x 2880, 1024
     routed rows, 46 k-tiles per work item): every launch must finish, and outputs sampled along
     the way must be the first bit for bit.  (Producer warps that walked the ring without loading
@@ -314,19 +262,17 @@ def test_wgmma_tma_tokens_back_to_back(fmt, tile, kernel, monkeypatch):
     S = T * K
     x = torch.randn(S, C, generator=gen).to(torch.bfloat16).cuda()
     off = r.offsets.cuda()
-    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "2")  # an error unless the rows go by TMA
-    monkeypatch.setenv("SAMOYEDS_WS_TILE", tile)
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
-    first = _poisoned(S, R, torch.bfloat16, "cuda")
-    sm.ssmm(x, p, off, None, out=first, impl="wgmma_sp")
-    torch.cuda.synchronize()
-    assert torch.isfinite(first).all()
-    out = _poisoned(S, R, torch.bfloat16, "cuda")
-    launches, samples = 4000, []
-    for i in range(launches):
-        sm.ssmm(x, p, off, None, out=out, impl="wgmma_sp")
-        if i % 500 == 499:
-            samples.append(out.clone())
+    with sm.config(token_rows="tma", tile=tile):  # token_rows="tma": an error unless the rows go by TMA
+        first = _poisoned(S, R, torch.bfloat16, "cuda")
+        sm.ssmm(x, p, off, None, out=first, impl="wgmma_sp")
+        torch.cuda.synchronize()
+        assert torch.isfinite(first).all()
+        out = _poisoned(S, R, torch.bfloat16, "cuda")
+        launches, samples = 4000, []
+        for i in range(launches):
+            sm.ssmm(x, p, off, None, out=out, impl="wgmma_sp")
+            if i % 500 == 499:
+                samples.append(out.clone())
     done = torch.cuda.Event()
     done.record()
     t0 = time.monotonic()
@@ -387,49 +333,6 @@ def test_wgmma_row_pairs_of_unequal_size(fmt, rows):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
-@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-@pytest.mark.parametrize("rows", ["gather", "tma"])
-def test_wgmma_stage_dropping_runs(fmt, act, glu, rows, monkeypatch):
-    """SAMOYEDS_WS_DROP (parts of the warp-specialised kernel left out, read only by builds
-    with SAM_WS_DROP=1, build_info()["ws_drop"]; docs/PERFORMANCE.md). With any value the
-    kernel runs to the end and writes nothing outside the routed rows. A release build
-    ignores it: every value gives the same output, bit for bit. A measurement build computes
-    no result while parts are left out; back at 0 it is the C reference's again."""
-    if not _sm90():
-        pytest.skip("wgmma.sp runs on sm_90 only")
-    seed = torch.seed() % 2**31
-    T, K, E, R, C = 700, 2, 8, 512, 384
-    gen = torch.Generator().manual_seed(seed)
-    x, p, r, b, sc = _case(T, K, E, R, C, fmt, torch.bfloat16, "skewed", act, glu, gen, bias=True, scale=True)
-    S, n = T * K, int(r.offsets[-1])
-    ids = r.token_ids
-    if rows == "tma":
-        x = torch.randn(S, C, generator=gen).to(torch.bfloat16)
-        ids = None
-    cols = R if act == "none" else R // 2
-    ref = _poisoned(S, cols, torch.bfloat16, "cpu")
-    sm.ssmm(x, p, r.offsets, ids, out=ref, act=act, bias=b, scale=sc)
-    pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
-    idg = None if ids is None else ids.cuda()
-    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "0" if rows == "gather" else "2")
-    reads_switch = sm.build_info()["ws_drop"]
-    outs = {}
-    for drop in ("2", "4", "6", "8", "16", "30", "0"):
-        monkeypatch.setenv("SAMOYEDS_WS_DROP", drop)
-        out = _poisoned(S, cols, torch.bfloat16, "cuda")
-        sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
-        torch.cuda.synchronize()
-        assert torch.isnan(out[n:]).all(), f"SAMOYEDS_WS_DROP={drop}: rows past offsets[E] were written"
-        outs[drop] = out[:n].cpu()
-    assert torch.isfinite(outs["0"]).all(), "unwritten or non-finite output rows"
-    assert rel_err(outs["0"], ref[:n].double()) < 1e-2
-    if not reads_switch:
-        for drop, o in outs.items():
-            assert torch.equal(o, outs["0"]), f"a release build acted on SAMOYEDS_WS_DROP={drop}"
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [
     (37, 2, 4, 136, 256, "uniform"),       # rows and tokens not multiples of the tiles
     (5, 2, 8, 256, 192, "skewed"),         # a few rows per expert, empty experts
@@ -439,29 +342,26 @@ def test_wgmma_stage_dropping_runs(fmt, act, glu, rows, monkeypatch):
 ])
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-@pytest.mark.parametrize("kernel", ["2", "3", "4", "5", "6"])
-def test_wgmma_tokens_by_tma(shape, fmt, act, glu, kernel, monkeypatch):
+def test_wgmma_tokens_by_tma(shape, fmt, act, glu):
     """x read without a row map (token_ids None, as the down projection reads its
     intermediate rows): the warp-specialised kernels load each k-tile's token rows as one
     TMA box, which also brings in rows of the next expert and, in the last tile, rows past
     offsets[E].  Those rows are NaN here: nothing of them may reach a stored row.  The
-    result (SAMOYEDS_WGMMA_TOKENS_TMA=2: an error unless the TMA path runs) must equal the
-    cp.async gather's (=0) bit for bit and be within the oracle tolerance of the C reference.
-    With token_ids given, =2 is refused."""
+    result (token_rows="tma": an error unless the TMA path runs) must equal the cp.async
+    gather's ("gather") bit for bit and be within the oracle tolerance of the C reference.
+    With token_ids given, "tma" is refused."""
     if not _sm90():
         pytest.skip("wgmma.sp runs on sm_90 only")
     x, p, r, b, sc, _, S, n, cols, ref, oracle = _ws_inputs(shape, fmt, act, glu, by_tma=True)
     pg, xg, offg, bg, scg = p.to("cuda"), x.cuda(), r.offsets.cuda(), b.cuda(), sc.cuda()
-    monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
-    outs = _ws_outputs("SAMOYEDS_WGMMA_TOKENS_TMA", ("2", "0"), monkeypatch, S, n, cols,
+    outs = _ws_outputs("token_rows", ("tma", "gather"), S, n, cols,
                        lambda out: sm.ssmm(xg, pg, offg, None, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp"))
-    assert torch.equal(outs["2"][:n], outs["0"][:n]), "TMA token rows and the gather differ"
-    e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(outs["2"][:n], oracle)
+    assert torch.equal(outs["tma"][:n], outs["gather"][:n]), "TMA token rows and the gather differ"
+    e_ref, e_cuda = rel_err(ref[:n], oracle), rel_err(outs["tma"][:n], oracle)
     assert e_cuda <= 2 * e_ref + 1e-6, (e_cuda, e_ref)
-    monkeypatch.setenv("SAMOYEDS_WGMMA_TOKENS_TMA", "2")  # a row map: only the gather can read it
     tok = torch.arange(S, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="SAMOYEDS_WGMMA_TOKENS_TMA"):
-        sm.ssmm(xg, pg, offg, tok, act=act, impl="wgmma_sp")
+    with sm.config(token_rows="tma"), pytest.raises(NotImplementedError, match="token_rows='tma'"):
+        sm.ssmm(xg, pg, offg, tok, act=act, impl="wgmma_sp")  # a row map: only the gather can read it
 
 
 @pytest.mark.gpu
@@ -536,45 +436,51 @@ def test_decode_matches_ref_and_oracle(shape, fmt, dtype, act, glu):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["0", "1", "2", "3", "4", "5", "6"])
-@pytest.mark.parametrize("shape", [DECODE_SHAPES[1], DECODE_SHAPES[3], DECODE_SHAPES[6]])
+@pytest.mark.parametrize("shape", [
+    (16, 2, 8, 136, 200, "uniform"),    # few CTAs (fewer than two per SM): 8 warps of 3 stages
+    (24, 8, 64, 512, 264, "skewed"),    # many CTAs, at most 8 rows per expert: 2 warps of 3 stages
+    (36, 8, 32, 640, 264, "uniform"),   # many CTAs, 9 rows per expert: 4 warps of 4 stages
+])
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "1:4:64"])
-def test_decode_variants(variant, shape, fmt, monkeypatch):
-    """Every tile shape of the decode kernel (SAMOYEDS_DECODE_VARIANT: rows per CTA, warps,
-    stages) against the C reference and the float64 oracle: tails, several token passes,
-    K ranges split unevenly over the warps."""
-    monkeypatch.setenv("SAMOYEDS_DECODE_VARIANT", variant)
+def test_decode_cta_shapes(shape, fmt):
+    """Each CTA shape the decode kernel picks from its inputs (rows per CTA, warps, stages;
+    cuda/ssmm_decode.cu, launch_cta: the counts above are those of a 132-SM device) against the
+    C reference and the float64 oracle: tails, several token passes, K split over the warps."""
     seed = torch.seed() % 2**31
     x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, "swiglu", True, bias=True, scale=True, seed=seed)
     _check_cuda(x, p, r, b, sc, "swiglu", torch.bfloat16, impl="decode")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["", "0", "1", "6"])
 @pytest.mark.parametrize("shape", [DECODE_SHAPES[3], (48, 2, 4, 200, 264, "uniform"), (37, 3, 5, 136, 200, "skewed"),
                                    (7, 2, 16, 136, 200, "skewed")])
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64"])
-def test_decode_token_passes(variant, shape, fmt, monkeypatch):
-    """The decode kernel's passes of 8, 16 and 32 tokens (SAMOYEDS_DECODE_TOKENS; 1:4:V
-    at most 16): each against the C reference and the float64 oracle, and all bit-identical
-    to each other (a token's sums do not depend on the other tokens of its pass).  The
-    shapes give experts one pass of 32 and several of 8 or 16, a last pass cut short,
-    S over 10 rows per expert (the default's 32-token passes) and S < E (8-token passes
-    above S = 8), and empty experts."""
-    if variant:
-        monkeypatch.setenv("SAMOYEDS_DECODE_VARIANT", variant)
+def test_decode_token_passes(shape, fmt):
+    """The decode kernel's passes of 8, 16 and 32 tokens (1:4:V at most 16), which it picks
+    from S (the sorted rows' capacity) and E: the same routed rows run with S = the routed
+    rows and with S padded past them (rows past offsets[E], never read or written) to widen
+    the passes, each against the float64 oracle and all bit-identical to each other (a
+    token's sums do not depend on the other tokens of its pass).  The shapes give experts
+    one pass of 32 and several of 8 or 16, a last pass cut short, and empty experts."""
     seed = torch.seed() % 2**31
     x, p, r, b, sc = _gpu_case(shape, fmt, torch.bfloat16, "swiglu", True, bias=True, scale=True, seed=seed)
-    outs = {}
-    for tokens in ["", "8", "16", "32"]:
-        if tokens:
-            monkeypatch.setenv("SAMOYEDS_DECODE_TOKENS", tokens)
-        else:
-            monkeypatch.delenv("SAMOYEDS_DECODE_TOKENS", raising=False)
-        outs[tokens] = _check_cuda(x, p, r, b, sc, "swiglu", torch.bfloat16, impl="decode")
+    E = p.shape3[0]
     n = int(r.offsets[-1])
-    for tokens, o in outs.items():
-        assert torch.equal(o[:n], outs["8"][:n]), f"SAMOYEDS_DECODE_TOKENS={tokens!r} differs from 8"
+    base = _check_cuda(x, p, r, b, sc, "swiglu", torch.bfloat16, impl="decode")
+    xg, pg, off, bg = x.cuda(), p.to("cuda"), r.offsets.cuda(), b.cuda()
+    cols = p.shape3[1] // 2
+    # S = n, past 16 and E (16-token passes), past 10 rows per expert (32; 1:4:V: 16)
+    for S in sorted({max(n, 1), max(n, 17, E), max(n, 10 * E + 1)}):
+        ids = torch.zeros(S, dtype=torch.int32)
+        ids[:n] = r.token_ids[:n]
+        scale = torch.rand(S)
+        scale[:n] = sc[:n]
+        out = _poisoned(S, cols, torch.bfloat16, "cuda")
+        sm.ssmm(xg, pg, off, ids.cuda(), out=out, act="swiglu", bias=bg, scale=scale.cuda(), impl="decode")
+        torch.cuda.synchronize()
+        out = out.cpu()
+        assert torch.isnan(out[n:]).all(), f"S = {S}: rows past offsets[E] were written"
+        assert torch.equal(out[:n], base[:n]), f"S = {S}: differs from S = {r.token_ids.shape[0]}"
 
 
 @pytest.mark.gpu
@@ -601,12 +507,10 @@ def test_decode_deterministic_and_close_to_mma_sp(fmt):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
-def test_auto_picks_decode_for_small_s(fmt, monkeypatch):
-    """auto runs the decode kernel when S <= SAMOYEDS_DECODE_MAX_ROWS (default 128):
+def test_auto_picks_decode_for_small_s(fmt):
+    """auto runs the decode kernel when S <= decode_max_rows (default 128):
     bit-identical to impl="decode", within tolerance of impl="mma_sp"; with both decode
     thresholds at 0 it runs the prefill kernel, bit for bit."""
-    monkeypatch.delenv("SAMOYEDS_DECODE_MAX_ROWS", raising=False)
-    monkeypatch.delenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", raising=False)
     seed = torch.seed() % 2**31
     x, p, r, b, sc = _gpu_case((16, 2, 8, 256, 1024, "uniform"), fmt, torch.bfloat16, "none", False,
                                bias=False, scale=True, seed=seed)
@@ -617,23 +521,19 @@ def test_auto_picks_decode_for_small_s(fmt, monkeypatch):
     n = int(r.offsets[-1])
     assert torch.equal(auto[:n], dec[:n])
     assert rel_err(auto[:n], mma[:n].double()) < 1e-2
-    # the thresholds are environment overrides: 0 and 0 send auto to the prefill kernels
-    monkeypatch.setenv("SAMOYEDS_DECODE_MAX_ROWS", "0")
-    monkeypatch.setenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", "0")
-    monkeypatch.delenv("SAMOYEDS_SSMM_WGMMA", raising=False)
-    pre = _check_cuda(x, p, r, b, sc, "none", torch.bfloat16, impl="auto")
+    # the thresholds are samoyeds.config fields: 0 and 0 send auto to the prefill kernels
+    with sm.config(decode_max_rows=0, decode_rows_per_expert=0):
+        pre = _check_cuda(x, p, r, b, sc, "none", torch.bfloat16, impl="auto")
     assert rel_err(pre[:n], dec[:n].double()) < 1e-2
     assert torch.equal(pre[:n], _check_cuda(x, p, r, b, sc, "none", torch.bfloat16, impl=_prefill_impl())[:n])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-def test_auto_picks_decode_for_few_rows_per_expert(act, glu, monkeypatch):
-    """Above SAMOYEDS_DECODE_MAX_ROWS, auto still runs the decode kernel while the rows
-    average at most SAMOYEDS_DECODE_ROWS_PER_EXPERT (default 16) per expert: here
-    S = 40 x 4 = 160 rows over E = 64 experts."""
-    monkeypatch.delenv("SAMOYEDS_DECODE_MAX_ROWS", raising=False)
-    monkeypatch.delenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", raising=False)
+def test_auto_picks_decode_for_few_rows_per_expert(act, glu):
+    """Above decode_max_rows, auto still runs the decode kernel while the rows average at
+    most decode_rows_per_expert (default 16) per expert: here S = 40 x 4 = 160 rows over
+    E = 64 experts."""
     seed = torch.seed() % 2**31
     x, p, r, b, sc = _gpu_case((40, 4, 64, 256, 512, "skewed"), "samoyeds-1:2:128", torch.bfloat16, act, glu,
                                bias=glu, scale=True, seed=seed)
@@ -642,9 +542,8 @@ def test_auto_picks_decode_for_few_rows_per_expert(act, glu, monkeypatch):
     dec = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="decode")
     n = int(r.offsets[-1])
     assert torch.equal(auto[:n], dec[:n])
-    monkeypatch.setenv("SAMOYEDS_DECODE_ROWS_PER_EXPERT", "2")  # 160 > 2 x 64: the prefill kernels
-    monkeypatch.delenv("SAMOYEDS_SSMM_WGMMA", raising=False)
-    pre = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="auto")
+    with sm.config(decode_rows_per_expert=2):  # 160 > 2 x 64: the prefill kernels
+        pre = _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl="auto")
     assert rel_err(pre[:n], dec[:n].double()) < 1e-2
     assert torch.equal(pre[:n], _check_cuda(x, p, r, b, sc, act, torch.bfloat16, impl=_prefill_impl())[:n])
 
@@ -673,8 +572,8 @@ def _unrouted_case(T, fmt, act, glu, seed):
     return x, xs, p, bad, r, b, b_bad, sc
 
 
-def _unrouted_outputs(T, fmt, act, glu, ways, monkeypatch):
-    """For each (device, impl, SAMOYEDS_WGMMA_KERNEL or None) of ways, with the token rows
+def _unrouted_outputs(T, fmt, act, glu, ways):
+    """For each (device, impl, samoyeds.config fields) of ways, with the token rows
     gathered and read without a row map: the output on the clean weights and on the copy whose
     unrouted experts are NaN must be equal bit for bit, every routed row finite."""
     seed = torch.seed() % 2**31
@@ -691,37 +590,37 @@ def _unrouted_outputs(T, fmt, act, glu, ways, monkeypatch):
             torch.cuda.synchronize()
         return out.cpu()
 
-    for dev, impl, kernel in ways:
-        if kernel is not None:
-            monkeypatch.setenv("SAMOYEDS_WGMMA_KERNEL", kernel)
+    for dev, impl, cfg in ways:
         for ids in (r.token_ids, None):
-            clean = run(dev, p, b, impl, ids)
-            dirty = run(dev, bad, b_bad, impl, ids)
-            what = f"{dev} impl={impl} kernel={kernel} token rows {'without a row map' if ids is None else 'gathered'}"
+            with sm.config(**cfg):
+                clean = run(dev, p, b, impl, ids)
+                dirty = run(dev, bad, b_bad, impl, ids)
+            what = f"{dev} impl={impl} {cfg} token rows {'without a row map' if ids is None else 'gathered'}"
             assert torch.isfinite(clean[:n]).all(), f"{what}: unwritten rows on the clean weights"
             assert torch.isnan(clean[n:]).all(), f"{what}: rows past offsets[E] were written"
             assert torch.equal(dirty[:n], clean[:n]), f"{what}: an unrouted expert's weights reached the output"
 
 
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
-def test_ref_unrouted_experts_reach_no_output(fmt, monkeypatch):
+def test_ref_unrouted_experts_reach_no_output(fmt):
     """The C reference skips the experts nobody routed to: their NaN weights and bias change
     nothing."""
-    _unrouted_outputs(9, fmt, "swiglu", True, [("cpu", "auto", None)], monkeypatch)
+    _unrouted_outputs(9, fmt, "swiglu", True, [("cpu", "auto", {})])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [37, 600])
 @pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
 @pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
-def test_unrouted_experts_reach_no_output(T, fmt, act, glu, monkeypatch):
+def test_unrouted_experts_reach_no_output(T, fmt, act, glu):
     """Experts nobody routed to take no part: with their packed values and bias NaN, every
-    kernel (decode, mma.sp, each wgmma.sp kernel; token rows gathered and, as the down
+    kernel (decode, mma.sp, wgmma.sp in each tile; token rows gathered and, as the down
     projection reads them, without a row map) gives, bit for bit, what it gives on the clean
     weights.  A kernel that took an unrouted expert's weights into a sum would carry its NaN
     into the output.  (A read whose value goes unused leaves no trace here: that no byte of
     them is read at all, this test cannot show.)"""
-    ways = [("cuda", impl, None) for impl in ("decode", "mma_sp")]
+    ways = [("cuda", impl, {}) for impl in ("decode", "mma_sp")]
     if _prefill_impl() == "wgmma_sp":
-        ways += [("cuda", "wgmma_sp", k) for k in ("1", "2", "3", "4", "5", "6")]
-    _unrouted_outputs(T, fmt, act, glu, ways, monkeypatch)
+        tiles = ("auto",) if fmt == "2:4" else ("128x128", "256x64", "256x96")
+        ways += [("cuda", "wgmma_sp", {"tile": tile}) for tile in tiles]
+    _unrouted_outputs(T, fmt, act, glu, ways)

@@ -1,5 +1,8 @@
-// peak.cu -- the issue rate of one tensor-core instruction form: the ceiling the
-// matmul kernels are measured against, taken on the same device in the same run.
+// peak.cu -- the issue rate of one tensor-core instruction form (the ceiling the
+// matmul kernels are measured against, taken on the same device in the same run) and
+// the rate at which SMs fill their shared memory from L2.  A measurement instrument,
+// not in the wheel: dev/peak/peak.py builds it with cuda/device.cu (peak.h is its C
+// interface).
 //
 // A cuBLAS matmul rate mixes the instruction's rate with a tile schedule, data
 // movement and clocks under that load; the number here has only the instruction.
@@ -30,12 +33,15 @@
 // length (clocks settle), then times TIMED launches with CUDA events and reports
 // the median.  Sparse instructions count as their dense-equivalent shape, the
 // way a sparse kernel's dense-equivalent TFLOP/s is counted.
-#include "common.cuh"
-#include "tma.cuh"
-
 #include <string.h>
 
 #include <vector>
+
+#include "common.cuh"
+#include "peak.h"
+#include "peak_ptx.cuh"
+#include "ptx_mma.cuh"
+#include "tma.cuh"
 
 namespace sam {
 namespace {
@@ -143,9 +149,6 @@ __global__ void __launch_bounds__(MMA_THREADS) mma_rate_kernel(int steps, int ke
 // blocks, each reading its own A rows and the same k slice of B, so a step moves the
 // operand bytes a 256-row tile's consumer moves.  Code compiled for anything but sm_90a
 // sets *missing instead of running (a trap would leave the context unusable).
-#ifndef SAM_PEAK_LOAD_PROBE
-#define SAM_PEAK_LOAD_PROBE 0
-#endif
 constexpr int A_TILE_BYTES = 64 * 64;  // 64 rows x 16 packed values x two k32 steps, 64-byte swizzle
 constexpr int WG_SMEM = B_TILE_BYTES + 2 * A_TILE_BYTES + 1024;  // + room to align the tiles
 
@@ -176,15 +179,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, in
 #pragma unroll
         for (int i = 0; i < N / 2; i++) acc[j][i] = 0.0f;
 
-#if SAM_PEAK_LOAD_PROBE
-    // (measurement builds, SAM_PEAK_LOAD_PROBE=1: wgmma_sp_n64 also issues one 4-byte load from
-    // L2 per step into one of 8 registers, read only after the loop (under `keep`), so no
-    // instruction of the loop uses them)
-    constexpr bool PROBE = KIND == SAM_TC_WGMMA_SP_N64;
-    float probe_r[8] = {};
-    const int probe_n = gridDim.x * WG_THREADS;
-    const int probe_i = blockIdx.x * WG_THREADS + threadIdx.x;
-#endif
     for (int s = 0; s < steps; s++) {
         fence_regs(acc[0]);
         fence_regs(acc[1]);
@@ -207,23 +201,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, in
             }
         }
         wgmma_commit();
-#if SAM_PEAK_LOAD_PROBE
-        if constexpr (PROBE) {
-            const float *src = sink + (probe_i * 33 + s * 4099) % probe_n;
-            float v;
-            asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(src));
-            switch (s & 7) {  // (a register per slot: the loads never wait on each other)
-            case 0: probe_r[0] = v; break;
-            case 1: probe_r[1] = v; break;
-            case 2: probe_r[2] = v; break;
-            case 3: probe_r[3] = v; break;
-            case 4: probe_r[4] = v; break;
-            case 5: probe_r[5] = v; break;
-            case 6: probe_r[6] = v; break;
-            default: probe_r[7] = v; break;
-            }
-        }
-#endif
         wgmma_wait<1>();
     }
     wgmma_wait<0>();
@@ -231,10 +208,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wgmma_rate_kernel(int steps, in
     fence_regs(acc[1]);
     if (keep) {
         float sum = 0.0f;
-#if SAM_PEAK_LOAD_PROBE
-#pragma unroll
-        for (int i = 0; i < 8; i++) sum += probe_r[i];
-#endif
 #pragma unroll
         for (int i = 0; i < N / 2; i++) sum += acc[0][i] + acc[1][i];
         sink[blockIdx.x * WG_THREADS + threadIdx.x] = sum;

@@ -1,0 +1,135 @@
+"""samoyeds' run-time configuration: one :class:`Config` in force for the process.
+
+It holds what stays tunable once ``impl="auto"`` has decided everything else: the ssmm
+kernel selection's overrides (``tile``, ``token_rows``, the decode kernel's row limits),
+programmatic dependent launch (``pdl``) and the Hugging Face integration's shared-MLP
+decode limit (``dense_decode_max_rows``).  The ssmm fields live in the C extension's
+module state (``_C.set_config``), which every ``ssmm`` and ``moe_forward`` call copies
+into its kernel parameters; this module is their one writer and keeps the Python value
+in step with it.
+
+Tests and benchmarks change it for a scope::
+
+    with samoyeds.config(tile="256x64", token_rows="tma"):
+        ...
+
+:func:`override` validates every field before anything changes, applies the new value,
+and restores the previous one on exit (also when the body raises); overrides nest.  The
+configuration is process-wide, like the module state it writes: an override on one
+thread is seen by every thread while it lasts.
+
+Environment: read once, when this module is imported, and nowhere else at run time:
+``SAMOYEDS_PDL=0`` starts the process with ``pdl=False`` (kernels launched one after
+another: per-kernel profiler traces read cleanly; results are bit-identical).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Optional
+
+from . import _C
+
+__all__ = ["Config", "get", "override"]
+
+# names -> the C ABI's enum values (cuda/samoyeds_cuda.h: sam_tile, sam_token_rows)
+_TILES: Dict[str, int] = {"auto": 0, "128x128": 1, "256x64": 2, "256x96": 3}
+_TOKEN_ROWS: Dict[str, int] = {"auto": 0, "gather": 1, "tma": 2}
+_INT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Config:
+    """The tunables in force.  Every field is checked when a Config is made.
+
+    Attributes:
+        tile: the ``wgmma.sp`` kernel's 1:2:V tile: ``"auto"`` (the selection rule),
+            ``"128x128"``, ``"256x64"`` or ``"256x96"``.
+        token_rows: how the ``wgmma.sp`` kernel reads token rows: ``"auto"``,
+            ``"gather"`` (always by index) or ``"tma"`` (by TMA; unsupported where they
+            cannot be).
+        decode_max_rows: ``impl="auto"`` picks the decode kernel up to this many rows;
+            None: the kernel's default rule.
+        decode_rows_per_expert: ... or up to this many rows per expert; None: the default.
+        pdl: programmatic dependent launch on sm_90 and later (each kernel starts while
+            the one before it ends); False launches them one after another.
+        dense_decode_max_rows: an unpruned shared-experts MLP of a patched Hugging Face
+            model runs :func:`samoyeds.dense_decode` up to this many token rows on the GPU
+            (0: never).
+    """
+
+    tile: str = "auto"
+    token_rows: str = "auto"
+    decode_max_rows: Optional[int] = None
+    decode_rows_per_expert: Optional[int] = None
+    pdl: bool = True
+    dense_decode_max_rows: int = 16
+
+    def __post_init__(self) -> None:
+        for name, names in (("tile", _TILES), ("token_rows", _TOKEN_ROWS)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in names:
+                raise ValueError(f"{name}: expected one of {sorted(names)}, got {value!r}")
+        for name in ("decode_max_rows", "decode_rows_per_expert", "dense_decode_max_rows"):
+            value = getattr(self, name)
+            if value is None and name != "dense_decode_max_rows":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
+                what = "None or an int" if name != "dense_decode_max_rows" else "an int"
+                raise ValueError(f"{name}: expected {what} in [0, {_INT_MAX}], got {value!r}")
+        if not isinstance(self.pdl, bool):
+            raise ValueError(f"pdl: expected a bool, got {self.pdl!r}")
+
+
+def _apply(cfg: Config) -> None:
+    """Writes ``cfg`` to the extension's module state, then makes it the one in force."""
+    global _current
+    _C.set_config(decode_max_rows=-1 if cfg.decode_max_rows is None else cfg.decode_max_rows,
+                  decode_rows_per_expert=-1 if cfg.decode_rows_per_expert is None else cfg.decode_rows_per_expert,
+                  tile=_TILES[cfg.tile], token_rows=_TOKEN_ROWS[cfg.token_rows], pdl=cfg.pdl)
+    _current = cfg
+
+
+def get() -> Config:
+    """The configuration in force (``samoyeds.get_config()``)."""
+    return _current
+
+
+@contextlib.contextmanager
+def override(**fields: Any) -> Iterator[Config]:
+    """Puts ``fields`` (names of :class:`Config`) in force for the ``with`` body, the
+    others as they are, and restores the previous configuration on exit, also when the
+    body raises (``samoyeds.config(...)``).  Yields the configuration in force.
+
+    Raises:
+        ValueError: an unknown field, or a value it does not take (the message names
+            the field); nothing has changed then.
+    """
+    known = {f.name for f in dataclasses.fields(Config)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not a samoyeds config field; expected one of {sorted(known)}")
+    previous = _current
+    new = dataclasses.replace(previous, **fields)
+    _apply(new)
+    try:
+        yield new
+    finally:
+        _apply(previous)
+
+
+def _from_environment() -> Config:
+    raw = os.environ.get("SAMOYEDS_PDL", "").strip()
+    if not raw:
+        return Config()
+    try:
+        pdl = int(raw) != 0
+    except ValueError:
+        raise ValueError(f"SAMOYEDS_PDL: expected 0 (off) or 1 (on), got {raw!r}") from None
+    return Config(pdl=pdl)
+
+
+_current: Config = Config()
+_apply(_from_environment())
