@@ -10,7 +10,7 @@ still in L2 when it is read again (the weights of one MLP fit in the 50 MB L2 of
 the weight bytes / time = achieved bandwidth, and its ratio to the copy rate (read +
 write counted) the fraction of the memory ceiling.
 
-    python benchmarks/bench_dense_decode.py [--out DIR] [--tokens 1,4,8,16,32,64]
+    python dev/lab/bench_dense_decode.py [--out DIR] [--tokens 1,4,8,16,32,64]
                                             [--tiny --device cpu]   (a CPU smoke run: the C reference)
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from common import (add_run_args, copy_rate_tb_s, default_dtype, environment, result_path, setup_run,  # noqa: E402
                     time_graph, time_ms, write_json)

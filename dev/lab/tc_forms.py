@@ -9,7 +9,7 @@ measured REPEAT times, the kinds interleaved; the median is reported, with the b
 SM clock at the SM clock a TMA fill of shared memory runs at in the same call
 (samoyeds.shared_fill_rate).
 
-  python benchmarks/tc_forms.py [--repeat 3] [--out DIR]
+  python dev/lab/tc_forms.py [--repeat 3] [--out DIR]
 """
 import argparse
 import os
@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from common import environment, write_json  # noqa: E402
 

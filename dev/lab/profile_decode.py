@@ -1,6 +1,6 @@
 """Where a decode step's host time goes: cProfile of greedy generate on a
 few-layer model of a real config, per experts implementation (GPU).
-  python benchmarks/profile_decode.py [--model olmoe-1b-7b] [--layers 4] [--new-tokens 16] [--batch 1] [--e2e]"""
+  python dev/lab/profile_decode.py [--model olmoe-1b-7b] [--layers 4] [--new-tokens 16] [--batch 1] [--e2e]"""
 import argparse
 import contextlib
 import cProfile
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import lm  # noqa: E402
 import samoyeds as sm  # noqa: E402
 

@@ -10,7 +10,7 @@ Each by CUDA-graph replay (median).  The copy that "tma" assumes is not timed: i
 the gathered activation copy the Samoyeds format avoids, so this measures what reading
 the routed tokens by index costs the kernel, not an option of the library.
 
-  python benchmarks/token_stream.py [--out DIR]
+  python dev/lab/token_stream.py [--out DIR]
 """
 import argparse
 import os
@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from common import environment, time_graph, write_json  # noqa: E402
 

@@ -10,7 +10,7 @@ takes the working tree instead):
      the extension's size, and ``samoyeds.build_info()`` of the result.
 Results: benchmarks/results/portability.json (``--out`` to change).
 
-  python benchmarks/portability.py [--archs 80,86,89,90a] [--worktree] [--out PATH] [--jobs N]
+  python dev/lab/portability.py [--archs 80,86,89,90a] [--worktree] [--out PATH] [--jobs N]
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # setup.py's nvcc flags (SAMOYEDS_NVCC_FLAGS aside); -cubin replaces -c -Xcompiler -fPIC
 NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas", "-warn-spills"]
@@ -117,7 +117,7 @@ def main() -> int:
     ap.add_argument("--archs", default="80,86,89,90a")
     ap.add_argument("--rev", default="HEAD", help="commit to export (ignored with --worktree)")
     ap.add_argument("--worktree", action="store_true", help="compile the working tree as it is")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "portability.json"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "portability.json"))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--skip-fat", action="store_true", help="per-architecture cubins only")
     args = ap.parse_args()

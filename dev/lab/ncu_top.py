@@ -3,7 +3,7 @@ each SASS instruction's share of the sampled warp stalls, how often it ran, and
 its three largest stall reasons.
 
   ncu -i REPORT --page source --csv --print-source sass > src.csv
-  python benchmarks/ncu_top.py src.csv [--top 40] [--by-opcode]
+  python dev/lab/ncu_top.py src.csv [--top 40] [--by-opcode]
 
 --by-opcode also sums the samples by SASS opcode (predicate and modifiers dropped).
 """

@@ -10,7 +10,7 @@ number of gathered rows per expert, timed with the rows read
 and the routed case under each work order (SAMOYEDS_SSMM_GM row tiles per rasterisation group).
 Outputs of `routed` under every order are compared bit for bit.
 
-  python benchmarks/gather_locality.py [--model mixtral-8x7b] [--T 16384] [--t-l2 2048] [--gm 1,4,16,64] [--out DIR]
+  python dev/lab/gather_locality.py [--model mixtral-8x7b] [--T 16384] [--t-l2 2048] [--gm 1,4,16,64] [--out DIR]
 """
 import argparse
 import os
@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from common import SHAPES, environment, time_graph, write_json  # noqa: E402
 

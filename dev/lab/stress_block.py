@@ -4,7 +4,7 @@ never finishes) that timed single calls do not show.  Exit status 3 names the bu
 did not finish within --timeout seconds (the process is left at once: a stalled kernel
 cannot be interrupted from the host).
 
-  python benchmarks/stress_block.py --model gpt-oss-20b --tokens 256 [--bursts 6] [--calls 200]
+  python dev/lab/stress_block.py --model gpt-oss-20b --tokens 256 [--bursts 6] [--calls 200]
 
 SAMOYEDS_* variables (SAMOYEDS_PDL, SAMOYEDS_WS_TILE, SAMOYEDS_WGMMA_KERNEL, ...) select
 what runs, so one call per setting bisects a stall.  --tiny --device cpu checks the script.
@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import torch  # noqa: E402
 
 import samoyeds as sm  # noqa: E402

@@ -11,7 +11,7 @@ in flight says how much of a ring a stream needs.  Each point is the median of t
 measurement's timed launches; the whole sweep runs REPEAT times, the points
 interleaved, and reports the median of the repeats.
 
-  python benchmarks/fill_rate.py [--ctas 0,98,66,32,16,4] [--stage-kb 16,32,64,96,128,192] [--kinds a,b] [--repeat 3] [--out DIR]
+  python dev/lab/fill_rate.py [--ctas 0,98,66,32,16,4] [--stage-kb 16,32,64,96,128,192] [--kinds a,b] [--repeat 3] [--out DIR]
 """
 import argparse
 import os
@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from common import environment, write_json  # noqa: E402
 

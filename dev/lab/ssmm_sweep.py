@@ -1,13 +1,13 @@
 """Where does ssmm's time go?  Times one-expert ssmm over shapes, epilogues,
 row pitches and token orders (graph replay, CUDA events).
-  python benchmarks/ssmm_sweep.py [--fmt samoyeds-1:2:128] [--S 8192]"""
+  python dev/lab/ssmm_sweep.py [--fmt samoyeds-1:2:128] [--S 8192]"""
 import argparse
 import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from common import time_graph  # noqa: E402
 

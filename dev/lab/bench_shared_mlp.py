@@ -6,7 +6,7 @@ bytes against a device copy measured in the same run.
 
 CUDA-graph replays timed with CUDA events (common.time_graph).
 
-    python benchmarks/bench_shared_mlp.py [--out DIR] [--tokens 256,4096,16384]
+    python dev/lab/bench_shared_mlp.py [--out DIR] [--tokens 256,4096,16384]
                                           [--tiny --device cpu]   (a CPU smoke run: the C reference)
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from samoyeds import torch_ops  # noqa: E402
 from common import (add_run_args, copy_rate_tb_s, default_dtype, environment, result_path, setup_run,  # noqa: E402

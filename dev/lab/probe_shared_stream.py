@@ -4,7 +4,7 @@ SAMOYEDS_SHARED_STREAM_MIN_ROWS=1) against the same block with every kernel on o
 inputs: bench_moe's idle and GPU timings, the settings taking turns in rounds, and the host's
 enqueue time of one call; the outputs of both samoyeds settings compared bit for bit.
 
-  python benchmarks/probe_shared_stream.py [--models deepseek-v2-lite] [--tokens 1,16,...] [--out DIR]
+  python dev/lab/probe_shared_stream.py [--models deepseek-v2-lite] [--tokens 1,16,...] [--out DIR]
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 import bench_moe as bm  # noqa: E402
 from common import call_times, environment, result_path, write_json  # noqa: E402

@@ -2,7 +2,7 @@
 in turns on the same inputs and token sets: a setting read at launch (SAMOYEDS_PDL,
 SAMOYEDS_WS_PDL, SAMOYEDS_DECODE_ROWS_PER_EXPERT, ...) compared within one run, one build.
 
-    python benchmarks/probe_block_env.py --env SAMOYEDS_WS_PDL --values 0,1,2
+    python dev/lab/probe_block_env.py --env SAMOYEDS_WS_PDL --values 0,1,2
         [--models mixtral-8x7b,qwen3-30b-a3b] [--tokens 16,128,4096] [--impls auto,wgmma_sp] [--rounds 3]
 
 Each (model, T, impl) is timed ROUNDS times per value, the values in turns (common.time_graph:
@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from samoyeds.moe import moe_forward  # noqa: E402
 from common import environment, gpu_dir, time_graph, write_json  # noqa: E402

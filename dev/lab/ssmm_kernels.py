@@ -16,7 +16,7 @@ tile the library picks; wgmma_ws_tall / _tall_gather force the tile of 256 stora
 64 tokens (SAMOYEDS_WS_TILE=1), wgmma_ws_tall96 / _tall96_gather 256 x 96 (=2) and
 wgmma_ws_128 / _128_gather the one of 128 x 128 (=0).
 
-  python benchmarks/ssmm_kernels.py [--S 8192] [--kernels wgmma_ws,wgmma_ws_tall,...] [--fmt FMT]
+  python dev/lab/ssmm_kernels.py [--S 8192] [--kernels wgmma_ws,wgmma_ws_tall,...] [--fmt FMT]
                                     [--repeat N] [--cases "mixtral gate_up routed,..."] [--out DIR]
 
 --repeat N times the kernels in N rounds, taking turns, and keeps each one's median (and the
@@ -29,7 +29,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from common import environment, time_graph, write_json  # noqa: E402
 

@@ -6,15 +6,15 @@
 # then timed against the machine's drift, not across calls.
 #
 #   FLAGS_A="" FLAGS_B="-DSAM_WS_STAGES_M2=6" ROUNDS=3 \
-#     bash benchmarks/ab_builds.sh benchmarks/ssmm_kernels.py --S 32768 --fmt samoyeds-1:2:128 --kernels wgmma_ws
+#     bash dev/lab/ab_builds.sh dev/lab/ssmm_kernels.py --S 32768 --fmt samoyeds-1:2:128 --kernels wgmma_ws
 #
 # AB_CHECK (optional): a command run in build b's copy before any timing (its tests, say,
 # PYTHONPATH leading to that copy); if it fails nothing is timed.
 #
-# The command gets --out DIR appended.  The summary (benchmarks/ab_summary.py) compares every
+# The command gets --out DIR appended.  The summary (dev/lab/ab_summary.py) compares every
 # *_ms value of the runs' JSON rows: the median over rounds of each build, and b / a.
 set -uo pipefail
-[ $# -ge 1 ] || { echo "usage: FLAGS_A=... FLAGS_B=... [ROUNDS=3] bash benchmarks/ab_builds.sh SCRIPT [ARGS...]"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: FLAGS_A=... FLAGS_B=... [ROUNDS=3] bash dev/lab/ab_builds.sh SCRIPT [ARGS...]"; exit 2; }
 OUT=${OUT:-$PWD/gpu_out}
 ROUNDS=${ROUNDS:-3}
 PY=${PY:-python3}
@@ -52,4 +52,4 @@ for r in $(seq 1 "$ROUNDS"); do
       || { echo "round $r build $b failed:"; tail -20 "$OUT/ab/$b$r.log"; exit 1; }
   done
 done
-$PY "$ROOT/benchmarks/ab_summary.py" "$OUT/ab" "$ROUNDS" --flags-a="${FLAGS_A:-}" --flags-b="${FLAGS_B:-}"
+$PY "$ROOT/dev/lab/ab_summary.py" "$OUT/ab" "$ROUNDS" --flags-a="${FLAGS_A:-}" --flags-b="${FLAGS_B:-}"

@@ -1,8 +1,8 @@
-"""The summary of benchmarks/ab_builds.sh: for every row of the runs' JSON files (matched by
+"""The summary of dev/lab/ab_builds.sh: for every row of the runs' JSON files (matched by
 position) and every *_ms value in it, the median over the rounds of build a and of build b,
 each round's values, and b / a.  Written to DIR/ab_summary.json and printed.
 
-  python benchmarks/ab_summary.py DIR ROUNDS [--flags-a F] [--flags-b F]
+  python dev/lab/ab_summary.py DIR ROUNDS [--flags-a F] [--flags-b F]
 """
 import argparse
 import glob

@@ -1,12 +1,12 @@
 """One ssmm launch at a realistic size, for a profiler (ncu) to look at.
-  python benchmarks/profile_ssmm.py [--model mixtral-8x7b] [--T 4096] [--proj gate_up] [--fmt samoyeds-1:2:128]"""
+  python dev/lab/profile_ssmm.py [--model mixtral-8x7b] [--T 4096] [--proj gate_up] [--fmt samoyeds-1:2:128]"""
 import argparse
 import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from common import SHAPES  # noqa: E402
 

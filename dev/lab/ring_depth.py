@@ -2,7 +2,7 @@
 build, each built with other stage counts (cuda/ssmm_ws.cuh, SAM_WS_STAGES_*):
 
   SAMOYEDS_NVCC_FLAGS="-DSAM_WS_STAGES_M1_BT=2 -DSAM_WS_STAGES_M2_BT=3" pip install --no-build-isolation -e .
-  python benchmarks/ring_depth.py TAG [--out DIR]
+  python dev/lab/ring_depth.py TAG [--out DIR]
 
 Mixtral-8x7B, GPT-OSS-20B and Qwen3-30B-A3B gate_up (tokens gathered by index, SwiGLU)
 and down (rows in expert order, by TMA), 8192 routed rows, both formats, CUDA-graph
@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from common import environment, time_graph  # noqa: E402
 

@@ -4,7 +4,7 @@ samoyeds, every GPU kernel's time summed per call and grouped by what it does
 (router, routing, expert matmuls, combine, other).  The expert matmuls' share is
 what the kernel benchmark measures; the rest is the layer's glue.
 
-  python benchmarks/layer_trace.py [--models a,b] [--tokens 4096,16384] [--shared-experts] [--out DIR]
+  python dev/lab/layer_trace.py [--models a,b] [--tokens 4096,16384] [--shared-experts] [--out DIR]
                                    [--tiny --device cpu]   (a CPU smoke run)
 
 --shared-experts packs the blocks' shared experts too (patch_model(shared_experts=True)) and
@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from bench_moe import _set_impl, block_arguments, block_run, random_block  # noqa: E402
 from common import environment, result_path, write_json  # noqa: E402

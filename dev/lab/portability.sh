@@ -3,5 +3,5 @@
 # package as one binary for all four (no GPU needed); writes
 # benchmarks/results/portability.json.  Arguments go to portability.py.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-exec "${PY:-python3}" benchmarks/portability.py "$@"
+cd "$(dirname "$0")/../.."
+exec "${PY:-python3}" dev/lab/portability.py "$@"

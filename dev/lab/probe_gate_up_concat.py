@@ -2,7 +2,7 @@
 the concatenated weight (also with the operands swapped, x^T as the right-hand side), the down
 matmul and the whole transformers MLP, CUDA-graph replays (torch only, no samoyeds kernel).
 
-    python benchmarks/probe_gate_up_concat.py   (writes $OUT/probe_gate_up_concat.json)
+    python dev/lab/probe_gate_up_concat.py   (writes $OUT/probe_gate_up_concat.json)
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 from common import time_graph  # noqa: E402
 
 SHAPES = [("deepseek-v2-lite", 2048, 2816), ("qwen1.5-moe-a2.7b", 2048, 5632), ("deepseek-v3", 7168, 2048)]
@@ -44,7 +44,7 @@ def main():
     path = os.path.join(os.environ.get("OUT", "."), "probe_gate_up_concat.json")
     with open(path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                   "command": "python3 benchmarks/probe_gate_up_concat.py", "rows": rows}, f, indent=1)
+                   "command": "python3 dev/lab/probe_gate_up_concat.py", "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

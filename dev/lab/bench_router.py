@@ -14,7 +14,7 @@ is a tie of the module's own logits), and the time of samoyeds.router with
 SAMOYEDS_ROUTER_KERNELS=1 (the split-K logits kernel at every T and the compare-based
 arg-max) and, from 512 tokens, =3 (the tile kernel, then the selection kernel) in the same run.
 
-    python benchmarks/bench_router.py [--out DIR] [--tokens 1,16,256,4096,16384]
+    python dev/lab/bench_router.py [--out DIR] [--tokens 1,16,256,4096,16384]
                                       [--tiny --device cpu]   (a CPU smoke run: the C reference)
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from samoyeds import hf, hf_families  # noqa: E402
 from layer_trace import kernel_times  # noqa: E402

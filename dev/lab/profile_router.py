@@ -1,5 +1,5 @@
 """A few samoyeds.router calls at a model's size, for a profiler (ncu) to look at.
-  python benchmarks/profile_router.py [--T 16384] [--E 64] [--H 2048] [--k 6] [--logits float32]"""
+  python dev/lab/profile_router.py [--T 16384] [--E 64] [--H 2048] [--k 6] [--logits float32]"""
 import argparse
 
 import torch

@@ -11,7 +11,7 @@ routed tokens) run four ways --
 Each by CUDA-graph replay (median), with the fraction of the data ceiling
 (samoyeds.shared_fill_rate, measured in the same run) that the tile's stream reaches.
 
-  python benchmarks/probe_epilogue.py [--S 8192] [--formats 2:4,samoyeds-1:2:128] [--variant LABEL:VAR=V,VAR=V ...] [--out DIR]
+  python dev/lab/probe_epilogue.py [--S 8192] [--formats 2:4,samoyeds-1:2:128] [--variant LABEL:VAR=V,VAR=V ...] [--out DIR]
 
 --variant times every way again with those environment variables set (the kernels'
 comparison switches, docs/PERFORMANCE.md), in the same run and on the same inputs.
@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
 from common import environment, shared_fill_rates, time_graph, write_json, ws_stream_bytes  # noqa: E402
 from token_stream import CASES  # noqa: E402  (the same gate_up shapes)
