@@ -25,7 +25,7 @@ the kernel's tiles would reach against cuBLAS if their stream ran at the fastest
 of those fill rates.  form is the wgmma.sp instruction form that kernel's tile
 issues (the packed values read from shared memory, N = the tile's tokens), and
 frac_form the executed work against that form's issue rate in the same run
-(benchmarks/tc_forms.py: the forms that read more shared memory per flop issue
+(dev/lab/tc_forms.py: the forms that read more shared memory per flop issue
 slower); speedup_vs_cublas_at_form is what the case would reach against cuBLAS
 with its tensor cores at that rate and nothing else costing time.
 
