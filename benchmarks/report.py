@@ -355,8 +355,8 @@ def dense_decode_table(d: dict) -> str:
 def router_table(d: dict) -> str:
     """router.json: each family's transformers router module against its patched forward
     (samoyeds.router), CUDA-graph replays; bytes against the device copy of the same run; where
-    the file has them, samoyeds.router with SAMOYEDS_ROUTER_KERNELS=1 (the kernels before the
-    tile kernel and the keys) in the same run."""
+    the file has them, the router kernels before the tile kernel (a variant since removed,
+    docs/lab/) in the same run."""
     prev = any(r["ms"].get("samoyeds_previous_kernels") for r in d.get("rows", []))
     body = []
     for r in d.get("rows", []):
