@@ -88,7 +88,13 @@ def test_layerwise_build_runs_the_hook_and_leaves_nothing_on_meta():
 
 
 def _run(args, **kw):
-    return subprocess.run([sys.executable] + args, capture_output=True, text=True, cwd=ROOT, **kw)
+    """A script in its own process, importing the samoyeds these tests import (an installed one,
+    or the tree built in place)."""
+    import samoyeds
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(samoyeds.__file__)),
+                                                     env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable] + args, capture_output=True, text=True, cwd=ROOT, env=env, **kw)
 
 
 def test_breakdown_variants_compute_the_same_layer(tmp_path):
