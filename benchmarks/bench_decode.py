@@ -27,6 +27,7 @@ The decode kernel's tile variants and token-pass sizes that earlier files time
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -51,6 +52,27 @@ SKEWED = [("qwen3-30b-a3b", 128, 2048, 768, 8, [64, 128, 256]), ("olmoe", 64, 20
 # (five times the H100's 50 MB L2), at least 2 and at most MAX_COPIES copies
 STREAM_BYTES = 256 * 2**20
 MAX_COPIES = 32
+
+
+def pdl(on: bool):
+    """samoyeds.config(pdl=on); for a build from before samoyeds.config (timing an older build
+    against this one with the same script), SAMOYEDS_PDL, which such builds read at each launch."""
+    if hasattr(sm, "config"):
+        return sm.config(pdl=on)
+    return _env_pdl(on)
+
+
+@contextlib.contextmanager
+def _env_pdl(on: bool):
+    old = os.environ.get("SAMOYEDS_PDL")
+    os.environ["SAMOYEDS_PDL"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SAMOYEDS_PDL", None)
+        else:
+            os.environ["SAMOYEDS_PDL"] = old
 
 
 def stream_copies(nbytes: int) -> int:
@@ -205,7 +227,7 @@ def main() -> None:
 
                     def fb(impl=impl, gu=gu, dn=dn):
                         moe_forward(x, topk, w, gu, dn, impl=impl)
-                    with sm.config(pdl=not name.endswith("/serial")):
+                    with pdl(not name.endswith("/serial")):
                         ms = time_graph(fb, budget_s=0.2)["ms"]
                     blk[name] = ms if rep == 0 else min(blk[name], ms)
             # the block in a stream (auto), on rotated copies of both projections' weights
