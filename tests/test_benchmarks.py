@@ -324,3 +324,15 @@ def test_docs_name_files_that_exist():
             if not any(os.path.exists(c) for c in cands):
                 missing.append((os.path.relpath(d, ROOT), rel))
     assert not missing, missing
+
+
+def test_readme_snippets_run():
+    """The README's Python blocks (the API in ten lines, a Hugging Face model in five) run as
+    written, here on the CPU (the C reference), in a process of their own."""
+    import re
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert [len(b.strip().splitlines()) for b in blocks] == [10, 5]
+    for b in blocks:
+        p = _run(["-c", b], timeout=600)
+        assert p.returncode == 0, (b, p.stderr[-2000:])
