@@ -21,21 +21,23 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
-import samoyeds as sm  # noqa: E402
-from common import environment, write_json  # noqa: E402
+from common import environment, peak_module, write_json  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ctas", default="0,98,66,32,16,4", help="SMs taking part (0: every SM; even, for multicast)")
     ap.add_argument("--stage-kb", default="16,32,64,96,128,192", help="KB of stages in flight per SM (every SM)")
-    ap.add_argument("--kinds", default=None, help="ways of loading (default: every one of _C.SHARED_FILL_KINDS)")
+    ap.add_argument("--kinds", default=None, help="ways of loading (default: every one of dev/peak FILL_KINDS)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    peak, why = peak_module()
+    if peak is None:
+        raise SystemExit(f"fill_rate: {why}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    stage_bytes = {k: 32768 if k == "tma_and_gather" else 16384 for k in sm._C.SHARED_FILL_KINDS}  # (to pick points)
-    kinds = a.kinds.split(",") if a.kinds else list(sm._C.SHARED_FILL_KINDS)
+    stage_bytes = {k: 32768 if k == "tma_and_gather" else 16384 for k in peak.FILL_KINDS}  # (to pick points)
+    kinds = a.kinds.split(",") if a.kinds else list(peak.FILL_KINDS)
     points = [(kind, n, 0) for n in (int(c) for c in a.ctas.split(",")) for kind in kinds]
     for kb in (int(k) for k in a.stage_kb.split(",")):
         for kind in kinds:
@@ -45,7 +47,7 @@ def main():
     runs = {}
     for _ in range(a.repeat):
         for kind, n, st in points:
-            runs.setdefault((kind, n, st), []).append(sm.shared_fill_rate(kind, ctas=n, stages=st))
+            runs.setdefault((kind, n, st), []).append(peak.shared_fill_rate(kind, ctas=n, stages=st))
     rows = []
     for (kind, n, st), rs in runs.items():
         # what ran, as the measurement reports it

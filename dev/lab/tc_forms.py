@@ -19,8 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
-import samoyeds as sm  # noqa: E402
-from common import environment, write_json  # noqa: E402
+from common import environment, peak_module, write_json  # noqa: E402
 
 # kind -> (N, A read from shared memory, sparse); the mma kinds read no shared memory
 WGMMA_FORMS = {
@@ -49,18 +48,21 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    peak, why = peak_module()
+    if peak is None:
+        raise SystemExit(f"tc_forms: {why}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    kinds = list(sm._C.TENSOR_CORE_KINDS)
+    kinds = list(peak.TENSOR_CORE_KINDS)
     runs = {k: [] for k in kinds}
     clocks = []
     for _ in range(a.repeat):
         for k in kinds:
             try:
-                runs[k].append(sm.tensor_core_rate(k))
+                runs[k].append(peak.tensor_core_rate(k))
             except NotImplementedError as exc:
                 print(f"{k}: not measured ({exc})", file=sys.stderr)
         try:
-            clocks.append(sm.shared_fill_rate("tma")["sm_clock_mhz"])
+            clocks.append(peak.shared_fill_rate("tma")["sm_clock_mhz"])
         except NotImplementedError:
             pass
     mhz = statistics.median(clocks) if clocks else None

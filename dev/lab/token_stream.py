@@ -49,11 +49,8 @@ def main():
             out = {k: torch.full((a.S, R // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
                    for k in ("gather", "tma")}
             def tma():
-                os.environ["SAMOYEDS_WGMMA_TOKENS_TMA"] = "2"  # an error unless this call runs that path
-                try:
+                with sm.config(token_rows="tma"):
                     sm.ssmm(xs, p, r.offsets, None, out=out["tma"], act="swiglu", impl="wgmma_sp")
-                finally:
-                    os.environ.pop("SAMOYEDS_WGMMA_TOKENS_TMA")
             fns = {"gather": lambda: sm.ssmm(x, p, r.offsets, r.token_ids, out=out["gather"], act="swiglu",
                                              impl="wgmma_sp"),
                    "tma": tma}
