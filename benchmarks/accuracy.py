@@ -7,7 +7,7 @@ Data: the Python standard library's own ``.py`` files (every machine has them),
 read as bytes (byte-level tokens, vocabulary 256; files joined by a 0 byte), split
 into train / held-out *by file* with a hash of the relative path (fixed, no
 randomness).  Model: a Qwen3-MoE causal LM built from a ``transformers`` config
-(``samoyeds.hf_families``), trained from a seed.  Only the routed experts are
+(``samoyeds.hf.families``), trained from a seed.  Only the routed experts are
 pruned (attention, router, embeddings stay dense); "75 %" is the sparsity of the
 expert weights.
 
@@ -144,7 +144,7 @@ def eval_windows(data: torch.Tensor, n: int, length: int) -> torch.Tensor:
 # --- model, training, evaluation -----------------------------------------------------------------
 
 def build(mode: Mode, seed: int, device: str) -> torch.nn.Module:
-    from samoyeds.hf_families import Shape, build_model
+    from samoyeds.hf.families import Shape, build_model
 
     shape = Shape(vocab=256, hidden=mode.hidden, layers=mode.layers, experts=mode.experts, top_k=mode.top_k,
                   intermediate=mode.intermediate, heads=mode.heads, kv_heads=mode.kv_heads, head_dim=mode.head_dim,

@@ -17,16 +17,17 @@ block) as a model's layers run it: n calls back to back in one graph, each on it
 copy of the packed weights (n copies of at least STREAM_BYTES routed bytes in all, so
 that L2 cannot hold them across calls), the same inputs and token sets; the time per call.
 
-    python benchmarks/bench_decode.py [--out DIR] [--variants 0,1,2] [--tokens 16,32] [--variants-everywhere] [--models M,N]
-                                      [--format 2:4] [--name bench_decode_24.json]
+    python benchmarks/bench_decode.py [--out DIR] [--models M,N] [--format 2:4] [--name bench_decode_24.json]
 
---tokens times the decode kernel again with SAMOYEDS_DECODE_TOKENS set to each value
-(tokens per pass; "decode/t32" in the results) on every row; the variants are timed on
-the rows of the first T list of each model, or on every row with --variants-everywhere.
+"auto/serial" is the block with programmatic dependent launch off
+(samoyeds.config(pdl=False)): every launch waits for the one before it to end.
+The decode kernel's tile variants and token-pass sizes that earlier files time
+("decode/v<N>", "decode/t<N>") were decided and removed (docs/lab/decode.md).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -51,6 +52,27 @@ SKEWED = [("qwen3-30b-a3b", 128, 2048, 768, 8, [64, 128, 256]), ("olmoe", 64, 20
 # (five times the H100's 50 MB L2), at least 2 and at most MAX_COPIES copies
 STREAM_BYTES = 256 * 2**20
 MAX_COPIES = 32
+
+
+def pdl(on: bool):
+    """samoyeds.config(pdl=on); for a build from before samoyeds.config (timing an older build
+    against this one with the same script), SAMOYEDS_PDL, which such builds read at each launch."""
+    if hasattr(sm, "config"):
+        return sm.config(pdl=on)
+    return _env_pdl(on)
+
+
+@contextlib.contextmanager
+def _env_pdl(on: bool):
+    old = os.environ.get("SAMOYEDS_PDL")
+    os.environ["SAMOYEDS_PDL"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SAMOYEDS_PDL", None)
+        else:
+            os.environ["SAMOYEDS_PDL"] = old
 
 
 def stream_copies(nbytes: int) -> int:
@@ -114,9 +136,6 @@ def copy_stream_ms(nbytes: int, n: int, dev: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
-    ap.add_argument("--variants", default="0,1,2,3,4,5,6", help="SAMOYEDS_DECODE_VARIANT values to time")
-    ap.add_argument("--tokens", default="", help="SAMOYEDS_DECODE_TOKENS values to time on every row")
-    ap.add_argument("--variants-everywhere", action="store_true", help="time the variants on every row")
     ap.add_argument("--format", default=FMT, help="the packed format of both projections")
     ap.add_argument("--name", default="bench_decode.json", help="the results file's name")
     ap.add_argument("--seed", type=int, default=0)
@@ -127,8 +146,6 @@ def main() -> None:
     ceil = measure_ceilings()
     copy = ceil["copy_tb_s"]
     print(f"device copy {copy:.2f} TB/s (read + write); dense bf16 mm {ceil['dense_bf16_tflops']:.0f} TFLOP/s")
-    variants = [int(v) for v in args.variants.split(",") if v != ""]
-    tokens = [int(v) for v in args.tokens.split(",") if v != ""]
     sm90 = torch.cuda.get_device_capability() == (9, 0)
     fmt = sm.SparseFormat.parse(args.format)
     wgmma_ok = sm90 and (fmt.n == fmt.m or (fmt.n, fmt.m) == (1, 2) and fmt.v % 128 == 0)  # what wgmma.sp takes
@@ -158,21 +175,12 @@ def main() -> None:
                                                   ("down", dn, h, None, "none", sc)):
                 nbytes = packed_bytes(p, used)
                 out = sm.ssmm(inp, p, r.offsets, ids, act=act, scale=scale, check=False)
-                impls = (["decode"] + ([f"decode/v{v}" for v in variants] if full or args.variants_everywhere else [])
-                         + [f"decode/t{t}" for t in tokens] + ["mma_sp"] + (["wgmma_sp"] if wgmma_ok else []))
+                impls = ["decode", "mma_sp"] + (["wgmma_sp"] if wgmma_ok else [])
                 res = {}
-                for name in impls:
-                    impl = name.split("/")[0]
-                    if "/v" in name:
-                        os.environ["SAMOYEDS_DECODE_VARIANT"] = name.split("/v")[-1]
-                    if "/t" in name:
-                        os.environ["SAMOYEDS_DECODE_TOKENS"] = name.split("/t")[-1]
-
+                for impl in impls:
                     def fn(impl=impl):
                         sm.ssmm(inp, p, r.offsets, ids, out=out, act=act, scale=scale, impl=impl, check=False)
-                    res[name] = time_graph(fn, budget_s=0.2)["ms"]
-                    os.environ.pop("SAMOYEDS_DECODE_VARIANT", None)
-                    os.environ.pop("SAMOYEDS_DECODE_TOKENS", None)
+                    res[impl] = time_graph(fn, budget_s=0.2)["ms"]
                 copy_same_ms = copy_ms(nbytes, dev)
                 n = stream_copies(nbytes)
                 ws = copies[proj][n]
@@ -209,21 +217,19 @@ def main() -> None:
             if not full:
                 continue
             # the whole block: auto (decode for small S) vs the prefill kernels; "auto/serial":
-            # auto with every launch after the one before it has ended (SAMOYEDS_PDL=0), taken in
-            # turns with auto
+            # auto with every launch after the one before it has ended (samoyeds.config(pdl=False)),
+            # taken in turns with auto
             blk = {}
             names = ["auto", "auto/serial", "decode", "mma_sp"] + (["wgmma_sp"] if wgmma_ok else [])
             for rep in range(2):
                 for name in names if rep == 0 else ["auto", "auto/serial"]:
                     impl = name.split("/")[0]
-                    if name.endswith("/serial"):
-                        os.environ["SAMOYEDS_PDL"] = "0"
 
                     def fb(impl=impl, gu=gu, dn=dn):
                         moe_forward(x, topk, w, gu, dn, impl=impl)
-                    ms = time_graph(fb, budget_s=0.2)["ms"]
+                    with pdl(not name.endswith("/serial")):
+                        ms = time_graph(fb, budget_s=0.2)["ms"]
                     blk[name] = ms if rep == 0 else min(blk[name], ms)
-                    os.environ.pop("SAMOYEDS_PDL", None)
             # the block in a stream (auto), on rotated copies of both projections' weights
             nbytes = packed_bytes(gu, used) + packed_bytes(dn, used)
             n = stream_copies(nbytes)

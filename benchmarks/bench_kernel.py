@@ -20,12 +20,12 @@ expert on average), stream_tb_s is the rate at which that kernel's k-tile stages
 (weights, tokens, metadata) went from L2 into shared memory, and frac_fill_tma /
 frac_fill_gather / frac_fill_mixed set it against the fill rate of TMA boxes, of
 the cp.async gather and of stages holding both, measured in the same run
-(samoyeds.shared_fill_rate): the data ceiling.  speedup_vs_cublas_at_fill is what
+(dev/peak/peak.py): the data ceiling.  speedup_vs_cublas_at_fill is what
 the kernel's tiles would reach against cuBLAS if their stream ran at the fastest
 of those fill rates.  form is the wgmma.sp instruction form that kernel's tile
 issues (the packed values read from shared memory, N = the tile's tokens), and
 frac_form the executed work against that form's issue rate in the same run
-(benchmarks/tc_forms.py: the forms that read more shared memory per flop issue
+(dev/lab/tc_forms.py: the forms that read more shared memory per flop issue
 slower); speedup_vs_cublas_at_form is what the case would reach against cuBLAS
 with its tensor cores at that rate and nothing else costing time.
 
@@ -170,8 +170,8 @@ def run_case(shape, T: int, proj: str, gen: torch.Generator, methods, ceil: dict
             t["frac_wgmma_sp"] = exec_flop / (t["ms"] * 1e-3) / (wgmma_sp * 1e12) if wgmma_sp else None
             t["time_floor_ms"] = t_floor * 1e3
             t["frac_floor"] = t_floor / (t["ms"] * 1e-3)
-            # the default dispatch runs the wgmma.sp kernel (above SAM_DECODE_MAX_ROWS and SAM_DECODE_ROWS_PER_EXPERT
-            # per expert, cuda/samoyeds_cuda.h; the benchmark sets neither environment override)
+            # the default dispatch runs the wgmma.sp kernel above the decode kernel's row limits
+            # (docs/KERNELS.md, "Selection"; the benchmark keeps samoyeds.config's defaults)
             if wgmma_sp and S > 128 and S > 16 * E:
                 sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
                 tall = ws_tall_tile(p.dims.rp, S, E, tok is None, sms) if p.fmt.m == 2 else 0

@@ -65,7 +65,7 @@ def environment() -> dict:
         "torch": torch.__version__,
         "cuda_runtime": torch.version.cuda,
         "samoyeds": samoyeds.build_info(),
-        "nvcc_flags": os.environ.get("SAMOYEDS_NVCC_FLAGS"),  # measurement builds (docs/PERFORMANCE.md)
+        "nvcc_flags": os.environ.get("SAMOYEDS_NVCC_FLAGS"),  # A/B builds (dev/lab/ab_builds.sh)
     }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
@@ -162,8 +162,8 @@ def copy_rate_tb_s() -> float:
 
 def measure_ceilings() -> dict:
     """Dense bf16 matmul rate (8192^3, random data), device copy bandwidth, and
-    the issue rate of each tensor-core instruction form (samoyeds.tensor_core_rate,
-    dense-equivalent TFLOP/s; None where the device or the build cannot run it)."""
+    the issue rate of each tensor-core instruction form and the shared-memory fill rates
+    (dev/peak/peak.py; None, with a note, where it cannot run here)."""
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -179,44 +179,78 @@ def measure_ceilings() -> dict:
     return ceil
 
 
+PEAK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dev", "peak")
+# the kinds recorded when dev/peak cannot run (the keys stay in the JSON, as null)
+TENSOR_CORE_KINDS = ("mma", "mma_sp", "wgmma", "wgmma_sp", "wgmma_sp_n64", "wgmma_sp_ss", "wgmma_sp_ss_n96",
+                     "wgmma_sp_ss_n64")
+FILL_KINDS = ("tma", "cp_async", "cp_async_gather", "tma_and_gather", "tma_multicast", "tma_rows")
+
+
+def peak_module():
+    """(dev/peak/peak.py imported, None) or (None, the reason it is unavailable): the issue-rate
+    and fill-rate probes are not part of the package; they build with nvcc on first use."""
+    if PEAK_DIR not in sys.path:
+        sys.path.insert(0, PEAK_DIR)
+    try:
+        import peak
+    except Exception as exc:  # noqa: BLE001 -- no dev/peak in this tree, or it fails to import
+        return None, f"dev/peak/peak.py not importable: {error_text(exc)}"
+    try:
+        if not peak.available():
+            return None, "dev/peak unavailable here (no nvcc or no GPU)"
+    except Exception as exc:  # noqa: BLE001
+        return None, f"dev/peak: {error_text(exc)}"
+    return peak, None
+
+
 def tensor_core_rates(device: Optional[int] = None) -> Dict[str, Optional[float]]:
-    """{"<kind>_tflops": rate} for every tensor-core instruction form; None (and a
-    note on stderr) where it cannot run here: a wgmma kind off sm_90, a build
-    without sm_90a or without CUDA."""
-    import samoyeds as sm
+    """{"<kind>_tflops": rate} for every tensor-core instruction form (dev/peak/peak.py's
+    tensor_core_rate, dense-equivalent TFLOP/s); None where it cannot run here (a wgmma kind
+    off sm_90, no nvcc, no dev/peak), with the reason under "tensor_core_note"."""
+    peak, why = peak_module()
+    kinds = tuple(peak.TENSOR_CORE_KINDS) if peak else TENSOR_CORE_KINDS
+    out: Dict[str, Optional[float]] = {f"{k}_tflops": None for k in kinds}
+    if peak is None:
+        print(f"tensor-core rates: not measured ({why})", file=sys.stderr)
+        out["tensor_core_note"] = why
+        return out
     device = torch.cuda.current_device() if device is None else device
     torch.cuda.synchronize(device)
-    out: Dict[str, Optional[float]] = {}
-    for kind in sm._C.TENSOR_CORE_KINDS:
+    for kind in kinds:
         try:
-            out[f"{kind}_tflops"] = sm.tensor_core_rate(kind, device)
-        except (NotImplementedError, RuntimeError) as exc:
+            out[f"{kind}_tflops"] = peak.tensor_core_rate(kind, device)
+        except (NotImplementedError, RuntimeError, OSError) as exc:
             print(f"tensor-core rate {kind}: not measured ({error_text(exc)})", file=sys.stderr)
-            out[f"{kind}_tflops"] = None
     return out
 
 
 def shared_fill_rates(device: Optional[int] = None) -> Dict[str, Optional[float]]:
     """{"fill_<kind>_tb_s", "fill_<kind>_b_per_clk_sm", "fill_<kind>_sm_mhz"} for every way
-    of filling shared memory from L2 (samoyeds.shared_fill_rate); None (and a note
-    on stderr) where it cannot run here: off sm_90, a build without sm_90a or CUDA."""
-    import samoyeds as sm
-    device = torch.cuda.current_device() if device is None else device
-    torch.cuda.synchronize(device)
+    of filling shared memory from L2 (dev/peak/peak.py's shared_fill_rate); None where it
+    cannot run here (off sm_90, no nvcc, no dev/peak), with the reason under "fill_note"."""
+    peak, why = peak_module()
+    kinds = tuple(peak.FILL_KINDS) if peak else FILL_KINDS
     out: Dict[str, Optional[float]] = {}
-    for kind in sm._C.SHARED_FILL_KINDS:
-        try:
-            r = sm.shared_fill_rate(kind, device)
-        except (NotImplementedError, RuntimeError) as exc:
-            print(f"shared-memory fill rate {kind}: not measured ({error_text(exc)})", file=sys.stderr)
-            r = {}
+    if peak is None:
+        print(f"shared-memory fill rates: not measured ({why})", file=sys.stderr)
+        out["fill_note"] = why
+    else:
+        device = torch.cuda.current_device() if device is None else device
+        torch.cuda.synchronize(device)
+    for kind in kinds:
+        r = {}
+        if peak is not None:
+            try:
+                r = peak.shared_fill_rate(kind, device)
+            except (NotImplementedError, RuntimeError, OSError) as exc:
+                print(f"shared-memory fill rate {kind}: not measured ({error_text(exc)})", file=sys.stderr)
         out[f"fill_{kind}_tb_s"] = r.get("tb_per_s")
         out[f"fill_{kind}_b_per_clk_sm"] = r.get("bytes_per_clock_per_sm")
         out[f"fill_{kind}_sm_mhz"] = r.get("sm_clock_mhz")
     return out
 
 
-# Bytes of one k-tile stage of the warp-specialised wgmma.sp kernel (cuda/ssmm_ws.cuh, WsCfg):
+# Bytes of one k-tile stage of the warp-specialised wgmma.sp kernel (docs/KERNELS.md, "Tiles"):
 # packed values + tokens + metadata (+ row-selection indices for 1:M:V), by tile (storage rows x
 # tokens; 2:4 runs 256 x 128, 1:2:V one of the other three).
 WS_TILE = {"256x128": {"rows": 256, "tokens": 128, "stage_bytes": 16384 + 16384 + 2048},
@@ -231,10 +265,17 @@ def ws_tile_name(m: int, tall: int) -> str:
     return "256x128" if m == 1 else f"256x{tall}" if tall else "128x128"
 
 
-# The wgmma.sp form each tile's consumers issue (samoyeds.tensor_core_rate kinds): the packed
+# The wgmma.sp form each tile's consumers issue (dev/peak tensor_core_rate kinds): the packed
 # values read from shared memory, N = the tile's tokens
 WS_TILE_FORM = {"256x128": "wgmma_sp_ss", "128x128": "wgmma_sp_ss", "256x96": "wgmma_sp_ss_n96",
                 "256x64": "wgmma_sp_ss_n64"}
+
+
+def _config_tile() -> str:
+    """samoyeds.get_config().tile ("auto" where the package has no config)."""
+    import samoyeds as sm
+    get = getattr(sm, "get_config", None)
+    return get().tile if get else "auto"
 
 
 def ws_tall_tile(storage_rows: int, S: int, E: int, tokens_by_tma: bool, sm_count: int) -> int:
@@ -242,10 +283,10 @@ def ws_tall_tile(storage_rows: int, S: int, E: int, tokens_by_tma: bool, sm_coun
     ws_tall_tile in cuda/ssmm.cu (gathered token rows: 64; rows by TMA: 96 from 256 rows per
     routed expert where it pads no more than 128 x 128 and its items fill the SMs, else 64
     where it pads at least 3 % less work than 128 x 128 and its items fill the SMs),
-    SAMOYEDS_WS_TILE overriding it."""
-    env = os.environ.get("SAMOYEDS_WS_TILE")
-    if env is not None and env.strip().lstrip("-").isdigit() and int(env) >= 0:
-        return {2: 96, 1: 64}.get(int(env), 0)
+    samoyeds.config(tile=...) overriding it."""
+    tile = _config_tile()
+    if tile != "auto":
+        return {"256x96": 96, "256x64": 64}.get(tile, 0)
     if not tokens_by_tma:
         return 64
     routed = min(E, S)
@@ -275,13 +316,13 @@ def ceilings_line(ceil: dict) -> str:
     def rate(k):
         v = ceil.get(f"{k}_tflops")
         return f"{v:.0f}" if v is not None and v == v else "-"
-    import samoyeds as sm
-    rates = ", ".join(f"{k} {rate(k)}" for k in sm._C.TENSOR_CORE_KINDS)
+    kinds = [k[:-len("_tflops")] for k in ceil if k.endswith("_tflops") and k != "dense_bf16_tflops"]
+    rates = ", ".join(f"{k} {rate(k)}" for k in kinds)
 
     def fill(k):
         tb, pc = ceil.get(f"fill_{k}_tb_s"), ceil.get(f"fill_{k}_b_per_clk_sm")
         return f"{tb:.2f} / {pc:.1f}" if tb is not None and pc is not None else "-"
-    fills = ", ".join(f"{k} {fill(k)}" for k in sm._C.SHARED_FILL_KINDS)
+    fills = ", ".join(f"{k} {fill(k)}" for k in FILL_KINDS if f"fill_{k}_tb_s" in ceil)
     return (f"ceilings: dense bf16 {ceil['dense_bf16_tflops']:.0f} TFLOP/s, copy {ceil['copy_tb_s']:.2f} TB/s; "
             f"tensor-core issue rate (dense-equivalent TFLOP/s): {rates}; shared-memory fill "
             f"(TB/s, B/clk/SM): {fills}")

@@ -1,15 +1,21 @@
 """What the notebooks in examples/ share: where the results are, re-running a
 benchmark, showing and saving a figure.
 
-Environment:
+A figure is written into docs/figures (a tracked file) only when the notebook asks for it
+(``nbutil.SAVE = True``) and it shows the committed results; otherwise it goes to a temporary
+folder, removed with the other temporary folders of this module when the process exits.
+
+Environment (read by these notebooks only, not by the package):
   SAMOYEDS_NOTEBOOK_SMOKE=1   CI: a re-run is the script's ``--tiny --device cpu`` mode into a
                               temporary folder, and no figure is written into docs/figures
   SAMOYEDS_RESULTS=DIR        results to read (default benchmarks/results/h100)
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,17 +27,36 @@ SMOKE = os.environ.get("SAMOYEDS_NOTEBOOK_SMOKE", "") not in ("", "0")
 COMMITTED = os.path.join(HERE, "results")
 RESULTS = os.environ.get("SAMOYEDS_RESULTS") or os.path.join(COMMITTED, "h100")
 FIGURES = os.path.join(ROOT, "docs", "figures")
+SAVE = False  # True: show() also writes the committed results' figures into docs/figures
+_TEMP: list = []
+
+
+def _cleanup() -> None:
+    for d in _TEMP:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+atexit.register(_cleanup)
+
+
+def temp_dir(prefix: str = "samoyeds-nb-") -> str:
+    """A temporary folder removed when the process exits."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    _TEMP.append(d)
+    return d
 
 
 def run(script: str, *args: str, out: Optional[str] = None, smoke_args=("--tiny", "--device", "cpu")) -> str:
-    """Runs ``benchmarks/<script>`` and returns the folder its JSON is in (``out``).
+    """Runs ``benchmarks/<script>`` (a path with a folder: from the repository root, e.g.
+    ``dev/lab/bench_dense_decode.py``) and returns the folder its JSON is in (``out``).
 
     On a GPU the results go by default where the script puts them
     (benchmarks/results/<gpu>/); in smoke mode the script's CPU smoke run writes
     into a temporary folder.  The script's output is shown as it comes."""
+    path = os.path.join(ROOT, script) if "/" in script else os.path.join(HERE, script)
     if SMOKE:
-        out = out or tempfile.mkdtemp(prefix="samoyeds-nb-")
-        cmd = [sys.executable, os.path.join(HERE, script), *smoke_args, "--out", out, *args]
+        out = out or temp_dir()
+        cmd = [sys.executable, path, *smoke_args, "--out", out, *args]
     else:
         import torch
         if not torch.cuda.is_available():
@@ -39,7 +64,7 @@ def run(script: str, *args: str, out: Optional[str] = None, smoke_args=("--tiny"
         sys.path.insert(0, HERE)
         from common import gpu_dir
         out = out or gpu_dir(None)
-        cmd = [sys.executable, os.path.join(HERE, script), "--out", out, *args]
+        cmd = [sys.executable, path, "--out", out, *args]
     print("$", " ".join(cmd), flush=True)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -69,21 +94,27 @@ def load(name: str, results: Optional[str] = None) -> Optional[dict]:
 
 def figure_path(name: str, results: str) -> Optional[str]:
     """docs/figures/<name>.png for the committed H100 results (<name>_<gpu>.png for another
-    GPU's); None for results elsewhere or in smoke mode."""
+    GPU's) when SAVE is set; None for results elsewhere, in smoke mode or without SAVE."""
     results = os.path.abspath(results)
-    if SMOKE or os.path.dirname(results) != os.path.abspath(COMMITTED):
+    if SMOKE or not SAVE or os.path.dirname(results) != os.path.abspath(COMMITTED):
         return None
     gpu = os.path.basename(results)
     return os.path.join(FIGURES, name + ("" if gpu == "h100" else f"_{gpu}") + ".png")
 
 
 def show(fig, name: str, results: Optional[str] = None) -> None:
-    """Displays fig; saves it under docs/figures when it shows committed results."""
+    """Displays fig; saves it under docs/figures when SAVE is set and it shows committed
+    results, else into a temporary folder (removed at exit)."""
     import matplotlib.pyplot as plt
     from IPython.display import display
 
     path = figure_path(name, results or RESULTS)
-    if path:
+    if path is None:
+        if not _TEMP:
+            temp_dir()
+        path = os.path.join(_TEMP[0], name + ".png")
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    else:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fig.savefig(path, dpi=110, bbox_inches="tight")
         print(f"saved {os.path.relpath(path, ROOT)}")

@@ -218,24 +218,32 @@ def breakdown(d: dict):
 
 
 def moe_across_gpus(by_gpu: Dict[str, dict], T: int = 4096):
-    """Fig. 18: the MoE-layer speed-up vs grouped_mm on each GPU kind, at T tokens."""
+    """The MoE-layer speed-up vs grouped_mm on each GPU kind, at T tokens. Each bar's label names
+    its file's device and commit; where the commits differ the title says so (the kernels differ
+    too, so the bars compare runs, not GPUs)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3.6))
     gpus = sorted(by_gpu)
     models = list(dict.fromkeys(c["model"] for d in by_gpu.values() for c in d["cases"]))
     width = 0.8 / max(1, len(gpus))
+    commits = {}
     for i, g in enumerate(gpus):
+        env = by_gpu[g].get("env", {})
+        commits[g] = str(env.get("commit", "?"))[:7]
         sp = {c["model"]: c["methods"].get("samoyeds", {}).get("speedup_vs_grouped_mm")
               for c in by_gpu[g]["cases"] if c["T"] == T}
         xs = [j + (i - (len(gpus) - 1) / 2) * width for j, m in enumerate(models) if sp.get(m)]
         ax.bar(xs, [sp[m] for m in models if sp.get(m)], width,
-               label=f"{g}: {by_gpu[g].get('env', {}).get('device', g)}")
+               label=f"{env.get('device', g)}, commit {commits[g]}, {str(env.get('date', '?'))[:10]}")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, fontsize=8)
     ax.set_ylabel("speed-up vs grouped_mm")
-    ax.set_title(f"MoE layer at T = {T} on each GPU (same benchmark, same binary source)", fontsize=10)
-    ax.legend(fontsize=8)
+    same = len(set(commits.values())) == 1
+    ax.set_title(f"MoE layer at T = {T}, bench_moe.py on each GPU"
+                 + ("" if same else " (different commits: the kernels differ between the runs)"), fontsize=10)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room for the legend
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
 

@@ -1,7 +1,8 @@
 """Every notebook in examples/ executes headless (nbclient) in its small CPU mode
 (SAMOYEDS_NOTEBOOK_SMOKE=1: a re-run is the benchmark's --tiny --device cpu run into
-a temporary folder, no figure is written into docs/), and every figure the
-plotting module makes from the committed results renders."""
+a temporary folder, no figure is written into docs/, the temporary folders are
+removed when the kernel exits), and every figure the plotting module makes from the
+committed results renders."""
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
 @pytest.fixture
 def kernel_env(tmp_path, monkeypatch):
-    """A kernelspec running this interpreter, the smoke flag, and the Agg backend."""
+    """A kernelspec running this interpreter, importing the samoyeds these tests import; the
+    smoke flag, the Agg backend, and a temporary folder of its own (removed with tmp_path)."""
+    import samoyeds
     spec = tmp_path / "jupyter" / "kernels" / "samoyeds-test"
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({
@@ -36,6 +39,11 @@ def kernel_env(tmp_path, monkeypatch):
     monkeypatch.setenv("SAMOYEDS_NOTEBOOK_SMOKE", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.delenv("SAMOYEDS_RESULTS", raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (os.path.dirname(os.path.dirname(samoyeds.__file__)), os.environ.get("PYTHONPATH")) if p))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
     return tmp_path
 
 
@@ -63,6 +71,8 @@ def test_notebook_runs(name, kernel_env):
     before = _figures()
     out = "\n".join(_execute(name))
     assert _figures() == before, "a smoke run must not write into docs/figures"
+    left = os.listdir(kernel_env / "tmp")
+    assert not [d for d in left if d.startswith("samoyeds-")], f"temporary folders left behind: {left}"
     if name not in ("quickstart.ipynb", "accuracy.ipynb"):
         assert "--tiny --device cpu" in out, "the smoke run re-runs the benchmark's CPU mode"
         assert "samoyeds-nb-" in out and "command:" in out, "and plots what it wrote"
@@ -96,3 +106,33 @@ def test_figures_from_committed_results(tmp_path):
     for png, js, _ in plots.FIGURES:
         if os.path.exists(os.path.join(RESULTS, "h100", js)):
             assert png + ".png" in made
+
+
+def test_figures_go_to_docs_only_when_asked(monkeypatch, tmp_path):
+    """nbutil.show writes a figure of the committed results into docs/figures only with
+    nbutil.SAVE set; otherwise into a temporary folder that _cleanup removes."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import nbutil
+
+    committed = os.path.join(nbutil.COMMITTED, "h100")
+    monkeypatch.setattr(nbutil, "SMOKE", False)
+    monkeypatch.setattr(nbutil, "SAVE", False)
+    monkeypatch.setattr(nbutil, "FIGURES", str(tmp_path / "figures"))
+    monkeypatch.setattr(nbutil, "_TEMP", [])
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert nbutil.figure_path("x", committed) is None
+    nbutil.show(plt.figure(), "x", committed)
+    (tmp,) = nbutil._TEMP
+    assert os.listdir(tmp) == ["x.png"] and not (tmp_path / "figures").exists()
+    nbutil._cleanup()
+    assert not os.path.exists(tmp)
+    monkeypatch.setattr(nbutil, "SAVE", True)
+    assert nbutil.figure_path("x", committed) == str(tmp_path / "figures" / "x.png")
+    assert nbutil.figure_path("x", str(tmp_path)) is None  # results elsewhere: never docs/figures
+    nbutil.show(plt.figure(), "x", committed)
+    assert os.listdir(tmp_path / "figures") == ["x.png"]
