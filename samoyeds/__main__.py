@@ -453,17 +453,48 @@ def _installed(dist: str) -> str:
         return "not installed"
 
 
+def _arch_runs_on(archs: Sequence[str], cc: tuple) -> bool:
+    """Whether code built for ``archs`` (e.g. ['sm_80', 'sm_90a']) runs on a device of compute
+    capability ``cc``: sm_XYa only on X.Y; sm_XY on X.Z for Z >= Y."""
+    for arch in archs:
+        digits = arch.removeprefix("sm_").rstrip("a")
+        major, minor = int(digits[:-1]), int(digits[-1])
+        if arch.endswith("a") and (major, minor) == tuple(cc) or \
+                not arch.endswith("a") and major == cc[0] and minor <= cc[1]:
+            return True
+    return False
+
+
+def _gpu_lines(archs: Sequence[str], count: int) -> List[str]:
+    """One line per visible GPU (its name and architecture when torch is there to ask)."""
+    try:
+        import torch
+
+        gpus = [(torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i)) for i in range(count)]
+    except Exception:  # torch absent or unable to ask: the count alone
+        return [f"GPUs: {count} visible: the CUDA kernels run on those of the architectures above"]
+    lines = []
+    for i, (name, cc) in enumerate(gpus):
+        arch = f"{cc[0]}{cc[1]}" + ("a" if cc[0] >= 9 else "")
+        if _arch_runs_on(archs, cc):
+            lines.append(f"GPU {i}: {name} (sm_{arch}): the CUDA kernels run")
+        else:
+            lines.append(f"GPU {i}: {name} (sm_{arch}): not among the compiled architectures, the kernels cannot "
+                         f"run; rebuild with SAMOYEDS_CUDA_ARCHS={arch} pip install .")
+    return lines
+
+
 def _info_lines() -> List[str]:
     import samoyeds as sm
 
     info = sm.build_info()
     lines = [f"samoyeds {info['version']}"]
     if info["cuda_compiled"]:
-        lines.append(f"CUDA kernels: compiled for {info['cuda_archs']} (CUDA runtime {_runtime(info['cuda_runtime_version'])})")
-        n = info["cuda_devices"]
-        if n:
-            lines.append(f"GPUs: {n} visible: the CUDA kernels run (a GPU of another architecture than those "
-                         "compiled for fails at its first kernel; rebuild with SAMOYEDS_CUDA_ARCHS)")
+        archs = info["cuda_archs"].split()
+        lines.append(f"CUDA kernels: compiled for {info['cuda_archs']} "
+                     f"(CUDA runtime {_runtime(info['cuda_runtime_version'])})")
+        if info["cuda_devices"]:
+            lines += _gpu_lines(archs, info["cuda_devices"])
         else:
             lines.append("GPUs: none visible: the C reference runs (a correctness oracle, not a fast path)")
     else:

@@ -196,3 +196,12 @@ def test_block_bench_code_path_on_cpu(capsys):
         assert r["rel_err_vs_masked_dense"] < 1e-5
         assert r["samoyeds_ms"] > 0 and r["grouped_mm_ms"] > 0
     assert "small" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("archs,cc,runs", [
+    (["sm_90a"], (9, 0), True), (["sm_80"], (8, 6), True), (["sm_86"], (8, 0), False),
+    (["sm_80"], (9, 0), False), (["sm_90a"], (10, 0), False), (["sm_80", "sm_100a"], (10, 0), True),
+    (["sm_120a"], (12, 0), True), (["sm_100a"], (10, 3), False),
+])
+def test_info_knows_which_gpus_the_build_runs_on(archs, cc, runs):
+    assert cli._arch_runs_on(archs, cc) is runs
