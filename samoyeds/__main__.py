@@ -98,7 +98,10 @@ def _sparse_format(text: str) -> Any:
 def _parser() -> _Parser:
     from . import __version__
 
-    families = sorted(_families().FAMILIES)
+    try:
+        families: Optional[List[str]] = sorted(_families().FAMILIES)
+    except ImportError:          # torch or transformers absent: `demo` says so, `info` still runs
+        families = None
     p = _Parser(
         prog="samoyeds",
         description="Mixture-of-Experts on Sparse Tensor Cores (Samoyeds format: vector-wise N:M rows + 2:4).")
@@ -140,10 +143,10 @@ def _parser() -> _Parser:
                    help="transformers experts implementation run on the masked dense weights")
     d.add_argument("--no-block-bench", action="store_true",
                    help="skip the real-size MoE block timing on CUDA")
-    d.add_argument("--block-tokens", default=[16, 4096], type=_token_counts, metavar="T[,T...]",
+    d.add_argument("--block-tokens", default="16,4096", type=_token_counts, metavar="T[,T...]",
                    help="comma-separated token counts T for the MoE block timing on CUDA")
     d.add_argument("--json", metavar="PATH", help="also write the measurements to PATH as JSON")
-    d.set_defaults(parser=d)
+    d.set_defaults(parser=d, frameworks=families is not None)
 
     i = sub.add_parser("info", help="say how this build was made and what runs here (kernels, GPUs, versions)")
     i.set_defaults(parser=i)
@@ -513,6 +516,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
+        if not args.frameworks:
+            args.parser.error("the demo needs torch and transformers: pip install torch \"samoyeds[hf]\" "
+                              "(in the repository: pip install \".[hf]\")")
         _check_demo(args, args.parser.error)
         result = _demo(args)
         if args.json:

@@ -205,3 +205,16 @@ def test_block_bench_code_path_on_cpu(capsys):
 ])
 def test_info_knows_which_gpus_the_build_runs_on(archs, cc, runs):
     assert cli._arch_runs_on(archs, cc) is runs
+
+
+def test_without_transformers_demo_says_what_to_install_and_info_runs(monkeypatch, capsys):
+    def missing():
+        raise ImportError("No module named 'transformers'")
+
+    monkeypatch.setattr(cli, "_families", missing)
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--family", "mixtral"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs torch and transformers" in err and "[hf]" in err
+    assert main(["info"]) == 0
