@@ -1,23 +1,30 @@
-"""Command line: ``python -m samoyeds demo`` (or the ``samoyeds`` console script).
+"""Command line: ``samoyeds demo``, ``samoyeds info``, ``samoyeds --version``.
 
 ``demo`` builds a small random MoE causal LM of a real architecture (nothing is
 downloaded), packs its experts into the Samoyeds format in place, and runs it
 against the same model with the identically masked dense experts: agreement of
-logits and greedy tokens, expert-weight memory, and timing.  On a GPU it also
-times one MoE block at real model sizes (Qwen3-30B-A3B, Mixtral-8x7B) against
-transformers' ``grouped_mm`` experts on the same inputs.
+logits and greedy tokens, and expert-weight memory.  On a GPU it also times the
+model and one MoE block at real model sizes (Qwen3-30B-A3B, Mixtral-8x7B)
+against transformers' ``grouped_mm`` experts on the same inputs.  On the CPU
+samoyeds runs its C reference implementation, a correctness oracle, so nothing
+is timed there.
 
-``info`` prints how this build was made.
+``info`` says in words how this build was made and what runs here.
+
+Every argument is checked before a model is built: a bad one ends the command
+with a one-line ``samoyeds demo: error: argument --NAME: ...`` and exit status 2,
+as argparse does for its own checks.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
 #: Real MoE block shapes for the GPU timing: (hidden H, expert width I, experts E, top-k K).
 BLOCK_SHAPES = {
@@ -27,13 +34,78 @@ BLOCK_SHAPES = {
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
+#: Attention heads of the demo model; head_dim = max(16, hidden / HEADS).
+HEADS, KV_HEADS = 4, 2
 
-def _parser() -> argparse.ArgumentParser:
-    from .hf_families import FAMILIES
 
-    p = argparse.ArgumentParser(
+def _families() -> Any:
+    """The module holding FAMILIES, Shape and build_model (``samoyeds.hf.families``;
+    ``samoyeds.hf_families`` before samoyeds.hf became a package)."""
+    try:
+        from .hf import families
+    except ImportError:
+        from . import hf_families as families
+    return families
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: ``PROG: error: MESSAGE (see PROG --help)``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}")
+    return value
+
+
+def _token_counts(text: str) -> List[int]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        counts = [int(p) for p in parts]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers (e.g. 16,4096), got {text!r}")
+    return counts
+
+
+def _sparse_format(text: str) -> Any:
+    from .format import SparseFormat
+
+    try:
+        return SparseFormat.parse(text)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _parser() -> _Parser:
+    from . import __version__
+
+    try:
+        families: Optional[List[str]] = sorted(_families().FAMILIES)
+    except ImportError:          # torch or transformers absent: `demo` says so, `info` still runs
+        families = None
+    p = _Parser(
         prog="samoyeds",
         description="Mixture-of-Experts on Sparse Tensor Cores (Samoyeds format: vector-wise N:M rows + 2:4).")
+    p.add_argument("--version", action="version", version=f"samoyeds {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     d = sub.add_parser(
@@ -42,41 +114,82 @@ def _parser() -> argparse.ArgumentParser:
             "Builds a small random causal LM of the chosen family (default: a Qwen3-MoE-like model, hidden 256, "
             "4 layers, 16 experts, top-2; seeded, nothing downloaded), packs its experts into the sparse format "
             "with samoyeds.patch_model, and runs it next to the same model holding the identically masked dense "
-            "expert weights (transformers' own experts code). Prints the agreement of logits and greedy tokens, "
-            "the expert-weight memory before and after packing, and timings. On a CUDA device it also times one "
-            "MoE block at real sizes (Qwen3-30B-A3B, Mixtral-8x7B) against transformers' grouped_mm experts."),
+            "expert weights (transformers' own experts code). Prints the agreement of logits and greedy tokens "
+            "and the expert-weight memory before and after packing. On a CUDA device it also times both models "
+            "and one MoE block at real sizes (Qwen3-30B-A3B, Mixtral-8x7B) against transformers' grouped_mm "
+            "experts; on the CPU samoyeds runs its C reference (a correctness oracle), which is not timed."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    d.add_argument("--family", default="qwen3_moe", choices=sorted(FAMILIES),
+    d.add_argument("--family", default="qwen3_moe", choices=families,
                    help="model architecture (its transformers modeling code is used as is)")
-    d.add_argument("--format", default="samoyeds-1:2:128",
+    d.add_argument("--format", default="samoyeds-1:2:128", type=_sparse_format,
                    help="sparse format: 'samoyeds-1:2:128' (75%% sparse), 'samoyeds-1:2:64', '2:4' (50%%) "
                         "or 'n:m:v'")
     d.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where to run; auto: cuda when a GPU and the CUDA kernels are available, else cpu")
     d.add_argument("--dtype", default="auto", choices=["auto"] + sorted(DTYPES),
                    help="model dtype; auto: fp32 on cpu, bf16 on cuda (the GPU kernels take bf16/fp16)")
-    d.add_argument("--tokens", type=int, default=16, help="new tokens to generate greedily")
-    d.add_argument("--prompt-len", type=int, default=32, help="length of the random prompt")
-    d.add_argument("--batch", type=int, default=1, help="prompts per batch")
-    d.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
-    d.add_argument("--hidden", type=int, default=256, help="hidden size H")
-    d.add_argument("--layers", type=int, default=4, help="decoder layers")
-    d.add_argument("--experts", type=int, default=16, help="routed experts per MoE layer")
-    d.add_argument("--top-k", type=int, default=2, help="experts per token")
-    d.add_argument("--intermediate", type=int, default=256, help="expert width I (gate_up is [E, 2I, H])")
-    d.add_argument("--vocab", type=int, default=2048, help="vocabulary size")
-    d.add_argument("--init-std", type=float, default=0.1,
-                   help="std of the random weights (transformers' 0.02 makes a random model repeat one token)")
+    d.add_argument("--tokens", type=_positive_int, default=16, help="new tokens to generate greedily")
+    d.add_argument("--prompt-len", type=_positive_int, default=32, help="length of the random prompt")
+    d.add_argument("--batch", type=_positive_int, default=1, help="prompts per batch")
+    d.add_argument("--seed", type=_seed, default=0, help="seed of the random weights and prompt")
+    d.add_argument("--hidden", type=_positive_int, default=256, help="hidden size H (a multiple of 16)")
+    d.add_argument("--layers", type=_positive_int, default=4, help="decoder layers")
+    d.add_argument("--experts", type=_positive_int, default=16, help="routed experts per MoE layer")
+    d.add_argument("--top-k", type=_positive_int, default=2, help="experts per token (at most --experts)")
+    d.add_argument("--intermediate", type=_positive_int, default=256,
+                   help="expert width I (gate_up is [E, 2I, H]; a multiple of 4)")
+    d.add_argument("--vocab", type=_positive_int, default=2048, help="vocabulary size (at least 16)")
     d.add_argument("--baseline", default="eager", choices=["eager", "grouped_mm", "batched_mm"],
                    help="transformers experts implementation run on the masked dense weights")
     d.add_argument("--no-block-bench", action="store_true",
                    help="skip the real-size MoE block timing on CUDA")
-    d.add_argument("--block-tokens", default="16,4096",
-                   help="comma-separated token counts T for the MoE block timing")
+    d.add_argument("--block-tokens", default="16,4096", type=_token_counts, metavar="T[,T...]",
+                   help="comma-separated token counts T for the MoE block timing on CUDA")
     d.add_argument("--json", metavar="PATH", help="also write the measurements to PATH as JSON")
+    d.set_defaults(parser=d, frameworks=families is not None)
 
-    sub.add_parser("info", help="print how this build was made (CUDA kernels, architectures, versions)")
+    i = sub.add_parser("info", help="say how this build was made and what runs here (kernels, GPUs, versions)")
+    i.set_defaults(parser=i)
     return p
+
+
+def _check_demo(args: argparse.Namespace, error: Any) -> None:
+    """The checks that involve several arguments or the machine; ``error(message)`` exits."""
+    fmt = args.format
+    if args.top_k > args.experts:
+        error(f"argument --top-k: expected at most --experts ({args.experts}), got {args.top_k}")
+    if args.hidden % 16:
+        error(f"argument --hidden: expected a multiple of 16 (the demo model's {HEADS} attention heads "
+              f"need an even width), got {args.hidden}")
+    if args.hidden % fmt.m:
+        error(f"argument --hidden: format {fmt.name} selects rows in groups of m = {fmt.m}; the down "
+              f"projection has --hidden rows, got {args.hidden}")
+    if args.intermediate % 4:
+        error(f"argument --intermediate: expected a multiple of 4 (2:4 sparsity keeps 2 of every 4 columns "
+              f"of the down projection), got {args.intermediate}")
+    if args.intermediate % fmt.m:
+        error(f"argument --intermediate: format {fmt.name} selects rows in groups of m = {fmt.m}; expected a "
+              f"multiple of {fmt.m}, got {args.intermediate}")
+    if args.vocab < 16:
+        error(f"argument --vocab: expected at least 16, got {args.vocab}")
+    if args.json:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(folder):
+            error(f"argument --json: folder {folder} does not exist")
+
+    import torch
+
+    import samoyeds as sm
+
+    gpu_ok = torch.cuda.is_available() and sm.cuda_available()
+    if args.device == "cuda" and not gpu_ok:
+        why = "this build has no CUDA kernels" if not sm.build_info()["cuda_compiled"] else "no GPU is visible"
+        error(f"argument --device: cuda needs a GPU and samoyeds' CUDA kernels; {why}")
+    if args.device == "cuda" or (args.device == "auto" and gpu_ok):
+        if args.dtype == "fp32":
+            error("argument --dtype: the GPU kernels take bf16 or fp16, got fp32")
+        if not (fmt.n == 1 and fmt.m in (1, 2, 4)):
+            error(f"argument --format: the GPU kernels run 2:4, 1:2:v and 1:4:v, got {fmt.name}")
 
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -100,8 +213,32 @@ def _wall(fn, device: str, repeat: int = 1) -> float:
     return statistics.median(times)
 
 
+def _pct(fraction: float) -> str:
+    """25 %, 16.7 %, 26.7 %, 6820 %: three significant digits, no exponent."""
+    pct = fraction * 100
+    return f"{pct:.3g} %" if pct < 100 else f"{pct:.0f} %"
+
+
 def _mb(nbytes: int) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
+
+
+def _init_weights(model: Any, seed: int) -> None:
+    """Seeded normal weights at unit activation scale: token embeddings ~ normal(0, 1), every
+    other matrix ~ normal(0, 1/sqrt(fan_in)) (fan_in = its last dimension: the input features
+    of nn.Linear and of the [E, out, in] expert weights); vectors (norm scales, biases) keep
+    the model's own init.  With transformers' init (std 0.02) the layers add little to the
+    residual stream and a random model this small repeats one or two tokens; here each layer
+    and the current token weigh alike, so greedy decoding moves from token to token."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if p.dim() >= 2:
+                std = 1.0 if id(p) in embeddings else p.shape[-1] ** -0.5
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
 # --- demo ------------------------------------------------------------------------------------------
@@ -111,42 +248,41 @@ def _demo(args: argparse.Namespace) -> Dict[str, Any]:
     import transformers
 
     import samoyeds as sm
-    from . import hf
-    from .format import SparseFormat
-    from .hf_families import FAMILIES, Shape, build_model
 
+    fam = _families()
     transformers.logging.set_verbosity_error()
-    fmt = SparseFormat.parse(args.format)
+    fmt = args.format
     gpu_ok = torch.cuda.is_available() and sm.cuda_available()
     device = args.device if args.device != "auto" else ("cuda" if gpu_ok else "cpu")
-    if device == "cuda" and not gpu_ok:
-        raise SystemExit("samoyeds demo: --device cuda needs a CUDA GPU and a samoyeds build with the CUDA kernels "
-                         f"(torch sees a GPU: {torch.cuda.is_available()}; kernels: {sm.cuda_available()})")
     dtype_key = args.dtype if args.dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
     dtype = getattr(torch, DTYPES[dtype_key])
-    if device == "cuda" and dtype == torch.float32:
-        raise SystemExit("samoyeds demo: the GPU kernels take bf16 or fp16; use --dtype bf16 or fp16")
 
-    shape = Shape(vocab=args.vocab, hidden=args.hidden, layers=args.layers, experts=args.experts,
-                  top_k=args.top_k, intermediate=args.intermediate, heads=4, kv_heads=2,
-                  head_dim=max(16, args.hidden // 4), max_positions=max(256, args.prompt_len + args.tokens),
-                  init_std=args.init_std)
-    model = build_model(args.family, shape, seed=args.seed).to(device=device, dtype=dtype)
+    shape = fam.Shape(vocab=args.vocab, hidden=args.hidden, layers=args.layers, experts=args.experts,
+                      top_k=args.top_k, intermediate=args.intermediate, heads=HEADS, kv_heads=KV_HEADS,
+                      head_dim=max(16, args.hidden // HEADS),
+                      max_positions=max(256, args.prompt_len + args.tokens))
+    model = fam.build_model(args.family, shape, seed=args.seed)
+    _init_weights(model, args.seed)
+    model = model.to(device=device, dtype=dtype)
     print(f"samoyeds demo: {args.family} ({type(model).__name__}), {shape.layers} layers, hidden {shape.hidden}, "
           f"{shape.experts} experts top-{shape.top_k}, expert width {shape.intermediate}, vocab {shape.vocab}; "
-          f"random weights (seed {args.seed}, std {args.init_std}), nothing downloaded")
-    print(f"device {device}, {str(dtype).replace('torch.', '')}, format {fmt.name} "
-          f"({fmt.sparsity:.0%} of the expert weights pruned)")
+          f"random weights (seed {args.seed}), nothing downloaded")
+    print(f"device {device}, {str(dtype).replace('torch.', '')}, format {fmt.name}: keeps "
+          f"{_pct(fmt.density)} of the expert weight values ({_pct(fmt.sparsity)} pruned)")
+    if device == "cpu":
+        print("on the CPU samoyeds runs its C reference implementation (a correctness oracle, not a fast "
+              "path), so nothing is timed; on a GPU the demo times the CUDA kernels")
 
-    dense_bytes = hf.experts_weight_nbytes(model)
-    seconds = _wall(lambda: hf.patch_model(model, fmt, progress=False), device)
-    packed_bytes = hf.experts_weight_nbytes(model)
+    dense_bytes = sm.hf.experts_weight_nbytes(model)
+    seconds = _wall(lambda: sm.patch_model(model, fmt, progress=False), device)
+    packed_bytes = sm.hf.experts_weight_nbytes(model)
     layers = sum(1 for m in model.modules() if getattr(m, "_samoyeds", None) is not None)
     print(f"packed {layers} MoE layers in {seconds:.2f} s")
-    print(f"expert weights: {_mb(dense_bytes)} dense -> {_mb(packed_bytes)} packed "
-          f"({packed_bytes / dense_bytes:.1%}; {dense_bytes - packed_bytes:,} bytes freed)")
+    print(f"expert weights: {_mb(dense_bytes)} dense -> {_mb(packed_bytes)} packed = "
+          f"{_pct(packed_bytes / dense_bytes)} of the dense bytes (the kept {_pct(fmt.density)} of the values, "
+          "plus the 2:4 metadata, the row indices and the padding to whole tiles)")
 
-    baseline = hf.to_dense(copy.deepcopy(model))          # the identically masked dense weights
+    baseline = sm.to_dense(copy.deepcopy(model))          # the identically masked dense weights
     if args.family != "llama4":
         baseline.set_experts_implementation(args.baseline)
     base_name = f"masked-dense {args.baseline if args.family != 'llama4' else 'eager'}"
@@ -171,39 +307,39 @@ def _demo(args: argparse.Namespace) -> Dict[str, Any]:
     outputs = {}
     for name, m in (("samoyeds", model), (base_name, baseline)):
         with torch.no_grad():
-            m(ids)                                          # warm-up
-            prefill = _wall(lambda: m(ids), device, repeat=3)
             outputs[name] = generate(m)
-            gen_s = _wall(lambda: generate(m), device)
-        timing[name] = {"prefill_s": prefill, "generate_s": gen_s,
-                        "tokens_per_s": args.batch * args.tokens / gen_s}
+            if device == "cuda":
+                m(ids)                                          # warm-up
+                prefill = _wall(lambda: m(ids), device, repeat=3)
+                gen_s = _wall(lambda: generate(m), device)
+                timing[name] = {"prefill_s": prefill, "generate_s": gen_s,
+                                "tokens_per_s": args.batch * args.tokens / gen_s}
     a, b = outputs["samoyeds"][:, ids.shape[1]:], outputs[base_name][:, ids.shape[1]:]
     same = int((a == b).sum())
     first = next((i for i in range(a.shape[1]) if not torch.equal(a[:, i], b[:, i])), None)
-    print(f"greedy {args.tokens} new tokens: {same}/{a.numel()} identical"
+    print(f"greedy {args.tokens} new tokens: {same}/{a.numel()} identical to {base_name}"
           + ("" if first is None else f" (first difference at new token {first})"))
-    print(f"samoyeds tokens: {a[0].tolist()}")
-    print(f"{'timing (' + device + ')':<28}{'prefill':>12}{'generate':>12}{'tokens/s':>10}")
-    for name, t in timing.items():
-        print(f"  {name:<26}{t['prefill_s'] * 1e3:>9.2f} ms{t['generate_s'] * 1e3:>9.1f} ms"
-              f"{t['tokens_per_s']:>10.1f}")
-    if device == "cpu":
-        print("  (on the CPU samoyeds runs its C reference implementation: a correctness oracle, not a fast path)")
+    print(f"samoyeds tokens: {a[0].tolist()} ({len(set(a[0].tolist()))} distinct)")
+    if timing:
+        print(f"{'timing (' + device + ')':<28}{'prefill':>12}{'generate':>12}{'tokens/s':>10}")
+        for name, t in timing.items():
+            print(f"  {name:<26}{t['prefill_s'] * 1e3:>9.2f} ms{t['generate_s'] * 1e3:>9.1f} ms"
+                  f"{t['tokens_per_s']:>10.1f}")
 
     result: Dict[str, Any] = {
-        "family": args.family, "model_class": type(model).__name__, "shape": shape.__dict__, "device": device,
-        "dtype": str(dtype).replace("torch.", ""), "format": fmt.name, "baseline": base_name,
-        "expert_bytes_dense": dense_bytes, "expert_bytes_packed": packed_bytes, "pack_s": seconds,
-        "logits_max_abs_diff": diff, "logits_rel_diff": rel, "argmax_agreement": agree,
-        "tokens_identical": same, "tokens_total": int(a.numel()), "timing": timing,
+        "family": args.family, "model_class": type(model).__name__, "shape": dict(shape.__dict__),
+        "init": "normal(0, fan_in**-0.5) for every matrix", "device": device,
+        "dtype": str(dtype).replace("torch.", ""), "format": fmt.name, "density": fmt.density,
+        "baseline": base_name, "expert_bytes_dense": dense_bytes, "expert_bytes_packed": packed_bytes,
+        "pack_s": seconds, "logits_max_abs_diff": diff, "logits_rel_diff": rel, "argmax_agreement": agree,
+        "tokens": a.tolist(), "tokens_identical": same, "tokens_total": int(a.numel()), "timing": timing,
         "versions": {"samoyeds": sm.__version__, "torch": torch.__version__,
                      "transformers": transformers.__version__},
     }
     if device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
         if not args.no_block_bench:
-            tokens = [int(t) for t in args.block_tokens.split(",") if t.strip()]
-            result["block_bench"] = _block_bench(fmt, tokens, dtype, args.seed, device)
+            result["block_bench"] = _block_bench(fmt, args.block_tokens, dtype, args.seed, device)
     return result
 
 
@@ -253,7 +389,7 @@ def _block_bench(fmt: Any, tokens: Sequence[int], dtype: Any, seed: int, device:
     import torch
 
     import samoyeds as sm
-    from .moe import moe_forward
+    from samoyeds import moe_forward
 
     shapes = BLOCK_SHAPES if shapes is None else shapes
     es = torch.empty(0, dtype=dtype).element_size()
@@ -304,13 +440,86 @@ def _block_bench(fmt: Any, tokens: Sequence[int], dtype: Any, seed: int, device:
     return rows
 
 
+# --- info ------------------------------------------------------------------------------------------
+
+def _runtime(version: Optional[int]) -> str:
+    """CUDART_VERSION as people write it: 13000 -> '13.0', 12080 -> '12.8'."""
+    return "unknown" if not version else f"{version // 1000}.{version % 1000 // 10}"
+
+
+def _installed(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _arch_runs_on(archs: Sequence[str], cc: tuple) -> bool:
+    """Whether code built for ``archs`` (e.g. ['sm_80', 'sm_90a']) runs on a device of compute
+    capability ``cc``: sm_XYa only on X.Y; sm_XY on X.Z for Z >= Y."""
+    for arch in archs:
+        digits = arch.removeprefix("sm_").rstrip("a")
+        major, minor = int(digits[:-1]), int(digits[-1])
+        if arch.endswith("a") and (major, minor) == tuple(cc) or \
+                not arch.endswith("a") and major == cc[0] and minor <= cc[1]:
+            return True
+    return False
+
+
+def _gpu_lines(archs: Sequence[str], count: int) -> List[str]:
+    """One line per visible GPU (its name and architecture when torch is there to ask)."""
+    try:
+        import torch
+
+        gpus = [(torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i)) for i in range(count)]
+    except Exception:  # torch absent or unable to ask: the count alone
+        return [f"GPUs: {count} visible: the CUDA kernels run on those of the architectures above"]
+    lines = []
+    for i, (name, cc) in enumerate(gpus):
+        arch = f"{cc[0]}{cc[1]}" + ("a" if cc[0] >= 9 else "")
+        if _arch_runs_on(archs, cc):
+            lines.append(f"GPU {i}: {name} (sm_{arch}): the CUDA kernels run")
+        else:
+            lines.append(f"GPU {i}: {name} (sm_{arch}): not among the compiled architectures, the kernels cannot "
+                         f"run; rebuild with SAMOYEDS_CUDA_ARCHS={arch} pip install .")
+    return lines
+
+
+def _info_lines() -> List[str]:
+    import samoyeds as sm
+
+    info = sm.build_info()
+    lines = [f"samoyeds {info['version']}"]
+    if info["cuda_compiled"]:
+        archs = info["cuda_archs"].split()
+        lines.append(f"CUDA kernels: compiled for {info['cuda_archs']} "
+                     f"(CUDA runtime {_runtime(info['cuda_runtime_version'])})")
+        if info["cuda_devices"]:
+            lines += _gpu_lines(archs, info["cuda_devices"])
+        else:
+            lines.append("GPUs: none visible: the C reference runs (a correctness oracle, not a fast path)")
+    else:
+        lines.append("CUDA kernels: not compiled (a CPU build): the C reference runs (a correctness oracle, not a "
+                     "fast path); to build the kernels: SAMOYEDS_CUDA_ARCHS=90a pip install .")
+    lines.append(f"packed weight layout: version {info['layout_version']}; DLPack up to {info['dlpack_max_version']}")
+    lines.append(f"torch {_installed('torch')}, transformers {_installed('transformers')}, "
+                 f"numpy {_installed('numpy')}")
+    return lines
+
+
 # --- entry point ----------------------------------------------------------------------------------
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The ``samoyeds`` command; returns the exit status."""
+    """The ``samoyeds`` command; returns the exit status (2 for a bad argument)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
+        if not args.frameworks:
+            args.parser.error("the demo needs torch and transformers: pip install torch \"samoyeds[hf]\" "
+                              "(in the repository: pip install \".[hf]\")")
+        _check_demo(args, args.parser.error)
         result = _demo(args)
         if args.json:
             with open(args.json, "w") as f:
@@ -318,10 +527,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"wrote {args.json}")
         return 0
     if args.command == "info":
-        import samoyeds as sm
-
-        for k, v in sm.build_info().items():
-            print(f"{k}: {v}")
+        print("\n".join(_info_lines()))
         return 0
     parser.print_help()
     return 2
