@@ -210,7 +210,7 @@ def test_gpu_chained_down_projection_and_graph():
 # ---- unpruned shared experts of a patched model ---------------------------------------------
 
 transformers = pytest.importorskip("transformers")
-from samoyeds.hf_families import Shape, build_model  # noqa: E402
+from samoyeds.hf.families import Shape, build_model  # noqa: E402
 
 SHAPE = Shape(vocab=128, hidden=128, layers=2, experts=8, top_k=2, intermediate=64, heads=4, kv_heads=2,
               head_dim=32, init_std=0.1)
@@ -272,10 +272,10 @@ def test_patch_keeps_unpruned_shared_experts_dense(family, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe"])
-def test_unpruned_shared_experts_gpu(family, monkeypatch):
+def test_unpruned_shared_experts_gpu(family):
     """On the GPU in bf16 inference, a patched model's unpruned shared MLP runs two
-    dense_decode launches up to SAMOYEDS_DENSE_DECODE_MAX_ROWS tokens and the matmuls with
-    one samoyeds.glu pass above (and with 0), its own forward with autograd: against the
+    dense_decode launches up to samoyeds.get_config().dense_decode_max_rows tokens and the
+    matmuls with one samoyeds.glu pass above (and with 0), its own forward with autograd: against the
     float64 MLP; the whole model's logits stay as close to the float64 model as
     transformers' own bf16 run."""
     model = build_model(family, SHAPE, seed=9)
@@ -301,12 +301,10 @@ def test_unpruned_shared_experts_gpu(family, monkeypatch):
         assert got.shape == x.shape and got.dtype == torch.bfloat16
         assert rel_err(got, want) <= max(2 * rel_err(theirs, want), 1e-2), (T, rel_err(got, want))
     x = torch.randn(4, H, generator=gen).to(torch.bfloat16).cuda()
-    monkeypatch.setenv("SAMOYEDS_DENSE_DECODE_MAX_ROWS", "0")
-    with torch.no_grad():
+    with torch.no_grad(), sm.config(dense_decode_max_rows=0):
         names = _kernel_names(lambda: mlp(x))
         assert not any("dense_decode_kernel" in k for k in names) and any("glu_kernel" in k for k in names)
         assert rel_err(mlp(x), ref64(x.double())) <= max(2 * rel_err(ref(x), ref64(x.double())), 1e-2)
-    monkeypatch.delenv("SAMOYEDS_DENSE_DECODE_MAX_ROWS")
     xg = x.clone().requires_grad_(True)
     assert not any("glu_kernel" in k or "dense_decode" in k for k in _kernel_names(lambda: mlp(xg)))
     y = mlp(xg)
