@@ -67,11 +67,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-try:   # a patched model unpickled in a fresh process runs "samoyeds" without patch_model
-    register()
-except ImportError:   # no transformers: patch_model raises it
-    pass
-
 # (for benchmarks/ written against the single-file hf.py)
 _find_experts = find_experts
 _router_run = _routers.router_run
