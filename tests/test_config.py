@@ -66,7 +66,8 @@ def test_override_restores_when_the_body_raises():
     ({"decode_max_rows": -1}, "decode_max_rows"), ({"decode_max_rows": 1.0}, "decode_max_rows"),
     ({"decode_max_rows": True}, "decode_max_rows"), ({"decode_rows_per_expert": 2**31}, "decode_rows_per_expert"),
     ({"pdl": 0}, "pdl"), ({"pdl": "no"}, "pdl"),
-    ({"dense_decode_max_rows": None}, "dense_decode_max_rows"), ({"dense_decode_max_rows": -3}, "dense_decode_max_rows"),
+    ({"dense_decode_max_rows": None}, "dense_decode_max_rows"),
+    ({"dense_decode_max_rows": -3}, "dense_decode_max_rows"),
     ({"tile": "256x64", "token_rows": "x"}, "token_rows"),
 ])
 def test_override_rejects_names_and_values_before_changing_anything(fields, name):
