@@ -519,17 +519,21 @@ def prune_model(model: torch.nn.Module, pattern_: PatternLike = "samoyeds-1:2:12
 
 def sparsify_model(model: torch.nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoyeds-1:2:128",
                    method: str = "activation", calibration: Optional[Iterable[Any]] = None, *,
-                   progress: bool = True, **kwargs: Any) -> torch.nn.Module:
+                   progress: bool = True, router: bool = True, shared_stream: bool = True,
+                   shared_stream_min_rows: int = 4096, **kwargs: Any) -> torch.nn.Module:
     """Prunes every expert of ``model`` for ``fmt`` with ``method`` and packs it (in place).
 
     :func:`prune_model` (calibration batches through the model, layer by layer,
     hooks on the experts modules; a tqdm bar over the layers), then
     :func:`samoyeds.patch_model` with the masks found.  ``fmt`` must be a Samoyeds
     format (``"samoyeds-1:2:128"``, ``"2:4"``, ...); ``kwargs`` go to
-    :func:`prune_model` (``routing_weighted``, ``damp``, ``memory_budget``).
+    :func:`prune_model` (``routing_weighted``, ``damp``, ``memory_budget``); ``router``,
+    ``shared_stream`` and ``shared_stream_min_rows`` to :func:`samoyeds.patch_model`.
 
     Returns ``model``, patched: its experts run from packed weights.
     """
     fmt = SparseFormat.parse(fmt)
+    _hf.check_options(router, shared_stream, shared_stream_min_rows)
     masks = prune_model(model, fmt, method, calibration, progress=progress, **kwargs)
-    return _hf.patch_model(model, fmt, progress=False, masks=masks)
+    return _hf.patch_model(model, fmt, progress=False, masks=masks, router=router, shared_stream=shared_stream,
+                           shared_stream_min_rows=shared_stream_min_rows)

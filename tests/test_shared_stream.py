@@ -75,15 +75,25 @@ def test_block_class_swap_and_undo(family, packed):
 
 
 @pytest.mark.parametrize("family", ["deepseek_v2", "llama4"])
-def test_shared_stream_options(family):
+def test_shared_stream_options(family, tmp_path):
     """shared_stream=False leaves every block on one stream (no SamoyedsBlock class, no row
-    limit, Llama 4's block included); shared_stream_min_rows is each block's row limit and
-    must be an int >= 0."""
+    limit, Llama 4's block included), through patch_model, from_pretrained and
+    sparsify_model; shared_stream_min_rows is each block's row limit and must be an
+    int >= 0."""
+    def one_stream(model):
+        assert _blocks(model)
+        assert not any(getattr(type(m), "_samoyeds_block", False) for m in model.modules())
+        assert not any(streams.MIN_ROWS_ATTR in m.__dict__ for m in model.modules())
+
     model = build_model(family, SHAPE, seed=3)
     sm.patch_model(model, FMT, progress=False, shared_stream=False)
-    assert _blocks(model)
-    assert not any(getattr(type(m), "_samoyeds_block", False) for m in model.modules())
-    assert not any(streams.MIN_ROWS_ATTR in m.__dict__ for m in model.modules())
+    one_stream(model)
+    sm.save_pretrained(model, tmp_path / "ckpt")
+    one_stream(sm.from_pretrained(tmp_path / "ckpt", shared_stream=False))
+    assert all(b.__dict__[streams.MIN_ROWS_ATTR] == 5 for b in _blocks(
+        sm.from_pretrained(tmp_path / "ckpt", shared_stream_min_rows=5)))
+    one_stream(sm.sparsify_model(build_model(family, SHAPE, seed=3), FMT, "magnitude", progress=False,
+                                 shared_stream=False))
     model = build_model(family, SHAPE, seed=3)
     sm.patch_model(model, FMT, progress=False, shared_stream_min_rows=7)
     assert [b.__dict__[streams.MIN_ROWS_ATTR] for b in _blocks(model)] == [7] * len(_blocks(model))
