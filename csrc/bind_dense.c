@@ -12,11 +12,11 @@ enum { V_T, V_C, V_R };
 enum { D_W, D_UP, D_X, D_OUT, D_COUNT };
 
 static const sam_arg_spec dense_args[] = {
-    [D_W] = {"w", SAM_DT_FLOAT, 2, {SAM_VAR(V_R), SAM_VAR(V_C)}, SAM_ARG_CONTIG | SAM_ARG_HALF_GPU, -1, 16, 0},
-    [D_UP] = {"up", 0, 2, {SAM_VAR(V_R), SAM_VAR(V_C)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL | SAM_ARG_LIKE, D_W, 16,
+    [D_W] = {"w", 0, 2, {SAM_VAR(V_R), SAM_VAR(V_C)}, SAM_ARG_CONTIG | SAM_ARG_LIKE, D_X, 16, 0},
+    [D_UP] = {"up", 0, 2, {SAM_VAR(V_R), SAM_VAR(V_C)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL | SAM_ARG_LIKE, D_X, 16,
               0},
-    [D_X] = {"x", 0, 2, {SAM_VAR(V_T), SAM_VAR(V_C)}, SAM_ARG_ROWS | SAM_ARG_LIKE, D_W, 16, 8},
-    [D_OUT] = {"out", 0, 2, {SAM_VAR(V_T), SAM_VAR(V_R)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_LIKE, D_W, 0, 0},
+    [D_X] = {"x", SAM_DT_FLOAT, 2, {SAM_VAR(V_T), SAM_VAR(V_C)}, SAM_ARG_ROWS | SAM_ARG_HALF_GPU, -1, 16, 8},
+    [D_OUT] = {"out", 0, 2, {SAM_VAR(V_T), SAM_VAR(V_R)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_LIKE, D_X, 0, 0},
 };
 
 typedef struct dense_ctx {

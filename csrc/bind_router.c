@@ -10,8 +10,8 @@ enum { V_T, V_H, V_E, V_K };
 enum { A_W, A_X, A_BIAS, A_CHOICE, A_LOGITS, A_WEIGHTS, A_IDS, A_COUNT };
 
 static const sam_arg_spec router_args[] = {
-    [A_W] = {"w", SAM_DT_FLOAT, 2, {SAM_VAR(V_E), SAM_VAR(V_H)}, SAM_ARG_CONTIG | SAM_ARG_HALF_GPU, -1, 16, 0},
-    [A_X] = {"x", 0, 2, {SAM_VAR(V_T), SAM_VAR(V_H)}, SAM_ARG_ROWS | SAM_ARG_LIKE, A_W, 16, 8},
+    [A_W] = {"w", 0, 2, {SAM_VAR(V_E), SAM_VAR(V_H)}, SAM_ARG_CONTIG | SAM_ARG_LIKE, A_X, 16, 0},
+    [A_X] = {"x", SAM_DT_FLOAT, 2, {SAM_VAR(V_T), SAM_VAR(V_H)}, SAM_ARG_ROWS | SAM_ARG_HALF_GPU, -1, 16, 8},
     [A_BIAS] = {"bias", 0, 1, {SAM_VAR(V_E)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL | SAM_ARG_F32_OR_LIKE, A_X, 0, 0},
     [A_CHOICE] = {"choice_bias", 0, 1, {SAM_VAR(V_E)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL | SAM_ARG_F32_OR_LIKE, A_X,
                   0, 0},
