@@ -95,7 +95,7 @@ int sam_arg_dims(sam_format f, int64_t E, int64_t R, int64_t C, const char *rows
     }
 }
 
-static int parse_stream(PyObject *o, int64_t *out)
+int sam_arg_stream(PyObject *o, int64_t *out)
 {
     if (o == NULL || o == Py_None) { *out = SAM_STREAM_AUTO; return 0; }
     long long v = PyLong_AsLongLong(o);
@@ -360,7 +360,7 @@ PyObject *sam_run_op(sam_op_call *c, PyObject *const *objs, PyObject *stream, vo
     const sam_op *op = c->op;
     const int n = op->n_args;
     PyObject *res = NULL;
-    if (parse_stream(stream, &c->call.stream) < 0) return NULL;
+    if (sam_arg_stream(stream, &c->call.stream) < 0) return NULL;
     for (int i = 0; i < n; i++) {
         const sam_arg_spec *s = &op->args[i];
         const int optional = (s->flags & (SAM_ARG_OPTIONAL | SAM_ARG_PACKED_IDX)) != 0;

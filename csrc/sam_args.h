@@ -117,6 +117,8 @@ PyObject *sam_run_op(sam_op_call *c, PyObject *const *objs, PyObject *stream, vo
 
 /* ---- scalar arguments (before any tensor is taken) ---------------------------- */
 
+/* The stream argument: None (SAM_STREAM_AUTO) or an int (a cudaStream_t); TypeError. */
+int sam_arg_stream(PyObject *o, int64_t *out);
 /* The format (n, m, v) with glu; ValueError naming n, m or v. */
 int sam_arg_format(int n, int m, int v, int glu, sam_format *f);
 /* lo <= value <= hi, else ValueError "<name>: expected <expect>, got <value>". */
