@@ -250,9 +250,9 @@ static int check_layout(sam_op_call *c, int i)
 {
     const sam_arg_spec *s = &c->op->args[i];
     const sam_tensor *t = &c->t[i];
-    if (s->flags & SAM_ARG_CONTIG) {
+    if ((s->flags & SAM_ARG_CONTIG) && sam_tensor_numel(t) != 0) { /* (empty: no element to misplace) */
         int64_t expect = 1;
-        for (int d = t->ndim - 1; d >= 0 && sam_tensor_numel(t) != 0; d--) {
+        for (int d = t->ndim - 1; d >= 0; d--) {
             if (t->shape[d] != 1 && t->strides[d] != expect) return layout_error(t, "a C-contiguous tensor");
             expect *= t->shape[d];
         }
