@@ -14,10 +14,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#ifndef SAM_WITH_CUDA
-#define SAM_WITH_CUDA 0
-#endif
-
 /* ---- checked size arithmetic ----------------------------------------------------- */
 
 int sam_size_mul(int64_t a, int64_t b, int64_t *out)
@@ -50,6 +46,15 @@ int sam_arg_range(const char *name, long long value, long long lo, long long hi,
     if (value >= lo && value <= hi) return 0;
     PyErr_Format(PyExc_ValueError, "%s: expected %s, got %lld", name, expect, value);
     return -1;
+}
+
+int sam_arg_impl(int impl, sam_impl *out)
+{
+    if (sam_arg_range("impl", impl, SAM_IMPL_AUTO, SAM_IMPL_DECODE,
+                      "0 (auto), 1 (mma.sp), 2 (wgmma.sp) or 3 (decode)") < 0)
+        return -1;
+    *out = (sam_impl)impl;
+    return 0;
 }
 
 int sam_arg_format(int n, int m, int v, int glu, sam_format *f)
@@ -95,7 +100,7 @@ int sam_arg_dims(sam_format f, int64_t E, int64_t R, int64_t C, const char *rows
     }
 }
 
-static int parse_stream(PyObject *o, int64_t *out)
+int sam_arg_stream(PyObject *o, int64_t *out)
 {
     if (o == NULL || o == Py_None) { *out = SAM_STREAM_AUTO; return 0; }
     long long v = PyLong_AsLongLong(o);
@@ -245,9 +250,9 @@ static int check_layout(sam_op_call *c, int i)
 {
     const sam_arg_spec *s = &c->op->args[i];
     const sam_tensor *t = &c->t[i];
-    if (s->flags & SAM_ARG_CONTIG) {
+    if ((s->flags & SAM_ARG_CONTIG) && sam_tensor_numel(t) != 0) { /* (empty: no element to misplace) */
         int64_t expect = 1;
-        for (int d = t->ndim - 1; d >= 0 && sam_tensor_numel(t) != 0; d--) {
+        for (int d = t->ndim - 1; d >= 0; d--) {
             if (t->shape[d] != 1 && t->strides[d] != expect) return layout_error(t, "a C-contiguous tensor");
             expect *= t->shape[d];
         }
@@ -319,14 +324,6 @@ static int check_packed_idx(sam_op_call *c, int i)
 
 /* ---- sam_run_op ------------------------------------------------------------------------ */
 
-void sam_op_init(sam_op_call *c, const sam_op *op, PyObject *module)
-{
-    memset(c, 0, sizeof *c);
-    c->op = op;
-    c->st = (sam_module_state *)PyModule_GetState(module);
-    c->call.st = c->st;
-}
-
 void sam_op_bind(sam_op_call *c, int i, int64_t v)
 {
     c->var[i] = v;
@@ -349,18 +346,24 @@ static sam_status run_cuda(const sam_op_call *c, void *ctx)
     int prev = 0;
     sam_status status = sam_cuda_device_enter(c->device, &prev);
     if (status != SAM_STATUS_OK) return status;
-    status = c->op->run_cuda(c, ctx, c->call.launch_stream);
+    status = c->op->run(c, ctx, c->call.launch_stream);
     sam_cuda_device_exit(prev);
     return status;
 }
 #endif
 
-PyObject *sam_run_op(sam_op_call *c, PyObject *const *objs, PyObject *stream, void *ctx)
+PyObject *sam_run_op(const sam_op *op, PyObject *module, PyObject *const *objs, PyObject *stream, int selects_rows,
+                     void *ctx)
 {
-    const sam_op *op = c->op;
+    sam_op_call call, *c = &call;
+    memset(c, 0, sizeof *c);
+    c->op = op;
+    c->st = (sam_module_state *)PyModule_GetState(module);
+    c->call.st = c->st;
+    c->selects_rows = selects_rows;
     const int n = op->n_args;
     PyObject *res = NULL;
-    if (parse_stream(stream, &c->call.stream) < 0) return NULL;
+    if (sam_arg_stream(stream, &c->call.stream) < 0) return NULL;
     for (int i = 0; i < n; i++) {
         const sam_arg_spec *s = &op->args[i];
         const int optional = (s->flags & (SAM_ARG_OPTIONAL | SAM_ARG_PACKED_IDX)) != 0;
@@ -406,7 +409,7 @@ PyObject *sam_run_op(sam_op_call *c, PyObject *const *objs, PyObject *stream, vo
 #endif
     } else {
         Py_BEGIN_ALLOW_THREADS
-        status = op->run_ref(c, ctx);
+        status = op->run(c, ctx, NULL);
         Py_END_ALLOW_THREADS
     }
     if (status != SAM_STATUS_OK) {

@@ -12,15 +12,14 @@ enum { V_T, V_C, V_R };
 enum { D_W, D_UP, D_X, D_OUT, D_COUNT };
 
 static const sam_arg_spec dense_args[] = {
-    [D_W] = {"w", SAM_DT_FLOAT, 2, {SAM_VAR(V_R), SAM_VAR(V_C)}, SAM_ARG_CONTIG | SAM_ARG_HALF_GPU, -1, 16, 0},
-    [D_UP] = {"up", 0, 2, {SAM_VAR(V_R), SAM_VAR(V_C)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL | SAM_ARG_LIKE, D_W, 16,
+    [D_W] = {"w", 0, 2, {SAM_VAR(V_R), SAM_VAR(V_C)}, SAM_ARG_CONTIG | SAM_ARG_LIKE, D_X, 16, 0},
+    [D_UP] = {"up", 0, 2, {SAM_VAR(V_R), SAM_VAR(V_C)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL | SAM_ARG_LIKE, D_X, 16,
               0},
-    [D_X] = {"x", 0, 2, {SAM_VAR(V_T), SAM_VAR(V_C)}, SAM_ARG_ROWS | SAM_ARG_LIKE, D_W, 16, 8},
-    [D_OUT] = {"out", 0, 2, {SAM_VAR(V_T), SAM_VAR(V_R)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_LIKE, D_W, 0, 0},
+    [D_X] = {"x", SAM_DT_FLOAT, 2, {SAM_VAR(V_T), SAM_VAR(V_C)}, SAM_ARG_ROWS | SAM_ARG_HALF_GPU, -1, 16, 8},
+    [D_OUT] = {"out", 0, 2, {SAM_VAR(V_T), SAM_VAR(V_R)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_LIKE, D_X, 0, 0},
 };
 
 typedef struct dense_ctx {
-    sam_act act;
     sam_dense_params p;
 } dense_ctx;
 
@@ -41,10 +40,10 @@ int sam_check_dense_weight(const sam_op_call *c, const sam_tensor *w)
 
 static int dense_derive(sam_op_call *c, void *vctx)
 {
-    const dense_ctx *x = vctx;
+    const sam_act act = ((const dense_ctx *)vctx)->p.act;
     const sam_tensor *up = &c->t[D_UP];
-    if ((x->act != SAM_ACT_NONE) != (up->present != 0)) {
-        PyErr_SetString(PyExc_ValueError, x->act != SAM_ACT_NONE
+    if ((act != SAM_ACT_NONE) != (up->present != 0)) {
+        PyErr_SetString(PyExc_ValueError, act != SAM_ACT_NONE
                         ? "up: expected a tensor with a gated activation (w holds the gate rows), got None"
                         : "up: expected None without a gated activation (act = 0 multiplies by w only), got a tensor");
         return -1;
@@ -54,61 +53,36 @@ static int dense_derive(sam_op_call *c, void *vctx)
 
 static int dense_check(sam_op_call *c, void *vctx)
 {
-    dense_ctx *x = vctx;
-    sam_dense_params *p = &x->p;
+    sam_dense_params *p = &((dense_ctx *)vctx)->p;
     const sam_tensor *t = c->t;
-    p->x = t[D_X].data;
-    p->T = t[D_X].shape[0];
-    p->ldx = c->ld[D_X];
+    SAM_SET_X(p, c, D_X);
     p->w = t[D_W].data;
     p->up = t[D_UP].present ? t[D_UP].data : NULL;
     p->R = t[D_W].shape[0];
     p->C = t[D_W].shape[1];
-    p->dtype = t[D_X].dtype;
-    p->act = x->act;
     p->out = t[D_OUT].data;
     p->ldo = c->ld[D_OUT];
     return 0;
 }
 
-static sam_status dense_ref(const sam_op_call *c, void *vctx)
-{
-    (void)c;
-    return sam_dense_ref(&((const dense_ctx *)vctx)->p);
-}
+SAM_OP_RUN_PARAMS(dense_run, dense_ctx, sam_dense_ref, sam_dense_decode_cuda)
 
-#if SAM_WITH_CUDA
-static sam_status dense_cuda(const sam_op_call *c, void *vctx, void *stream)
-{
-    (void)c;
-    return sam_dense_decode_cuda(&((const dense_ctx *)vctx)->p, stream);
-}
-#else
-#define dense_cuda NULL
-#endif
-
-static const sam_op dense_op = {"dense_decode", dense_args, D_COUNT, dense_derive, dense_check, dense_ref,
-                                dense_cuda};
+static const sam_op dense_op = {"dense_decode", dense_args, D_COUNT, dense_derive, dense_check, dense_run};
 
 PyObject *sam_py_dense_decode(PyObject *module, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"out", "x", "w", "up", "act", "alpha", "limit", "weights_ready", "stream", NULL};
     PyObject *o[D_COUNT] = {NULL}, *o_stream = Py_None;
     int act = 0;
-    dense_ctx x;
-    memset(&x, 0, sizeof x);
-    x.p.alpha = 1.702f;
-    x.p.limit = 7.0f;
+    dense_ctx x = {.p = {.alpha = 1.702f, .limit = 7.0f}};
     o[D_UP] = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OiffpO:dense_decode", kwlist, &o[D_OUT], &o[D_X], &o[D_W],
                                      &o[D_UP], &act, &x.p.alpha, &x.p.limit, &x.p.weights_ready, &o_stream))
         return NULL;
     if (sam_arg_range("act", act, SAM_ACT_NONE, SAM_ACT_GPTOSS, "0 (none), 1 (swiglu) or 2 (gptoss)") < 0)
         return NULL;
-    x.act = (sam_act)act;
-    sam_op_call c;
-    sam_op_init(&c, &dense_op, module);
-    return sam_run_op(&c, o, o_stream, &x);
+    x.p.act = (sam_act)act;
+    return sam_run_op(&dense_op, module, o, o_stream, 0, &x);
 }
 
 /* ---- glu(out, gate, up, act=1, alpha=1.702, limit=7.0, stream=None) --------------------------- */
@@ -122,9 +96,13 @@ static const sam_arg_spec glu_args[] = {
     [G_OUT] = {"out", 0, 2, {SAM_VAR(V_GT), SAM_VAR(V_GI)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_LIKE, G_GATE, 0, 0},
 };
 
+typedef struct glu_ctx {
+    sam_glu_params p;
+} glu_ctx;
+
 static int glu_check(sam_op_call *c, void *vctx)
 {
-    sam_glu_params *p = vctx;
+    sam_glu_params *p = &((glu_ctx *)vctx)->p;
     p->g = c->t[G_GATE].data;
     p->u = c->t[G_UP].data;
     p->ldg = c->ld[G_GATE];
@@ -137,39 +115,20 @@ static int glu_check(sam_op_call *c, void *vctx)
     return 0;
 }
 
-static sam_status glu_ref(const sam_op_call *c, void *vctx)
-{
-    (void)c;
-    return sam_glu_ref((const sam_glu_params *)vctx);
-}
+SAM_OP_RUN_PARAMS(glu_run, glu_ctx, sam_glu_ref, sam_glu_cuda)
 
-#if SAM_WITH_CUDA
-static sam_status glu_cuda(const sam_op_call *c, void *vctx, void *stream)
-{
-    (void)c;
-    return sam_glu_cuda((const sam_glu_params *)vctx, stream);
-}
-#else
-#define glu_cuda NULL
-#endif
-
-static const sam_op glu_op = {"glu", glu_args, G_COUNT, NULL, glu_check, glu_ref, glu_cuda};
+static const sam_op glu_op = {"glu", glu_args, G_COUNT, NULL, glu_check, glu_run};
 
 PyObject *sam_py_glu(PyObject *module, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"out", "gate", "up", "act", "alpha", "limit", "stream", NULL};
     PyObject *o[G_COUNT], *o_stream = Py_None;
     int act = SAM_ACT_SWIGLU;
-    sam_glu_params p;
-    memset(&p, 0, sizeof p);
-    p.alpha = 1.702f;
-    p.limit = 7.0f;
+    glu_ctx x = {.p = {.alpha = 1.702f, .limit = 7.0f}};
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|iffO:glu", kwlist, &o[G_OUT], &o[G_GATE], &o[G_UP], &act,
-                                     &p.alpha, &p.limit, &o_stream))
+                                     &x.p.alpha, &x.p.limit, &o_stream))
         return NULL;
     if (sam_arg_range("act", act, SAM_ACT_SWIGLU, SAM_ACT_GPTOSS, "1 (swiglu) or 2 (gptoss)") < 0) return NULL;
-    p.act = (sam_act)act;
-    sam_op_call c;
-    sam_op_init(&c, &glu_op, module);
-    return sam_run_op(&c, o, o_stream, &p);
+    x.p.act = (sam_act)act;
+    return sam_run_op(&glu_op, module, o, o_stream, 0, &x);
 }

@@ -40,27 +40,18 @@ static int mask_derive(sam_op_call *c, void *vctx)
     return sam_arg_dims(x->f, w->shape[0], w->shape[1], w->shape[2], "w", "w", &x->d);
 }
 
-static sam_status mask_ref(const sam_op_call *c, void *vctx)
+static sam_status mask_run(const sam_op_call *c, void *vctx, void *stream)
 {
     const format_ctx *x = vctx;
     const sam_tensor *w = &c->t[M_W], *s = &c->t[M_SCORES];
-    return sam_format_mask_ref((uint8_t *)c->t[M_MASK].data, w->data, w->dtype, s->present ? s->data : NULL,
-                               s->present ? s->dtype : SAM_F32, x->f, &x->d);
+    uint8_t *mask = (uint8_t *)c->t[M_MASK].data;
+    const void *scores = s->present ? s->data : NULL;
+    const sam_dtype st = s->present ? s->dtype : SAM_F32;
+    return SAM_DISPATCH(c, stream, sam_format_mask_ref(mask, w->data, w->dtype, scores, st, x->f, &x->d),
+                        sam_format_mask_cuda(mask, w->data, w->dtype, scores, st, x->f, &x->d, stream));
 }
 
-#if SAM_WITH_CUDA
-static sam_status mask_cuda(const sam_op_call *c, void *vctx, void *stream)
-{
-    const format_ctx *x = vctx;
-    const sam_tensor *w = &c->t[M_W], *s = &c->t[M_SCORES];
-    return sam_format_mask_cuda((uint8_t *)c->t[M_MASK].data, w->data, w->dtype, s->present ? s->data : NULL,
-                                s->present ? s->dtype : SAM_F32, x->f, &x->d, stream);
-}
-#else
-#define mask_cuda NULL
-#endif
-
-static const sam_op mask_op = {"format_mask", mask_args, 3, mask_derive, NULL, mask_ref, mask_cuda};
+static const sam_op mask_op = {"format_mask", mask_args, 3, mask_derive, NULL, mask_run};
 
 PyObject *sam_py_format_mask(PyObject *module, PyObject *args, PyObject *kw)
 {
@@ -72,9 +63,7 @@ PyObject *sam_py_format_mask(PyObject *module, PyObject *args, PyObject *kw)
         return NULL;
     format_ctx x;
     if (sam_arg_format(n, m, v, 0, &x.f) < 0) return NULL;
-    sam_op_call c;
-    sam_op_init(&c, &mask_op, module);
-    return sam_run_op(&c, o, o_stream, &x);
+    return sam_run_op(&mask_op, module, o, o_stream, 0, &x);
 }
 
 /* ---- format_pack(values, meta, idx, w, mask, n, m, v, glu, stream=None) ------------ */
@@ -87,38 +76,31 @@ static const sam_arg_spec pack_args[] = {
     PACKED(SAM_ARG_LIKE, P_W, SAM_ARG_OUT),
 };
 
-static int pack_derive(sam_op_call *c, void *vctx)
+/* The dims from the dense weight's shape (argument i), and the packed arrays' sizes. */
+static int derive_packed(sam_op_call *c, format_ctx *x, int i)
 {
-    format_ctx *x = vctx;
-    const sam_tensor *w = &c->t[P_W];
-    if (sam_arg_dims(x->f, w->shape[0], w->shape[1], w->shape[2], "w", "w", &x->d) < 0) return -1;
+    const sam_tensor *w = &c->t[i];
+    if (sam_arg_dims(x->f, w->shape[0], w->shape[1], w->shape[2], w->name, w->name, &x->d) < 0) return -1;
     BIND_PACKED(c, &x->d);
     return 0;
 }
 
-static sam_status pack_ref(const sam_op_call *c, void *vctx)
+static int pack_derive(sam_op_call *c, void *vctx) { return derive_packed(c, vctx, P_W); }
+
+static sam_status pack_run(const sam_op_call *c, void *vctx, void *stream)
 {
     const format_ctx *x = vctx;
-    const sam_tensor *idx = &c->t[P_IDX];
-    return sam_format_pack_ref(c->t[P_VALUES].data, (uint32_t *)c->t[P_META].data,
-                               idx->present ? (uint8_t *)idx->data : NULL, c->t[P_W].data,
-                               (const uint8_t *)c->t[P_MASK].data, c->t[P_W].dtype, x->f, &x->d);
+    const sam_tensor *t = c->t;
+    void *values = t[P_VALUES].data;
+    uint32_t *meta = (uint32_t *)t[P_META].data;
+    uint8_t *idx = t[P_IDX].present ? (uint8_t *)t[P_IDX].data : NULL;
+    const uint8_t *mask = (const uint8_t *)t[P_MASK].data;
+    return SAM_DISPATCH(c, stream, sam_format_pack_ref(values, meta, idx, t[P_W].data, mask, t[P_W].dtype, x->f, &x->d),
+                        sam_format_pack_cuda(values, meta, idx, t[P_W].data, mask, t[P_W].dtype, x->f, &x->d,
+                                             stream));
 }
 
-#if SAM_WITH_CUDA
-static sam_status pack_cuda(const sam_op_call *c, void *vctx, void *stream)
-{
-    const format_ctx *x = vctx;
-    const sam_tensor *idx = &c->t[P_IDX];
-    return sam_format_pack_cuda(c->t[P_VALUES].data, (uint32_t *)c->t[P_META].data,
-                                idx->present ? (uint8_t *)idx->data : NULL, c->t[P_W].data,
-                                (const uint8_t *)c->t[P_MASK].data, c->t[P_W].dtype, x->f, &x->d, stream);
-}
-#else
-#define pack_cuda NULL
-#endif
-
-static const sam_op pack_op = {"format_pack", pack_args, 5, pack_derive, NULL, pack_ref, pack_cuda};
+static const sam_op pack_op = {"format_pack", pack_args, 5, pack_derive, NULL, pack_run};
 
 PyObject *sam_py_format_pack(PyObject *module, PyObject *args, PyObject *kw)
 {
@@ -130,10 +112,7 @@ PyObject *sam_py_format_pack(PyObject *module, PyObject *args, PyObject *kw)
         return NULL;
     format_ctx x;
     if (sam_arg_format(n, m, v, glu, &x.f) < 0) return NULL;
-    sam_op_call c;
-    sam_op_init(&c, &pack_op, module);
-    c.selects_rows = sam_format_has_selection(x.f);
-    return sam_run_op(&c, o, o_stream, &x);
+    return sam_run_op(&pack_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
 }
 
 /* ---- format_unpack(out, values, meta, idx, n, m, v, glu, stream=None) -------------- */
@@ -145,38 +124,21 @@ static const sam_arg_spec unpack_args[] = {
                U_VALUES, 0, 0},
 };
 
-static int unpack_derive(sam_op_call *c, void *vctx)
-{
-    format_ctx *x = vctx;
-    const sam_tensor *out = &c->t[U_OUT];
-    if (sam_arg_dims(x->f, out->shape[0], out->shape[1], out->shape[2], "out", "out", &x->d) < 0) return -1;
-    BIND_PACKED(c, &x->d);
-    return 0;
-}
+static int unpack_derive(sam_op_call *c, void *vctx) { return derive_packed(c, vctx, U_OUT); }
 
-static sam_status unpack_ref(const sam_op_call *c, void *vctx)
+static sam_status unpack_run(const sam_op_call *c, void *vctx, void *stream)
 {
     const format_ctx *x = vctx;
-    const sam_tensor *idx = &c->t[U_IDX];
-    return sam_format_unpack_ref(c->t[U_OUT].data, c->t[U_VALUES].data, (const uint32_t *)c->t[U_META].data,
-                                 idx->present ? (const uint8_t *)idx->data : NULL, c->t[U_VALUES].dtype, x->f,
-                                 &x->d);
+    const sam_tensor *t = c->t;
+    const uint32_t *meta = (const uint32_t *)t[U_META].data;
+    const uint8_t *idx = t[U_IDX].present ? (const uint8_t *)t[U_IDX].data : NULL;
+    const sam_dtype dt = t[U_VALUES].dtype;
+    return SAM_DISPATCH(c, stream, sam_format_unpack_ref(t[U_OUT].data, t[U_VALUES].data, meta, idx, dt, x->f, &x->d),
+                        sam_format_unpack_cuda(t[U_OUT].data, t[U_VALUES].data, meta, idx, dt, x->f, &x->d,
+                                               stream));
 }
 
-#if SAM_WITH_CUDA
-static sam_status unpack_cuda(const sam_op_call *c, void *vctx, void *stream)
-{
-    const format_ctx *x = vctx;
-    const sam_tensor *idx = &c->t[U_IDX];
-    return sam_format_unpack_cuda(c->t[U_OUT].data, c->t[U_VALUES].data, (const uint32_t *)c->t[U_META].data,
-                                  idx->present ? (const uint8_t *)idx->data : NULL, c->t[U_VALUES].dtype, x->f,
-                                  &x->d, stream);
-}
-#else
-#define unpack_cuda NULL
-#endif
-
-static const sam_op unpack_op = {"format_unpack", unpack_args, 4, unpack_derive, NULL, unpack_ref, unpack_cuda};
+static const sam_op unpack_op = {"format_unpack", unpack_args, 4, unpack_derive, NULL, unpack_run};
 
 PyObject *sam_py_format_unpack(PyObject *module, PyObject *args, PyObject *kw)
 {
@@ -188,8 +150,5 @@ PyObject *sam_py_format_unpack(PyObject *module, PyObject *args, PyObject *kw)
         return NULL;
     format_ctx x;
     if (sam_arg_format(n, m, v, glu, &x.f) < 0) return NULL;
-    sam_op_call c;
-    sam_op_init(&c, &unpack_op, module);
-    c.selects_rows = sam_format_has_selection(x.f);
-    return sam_run_op(&c, o, o_stream, &x);
+    return sam_run_op(&unpack_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
 }

@@ -53,30 +53,19 @@ static int route_derive(sam_op_call *c, void *vctx)
     return 0;
 }
 
-static sam_status route_ref(const sam_op_call *c, void *vctx)
+static sam_status route_run(const sam_op_call *c, void *vctx, void *stream)
 {
     (void)vctx;
-    const sam_tensor *t = c->t;
-    return sam_moe_route_ref(t[R_INDEX].data, t[R_INDEX].dtype, t[R_INDEX].shape[0], t[R_INDEX].shape[1],
-                             t[R_OFFSETS].shape[0] - 1, (int32_t *)t[R_OFFSETS].data, (int32_t *)t[R_TOKEN_IDS].data,
-                             (int32_t *)t[R_PERM].data, (int32_t *)t[R_POS].data);
+    const sam_tensor *t = c->t, *index = &t[R_INDEX];
+    const int64_t T = index->shape[0], K = index->shape[1], E = t[R_OFFSETS].shape[0] - 1;
+    int32_t *offsets = (int32_t *)t[R_OFFSETS].data, *token_ids = (int32_t *)t[R_TOKEN_IDS].data;
+    int32_t *perm = (int32_t *)t[R_PERM].data, *pos = (int32_t *)t[R_POS].data;
+    return SAM_DISPATCH(c, stream, sam_moe_route_ref(index->data, index->dtype, T, K, E, offsets, token_ids, perm, pos),
+                        sam_moe_route_cuda(index->data, index->dtype, T, K, E, offsets, token_ids, perm, pos, NULL,
+                                           NULL, SAM_F32, stream));
 }
 
-#if SAM_WITH_CUDA
-static sam_status route_cuda(const sam_op_call *c, void *vctx, void *stream)
-{
-    (void)vctx;
-    const sam_tensor *t = c->t;
-    return sam_moe_route_cuda(t[R_INDEX].data, t[R_INDEX].dtype, t[R_INDEX].shape[0], t[R_INDEX].shape[1],
-                              t[R_OFFSETS].shape[0] - 1, (int32_t *)t[R_OFFSETS].data,
-                              (int32_t *)t[R_TOKEN_IDS].data, (int32_t *)t[R_PERM].data, (int32_t *)t[R_POS].data,
-                              NULL, NULL, SAM_F32, stream);
-}
-#else
-#define route_cuda NULL
-#endif
-
-static const sam_op route_op = {"moe_route", route_args, R_COUNT, route_derive, NULL, route_ref, route_cuda};
+static const sam_op route_op = {"moe_route", route_args, R_COUNT, route_derive, NULL, route_run};
 
 PyObject *sam_py_moe_route(PyObject *module, PyObject *args, PyObject *kw)
 {
@@ -85,9 +74,7 @@ PyObject *sam_py_moe_route(PyObject *module, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|O:moe_route", kwlist, &o[R_OFFSETS], &o[R_TOKEN_IDS],
                                      &o[R_PERM], &o[R_POS], &o[R_INDEX], &o_stream))
         return NULL;
-    sam_op_call c;
-    sam_op_init(&c, &route_op, module);
-    return sam_run_op(&c, o, o_stream, NULL);
+    return sam_run_op(&route_op, module, o, o_stream, 0, NULL);
 }
 
 /* ---- moe_gather_weights(out, w, perm, offsets, stream=None) ------------------------------------ */
@@ -129,30 +116,19 @@ static int gather_check(sam_op_call *c, void *vctx)
     return 0;
 }
 
-static sam_status gather_ref(const sam_op_call *c, void *vctx)
+static sam_status gather_run(const sam_op_call *c, void *vctx, void *stream)
 {
     (void)vctx;
     const sam_tensor *t = c->t;
-    return sam_moe_gather_weights_ref((float *)t[W_OUT].data, t[W_W].data, t[W_W].dtype,
-                                      (const int32_t *)t[W_PERM].data, (const int32_t *)t[W_OFFSETS].data,
-                                      c->var[VW_E1] - 1, c->var[VW_N]);
+    float *out = (float *)t[W_OUT].data;
+    const int32_t *perm = (const int32_t *)t[W_PERM].data, *offsets = (const int32_t *)t[W_OFFSETS].data;
+    const int64_t E = c->var[VW_E1] - 1, S = c->var[VW_N];
+    return SAM_DISPATCH(c, stream, sam_moe_gather_weights_ref(out, t[W_W].data, t[W_W].dtype, perm, offsets, E, S),
+                        sam_moe_gather_weights_cuda(out, t[W_W].data, t[W_W].dtype, perm, offsets, E, S, stream));
 }
-
-#if SAM_WITH_CUDA
-static sam_status gather_cuda(const sam_op_call *c, void *vctx, void *stream)
-{
-    (void)vctx;
-    const sam_tensor *t = c->t;
-    return sam_moe_gather_weights_cuda((float *)t[W_OUT].data, t[W_W].data, t[W_W].dtype,
-                                       (const int32_t *)t[W_PERM].data, (const int32_t *)t[W_OFFSETS].data,
-                                       c->var[VW_E1] - 1, c->var[VW_N], stream);
-}
-#else
-#define gather_cuda NULL
-#endif
 
 static const sam_op gather_op = {"moe_gather_weights", gather_args, W_COUNT, gather_derive, gather_check,
-                                 gather_ref, gather_cuda};
+                                 gather_run};
 
 PyObject *sam_py_moe_gather_weights(PyObject *module, PyObject *args, PyObject *kw)
 {
@@ -161,9 +137,7 @@ PyObject *sam_py_moe_gather_weights(PyObject *module, PyObject *args, PyObject *
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|O:moe_gather_weights", kwlist, &o[W_OUT], &o[W_W], &o[W_PERM],
                                      &o[W_OFFSETS], &o_stream))
         return NULL;
-    sam_op_call c;
-    sam_op_init(&c, &gather_op, module);
-    return sam_run_op(&c, o, o_stream, NULL);
+    return sam_run_op(&gather_op, module, o, o_stream, 0, NULL);
 }
 
 /* ---- moe_combine(out, y, pos, stream=None) ------------------------------------------------------ */
@@ -189,30 +163,19 @@ static int combine_check(sam_op_call *c, void *vctx)
     return 0;
 }
 
-static sam_status combine_ref(const sam_op_call *c, void *vctx)
+static sam_status combine_run(const sam_op_call *c, void *vctx, void *stream)
 {
     (void)vctx;
-    const sam_tensor *t = c->t;
-    return sam_moe_combine_ref(t[C_OUT].data, t[C_OUT].dtype, t[C_Y].data, t[C_Y].dtype,
-                               (const int32_t *)t[C_POS].data, t[C_OUT].shape[0], t[C_POS].shape[1],
-                               t[C_OUT].shape[1], c->ld[C_Y], t[C_Y].shape[0]);
+    const sam_tensor *out = &c->t[C_OUT], *y = &c->t[C_Y];
+    const int32_t *pos = (const int32_t *)c->t[C_POS].data;
+    const int64_t T = out->shape[0], H = out->shape[1], K = c->t[C_POS].shape[1], S = y->shape[0];
+    return SAM_DISPATCH(c, stream,
+                        sam_moe_combine_ref(out->data, out->dtype, y->data, y->dtype, pos, T, K, H, c->ld[C_Y], S),
+                        sam_moe_combine_cuda(out->data, out->dtype, y->data, y->dtype, pos, T, K, H, c->ld[C_Y], S,
+                                             stream));
 }
 
-#if SAM_WITH_CUDA
-static sam_status combine_cuda(const sam_op_call *c, void *vctx, void *stream)
-{
-    (void)vctx;
-    const sam_tensor *t = c->t;
-    return sam_moe_combine_cuda(t[C_OUT].data, t[C_OUT].dtype, t[C_Y].data, t[C_Y].dtype,
-                                (const int32_t *)t[C_POS].data, t[C_OUT].shape[0], t[C_POS].shape[1],
-                                t[C_OUT].shape[1], c->ld[C_Y], t[C_Y].shape[0], stream);
-}
-#else
-#define combine_cuda NULL
-#endif
-
-static const sam_op combine_op = {"moe_combine", combine_args, C_COUNT, NULL, combine_check, combine_ref,
-                                  combine_cuda};
+static const sam_op combine_op = {"moe_combine", combine_args, C_COUNT, NULL, combine_check, combine_run};
 
 PyObject *sam_py_moe_combine(PyObject *module, PyObject *args, PyObject *kw)
 {
@@ -221,9 +184,7 @@ PyObject *sam_py_moe_combine(PyObject *module, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:moe_combine", kwlist, &o[C_OUT], &o[C_Y], &o[C_POS],
                                      &o_stream))
         return NULL;
-    sam_op_call c;
-    sam_op_init(&c, &combine_op, module);
-    return sam_run_op(&c, o, o_stream, NULL);
+    return sam_run_op(&combine_op, module, o, o_stream, 0, NULL);
 }
 
 /* ---- the workspace of moe_forward ---------------------------------------------------------------- */
@@ -382,7 +343,7 @@ static int forward_check(sam_op_call *c, void *vctx)
     p->pos = (int32_t *)(base + p->L.pos);
     p->scale = (float *)(base + p->L.scale);
     sam_ssmm_params *g = &p->gate_up, *d = &p->down;
-    g->x = t[F_X].data; g->T = T; g->ldx = c->ld[F_X]; g->dtype = t[F_X].dtype;
+    SAM_SET_X(g, c, F_X);
     g->values = t[F_GV].data; g->meta = (const uint32_t *)t[F_GM].data;
     g->idx = t[F_GI].present ? (const uint8_t *)t[F_GI].data : NULL;
     g->f = p->fg;
@@ -413,9 +374,8 @@ static int forward_check(sam_op_call *c, void *vctx)
 
 #define MOE_STEP(expr) do { const sam_status st_ = (expr); if (st_ != SAM_STATUS_OK) return st_; } while (0)
 
-static sam_status forward_ref(const sam_op_call *c, void *vctx)
+static sam_status forward_ref(const sam_op_call *c, const moe_plan *p)
 {
-    const moe_plan *p = vctx;
     const sam_tensor *t = c->t;
     const int64_t T = c->var[VF_T], K = c->var[VF_K], E = c->var[VF_E], H = c->var[VF_H];
     MOE_STEP(sam_moe_route_ref(t[F_INDEX].data, t[F_INDEX].dtype, T, K, E, p->offsets, p->token_ids, p->perm,
@@ -429,9 +389,8 @@ static sam_status forward_ref(const sam_op_call *c, void *vctx)
 }
 
 #if SAM_WITH_CUDA
-static sam_status forward_cuda(const sam_op_call *c, void *vctx, void *stream)
+static sam_status forward_cuda(const sam_op_call *c, const moe_plan *p, void *stream)
 {
-    const moe_plan *p = vctx;
     const sam_tensor *t = c->t;
     const int64_t T = c->var[VF_T], K = c->var[VF_K], E = c->var[VF_E], H = c->var[VF_H];
     /* the routing weights of the sorted rows come with the routing, in its launch */
@@ -442,12 +401,16 @@ static sam_status forward_cuda(const sam_op_call *c, void *vctx, void *stream)
     return sam_moe_combine_cuda(t[F_OUT].data, t[F_OUT].dtype, p->down.out, p->down.dtype, p->pos, T, K, H,
                                 p->down.ldo, T * K, stream);
 }
-#else
-#define forward_cuda NULL
 #endif
 
-static const sam_op forward_op = {"moe_forward", forward_args, F_COUNT, forward_derive, forward_check, forward_ref,
-                                  forward_cuda};
+static sam_status forward_run(const sam_op_call *c, void *vctx, void *stream)
+{
+    const moe_plan *p = vctx;
+    return SAM_DISPATCH(c, stream, forward_ref(c, p), forward_cuda(c, p, stream));
+}
+
+static const sam_op forward_op = {"moe_forward", forward_args, F_COUNT, forward_derive, forward_check,
+                                  forward_run};
 
 /* moe_forward(out, workspace, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
  *             down_values, down_meta, down_idx, intermediate, n, m, v, act=1, gate_up_bias=None,
@@ -461,10 +424,7 @@ PyObject *sam_py_moe_forward(PyObject *module, PyObject *args, PyObject *kw)
     PyObject *o[F_COUNT] = {NULL}, *o_stream = Py_None;
     long long inter;
     int n, m, v, act = SAM_ACT_SWIGLU, impl = 0;
-    moe_plan p;
-    memset(&p, 0, sizeof p);
-    p.alpha = 1.702f;
-    p.limit = 7.0f;
+    moe_plan p = {.alpha = 1.702f, .limit = 7.0f};
     o[F_GBIAS] = o[F_DBIAS] = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOOOLiii|iOOffiO:moe_forward", kwlist, &o[F_OUT], &o[F_WS],
                                      &o[F_X], &o[F_INDEX], &o[F_WEIGHTS], &o[F_GV], &o[F_GM], &o[F_GI], &o[F_DV],
@@ -472,16 +432,11 @@ PyObject *sam_py_moe_forward(PyObject *module, PyObject *args, PyObject *kw)
                                      &p.alpha, &p.limit, &impl, &o_stream))
         return NULL;
     if (sam_arg_range("act", act, SAM_ACT_SWIGLU, SAM_ACT_GPTOSS, "1 (swiglu) or 2 (gptoss)") < 0 ||
-        sam_arg_range("impl", impl, SAM_IMPL_AUTO, SAM_IMPL_DECODE,
-                      "0 (auto), 1 (mma.sp), 2 (wgmma.sp) or 3 (decode)") < 0 ||
+        sam_arg_impl(impl, &p.impl) < 0 ||
         sam_arg_range("intermediate", inter, 0, INT32_MAX / 2, "0 <= intermediate < 2**30") < 0 ||
         sam_arg_format(n, m, v, 1, &p.fg) < 0 || sam_arg_format(n, m, v, 0, &p.fd) < 0)
         return NULL;
     p.I = inter;
     p.act = (sam_act)act;
-    p.impl = (sam_impl)impl;
-    sam_op_call c;
-    sam_op_init(&c, &forward_op, module);
-    c.selects_rows = sam_format_has_selection(p.fg);
-    return sam_run_op(&c, o, o_stream, &p);
+    return sam_run_op(&forward_op, module, o, o_stream, sam_format_has_selection(p.fg), &p);
 }

@@ -10,8 +10,8 @@ enum { V_T, V_H, V_E, V_K };
 enum { A_W, A_X, A_BIAS, A_CHOICE, A_LOGITS, A_WEIGHTS, A_IDS, A_COUNT };
 
 static const sam_arg_spec router_args[] = {
-    [A_W] = {"w", SAM_DT_FLOAT, 2, {SAM_VAR(V_E), SAM_VAR(V_H)}, SAM_ARG_CONTIG | SAM_ARG_HALF_GPU, -1, 16, 0},
-    [A_X] = {"x", 0, 2, {SAM_VAR(V_T), SAM_VAR(V_H)}, SAM_ARG_ROWS | SAM_ARG_LIKE, A_W, 16, 8},
+    [A_W] = {"w", 0, 2, {SAM_VAR(V_E), SAM_VAR(V_H)}, SAM_ARG_CONTIG | SAM_ARG_LIKE, A_X, 16, 0},
+    [A_X] = {"x", SAM_DT_FLOAT, 2, {SAM_VAR(V_T), SAM_VAR(V_H)}, SAM_ARG_ROWS | SAM_ARG_HALF_GPU, -1, 16, 8},
     [A_BIAS] = {"bias", 0, 1, {SAM_VAR(V_E)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL | SAM_ARG_F32_OR_LIKE, A_X, 0, 0},
     [A_CHOICE] = {"choice_bias", 0, 1, {SAM_VAR(V_E)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL | SAM_ARG_F32_OR_LIKE, A_X,
                   0, 0},
@@ -22,10 +22,14 @@ static const sam_arg_spec router_args[] = {
     [A_IDS] = {"ids", SAM_DT(SAM_I64), 2, {SAM_VAR(V_T), SAM_VAR(V_K)}, SAM_ARG_CONTIG | SAM_ARG_OUT, -1, 0, 0},
 };
 
+typedef struct router_ctx {
+    sam_router_params p;
+} router_ctx;
+
 /* The experts, k and the groups against w's expert count. */
 static int router_derive(sam_op_call *c, void *vctx)
 {
-    const sam_router_params *p = vctx;
+    const sam_router_params *p = &((const router_ctx *)vctx)->p;
     const int64_t E = c->t[A_W].shape[0];
     if (E < 1 || E > SAM_ROUTER_MAX_EXPERTS) {
         PyErr_Format(PyExc_ValueError, "w: expected 1 to %d rows (experts), got %lld", SAM_ROUTER_MAX_EXPERTS,
@@ -51,12 +55,9 @@ static int router_derive(sam_op_call *c, void *vctx)
 
 static int router_check(sam_op_call *c, void *vctx)
 {
-    sam_router_params *p = vctx;
+    sam_router_params *p = &((router_ctx *)vctx)->p;
     const sam_tensor *t = c->t;
-    p->x = t[A_X].data;
-    p->T = t[A_X].shape[0];
-    p->ldx = c->ld[A_X];
-    p->dtype = t[A_X].dtype;
+    SAM_SET_X(p, c, A_X);
     p->w = t[A_W].data;
     p->E = t[A_W].shape[0];
     p->H = t[A_W].shape[1];
@@ -72,24 +73,9 @@ static int router_check(sam_op_call *c, void *vctx)
     return 0;
 }
 
-static sam_status router_ref(const sam_op_call *c, void *vctx)
-{
-    (void)c;
-    return sam_router_ref((const sam_router_params *)vctx);
-}
+SAM_OP_RUN_PARAMS(router_run, router_ctx, sam_router_ref, sam_router_cuda)
 
-#if SAM_WITH_CUDA
-static sam_status router_cuda(const sam_op_call *c, void *vctx, void *stream)
-{
-    (void)c;
-    return sam_router_cuda((const sam_router_params *)vctx, stream);
-}
-#else
-#define router_cuda NULL
-#endif
-
-static const sam_op router_op = {"router", router_args, A_COUNT, router_derive, router_check, router_ref,
-                                 router_cuda};
+static const sam_op router_op = {"router", router_args, A_COUNT, router_derive, router_check, router_run};
 
 /* router(logits, weights, ids, x, w, k, bias=None, mode=0, n_group=1, topk_group=1, renorm=False,
  *        scale=1.0, choice_bias=None, stream=None) */
@@ -98,25 +84,21 @@ PyObject *sam_py_router(PyObject *module, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"logits", "weights", "ids", "x", "w", "k", "bias", "mode", "n_group", "topk_group",
                              "renorm", "scale", "choice_bias", "stream", NULL};
     PyObject *o[A_COUNT] = {NULL}, *o_stream = Py_None;
-    sam_router_params p;
-    memset(&p, 0, sizeof p);
-    p.n_group = p.topk_group = 1;
-    p.scale = 1.0f;
+    router_ctx x = {.p = {.n_group = 1, .topk_group = 1, .scale = 1.0f}};
+    sam_router_params *p = &x.p;
     o[A_BIAS] = o[A_CHOICE] = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOi|OiiipfOO:router", kwlist, &o[A_LOGITS], &o[A_WEIGHTS],
-                                     &o[A_IDS], &o[A_X], &o[A_W], &p.k, &o[A_BIAS], &p.mode, &p.n_group,
-                                     &p.topk_group, &p.renorm, &p.scale, &o[A_CHOICE], &o_stream))
+                                     &o[A_IDS], &o[A_X], &o[A_W], &p->k, &o[A_BIAS], &p->mode, &p->n_group,
+                                     &p->topk_group, &p->renorm, &p->scale, &o[A_CHOICE], &o_stream))
         return NULL;
-    if (sam_arg_range("mode", p.mode, SAM_ROUTER_SOFTMAX_TOPK, SAM_ROUTER_SIGMOID_TOPK,
+    if (sam_arg_range("mode", p->mode, SAM_ROUTER_SOFTMAX_TOPK, SAM_ROUTER_SIGMOID_TOPK,
                       "0 (softmax, then top-k), 1 (top-k, then softmax) or 2 (sigmoid, top-k by score + "
                       "choice_bias)") < 0)
         return NULL;
-    if (o[A_CHOICE] != Py_None && p.mode != SAM_ROUTER_SIGMOID_TOPK) {
+    if (o[A_CHOICE] != Py_None && p->mode != SAM_ROUTER_SIGMOID_TOPK) {
         PyErr_Format(PyExc_ValueError, "choice_bias: expected None with mode %d (only mode 2, sigmoid then top-k, "
-                     "chooses by score + choice_bias), got a tensor", p.mode);
+                     "chooses by score + choice_bias), got a tensor", p->mode);
         return NULL;
     }
-    sam_op_call c;
-    sam_op_init(&c, &router_op, module);
-    return sam_run_op(&c, o, o_stream, &p);
+    return sam_run_op(&router_op, module, o, o_stream, 0, &x);
 }

@@ -52,10 +52,7 @@ static int ssmm_check(sam_op_call *c, void *vctx)
     ssmm_ctx *x = vctx;
     sam_ssmm_params *p = &x->p;
     const sam_tensor *t = c->t;
-    p->x = t[A_X].data;
-    p->T = t[A_X].shape[0];
-    p->ldx = c->ld[A_X];
-    p->dtype = t[A_X].dtype;
+    SAM_SET_X(p, c, A_X);
     p->values = t[A_VALUES].data;
     p->meta = (const uint32_t *)t[A_META].data;
     p->idx = t[A_IDX].present ? (const uint8_t *)t[A_IDX].data : NULL;
@@ -76,23 +73,9 @@ static int ssmm_check(sam_op_call *c, void *vctx)
     return 0;
 }
 
-static sam_status ssmm_ref(const sam_op_call *c, void *vctx)
-{
-    (void)c;
-    return sam_ssmm_ref(&((const ssmm_ctx *)vctx)->p);
-}
+SAM_OP_RUN_PARAMS(ssmm_run, ssmm_ctx, sam_ssmm_ref, sam_ssmm_cuda)
 
-#if SAM_WITH_CUDA
-static sam_status ssmm_cuda(const sam_op_call *c, void *vctx, void *stream)
-{
-    (void)c;
-    return sam_ssmm_cuda(&((const ssmm_ctx *)vctx)->p, stream);
-}
-#else
-#define ssmm_cuda NULL
-#endif
-
-static const sam_op ssmm_op = {"ssmm", ssmm_args, A_COUNT, ssmm_derive, ssmm_check, ssmm_ref, ssmm_cuda};
+static const sam_op ssmm_op = {"ssmm", ssmm_args, A_COUNT, ssmm_derive, ssmm_check, ssmm_run};
 
 /* ssmm(out, x, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, act=0, bias=None,
  *      scale=None, alpha=1.702, limit=7.0, impl=0, stream=None) */
@@ -104,10 +87,7 @@ PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw)
     PyObject *o[A_COUNT] = {NULL}, *o_stream = Py_None;
     long long rows, cols;
     int n, m, v, glu, act = 0, impl = 0;
-    ssmm_ctx x;
-    memset(&x, 0, sizeof x);
-    x.alpha = 1.702f;
-    x.limit = 7.0f;
+    ssmm_ctx x = {.alpha = 1.702f, .limit = 7.0f};
     o[A_BIAS] = o[A_SCALE] = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|iOOffiO:ssmm", kwlist, &o[A_OUT], &o[A_X],
                                      &o[A_VALUES], &o[A_META], &o[A_IDX], &o[A_OFFSETS], &o[A_TOKEN_IDS], &rows,
@@ -118,8 +98,7 @@ PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw)
                       glu ? "0 (none), 1 (swiglu) or 2 (gptoss)"
                           : "0 (none) for weights packed with glu=False (a gated activation needs gate rows, "
                             "then up rows)") < 0 ||
-        sam_arg_range("impl", impl, SAM_IMPL_AUTO, SAM_IMPL_DECODE,
-                      "0 (auto), 1 (mma.sp), 2 (wgmma.sp) or 3 (decode)") < 0 ||
+        sam_arg_impl(impl, &x.impl) < 0 ||
         sam_arg_range("rows", rows, 0, INT32_MAX, "0 <= rows < 2**31") < 0 ||
         sam_arg_range("cols", cols, 0, INT32_MAX, "0 <= cols < 2**31") < 0 ||
         sam_arg_format(n, m, v, glu, &x.f) < 0)
@@ -127,9 +106,5 @@ PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw)
     x.rows = rows;
     x.cols = cols;
     x.act = (sam_act)act;
-    x.impl = (sam_impl)impl;
-    sam_op_call c;
-    sam_op_init(&c, &ssmm_op, module);
-    c.selects_rows = sam_format_has_selection(x.f);
-    return sam_run_op(&c, o, o_stream, &x);
+    return sam_run_op(&ssmm_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
 }

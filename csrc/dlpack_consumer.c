@@ -371,6 +371,8 @@ void sam_call_release(sam_call *call)
 
 int64_t sam_tensor_numel(const sam_tensor *t)
 {
+    for (int i = 0; i < t->ndim; i++) /* an empty tensor's other extents may multiply past int64 */
+        if (t->shape[i] == 0) return 0;
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
     return n;

@@ -8,6 +8,7 @@
  * but the CUDA runtime's own state (and PDL, which sam_cuda_set_pdl sets).
  */
 #include "sam_module.h"
+#include "sam_args.h"
 #include "sam_ref.h"
 
 #include <string.h>
@@ -119,12 +120,7 @@ static PyObject *py_tensor_info(PyObject *self, PyObject *args, PyObject *kw)
     sam_call call;
     memset(&call, 0, sizeof call);
     call.st = (sam_module_state *)PyModule_GetState(self);
-    call.stream = SAM_STREAM_AUTO;
-    if (o_stream != Py_None) {
-        long long v = PyLong_AsLongLong(o_stream);
-        if (v == -1 && PyErr_Occurred()) return NULL;
-        call.stream = (int64_t)v;
-    }
+    if (sam_arg_stream(o_stream, &call.stream) < 0) return NULL;
     sam_tensor t;
     PyObject *shape = NULL, *strides = NULL;
     if (sam_tensor_take(&call, &t, o_t, "t", 0) < 0) goto error;
@@ -241,7 +237,7 @@ static PyMethodDef sam_methods[] = {
     {"dense_decode", (PyCFunction)(void (*)(void))sam_py_dense_decode, METH_VARARGS | METH_KEYWORDS,
      "dense_decode(out, x, w, up=None, act=0, alpha=1.702, limit=7.0, weights_ready=False, stream=None)."},
     {"glu", (PyCFunction)(void (*)(void))sam_py_glu, METH_VARARGS | METH_KEYWORDS,
-     "glu(out, g, u, act=1, alpha=1.702, limit=7.0, stream=None): out = act(g, u) elementwise."},
+     "glu(out, gate, up, act=1, alpha=1.702, limit=7.0, stream=None): out = act(gate, up) elementwise."},
     {"router", (PyCFunction)(void (*)(void))sam_py_router, METH_VARARGS | METH_KEYWORDS,
      "router(logits, weights, ids, x, w, k, bias=None, mode=0, n_group=1, topk_group=1, renorm=False, scale=1.0, "
      "choice_bias=None, stream=None): router logits, weights and top-k expert ids."},

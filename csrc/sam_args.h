@@ -5,7 +5,7 @@
  * A binding (csrc/bind_*.c) parses its Python arguments into a C struct
  * (scalars checked with the sam_arg_* helpers below), then calls
  *
- *     sam_run_op(&op, module, tensors, stream, &ctx)
+ *     sam_run_op(&op, module, tensors, stream, selects_rows, &ctx)
  *
  * which takes every tensor through DLPack and checks, in this order, so that
  * a caller always hears about the first thing to fix:
@@ -20,7 +20,7 @@
  *      binds it), then layout (C-contiguous or rows of unit column stride, GPU
  *      alignment), then writability of outputs, then aliasing of outputs
  *   5. op->check: what a table cannot say (values of small index arrays, ...)
- *   6. op->run_ref (all tensors on the CPU) or op->run_cuda (one CUDA device),
+ *   6. op->run: the C reference (all tensors on the CPU) or the CUDA launcher,
  *      with the GIL released; a failed status becomes an exception
  *
  * Every message has one form: "<argument>: expected <what>, got <what>", the
@@ -31,6 +31,10 @@
 #define SAM_ARGS_H
 
 #include "sam_module.h"
+
+#ifndef SAM_WITH_CUDA
+#define SAM_WITH_CUDA 0
+#endif
 
 #define SAM_OP_MAX_ARGS 16
 #define SAM_OP_MAX_VARS 24
@@ -73,10 +77,37 @@ typedef struct sam_op {
     int (*derive)(sam_op_call *c, void *ctx);
     /* After every table check; -1 with an exception set.  May be NULL. */
     int (*check)(sam_op_call *c, void *ctx);
-    /* Run without the GIL; a sam_status. */
-    sam_status (*run_ref)(const sam_op_call *c, void *ctx);
-    sam_status (*run_cuda)(const sam_op_call *c, void *ctx, void *stream);
+    /* The C reference or the CUDA launcher (SAM_DISPATCH), without the GIL and,
+     * on the GPU, with the tensors' device current; a sam_status. */
+    sam_status (*run)(const sam_op_call *c, void *ctx, void *stream);
 } sam_op;
+
+/* The value of ref_call for tensors on the CPU, of cuda_call for tensors on a CUDA
+ * device (CUDA builds; elsewhere cuda_call is not compiled: such calls never run). */
+#if SAM_WITH_CUDA
+#define SAM_DISPATCH(c, stream, ref_call, cuda_call) ((void)(stream), (c)->cuda ? (cuda_call) : (ref_call))
+#else
+#define SAM_DISPATCH(c, stream, ref_call, cuda_call) ((void)(c), (void)(stream), (ref_call))
+#endif
+
+/* Defines `static sam_status fn(c, ctx, stream)`, the op->run of an op whose context
+ * (ctx_type) holds the launchers' params in member p: ref(&p) or cuda(&p, stream). */
+#define SAM_OP_RUN_PARAMS(fn, ctx_type, ref, cuda)                                  \
+    static sam_status fn(const sam_op_call *c, void *vctx, void *stream)          \
+    {                                                                             \
+        const ctx_type *x_ = vctx;                                                \
+        return SAM_DISPATCH(c, stream, ref(&x_->p), cuda(&x_->p, stream));        \
+    }
+
+/* The activations of a launcher's params, x[T][ldx] of dtype, from table entry i
+ * (a SAM_ARG_ROWS tensor): the convention of every params struct in samoyeds_cuda.h. */
+#define SAM_SET_X(p, c, i)                     \
+    do {                                       \
+        (p)->x = (c)->t[i].data;               \
+        (p)->T = (c)->t[i].shape[0];           \
+        (p)->ldx = (c)->ld[i];                 \
+        (p)->dtype = (c)->t[i].dtype;          \
+    } while (0)
 
 struct sam_op_call {
     const sam_op *op;
@@ -106,19 +137,23 @@ struct sam_op_call {
 /* Binds the packed size variables (as SAM_PACKED_SPECS names them) from d. */
 void sam_op_bind_packed(sam_op_call *c, const sam_dims *d, int E, int RP, int CP2, int MR, int MC, int SL);
 
-/* Prepares c for op (variables unbound); set selects_rows and bind scalar
- * variables with sam_op_bind before sam_run_op. */
-void sam_op_init(sam_op_call *c, const sam_op *op, PyObject *module);
-/* Binds size variable i to v. */
+/* Binds size variable i to v (op->derive). */
 void sam_op_bind(sam_op_call *c, int i, int64_t v);
-/* The checks and the run; objs in table order (NULL or Py_None for an absent
- * optional tensor).  Returns None, or NULL with an exception set. */
-PyObject *sam_run_op(sam_op_call *c, PyObject *const *objs, PyObject *stream, void *ctx);
+/* Runs op for the module's call: the checks and the run; objs in table order
+ * (NULL or Py_None for an absent optional tensor); selects_rows: the call's packed
+ * format selects rows (SAM_ARG_PACKED_IDX).  Returns None, or NULL with an
+ * exception set. */
+PyObject *sam_run_op(const sam_op *op, PyObject *module, PyObject *const *objs, PyObject *stream, int selects_rows,
+                     void *ctx);
 
 /* ---- scalar arguments (before any tensor is taken) ---------------------------- */
 
+/* The stream argument: None (SAM_STREAM_AUTO) or an int (a cudaStream_t); TypeError. */
+int sam_arg_stream(PyObject *o, int64_t *out);
 /* The format (n, m, v) with glu; ValueError naming n, m or v. */
 int sam_arg_format(int n, int m, int v, int glu, sam_format *f);
+/* impl as sam_impl (0 auto, 1 mma.sp, 2 wgmma.sp, 3 decode); ValueError naming impl. */
+int sam_arg_impl(int impl, sam_impl *out);
 /* lo <= value <= hi, else ValueError "<name>: expected <expect>, got <value>". */
 int sam_arg_range(const char *name, long long value, long long lo, long long hi, const char *expect);
 /* Dims of a packed weight [E, R, C] in format f; ValueError naming `rows_name`

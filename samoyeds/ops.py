@@ -291,6 +291,8 @@ def combine(y: Any, pos: Any, out: Optional[Any] = None, *, dtype: Optional[str]
     if dtype is not None and dtype not in ("float32", "float16", "bfloat16"):
         raise TypeError(f"dtype: expected 'float32', 'float16' or 'bfloat16', got {dtype!r}")
     if out is None:
+        check_ndim(y, "y", 2)
+        check_ndim(pos, "pos", 2)
         out = empty(y, (pos.shape[0], y.shape[1]), dtype or dtype_name(y))
     _C.moe_combine(out, y, pos, stream=stream if stream is not None else current_stream(y))
     return out

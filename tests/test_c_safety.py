@@ -89,6 +89,7 @@ def test_workspace_size_overflow_is_a_value_error():
 
 @pytest.mark.parametrize("shape,match", [
     ((2**31, 2**31, 0), None),
+    ((2**40, 2**40, 0), None),
     ((2**62, 4), r"^t: expected a tensor of fewer than 2\*\*63 bytes"),
 ])
 def test_claimed_extents_are_checked(shape, match):

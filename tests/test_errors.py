@@ -66,28 +66,28 @@ class TestBadInput:
     # ---- SparseFormat ------------------------------------------------------------------------
 
     @pytest.mark.parametrize("args,exc,match", [
-        ((1, 9, 128), ValueError, r"m = 9 is out of range"),
-        ((1, 0, 128), ValueError, r"m = 0 is out of range"),
-        ((0, 2, 128), ValueError, r"n = 0 is out of range"),
-        ((3, 2, 128), ValueError, r"n = 3 is out of range"),
-        ((1, 2, 33), ValueError, r"v = 33 is invalid"),
-        ((1, 2, -64), ValueError, r"v = -64 is invalid"),
-        ((1, 2, None), ValueError, r"v = None is invalid"),
-        ((1, 2, 128.0), TypeError, r"v must be an int.*v=128\.0"),
-        ((1, 2, "128"), TypeError, r"v must be an int"),
-        (("1", 2, 128), TypeError, r"n and m must be ints.*n='1'"),
-        ((1, 2.0, 128), TypeError, r"n and m must be ints.*m=2\.0"),
+        ((1, 9, 128), ValueError, r"^m: expected 1 <= m <= 8, got 9"),
+        ((1, 0, 128), ValueError, r"^m: expected 1 <= m <= 8, got 0"),
+        ((0, 2, 128), ValueError, r"^n: expected 1 <= n <= m = 2, got 0"),
+        ((3, 2, 128), ValueError, r"^n: expected 1 <= n <= m = 2, got 3"),
+        ((1, 2, 33), ValueError, r"^v: expected a positive multiple of 32 .*, got 33"),
+        ((1, 2, -64), ValueError, r"^v: expected a positive multiple of 32 .*, got -64"),
+        ((1, 2, None), ValueError, r"^v: expected a positive multiple of 32 .*, got None"),
+        ((1, 2, 128.0), TypeError, r"^v: expected an int .*, got 128\.0"),
+        ((1, 2, "128"), TypeError, r"^v: expected an int .*, got '128'"),
+        (("1", 2, 128), TypeError, r"^n, m: expected ints, got n='1', m=2"),
+        ((1, 2.0, 128), TypeError, r"^n, m: expected ints, got n=1, m=2\.0"),
     ])
     def test_sparse_format(self, args, exc, match):
         with pytest.raises(exc, match=match):
             SparseFormat(*args)
 
     def test_sparse_format_parse(self):
-        with pytest.raises(ValueError, match=r"unknown sparse format '3:4'"):
+        with pytest.raises(ValueError, match=r"^fmt: expected one of .*, got '3:4'"):
             SparseFormat.parse("3:4")
-        with pytest.raises(ValueError, match=r"m = 9"):
+        with pytest.raises(ValueError, match=r"^m: expected 1 <= m <= 8, got 9"):
             SparseFormat.parse("1:9:128")
-        with pytest.raises(TypeError, match=r"expected a format name or SparseFormat, got NoneType"):
+        with pytest.raises(TypeError, match=r"^fmt: expected a format name, tuple or SparseFormat, got NoneType"):
             SparseFormat.parse(None)
         with pytest.raises(TypeError, match=r"got float"):
             SparseFormat.parse(0.5)
@@ -113,7 +113,7 @@ class TestBadInput:
             sm.mask(w[:, :126].copy(), "2:4")
         with pytest.raises(ValueError, match=r"^w: expected a row count that is a multiple of m = 2, got 63"):
             sm.mask(w[:63].copy(), "samoyeds-1:2:64")
-        with pytest.raises(ValueError, match=r"m = 9"):
+        with pytest.raises(ValueError, match=r"^m: expected 1 <= m <= 8, got 9"):
             sm.mask(w, (1, 9, 128))
         with pytest.raises(TypeError, match=r"^scores: expected a tensor supporting DLPack"):
             sm.mask(w, "2:4", scores=[1.0])
@@ -121,7 +121,7 @@ class TestBadInput:
             sm.mask(w, "2:4", scores=w[:, :64].copy())
         with pytest.raises(TypeError, match=r"^scores: expected dtype"):
             sm.mask(w, "2:4", scores=w.astype(np.int64))
-        with pytest.raises(TypeError, match=r"expected a format name or SparseFormat, got int"):
+        with pytest.raises(TypeError, match=r"^fmt: expected a format name, tuple or SparseFormat, got int"):
             sm.mask(w, 24)
 
     def test_raw_mask_output(self, rng):
