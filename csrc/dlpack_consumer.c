@@ -22,6 +22,7 @@
  */
 #include "sam_dlpack.h"
 #include "sam_module.h"
+#include "sam_args.h"
 
 #include <string.h>
 
@@ -73,21 +74,10 @@ static int dtype_from_dl(DLDataType dt, sam_dtype *out)
     }
 }
 
-static void format_shape(char *buf, size_t n, const int64_t *shape, int ndim)
-{
-    size_t len = 0;
-    len += (size_t)snprintf(buf + len, n - len, "(");
-    for (int i = 0; i < ndim && len < n; i++)
-        len += (size_t)snprintf(buf + len, n - len, i ? ", %lld" : "%lld", (long long)shape[i]);
-    if (ndim == 1 && len < n) len += (size_t)snprintf(buf + len, n - len, ",");
-    if (len < n) snprintf(buf + len, n - len, ")");
-}
-
 /* ---- exchange-API lookup, cached per type -------------------------------------- */
 
-static const DLPackExchangeAPI *exchange_api_for(PyObject *obj)
+static const DLPackExchangeAPI *exchange_api_for(sam_module_state *st, PyObject *obj)
 {
-    sam_module_state *st = sam_state();
     PyTypeObject *tp = Py_TYPE(obj);
     if (st == NULL || !st->fast_dlpack) return NULL;
     for (int i = 0; i < SAM_API_CACHE; i++)
@@ -127,22 +117,43 @@ static int fill_from_dltensor(sam_tensor *t, const DLTensor *dl)
     }
     if (dtype_from_dl(dl->dtype, &t->dtype) != 0) {
         PyErr_Format(PyExc_TypeError,
-                     "%s: unsupported dtype (DLPack code %d, %d bits, %d lanes); expected "
-                     "bfloat16, float16, float32, float64, int32, int64, uint8, uint16, uint32 or bool",
+                     "%s: expected dtype float32, float16, bfloat16, float64, uint8, int32, int64, uint32, "
+                     "uint16 or bool, got an unsupported one (DLPack code %d, %d bits, %d lanes)",
                      t->name, (int)dl->dtype.code, (int)dl->dtype.bits, (int)dl->dtype.lanes);
         return -1;
     }
     t->ndim = dl->ndim;
-    int64_t expect = 1;
-    for (int i = dl->ndim - 1; i >= 0; i--) {
+    if (dl->ndim > 0 && (dl->shape == NULL)) {
+        PyErr_Format(PyExc_BufferError, "%s: producer reported no shape", t->name);
+        return -1;
+    }
+    for (int i = 0; i < dl->ndim; i++) {
         t->shape[i] = dl->shape[i];
         if (t->shape[i] < 0) {
             PyErr_Format(PyExc_BufferError, "%s: producer reported a negative extent", t->name);
             return -1;
         }
-        t->strides[i] = dl->strides ? dl->strides[i] : expect;
-        expect *= t->shape[i];
     }
+    /* Every size and byte offset derived from this tensor later (element count,
+     * C-order strides, the byte range for aliasing) stays below 2**63: checked once
+     * here, so a producer's shape cannot make them wrap. */
+    int64_t numel = 1, expect = 1, span = 0, bytes;
+    int empty = 0;
+    for (int i = 0; i < dl->ndim; i++) empty |= t->shape[i] == 0;
+    for (int i = dl->ndim - 1; i >= 0; i--) {
+        t->strides[i] = dl->strides ? dl->strides[i] : expect;
+        if (!empty) {
+            const int64_t st = t->strides[i] < 0 ? -t->strides[i] : t->strides[i];
+            int64_t ext;
+            if (t->strides[i] == INT64_MIN || sam_size_mul(numel, t->shape[i], &numel) < 0 ||
+                sam_size_mul(t->shape[i] - 1, st, &ext) < 0 || sam_size_add(span, ext, &span) < 0)
+                goto too_large;
+        }
+        if (dl->strides == NULL && sam_size_mul(expect, t->shape[i], &expect) < 0) expect = 0; /* empty */
+    }
+    if (!empty && (sam_size_add(span, 1, &span) < 0 || sam_size_mul(span, (int64_t)sam_dtype_size(t->dtype),
+                                                                     &bytes) < 0))
+        goto too_large;
     t->data = (char *)dl->data + dl->byte_offset;
     switch (dl->device.device_type) {
     case kDLCPU:
@@ -156,11 +167,15 @@ static int fill_from_dltensor(sam_tensor *t, const DLTensor *dl)
         t->device_id = dl->device.device_id;
         break;
     default:
-        PyErr_Format(PyExc_ValueError, "%s: tensors must live on the CPU or a CUDA device "
-                     "(DLPack device type %d)", t->name, (int)dl->device.device_type);
+        PyErr_Format(PyExc_ValueError, "%s: expected a tensor on the CPU or a CUDA device, got DLPack "
+                     "device type %d", t->name, (int)dl->device.device_type);
         return -1;
     }
     return 0;
+too_large:
+    PyErr_Format(PyExc_ValueError, "%s: expected a tensor of fewer than 2**63 bytes, got shape and strides that "
+                 "span more", t->name);
+    return -1;
 }
 
 static int query_device(PyObject *obj, const char *name, int *dev_type, int *dev_id)
@@ -250,7 +265,8 @@ int sam_tensor_take(sam_call *call, sam_tensor *t, PyObject *obj, const char *na
     t->name = name;
     if (obj == NULL || obj == Py_None) {
         if (optional) return 0;
-        PyErr_Format(PyExc_TypeError, "%s: expected a tensor, got None", name);
+        PyErr_Format(PyExc_TypeError, "%s: expected a tensor supporting DLPack (__dlpack__ and "
+                     "__dlpack_device__), got NoneType", name);
         return -1;
     }
     if (call->n >= (int)(sizeof(call->tensors) / sizeof(call->tensors[0]))) {
@@ -260,7 +276,7 @@ int sam_tensor_take(sam_call *call, sam_tensor *t, PyObject *obj, const char *na
     /* Fast path: the producer's C exchange API gives a borrowed view, device
      * included, without any Python call (the protocol below costs two per tensor,
      * which at decode sizes is more host time than the kernels). */
-    const DLPackExchangeAPI *api = exchange_api_for(obj);
+    const DLPackExchangeAPI *api = exchange_api_for(call->st, obj);
     if (api != NULL) {
         DLTensor view;
         memset(&view, 0, sizeof(view));
@@ -353,125 +369,11 @@ void sam_call_release(sam_call *call)
     PyErr_Restore(type, value, tb);
 }
 
-/* ---- checks ---------------------------------------------------------------------- */
-
 int64_t sam_tensor_numel(const sam_tensor *t)
 {
+    for (int i = 0; i < t->ndim; i++) /* an empty tensor's other extents may multiply past int64 */
+        if (t->shape[i] == 0) return 0;
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
     return n;
-}
-
-int sam_check_dtype(const sam_tensor *t, unsigned allowed)
-{
-    if (allowed & SAM_DT(t->dtype)) return 0;
-    char buf[160];
-    size_t len = 0;
-    buf[0] = 0;
-    int count = 0, total = 0;
-    for (int d = 0; d < SAM_DTYPE_COUNT; d++) total += (allowed >> d) & 1;
-    for (int d = 0; d < SAM_DTYPE_COUNT && len < sizeof buf; d++) {
-        if (!(allowed & SAM_DT(d))) continue;
-        count++;
-        const char *sep = count == 1 ? "" : (count == total ? " or " : ", ");
-        len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s", sep, sam_dtype_name((sam_dtype)d));
-    }
-    PyErr_Format(PyExc_TypeError, "%s: expected dtype %s, got %s", t->name, buf, sam_dtype_name(t->dtype));
-    return -1;
-}
-
-int sam_check_ndim(const sam_tensor *t, int ndim)
-{
-    if (t->ndim == ndim) return 0;
-    char s[128];
-    format_shape(s, sizeof s, t->shape, t->ndim);
-    PyErr_Format(PyExc_ValueError, "%s: expected a %d-d tensor, got %d-d with shape %s",
-                 t->name, ndim, t->ndim, s);
-    return -1;
-}
-
-int sam_check_shape(const sam_tensor *t, int ndim, const int64_t *shape)
-{
-    int ok = t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++) ok = shape[i] < 0 || shape[i] == t->shape[i];
-    if (ok) return 0;
-    char want[128], got[128];
-    format_shape(want, sizeof want, shape, ndim);
-    format_shape(got, sizeof got, t->shape, t->ndim);
-    for (char *c = want; *c; c++) /* -1 reads better as "*" */
-        if (c[0] == '-' && c[1] == '1') { c[0] = ' '; c[1] = '*'; }
-    PyErr_Format(PyExc_ValueError, "%s: expected shape %s, got %s", t->name, want, got);
-    return -1;
-}
-
-int sam_check_contiguous(const sam_tensor *t)
-{
-    if (sam_tensor_numel(t) == 0) return 0; /* no element to misplace; producers pick any strides */
-    int64_t expect = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] != 1 && t->strides[i] != expect) {
-            char s[128], st[128];
-            format_shape(s, sizeof s, t->shape, t->ndim);
-            format_shape(st, sizeof st, t->strides, t->ndim);
-            PyErr_Format(PyExc_ValueError,
-                         "%s: expected a C-contiguous tensor, got shape %s with strides %s "
-                         "(call .contiguous() first)", t->name, s, st);
-            return -1;
-        }
-        expect *= t->shape[i];
-    }
-    return 0;
-}
-
-int sam_check_writable(const sam_tensor *t)
-{
-    if (!t->readonly) return 0;
-    PyErr_Format(PyExc_ValueError, "%s: the tensor is read-only; an output must be writable", t->name);
-    return -1;
-}
-
-static void device_str(char *buf, size_t n, const sam_tensor *t)
-{
-    if (t->device_type == kDLCUDA) snprintf(buf, n, "cuda:%d", t->device_id);
-    else snprintf(buf, n, "cpu");
-}
-
-int sam_check_same_device(const sam_tensor *a, const sam_tensor *b)
-{
-    if (!a->present || !b->present) return 0;
-    if (a->device_type == b->device_type && a->device_id == b->device_id) return 0;
-    char da[32], db[32];
-    device_str(da, sizeof da, a);
-    device_str(db, sizeof db, b);
-    PyErr_Format(PyExc_ValueError, "%s: expected a tensor on %s (where %s is), got one on %s",
-                 a->name, db, b->name, da);
-    return -1;
-}
-
-static void byte_range(const sam_tensor *t, char **lo, char **hi)
-{
-    size_t es = sam_dtype_size(t->dtype);
-    int64_t min_off = 0, max_off = 0;
-    for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] == 0) { *lo = *hi = t->data; return; }
-        int64_t ext = (t->shape[i] - 1) * t->strides[i];
-        if (ext < 0) min_off += ext; else max_off += ext;
-    }
-    *lo = t->data + min_off * (int64_t)es;
-    *hi = t->data + (max_off + 1) * (int64_t)es;
-}
-
-int sam_check_no_overlap(const sam_tensor *out, const sam_tensor *in)
-{
-    if (!out->present || !in->present) return 0;
-    if (out->device_type != in->device_type || out->device_id != in->device_id) return 0;
-    char *a0, *a1, *b0, *b1;
-    byte_range(out, &a0, &a1);
-    byte_range(in, &b0, &b1);
-    if (a0 < b1 && b0 < a1) {
-        PyErr_Format(PyExc_ValueError, "%s: shares memory with %s; outputs may not alias inputs",
-                     out->name, in->name);
-        return -1;
-    }
-    return 0;
 }

@@ -65,6 +65,7 @@ sam_status sam_format_mask_ref(uint8_t *mask, const void *w, sam_dtype wt,
     const int64_t R = d->R, C = d->C;
     const int sel = sam_format_has_selection(f);
     const int64_t V = sel ? f.v : C;
+    if (d->E * R * C == 0) return SAM_STATUS_OK; /* (mask may be NULL: no memset of nothing) */
     memset(mask, 0, (size_t)(d->E * R * C));
     for (int64_t e = 0; e < d->E; e++) {
         const int64_t base = e * R * C;
@@ -123,7 +124,13 @@ static size_t elem_size(sam_dtype t) { return t == SAM_F32 ? 4 : 2; }
 
 static void fill_meta_padding(uint32_t *meta, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) meta[i] = 0x44444444u;
+    for (int64_t i = 0; i < n; i++) sam_st_u32(meta, i, 0x44444444u);
+}
+
+/* memset that takes the NULL of an empty array (memset(NULL, 0, 0) is undefined). */
+static void zero_bytes(void *p, size_t n)
+{
+    if (n != 0) memset(p, 0, n);
 }
 
 sam_status sam_format_pack_ref(void *values, uint32_t *meta, uint8_t *idx,
@@ -137,14 +144,14 @@ sam_status sam_format_pack_ref(void *values, uint32_t *meta, uint8_t *idx,
     const int64_t nv = sam_values_per_expert(d), nm = sam_meta_per_expert(d), ni = sam_idx_per_expert(d);
     const int halves = f.glu ? 2 : 1;
 
-    memset(values, 0, (size_t)(d->E * nv) * es);
+    zero_bytes(values, (size_t)(d->E * nv) * es);
     fill_meta_padding(meta, d->E * nm);
-    if (sel) memset(idx, 0, (size_t)(d->E * ni));
+    if (sel) zero_bytes(idx, (size_t)(d->E * ni));
 
     for (int64_t e = 0; e < d->E; e++) {
         const int64_t wb = e * R * C;
         char *ve = (char *)values + e * nv * (int64_t)es;
-        uint32_t *me = meta + e * nm;
+        const int64_t mb = e * nm; /* this expert's first meta word */
         uint8_t *ie = sel ? idx + e * ni : NULL;
         for (int h = 0; h < halves; h++) {
             for (int64_t grp = 0; grp < d->half_rows / f.m; grp++) {
@@ -204,10 +211,10 @@ sam_status sam_format_pack_ref(void *values, uint32_t *meta, uint8_t *idx,
                             else zero_elem(ve, vb, es);
                             if (keep_mask[i1] == 1) copy_elem(ve, vb + 1, w, wb + orow * C + c + i1, es);
                             else zero_elem(ve, vb + 1, es);
-                            const int64_t word = sam_meta_word(d, p, c);
+                            const int64_t word = mb + sam_meta_word(d, p, c);
                             const int shift = sam_meta_shift(p, c);
                             uint32_t nib = (uint32_t)(i0 | (i1 << 2));
-                            me[word] = (me[word] & ~(0xfu << shift)) | (nib << shift);
+                            sam_st_u32(meta, word, (sam_ld_u32(meta, word) & ~(0xfu << shift)) | (nib << shift));
                         }
                     }
                 }
@@ -227,10 +234,10 @@ sam_status sam_format_unpack_ref(void *out, const void *values, const uint32_t *
     const int64_t V = sel ? f.v : C;
     const int64_t nv = sam_values_per_expert(d), nm = sam_meta_per_expert(d), ni = sam_idx_per_expert(d);
 
-    memset(out, 0, (size_t)(d->E * R * C) * es);
+    zero_bytes(out, (size_t)(d->E * R * C) * es);
     for (int64_t e = 0; e < d->E; e++) {
         const char *ve = (const char *)values + e * nv * (int64_t)es;
-        const uint32_t *me = meta + e * nm;
+        const int64_t mb = e * nm; /* this expert's first meta word */
         const uint8_t *ie = sel ? idx + e * ni : NULL;
         const int64_t ob = e * R * C;
         for (int64_t p = 0; p < d->rp; p++) {
@@ -258,7 +265,7 @@ sam_status sam_format_unpack_ref(void *out, const void *values, const uint32_t *
                 }
                 const int64_t orow = sam_original_row(f, d, h, q, s);
                 for (int64_t c = c0; c < c1; c += 4) {
-                    uint32_t nib = (me[sam_meta_word(d, p, c)] >> sam_meta_shift(p, c)) & 0xfu;
+                    uint32_t nib = (sam_ld_u32(meta, mb + sam_meta_word(d, p, c)) >> sam_meta_shift(p, c)) & 0xfu;
                     if (!sam_nibble_valid(nib)) {
                         sam_ref_set_error("meta: expert %lld, storage row %lld, columns %lld..%lld hold "
                                           "the invalid 2:4 code 0x%x", (long long)e, (long long)p,

@@ -2,10 +2,13 @@
  * module.c -- samoyeds._C: module definition (multi-phase init, module state),
  * error mapping, build/device information and the ssmm configuration.
  *
- * The ops themselves (argument checks, DLPack intake, dispatch to the C
- * reference or the CUDA launchers) are in ops.c.
+ * The ops are bindings over one checking layer (csrc/args.c): bind_format.c,
+ * bind_ssmm.c, bind_moe.c, bind_router.c, bind_dense.c.  Every binding reaches
+ * the module state through its module argument; nothing here is process-wide
+ * but the CUDA runtime's own state (and PDL, which sam_cuda_set_pdl sets).
  */
 #include "sam_module.h"
+#include "sam_args.h"
 #include "sam_ref.h"
 
 #include <string.h>
@@ -20,11 +23,7 @@
 #define SAM_VERSION "0.0.0"
 #endif
 
-static sam_module_state *the_state = NULL;
-
-sam_module_state *sam_state(void) { return the_state; }
-
-PyObject *sam_raise_status(int status, const char *op, const char *message)
+PyObject *sam_raise_status(const sam_module_state *st, int status, const char *op, const char *message)
 {
     const char *msg = message && message[0] ? message : "unknown error";
     /* messages of the kernels' layer may already name the op ("ssmm: ..."): name it once */
@@ -39,7 +38,7 @@ PyObject *sam_raise_status(int status, const char *op, const char *message)
         PyErr_Format(PyExc_NotImplementedError, "%s: %s", op, msg);
         break;
     default:
-        PyErr_Format(the_state && the_state->cuda_error ? the_state->cuda_error : PyExc_RuntimeError,
+        PyErr_Format(st != NULL && st->cuda_error != NULL ? st->cuda_error : PyExc_RuntimeError,
                      "%s: %s", op, msg);
         break;
     }
@@ -58,14 +57,16 @@ static PyObject *py_cuda_device_count(PyObject *self, PyObject *unused)
 
 static PyObject *py_cuda_device_capability(PyObject *self, PyObject *arg)
 {
-    (void)self;
     long dev = PyLong_AsLong(arg);
     if (dev == -1 && PyErr_Occurred()) return NULL;
 #if SAM_WITH_CUDA
     int cc = sam_cuda_device_cc((int)dev);
-    if (cc < 0) return sam_raise_status(SAM_STATUS_CUDA_ERROR, "device_capability", sam_cuda_last_error());
+    if (cc < 0)
+        return sam_raise_status(PyModule_GetState(self), SAM_STATUS_CUDA_ERROR, "device_capability",
+                                sam_cuda_last_error());
     return Py_BuildValue("(ii)", cc / 10, cc % 10);
 #else
+    (void)self;
     PyErr_SetString(PyExc_RuntimeError, "samoyeds was built without CUDA");
     return NULL;
 #endif
@@ -102,12 +103,46 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused)
 
 static PyObject *py_set_fast_dlpack(PyObject *self, PyObject *arg)
 {
-    (void)self;
+    sam_module_state *st = (sam_module_state *)PyModule_GetState(self);
     int on = PyObject_IsTrue(arg);
     if (on < 0) return NULL;
-    int old = the_state->fast_dlpack;
-    the_state->fast_dlpack = on;
+    int old = st->fast_dlpack;
+    st->fast_dlpack = on;
     return PyBool_FromLong(old);
+}
+
+/* tensor_info(t, stream=None) -> dict: what the DLPack consumer sees of t. */
+static PyObject *py_tensor_info(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"t", "stream", NULL};
+    PyObject *o_t, *o_stream = Py_None, *res = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:tensor_info", kwlist, &o_t, &o_stream)) return NULL;
+    sam_call call;
+    memset(&call, 0, sizeof call);
+    call.st = (sam_module_state *)PyModule_GetState(self);
+    if (sam_arg_stream(o_stream, &call.stream) < 0) return NULL;
+    sam_tensor t;
+    PyObject *shape = NULL, *strides = NULL;
+    if (sam_tensor_take(&call, &t, o_t, "t", 0) < 0) goto error;
+    shape = PyTuple_New(t.ndim);
+    strides = PyTuple_New(t.ndim);
+    if (shape == NULL || strides == NULL) goto error;
+    for (int i = 0; i < t.ndim; i++) {
+        PyObject *a = PyLong_FromLongLong(t.shape[i]), *b = PyLong_FromLongLong(t.strides[i]);
+        PyTuple_SET_ITEM(shape, i, a);
+        PyTuple_SET_ITEM(strides, i, b);
+        if (a == NULL || b == NULL) goto error;
+    }
+    const char *path = t.versioned ? "versioned" : (t.legacy ? "legacy" : "exchange_api");
+    res = Py_BuildValue("{s:s,s:O,s:O,s:s,s:i,s:i,s:K,s:s,s:K}", "dtype", sam_dtype_name(t.dtype), "shape", shape,
+                        "strides", strides, "device", t.device_type == kDLCUDA ? "cuda" : "cpu", "device_id",
+                        t.device_id, "readonly", t.readonly, "data_ptr", (unsigned long long)(uintptr_t)t.data,
+                        "path", path, "stream", (unsigned long long)(uintptr_t)call.launch_stream);
+error:
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    sam_call_release(&call);
+    return res;
 }
 
 /* set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl): stores the
@@ -161,7 +196,9 @@ static PyObject *py_get_config(PyObject *self, PyObject *unused)
 static PyObject *py_decode_meta(PyObject *self, PyObject *arg)
 {
     (void)self;
-    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(arg, NPY_UINT32, 0, 0, NPY_ARRAY_C_CONTIGUOUS);
+    /* aligned: the words are read as uint32_t (numpy copies an unaligned array) */
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(arg, NPY_UINT32, 0, 0,
+                                                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
     if (a == NULL) return NULL;
     int nd = PyArray_NDIM(a);
     if (nd > NPY_MAXDIMS - 2) { /* the result has two more dimensions */
@@ -200,7 +237,7 @@ static PyMethodDef sam_methods[] = {
     {"dense_decode", (PyCFunction)(void (*)(void))sam_py_dense_decode, METH_VARARGS | METH_KEYWORDS,
      "dense_decode(out, x, w, up=None, act=0, alpha=1.702, limit=7.0, weights_ready=False, stream=None)."},
     {"glu", (PyCFunction)(void (*)(void))sam_py_glu, METH_VARARGS | METH_KEYWORDS,
-     "glu(out, g, u, act=1, alpha=1.702, limit=7.0, stream=None): out = act(g, u) elementwise."},
+     "glu(out, gate, up, act=1, alpha=1.702, limit=7.0, stream=None): out = act(gate, up) elementwise."},
     {"router", (PyCFunction)(void (*)(void))sam_py_router, METH_VARARGS | METH_KEYWORDS,
      "router(logits, weights, ids, x, w, k, bias=None, mode=0, n_group=1, topk_group=1, renorm=False, scale=1.0, "
      "choice_bias=None, stream=None): router logits, weights and top-k expert ids."},
@@ -216,7 +253,7 @@ static PyMethodDef sam_methods[] = {
      "alpha=1.702, limit=7.0, impl=0, stream=None): route, gate_up, down and combine in one call."},
     {"moe_workspace_bytes", (PyCFunction)(void (*)(void))sam_py_moe_workspace_bytes, METH_VARARGS | METH_KEYWORDS,
      "moe_workspace_bytes(T, K, E, H, I, itemsize) -> int: the workspace moe_forward needs."},
-    {"tensor_info", (PyCFunction)(void (*)(void))sam_py_tensor_info, METH_VARARGS | METH_KEYWORDS,
+    {"tensor_info", (PyCFunction)(void (*)(void))py_tensor_info, METH_VARARGS | METH_KEYWORDS,
      "tensor_info(t, stream=None) -> dict: what the DLPack consumer sees of t."},
     {"build_info", py_build_info, METH_NOARGS, "build_info() -> dict."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without)."},
@@ -250,7 +287,6 @@ static int sam_exec(PyObject *m)
     st->cfg = sam_ssmm_config_default();
     st->pdl = 1;
     if (PyModule_AddStringConstant(m, "__version__", SAM_VERSION) < 0) return -1;
-    the_state = st;
     return 0;
 }
 
@@ -270,7 +306,6 @@ static int sam_clear(PyObject *m)
         Py_CLEAR(st->api_types[i]);
         st->api_tables[i] = NULL;
     }
-    if (the_state == st) the_state = NULL;
     return 0;
 }
 

@@ -22,33 +22,35 @@ sam_status sam_moe_route_ref(const void *top_k_index, sam_dtype index_dtype,
                              int32_t *offsets, int32_t *token_ids, int32_t *perm, int32_t *pos)
 {
     const int64_t n = T * K;
-    int32_t *fill = (int32_t *)calloc((size_t)(E + 1), sizeof(int32_t));
-    if (fill == NULL) {
+    /* next[e]: the next sorted row of expert e (first the counts, then the offsets) */
+    int32_t *next = (int32_t *)calloc((size_t)(E + 1), sizeof(int32_t));
+    if (next == NULL) {
         sam_ref_set_error("out of memory for %lld experts", (long long)E);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    for (int64_t e = 0; e <= E; e++) offsets[e] = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t e = sam_load_index(top_k_index, index_dtype, i);
-        if (e >= 0 && e < E) offsets[e + 1]++;
+        if (e >= 0 && e < E) next[e + 1]++;
     }
-    for (int64_t e = 0; e < E; e++) offsets[e + 1] += offsets[e];
+    for (int64_t e = 0; e < E; e++) next[e + 1] += next[e];
+    for (int64_t e = 0; e <= E; e++) sam_st_i32(offsets, e, next[e]);
+    const int32_t routed = next[E];
     for (int64_t i = 0; i < n; i++) {
         int64_t e = sam_load_index(top_k_index, index_dtype, i);
         if (e >= 0 && e < E) {
-            int32_t s = offsets[e] + fill[e]++;
-            token_ids[s] = (int32_t)(i / K);
-            perm[s] = (int32_t)i;
-            pos[i] = s;
+            int32_t s = next[e]++;
+            sam_st_i32(token_ids, s, (int32_t)(i / K));
+            sam_st_i32(perm, s, (int32_t)i);
+            sam_st_i32(pos, i, s);
         } else {
-            pos[i] = -1;
+            sam_st_i32(pos, i, -1);
         }
     }
-    for (int64_t s = offsets[E]; s < n; s++) {
-        token_ids[s] = 0;
-        perm[s] = -1;
+    for (int64_t s = routed; s < n; s++) {
+        sam_st_i32(token_ids, s, 0);
+        sam_st_i32(perm, s, -1);
     }
-    free(fill);
+    free(next);
     return SAM_STATUS_OK;
 }
 
@@ -56,8 +58,11 @@ sam_status sam_moe_gather_weights_ref(float *out, const void *w, sam_dtype wt,
                                       const int32_t *perm, const int32_t *offsets,
                                       int64_t E, int64_t S)
 {
-    for (int64_t s = 0; s < S; s++)
-        out[s] = s < offsets[E] && perm[s] >= 0 ? sam_load_f32(w, wt, perm[s]) : 0.0f;
+    const int32_t routed = sam_ld_i32(offsets, E);
+    for (int64_t s = 0; s < S; s++) {
+        const int32_t from = sam_ld_i32(perm, s);
+        sam_st_f32(out, s, s < routed && from >= 0 ? sam_load_f32(w, wt, from) : 0.0f);
+    }
     return SAM_STATUS_OK;
 }
 
@@ -69,7 +74,7 @@ sam_status sam_moe_combine_ref(void *out, sam_dtype out_dtype, const void *y,
         for (int64_t h = 0; h < H; h++) {
             float acc = 0.0f;
             for (int64_t k = 0; k < K; k++) {
-                int32_t s = pos[t * K + k];
+                int32_t s = sam_ld_i32(pos, t * K + k);
                 if (s >= 0 && s < S) acc += sam_load_f32(y, y_dtype, (int64_t)s * ldy + h);
             }
             sam_store_f32(out, out_dtype, t * H + h, acc);

@@ -136,7 +136,7 @@ sam_status sam_router_ref(const sam_router_params *p)
         }
         for (int j = 0; j < k; j++) {
             sam_store_f32(p->weights, p->weights_dtype, t * k + j, v[j] * p->scale);
-            p->ids[t * k + j] = sel[j];
+            sam_st_i64(p->ids, t * k + j, sel[j]);
         }
     }
     free(xf), free(l), free(s), free(ch), free(taken);

@@ -94,7 +94,10 @@ typedef struct sam_tensor {
  * legacy default stream. */
 #define SAM_STREAM_AUTO INT64_MIN
 
+struct sam_module_state;
+
 typedef struct sam_call {
+    struct sam_module_state *st; /* the calling module's state (exchange-API cache, fast_dlpack) */
     int64_t stream;              /* as given by the caller (SAM_STREAM_AUTO or a cudaStream_t) */
     int stream_resolved;         /* 1 once stream holds the launch stream */
     void *launch_stream;         /* the cudaStream_t to launch on */
@@ -108,14 +111,7 @@ int sam_tensor_take(sam_call *call, sam_tensor *t, PyObject *obj, const char *na
 /* Releases every tensor taken by the call: deleters run exactly once. */
 void sam_call_release(sam_call *call);
 
-/* Checks; each returns 0 or -1 with an exception naming the tensor. */
-int sam_check_dtype(const sam_tensor *t, unsigned allowed_mask);
-int sam_check_ndim(const sam_tensor *t, int ndim);
-int sam_check_contiguous(const sam_tensor *t);
-int sam_check_writable(const sam_tensor *t);
-int sam_check_shape(const sam_tensor *t, int ndim, const int64_t *shape);
-int sam_check_same_device(const sam_tensor *a, const sam_tensor *b);
-int sam_check_no_overlap(const sam_tensor *out, const sam_tensor *in);
+/* Elements of t (its extent was checked when it was taken). */
 int64_t sam_tensor_numel(const sam_tensor *t);
 size_t sam_dtype_size(sam_dtype t);
 const char *sam_dtype_name(sam_dtype t);

@@ -1,5 +1,9 @@
 /*
- * sam_module.h -- state of the samoyeds._C module and the helpers its ops share.
+ * sam_module.h -- state of the samoyeds._C module and the bindings it registers.
+ *
+ * Every binding finds the state through its module argument (multi-phase init:
+ * two copies of the module, e.g. one made by importlib, keep two states; there
+ * is no process-wide pointer to one of them).
  */
 #ifndef SAM_MODULE_H
 #define SAM_MODULE_H
@@ -18,26 +22,22 @@ typedef struct sam_module_state {
     int pdl;                              /* programmatic dependent launch (set_config) */
 } sam_module_state;
 
-/* The state of the (single) loaded module; NULL before it is initialised. */
-sam_module_state *sam_state(void);
+/* Raises samoyeds.CudaError of st (or ValueError / NotImplementedError by
+ * status) for a failed launcher; `op` names the operation.  Returns NULL. */
+PyObject *sam_raise_status(const sam_module_state *st, int status, const char *op, const char *message);
 
-/* Raises samoyeds.CudaError (or ValueError/NotImplementedError by status) for a
- * failed launcher; `op` names the operation.  Always returns NULL. */
-PyObject *sam_raise_status(int status, const char *op, const char *message);
-
-/* Op entry points (csrc/ops.c). */
-PyObject *sam_py_format_mask(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_format_pack(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_format_unpack(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_ssmm(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_dense_decode(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_router(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_glu(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_moe_route(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_moe_gather_weights(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_moe_combine(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_moe_forward(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_moe_workspace_bytes(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *sam_py_tensor_info(PyObject *self, PyObject *args, PyObject *kw);
+/* The bindings (METH_VARARGS | METH_KEYWORDS), by file. */
+PyObject *sam_py_format_mask(PyObject *module, PyObject *args, PyObject *kw);    /* bind_format.c */
+PyObject *sam_py_format_pack(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *sam_py_format_unpack(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw);           /* bind_ssmm.c */
+PyObject *sam_py_dense_decode(PyObject *module, PyObject *args, PyObject *kw);   /* bind_dense.c */
+PyObject *sam_py_glu(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *sam_py_router(PyObject *module, PyObject *args, PyObject *kw);         /* bind_router.c */
+PyObject *sam_py_moe_route(PyObject *module, PyObject *args, PyObject *kw);      /* bind_moe.c */
+PyObject *sam_py_moe_gather_weights(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *sam_py_moe_combine(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *sam_py_moe_forward(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *sam_py_moe_workspace_bytes(PyObject *module, PyObject *args, PyObject *kw);
 
 #endif /* SAM_MODULE_H */

@@ -16,6 +16,31 @@
 const char *sam_ref_last_error(void);
 void sam_ref_set_error(const char *fmt, ...);
 
+/* ---- loads and stores of caller arrays -------------------------------------------
+ * A caller's array may start at any address on the CPU (numpy exports unaligned
+ * arrays through DLPack, and the checks ask for alignment only on the GPU): every
+ * element of one is read and written through memcpy, which compilers turn into a
+ * plain load or store where the target allows unaligned ones. */
+
+#define SAM_REF_ACCESS(suffix, type)                                                 \
+    static inline type sam_ld_##suffix(const void *p, int64_t i)                     \
+    {                                                                                \
+        type v;                                                                      \
+        memcpy(&v, (const char *)p + i * (int64_t)sizeof(type), sizeof(type));       \
+        return v;                                                                    \
+    }                                                                                \
+    static inline void sam_st_##suffix(void *p, int64_t i, type v)                   \
+    {                                                                                \
+        memcpy((char *)p + i * (int64_t)sizeof(type), &v, sizeof(type));             \
+    }
+SAM_REF_ACCESS(u16, uint16_t)
+SAM_REF_ACCESS(i32, int32_t)
+SAM_REF_ACCESS(u32, uint32_t)
+SAM_REF_ACCESS(i64, int64_t)
+SAM_REF_ACCESS(f32, float)
+SAM_REF_ACCESS(f64, double)
+#undef SAM_REF_ACCESS
+
 /* ---- element conversions -------------------------------------------------------- */
 
 static inline float sam_bf16_to_f32(uint16_t h)
@@ -81,34 +106,34 @@ static inline uint16_t sam_f32_to_f16(float f)
 static inline float sam_load_f32(const void *p, sam_dtype t, int64_t i)
 {
     switch (t) {
-    case SAM_F32: return ((const float *)p)[i];
-    case SAM_F16: return sam_f16_to_f32(((const uint16_t *)p)[i]);
-    case SAM_BF16: return sam_bf16_to_f32(((const uint16_t *)p)[i]);
-    case SAM_F64: return (float)((const double *)p)[i];
+    case SAM_F32: return sam_ld_f32(p, i);
+    case SAM_F16: return sam_f16_to_f32(sam_ld_u16(p, i));
+    case SAM_BF16: return sam_bf16_to_f32(sam_ld_u16(p, i));
+    case SAM_F64: return (float)sam_ld_f64(p, i);
     default: return 0.0f;
     }
 }
 
 static inline double sam_load_f64(const void *p, sam_dtype t, int64_t i)
 {
-    if (t == SAM_F64) return ((const double *)p)[i];
+    if (t == SAM_F64) return sam_ld_f64(p, i);
     return (double)sam_load_f32(p, t, i);
 }
 
 static inline void sam_store_f32(void *p, sam_dtype t, int64_t i, float v)
 {
     switch (t) {
-    case SAM_F32: ((float *)p)[i] = v; break;
-    case SAM_F16: ((uint16_t *)p)[i] = sam_f32_to_f16(v); break;
-    case SAM_BF16: ((uint16_t *)p)[i] = sam_f32_to_bf16(v); break;
-    case SAM_F64: ((double *)p)[i] = (double)v; break;
+    case SAM_F32: sam_st_f32(p, i, v); break;
+    case SAM_F16: sam_st_u16(p, i, sam_f32_to_f16(v)); break;
+    case SAM_BF16: sam_st_u16(p, i, sam_f32_to_bf16(v)); break;
+    case SAM_F64: sam_st_f64(p, i, (double)v); break;
     default: break;
     }
 }
 
 static inline int64_t sam_load_index(const void *p, sam_dtype t, int64_t i)
 {
-    return t == SAM_I64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
+    return t == SAM_I64 ? sam_ld_i64(p, i) : (int64_t)sam_ld_i32(p, i);
 }
 
 /* A gated activation of gate g and up u, as every op defines it: SwiGLU silu(g) * u,

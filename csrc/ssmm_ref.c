@@ -29,31 +29,32 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
     const int64_t half = cp / 2;
 
     /* offsets and token ids first: nothing is written unless all are valid */
-    if (p->offsets[0] < 0) {
-        sam_ref_set_error("offsets: offsets[0] is %d; expected >= 0", p->offsets[0]);
+    const int32_t first = sam_ld_i32(p->offsets, 0), last = sam_ld_i32(p->offsets, E);
+    if (first < 0) {
+        sam_ref_set_error("offsets: offsets[0] is %d; expected >= 0", first);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    for (int64_t e = 0; e < E; e++)
-        if (p->offsets[e + 1] < p->offsets[e]) {
+    for (int64_t e = 0; e < E; e++) {
+        const int32_t a = sam_ld_i32(p->offsets, e), b = sam_ld_i32(p->offsets, e + 1);
+        if (b < a) {
             sam_ref_set_error("offsets: offsets[%lld] = %d is below offsets[%lld] = %d; expected "
-                              "non-decreasing", (long long)(e + 1), p->offsets[e + 1], (long long)e,
-                              p->offsets[e]);
+                              "non-decreasing", (long long)(e + 1), b, (long long)e, a);
             return SAM_STATUS_INVALID_ARGUMENT;
         }
-    if (p->offsets[E] > p->S) {
-        sam_ref_set_error("offsets: offsets[E] = %d exceeds the %lld rows of out", p->offsets[E],
-                          (long long)p->S);
+    }
+    if (last > p->S) {
+        sam_ref_set_error("offsets: offsets[E] = %d exceeds the %lld rows of out", last, (long long)p->S);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    for (int64_t s = p->offsets[0]; s < p->offsets[E]; s++) {
-        int64_t t = p->token_ids ? p->token_ids[s] : s;
+    for (int64_t s = first; s < last; s++) {
+        int64_t t = p->token_ids ? sam_ld_i32(p->token_ids, s) : s;
         if (t < 0 || t >= p->T) {
             sam_ref_set_error("token_ids: token_ids[%lld] = %lld is outside x's %lld rows",
                               (long long)s, (long long)t, (long long)p->T);
             return SAM_STATUS_INVALID_ARGUMENT;
         }
     }
-    if (p->offsets[E] == p->offsets[0]) return SAM_STATUS_OK;
+    if (last == first) return SAM_STATUS_OK;
 
     float *vals = (float *)malloc(sizeof(float) * (size_t)(rp * half + 1));
     int32_t *cols = (int32_t *)malloc(sizeof(int32_t) * (size_t)(rp * half + 1));
@@ -71,10 +72,10 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
     sam_status status = SAM_STATUS_OK;
 
     for (int64_t e = 0; e < E && status == SAM_STATUS_OK; e++) {
-        const int64_t s0 = p->offsets[e], s1 = p->offsets[e + 1];
+        const int64_t s0 = sam_ld_i32(p->offsets, e), s1 = sam_ld_i32(p->offsets, e + 1);
         if (s0 == s1) continue;
         const char *ve = (const char *)p->values + e * nv * (int64_t)es;
-        const uint32_t *me = p->meta + e * nm;
+        const int64_t mb = e * nm; /* this expert's first meta word */
         const uint8_t *ie = sel ? p->idx + e * ni : NULL;
         /* decode the expert */
         for (int64_t q = 0; q < rp; q++) {
@@ -86,7 +87,7 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
                 rowof[q * nslices + j] = live ? sam_original_row(f, d, h, qq, s < f.m ? s : 0) : -1;
             }
             for (int64_t c = 0; c < cp; c += 4) {
-                uint32_t nib = (me[sam_meta_word(d, q, c)] >> sam_meta_shift(q, c)) & 0xfu;
+                uint32_t nib = (sam_ld_u32(p->meta, mb + sam_meta_word(d, q, c)) >> sam_meta_shift(q, c)) & 0xfu;
                 int64_t k = q * half + c / 2;
                 cols[k] = (int32_t)(c + (nib & 3u));
                 cols[k + 1] = (int32_t)(c + (nib >> 2));
@@ -95,7 +96,7 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
             }
         }
         for (int64_t s = s0; s < s1; s++) {
-            const int64_t t = p->token_ids ? p->token_ids[s] : s;
+            const int64_t t = p->token_ids ? sam_ld_i32(p->token_ids, s) : s;
             for (int64_t c = 0; c < C; c++) xf[c] = sam_load_f32(p->x, p->dtype, t * p->ldx + c);
             for (int64_t r = 0; r < R; r++) acc[r] = 0.0f;
             for (int64_t q = 0; q < rp; q++) {
@@ -112,7 +113,7 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
             }
             if (p->bias)
                 for (int64_t r = 0; r < R; r++) acc[r] += sam_load_f32(p->bias, p->bias_dtype, e * R + r);
-            const float sc = p->scale ? p->scale[s] : 1.0f;
+            const float sc = p->scale ? sam_ld_f32(p->scale, s) : 1.0f;
             for (int64_t i = 0; i < out_cols; i++) {
                 float y = p->act == SAM_ACT_NONE
                               ? acc[i]

@@ -82,6 +82,20 @@ def tensor_arg(t: Any, name: str, optional: bool = False) -> Any:
     return for_c(t)
 
 
+def check_ndim(t: Any, name: str, ndim: int) -> None:
+    """A ValueError worded as the extension words it when t is not ndim-d: for the
+    wrappers that read a shape to allocate an output before the extension sees t."""
+    if len(t.shape) != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-d tensor, got {len(t.shape)}-d with shape {tuple(t.shape)}")
+
+
+def check_shape(t: Any, name: str, shape: Sequence[int], why: str = "") -> None:
+    """A ValueError worded as the extension words it when t's shape is not shape
+    (for relations the extension cannot see: logical shapes of packed weights)."""
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}{why}, got {tuple(t.shape)}")
+
+
 def expand3(t: Any) -> Any:
     """A 3-d view [1, R, C] of a 2-d array (3-d arrays unchanged)."""
     return t[None] if t.ndim == 2 else t

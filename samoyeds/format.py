@@ -32,21 +32,21 @@ class SparseFormat:
     def __post_init__(self) -> None:
         n, m, v = self.n, self.m, self.v
         if not isinstance(n, int) or not isinstance(m, int):
-            raise TypeError(f"SparseFormat: n and m must be ints, got n={n!r}, m={m!r}")
+            raise TypeError(f"n, m: expected ints, got n={n!r}, m={m!r}")
         if not 1 <= m <= MAX_M:
-            raise ValueError(f"SparseFormat: m = {m} is out of range; expected 1 <= m <= {MAX_M}")
+            raise ValueError(f"m: expected 1 <= m <= {MAX_M}, got {m}")
         if not 1 <= n <= m:
-            raise ValueError(f"SparseFormat: n = {n} is out of range; expected 1 <= n <= m = {m}")
+            raise ValueError(f"n: expected 1 <= n <= m = {m}, got {n}")
         if n == m:
             object.__setattr__(self, "n", 1)
             object.__setattr__(self, "m", 1)
             object.__setattr__(self, "v", None)
             return
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise TypeError(f"SparseFormat: v must be an int (or None for plain 2:4), got v={v!r}")
+            raise TypeError(f"v: expected an int (or None for plain 2:4), got {v!r}")
         if v is None or v < 32 or v % 32:
-            raise ValueError(f"SparseFormat: v = {v!r} is invalid; row selection needs a slice length "
-                             "that is a positive multiple of 32 (a sparse tensor-core k-step)")
+            raise ValueError("v: expected a positive multiple of 32 (the slice length of a format with row selection: "
+                             f"a sparse tensor-core k-step), got {v!r}")
 
     @property
     def selects_rows(self) -> bool:
@@ -89,9 +89,8 @@ class SparseFormat:
                 nums = None
             if nums and len(nums) == 3:
                 return cls(*nums)
-            raise ValueError(f"unknown sparse format {spec!r}; expected one of {sorted(PRESETS)} "
-                             "or 'n:m:v' (e.g. '1:2:128')")
-        raise TypeError(f"expected a format name or SparseFormat, got {type(spec).__name__}")
+            raise ValueError(f"fmt: expected one of {sorted(PRESETS)} or 'n:m:v' (e.g. '1:2:128'), got {spec!r}")
+        raise TypeError(f"fmt: expected a format name, tuple or SparseFormat, got {type(spec).__name__}")
 
     def __repr__(self) -> str:
         return f"SparseFormat({self.name!r})"

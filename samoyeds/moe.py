@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _C
-from ._array import current_stream, dtype_name, empty, for_c, tensor_arg
+from ._array import check_ndim, check_shape, current_stream, dtype_name, empty, for_c, tensor_arg
 from .ops import ACTS, IMPLS
 from .packed import PackedWeight
 
@@ -38,18 +38,16 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
             raise TypeError(f"{name}: expected a PackedWeight, got {type(pw).__name__}")
     if not gate_up.glu:
         raise ValueError("gate_up: expected a weight packed with glu=True (gate rows, then up rows)")
-    E = gate_up.num_experts
-    if down.num_experts != E:
-        raise ValueError(f"down: expected {E} experts (gate_up's), got {down.num_experts}")
-    if down.cols != gate_up.rows // 2 or down.rows != gate_up.cols:
-        raise ValueError(f"down: expected shape [E, {gate_up.cols}, {gate_up.rows // 2}] to match gate_up "
-                         f"{list(gate_up.shape3)}, got {list(down.shape3)}")
-    x = tensor_arg(x, "x")
-    if x.ndim == 2 and x.shape[1] != gate_up.cols:
-        raise ValueError(f"x: expected {gate_up.cols} columns (gate_up's), got {x.shape[1]}")
-    n, m, v = gate_up.fmt.c_args()
+    # the logical shapes and the format: the extension sees only the padded packed arrays
+    E, I2, H = gate_up.shape3
+    if down.shape3 != (E, H, I2 // 2):
+        raise ValueError(f"down: expected shape {(E, H, I2 // 2)} (gate_up's E, H and I), got {down.shape3}")
     if down.fmt != gate_up.fmt:
         raise ValueError(f"down: expected the format of gate_up ({gate_up.fmt.name}), got {down.fmt.name}")
+    x = tensor_arg(x, "x")
+    check_ndim(x, "x", 2)
+    check_shape(x, "x", (x.shape[0], H))
+    n, m, v = gate_up.fmt.c_args()
     if not ACTS.get(act):  # the gated activations (not "none")
         raise ValueError(f"act: expected one of {sorted(k for k, v in ACTS.items() if v)}, got {act!r}")
     if impl not in IMPLS:
@@ -74,13 +72,13 @@ def forward_arrays(x: Any, top_k_index: Any, top_k_weights: Any, gate_up_values:
     """
     x = tensor_arg(x, "x")
     top_k_index = tensor_arg(top_k_index, "top_k_index")
-    shape = tuple(top_k_index.shape)
-    if len(shape) != 2:
-        raise ValueError(f"top_k_index: expected a 2-d [T, K] tensor, got shape {shape}")
-    if x.ndim != 2:
-        raise ValueError(f"x: expected a 2-d [T, H] tensor, got shape {tuple(x.shape)}")
+    gate_up_values = tensor_arg(gate_up_values, "gate_up_values")
+    check_ndim(x, "x", 2)  # (the workspace's size needs T, H and K; the extension checks the rest)
+    check_ndim(top_k_index, "top_k_index", 2)
+    check_ndim(gate_up_values, "gate_up_values", 3)
     T, H = x.shape
-    nbytes = _C.moe_workspace_bytes(T, shape[1], gate_up_values.shape[0], H, intermediate, x.dtype.itemsize)
+    nbytes = _C.moe_workspace_bytes(T, top_k_index.shape[1], gate_up_values.shape[0], H, intermediate,
+                                    x.dtype.itemsize)
     workspace = empty(x, (nbytes,), "uint8")
     if out is None:
         out = empty(x, (T, H), dtype_name(x))

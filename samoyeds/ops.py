@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _C
-from ._array import current_stream, dtype_name, empty, for_c, framework, tensor_arg
+from ._array import check_ndim, current_stream, dtype_name, empty, for_c, framework, tensor_arg
 from .packed import PackedWeight
 
 ACTS = {"none": 0, "swiglu": 1, "silu": 1, "gptoss": 2}
@@ -41,8 +41,8 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
         bias: ``[E, R]`` added before the activation.
         scale: ``[S]`` float32 multiplied after it (e.g. routing weights).
         impl: GPU kernel: ``"auto"`` (``"decode"`` when ``S`` is at most
-           ``SAMOYEDS_DECODE_MAX_ROWS``, default 128, or at most
-           ``SAMOYEDS_DECODE_ROWS_PER_EXPERT`` (default 16) times ``E``; else ``wgmma.sp`` on sm_90 for
+           ``decode_max_rows`` (:func:`samoyeds.config`; default 128), or at most
+           ``decode_rows_per_expert`` (default 16) times ``E``; else ``wgmma.sp`` on sm_90 for
            2:4 and 1:2:v with v a multiple of 128, else ``mma.sp``), ``"mma_sp"``,
            ``"wgmma_sp"`` or ``"decode"`` (split-K over the routed experts' weights for
            a few tokens per expert: every SM streams part of them; any S works, an
@@ -106,8 +106,8 @@ def dense_decode(x: Any, w: Any, up: Optional[Any] = None, out: Optional[Any] = 
         raise ValueError(f"act: expected one of {sorted(ACTS)}, got {act!r}")
     x, w, up = tensor_arg(x, "x"), tensor_arg(w, "w"), tensor_arg(up, "up", optional=True)
     if out is None:
-        if len(x.shape) != 2 or len(w.shape) != 2:
-            raise ValueError(f"x, w: expected 2-d tensors, got shapes {tuple(x.shape)} and {tuple(w.shape)}")
+        check_ndim(x, "x", 2)
+        check_ndim(w, "w", 2)
         out = empty(x, (x.shape[0], w.shape[0]), dtype_name(x))
     _C.dense_decode(out, x, w, up, act=ACTS[act], alpha=alpha, limit=limit, weights_ready=bool(weights_ready),
                     stream=stream if stream is not None else current_stream(x))
@@ -193,8 +193,8 @@ def router(x: Any, w: Any, k: int, *, bias: Optional[Any] = None, mode: str = "s
     x, w, bias = tensor_arg(x, "x"), tensor_arg(w, "w"), tensor_arg(bias, "bias", optional=True)
     choice_bias = tensor_arg(choice_bias, "choice_bias", optional=True)
     if out is None:
-        if len(x.shape) != 2 or len(w.shape) != 2:
-            raise ValueError(f"x, w: expected 2-d tensors, got shapes {tuple(x.shape)} and {tuple(w.shape)}")
+        check_ndim(x, "x", 2)
+        check_ndim(w, "w", 2)
         T, E = x.shape[0], w.shape[0]
         out = (empty(x, (T, E), logits_dtype or dtype_name(x)), empty(x, (T, k), weights_dtype or "float32"),
                empty(x, (T, k), "int64"))
@@ -257,8 +257,7 @@ def route(top_k_index: Any, num_experts: int, stream: Optional[int] = None) -> R
     if isinstance(num_experts, bool) or not hasattr(num_experts, "__index__"):
         raise TypeError(f"num_experts: expected an int, got {type(num_experts).__name__}")
     num_experts = num_experts.__index__()
-    if top_k_index.ndim != 2:
-        raise ValueError(f"top_k_index: expected a 2-d [T, K] tensor, got shape {tuple(top_k_index.shape)}")
+    check_ndim(top_k_index, "top_k_index", 2)
     if not 1 <= num_experts < 2**31 - 1:
         raise ValueError(f"num_experts: expected 1 <= num_experts < 2**31 - 1 (int32 offsets), got {num_experts}")
     T, K = top_k_index.shape
@@ -292,6 +291,8 @@ def combine(y: Any, pos: Any, out: Optional[Any] = None, *, dtype: Optional[str]
     if dtype is not None and dtype not in ("float32", "float16", "bfloat16"):
         raise TypeError(f"dtype: expected 'float32', 'float16' or 'bfloat16', got {dtype!r}")
     if out is None:
+        check_ndim(y, "y", 2)
+        check_ndim(pos, "pos", 2)
         out = empty(y, (pos.shape[0], y.shape[1]), dtype or dtype_name(y))
     _C.moe_combine(out, y, pos, stream=stream if stream is not None else current_stream(y))
     return out

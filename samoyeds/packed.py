@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
 from . import _C
-from ._array import current_stream, dtype_name, empty, expand3, tensor_arg
+from ._array import check_ndim, current_stream, dtype_name, empty, expand3, tensor_arg
 from .format import SparseFormat
 
 FormatLike = Union[str, SparseFormat, tuple]
@@ -27,16 +27,17 @@ class PackedDims:
     slices: int    # column slices (0 without row selection)
 
     @classmethod
-    def of(cls, fmt: SparseFormat, E: int, R: int, C: int, glu: bool) -> "PackedDims":
+    def of(cls, fmt: SparseFormat, E: int, R: int, C: int, glu: bool, name: str = "shape") -> "PackedDims":
+        """The storage shapes; a ValueError naming ``name`` (worded as the extension's)
+        for a shape the format cannot take."""
         if C % 4:
-            raise ValueError(f"the weight has {C} columns; 2:4 sparsity needs a multiple of 4")
+            raise ValueError(f"{name}: expected a column count that is a multiple of 4 (2:4 sparsity), got {C}")
         half = R // 2 if glu else R
         if glu and R % 2:
-            raise ValueError(f"the weight has {R} rows; a gate/up (glu) matrix needs an even count")
+            raise ValueError(f"{name}: expected an even row count (gate rows, then up rows), got {R}")
         if half % fmt.m:
             where = " per gate/up half" if glu else ""
-            raise ValueError(f"the weight has {half} rows{where}; format {fmt.name} needs a multiple "
-                             f"of m = {fmt.m}")
+            raise ValueError(f"{name}: expected a row count that is a multiple of m = {fmt.m}{where}, got {half}")
         rc = half // fmt.m * fmt.n
         half_rp = _round_up(rc, _C.GLU_CHUNK if glu else _C.ROW_ALIGN)
         rp = 2 * half_rp if glu else half_rp
@@ -75,7 +76,7 @@ class PackedWeight:
         if fmt.selects_rows:
             want["idx"] = (E, d.slices, d.rp)
         elif idx is not None:
-            raise ValueError("idx must be None for plain 2:4")
+            raise ValueError(f"idx: expected None for plain 2:4, got {type(idx).__name__}")
         for name, shp in want.items():
             got = tuple(getattr(self, name).shape)
             if got != shp:
@@ -181,10 +182,10 @@ def pack(w: Any, fmt: FormatLike = "samoyeds-1:2:128", mask: Optional[Any] = Non
     if mask is None:
         mask = globals()["mask"](w, fmt)
     mask = tensor_arg(mask, "mask")
-    if tuple(mask.shape) != tuple(w.shape):
-        raise ValueError(f"mask: expected shape {tuple(w.shape)} (w's), got {tuple(mask.shape)}")
+    if len(w.shape) != 2:
+        check_ndim(w, "w", 3)
     E, R, C = expand3(w).shape
-    d = PackedDims.of(fmt, E, R, C, glu)
+    d = PackedDims.of(fmt, E, R, C, glu, "w")
     dt = dtype_name(w)
     values = empty(w, (E, d.rp, d.cp // 2), dt)
     meta = empty(w, (E, d.rp // 16, d.cp // 32, 16), "uint32")

@@ -18,6 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from . import moe as _moe
+from ._array import check_ndim, check_shape
 from .ops import ACTS, dense_decode, glu
 from .packed import PackedWeight
 
@@ -26,7 +27,6 @@ __all__ = ["ACT_IDS", "act_id", "moe_forward", "moe_forward_eager", "moe_forward
 
 #: The activation names of :func:`samoyeds.moe.moe_forward` and the int the op takes.
 ACT_IDS = {"swiglu": ACTS["swiglu"], "gptoss": ACTS["gptoss"]}
-_ACT_NAMES = {v: k for k, v in ACT_IDS.items()}
 
 
 def act_id(act: str) -> int:
@@ -75,13 +75,12 @@ def moe_forward_eager(x, top_k_index, top_k_weights, gate_up_values, gate_up_met
     :func:`moe_forward`.  Eager inference calls it directly (the custom-op layers cost
     more host time per call than the whole MoE kernel sequence at decode sizes);
     ``torch.compile`` and autograd go through the op."""
-    if act not in _ACT_NAMES:
-        raise ValueError(f"act: expected one of {sorted(_ACT_NAMES)} ({_ACT_NAMES}), got {act}")
-    if x.dim() != 2 or x.shape[1] != gate_up_cols:
-        raise ValueError(f"x: expected a [T, {gate_up_cols}] tensor (gate_up's columns), got shape {tuple(x.shape)}")
-    if gate_up_rows != 2 * down_cols or gate_up_cols != down_rows:
-        raise ValueError(f"down_rows, down_cols: expected ({gate_up_cols}, {gate_up_rows // 2}) to match gate_up's "
-                         f"({gate_up_rows}, {gate_up_cols}), got ({down_rows}, {down_cols})")
+    # the logical shapes (the extension sees only the padded packed arrays; it checks the rest)
+    check_ndim(x, "x", 2)
+    check_shape(x, "x", (x.shape[0], gate_up_cols))
+    if (down_rows, down_cols) != (gate_up_cols, gate_up_rows // 2) or gate_up_rows % 2:
+        raise ValueError(f"down_rows, down_cols: expected {(gate_up_cols, gate_up_rows // 2)} (gate_up's H and I), "
+                         f"got {(down_rows, down_cols)}")
     return _moe.forward_arrays(x.contiguous(), top_k_index.contiguous(), top_k_weights.contiguous(),
                                gate_up_values, gate_up_meta, gate_up_idx, down_values, down_meta, down_idx,
                                down_cols, n, m, v, act, gate_up_bias, down_bias, alpha, limit)
@@ -91,11 +90,13 @@ def moe_forward_eager(x, top_k_index, top_k_weights, gate_up_values, gate_up_met
 def _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
                       gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols,
                       n, m, v, act, gate_up_bias=None, down_bias=None, alpha=1.702, limit=7.0):
-    torch._check(x.dim() == 2, lambda: f"x: expected a 2-d [T, H] tensor, got {x.dim()} dims")
+    torch._check(x.dim() == 2, lambda: f"x: expected a 2-d tensor, got {x.dim()}-d with shape {tuple(x.shape)}")
     torch._check(x.shape[1] == gate_up_cols,
-                 lambda: f"x: expected {gate_up_cols} columns (gate_up's), got {x.shape[1]}")
-    torch._check(top_k_index.dim() == 2 and top_k_weights.shape == top_k_index.shape,
-                 lambda: "top_k_index, top_k_weights: expected two [T, K] tensors")
+                 lambda: f"x: expected shape {(x.shape[0], gate_up_cols)}, got {tuple(x.shape)}")
+    torch._check(top_k_index.dim() == 2, lambda: f"top_k_index: expected a 2-d tensor, got {top_k_index.dim()}-d "
+                 f"with shape {tuple(top_k_index.shape)}")
+    torch._check(top_k_weights.shape == top_k_index.shape,
+                 lambda: f"top_k_weights: expected shape {tuple(top_k_index.shape)}, got {tuple(top_k_weights.shape)}")
     return x.new_empty(x.shape)
 
 
@@ -148,10 +149,11 @@ def shared_mlp_eager(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down
     """The body of :func:`shared_mlp`, callable without the dispatcher (eager inference):
     up to ``decode_rows`` token rows two dense_decode launches; above, the three matmuls in
     torch with SiLU and the product in one :func:`samoyeds.glu` pass."""
-    H = gate.shape[1]
-    if x.shape[-1] != H or tuple(up.shape) != tuple(gate.shape) or tuple(down.shape) != (H, gate.shape[0]):
-        raise ValueError(f"x, gate, up, down: expected [..., H], [I, H], [I, H] and [H, I], got {tuple(x.shape)}, "
-                         f"{tuple(gate.shape)}, {tuple(up.shape)} and {tuple(down.shape)}")
+    check_ndim(gate, "gate", 2)  # (the torch path needs them as much as the kernels)
+    I, H = gate.shape
+    check_shape(x, "x", tuple(x.shape[:-1]) + (H,))
+    check_shape(up, "up", (I, H))
+    check_shape(down, "down", (H, I))
     x2 = x.reshape(-1, H)
     if not _dense_decode_takes(x2, (gate, up, down)):
         return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)

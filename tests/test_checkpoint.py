@@ -18,7 +18,7 @@ safetensors = pytest.importorskip("safetensors")
 import samoyeds as sm  # noqa: E402
 import samoyeds.hf as shf  # noqa: E402
 from samoyeds.checkpoint import EXPERTS_FILE, MODEL_FILE, CheckpointError, checkpoint_sizes  # noqa: E402
-from samoyeds.hf_families import Shape, build_model  # noqa: E402
+from samoyeds.hf.families import Shape, build_model  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from conftest import GPU  # noqa: E402

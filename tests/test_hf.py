@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 import samoyeds as sm  # noqa: E402
 import samoyeds.hf as shf  # noqa: E402
-from samoyeds.hf_families import FAMILIES, Shape, build_model  # noqa: E402
+from samoyeds.hf.families import FAMILIES, Shape, build_model  # noqa: E402
 
 from helpers import rel_err  # noqa: E402
 
@@ -285,10 +285,75 @@ def test_errors_and_untouched_model():
         sm.unpatch_model(model)
 
 
+def _fresh_python(code, **kw):
+    """Runs ``code`` in a fresh interpreter that imports this samoyeds (installed or built in place)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sm.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    done = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)), env=env,
+                          capture_output=True, text=True, **kw)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def test_import_samoyeds_is_light():
-    code = ("import sys, samoyeds; assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
-            "assert callable(samoyeds.patch_model) and 'samoyeds.hf' in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+    _fresh_python("import sys, samoyeds; assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
+                  "assert callable(samoyeds.patch_model) and 'samoyeds.hf' in sys.modules; "
+                  "assert samoyeds.is_patched is samoyeds.hf.is_patched")
+
+
+HF_MODULES = ["families", "swap", "experts", "streams", "shared", "router", "llama4"]
+
+
+def test_hf_package_imports_form_no_cycle():
+    """samoyeds/hf/: each module imports only modules listed before it in HF_MODULES (so no
+    cycle, and streams.py knows shared MLPs only by their protocol), and none reads the
+    environment."""
+    import ast
+
+    pkg = os.path.dirname(os.path.abspath(shf.__file__))
+    assert sorted(HF_MODULES + ["__init__"]) == sorted(f[:-3] for f in os.listdir(pkg) if f.endswith(".py"))
+    for i, name in enumerate(HF_MODULES):
+        with open(os.path.join(pkg, f"{name}.py")) as f:
+            src = f.read()
+        assert "os.environ" not in src and "getenv" not in src, name
+        siblings = set()
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                siblings |= {node.module} if node.module else {a.name for a in node.names}
+        assert siblings <= set(HF_MODULES[:i]), (name, siblings - set(HF_MODULES[:i]))
+
+
+@pytest.mark.parametrize("name", HF_MODULES)
+def test_hf_module_imports_first(name):
+    _fresh_python(f"import samoyeds.hf.{name}")
+
+
+def test_pickled_patched_models_load_in_a_fresh_process(tmp_path):
+    """A patched model's swapped classes (SamoyedsDense, SamoyedsRouter, SamoyedsBlock,
+    SamoyedsLlama4) are found again by name through samoyeds.hf in a process that never
+    patched a model: the loaded model gives the same logits and unpatches."""
+    ids = _ids()
+    for family in ("deepseek_v2", "llama4"):
+        model = _model(family)
+        sm.patch_model(model, FMT, progress=False)
+        kinds = sorted({type(m).__name__.split("<")[0] for m in model.modules()
+                        if getattr(type(m), "_samoyeds_swapped", False)})
+        assert kinds == (["SamoyedsBlock", "SamoyedsDense", "SamoyedsRouter"] if family == "deepseek_v2"
+                         else ["SamoyedsDense", "SamoyedsLlama4"]), kinds
+        with torch.no_grad():
+            want = model(ids).logits
+        torch.save({"model": model, "ids": ids}, tmp_path / f"{family}.pt")
+        torch.save(want, tmp_path / f"{family}_want.pt")
+        _fresh_python(
+            "import torch, samoyeds\n"
+            f"got = torch.load({str(tmp_path / (family + '.pt'))!r}, weights_only=False)\n"
+            f"want = torch.load({str(tmp_path / (family + '_want.pt'))!r})\n"
+            "model = got['model']\n"
+            "assert samoyeds.is_patched(model)\n"
+            "with torch.no_grad():\n"
+            "    assert torch.equal(model(got['ids']).logits, want)\n"
+            "samoyeds.unpatch_model(model)\n"
+            "assert not any(getattr(type(m), '_samoyeds_swapped', False) for m in model.modules())\n")
 
 
 def _low_precision_truth(family, device, dtype, pack_on_device):

@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 import samoyeds as sm  # noqa: E402
 import samoyeds.hf as shf  # noqa: E402
 import samoyeds.sparsify as sp  # noqa: E402
-from samoyeds.hf_families import Shape, build_model  # noqa: E402
+from samoyeds.hf.experts import find_experts  # noqa: E402
+from samoyeds.hf.families import Shape, build_model  # noqa: E402
 
 from conftest import GPU  # noqa: E402
 
@@ -238,8 +239,8 @@ def _tokens(n, length, seed):
 def _experts_error(pruned, dense, ids):
     """Relative error of every experts module's output on the dense model's inputs to it."""
     errs = []
-    for (name, dm), (_, pm) in zip(((t.name, t.experts) for t in shf._find_experts(dense)),
-                                   ((t.name, t.experts) for t in shf._find_experts(pruned))):
+    for (name, dm), (_, pm) in zip(((t.name, t.experts) for t in find_experts(dense)),
+                                   ((t.name, t.experts) for t in find_experts(pruned))):
         cap = []
         h = dm.register_forward_hook(lambda m, a, o: cap.append((a, o)))
         with torch.no_grad():
@@ -261,7 +262,7 @@ def test_prune_model_orders_methods_and_keeps_the_format(family):
     for method in sp.METHODS:
         model = copy.deepcopy(dense)
         masks = sp.prune_model(model, FMT, method, calib, progress=False)
-        assert sorted(masks) == sorted(t.name for t in shf._find_experts(model))
+        assert sorted(masks) == sorted(t.name for t in find_experts(model))
         for name, mod in model.named_modules():
             if name in masks:
                 orig = dict(dense.named_modules())[name]
@@ -287,7 +288,7 @@ def test_sparsify_model_patches_and_calibrates_layer_by_layer():
     calib = [{"input_ids": t} for t in _tokens(8, 32, 13).split(4)]
     model = copy.deepcopy(dense)
     seen = []
-    names = [t.name for t in shf._find_experts(model)]
+    names = [t.name for t in find_experts(model)]
     hooks = [dict(model.named_modules())[n].register_forward_pre_hook(
         lambda m, a, n=n: seen.append((n, float(dict(model.named_modules())[names[0]].gate_up_proj.eq(0).float().mean()))))
         for n in names]

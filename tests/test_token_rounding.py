@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import samoyeds as sm
-from samoyeds.routing import token_rounding
+from samoyeds.token_rounding import token_rounding
 
 
 def _router(T, E, K, gen):

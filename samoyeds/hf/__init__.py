@@ -73,6 +73,8 @@ _router_run = _routers.router_run
 
 
 def check_options(router: Any, shared_stream: Any, shared_stream_min_rows: Any) -> None:
+    """Checks patch_model's (and from_pretrained's) ``router``, ``shared_stream`` and
+    ``shared_stream_min_rows`` before anything changes."""
     for name, value in (("router", router), ("shared_stream", shared_stream)):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")

@@ -75,6 +75,11 @@ class ExpertsPatch:
     requires_grad: bool
     previous_implementation: Optional[str] = None
 
+    def __setstate__(self, state: dict) -> None:
+        # a patched module unpickled (or copied) runs "samoyeds", in a fresh process too
+        register()
+        self.__dict__.update(state)
+
     @property
     def act_id(self) -> int:
         return torch_ops.act_id(self.act)

@@ -99,8 +99,10 @@ def run_on_side(mod: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     the block's start, once the current stream has waited for it; None where the block did
     not mark its start for this call or ``x`` is not the block's input (the MLP then runs on
     the current stream as it would without the block).  Called by the MLP's forward."""
+    if torch.compiler.is_compiling():
+        return None
     mark = mod.__dict__.get(_MARK)
-    if mark is None or mark[0] != threading.get_ident() or torch.compiler.is_compiling():
+    if mark is None or mark[0] != threading.get_ident():
         return None
     del mod.__dict__[_MARK]
     if not isinstance(x, torch.Tensor) or _input_key(x) != mark[1]:

@@ -35,9 +35,9 @@ def swapped_class(prefix: str, base: type, members: Mapping[str, Any], doc: str,
     cls = _CLASSES.get((prefix, base))
     if cls is None:
         name = f"{prefix}{base.__module__.replace('.', ':')}:{base.__qualname__.replace('.', ':')}>"
-        cls = type(name, (base,), {**members, "__module__": _HOME, "__qualname__": name, "__doc__": f"{base.__name__} {doc}",
-                                   "_samoyeds_base": base, "_samoyeds_swapped": True,
-                                   "_samoyeds_instance_attrs": tuple(instance_attrs)})
+        cls = type(name, (base,), {**members, "__module__": _HOME, "__qualname__": name,
+                                   "__doc__": f"{base.__name__} {doc}", "_samoyeds_base": base,
+                                   "_samoyeds_swapped": True, "_samoyeds_instance_attrs": tuple(instance_attrs)})
         _CLASSES[(prefix, base)] = cls
     return cls
 

@@ -1,0 +1,134 @@
+/*
+ * bind_dense.c -- the dense ops: dense_decode (dense weights at a few tokens,
+ * csrc/dense_ref.c, cuda/dense_decode.cu) and glu (a gated activation of two
+ * matrices, cuda/glu.cu).
+ */
+#include "sam_args.h"
+#include "sam_ref.h"
+
+/* ---- dense_decode(out, x, w, up=None, act=0, alpha=1.702, limit=7.0, weights_ready=False, stream=None) ---- */
+
+enum { V_T, V_C, V_R };
+enum { D_W, D_UP, D_X, D_OUT, D_COUNT };
+
+static const sam_arg_spec dense_args[] = {
+    [D_W] = {"w", 0, 2, {SAM_VAR(V_R), SAM_VAR(V_C)}, SAM_ARG_CONTIG | SAM_ARG_LIKE, D_X, 16, 0},
+    [D_UP] = {"up", 0, 2, {SAM_VAR(V_R), SAM_VAR(V_C)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL | SAM_ARG_LIKE, D_X, 16,
+              0},
+    [D_X] = {"x", SAM_DT_FLOAT, 2, {SAM_VAR(V_T), SAM_VAR(V_C)}, SAM_ARG_ROWS | SAM_ARG_HALF_GPU, -1, 16, 8},
+    [D_OUT] = {"out", 0, 2, {SAM_VAR(V_T), SAM_VAR(V_R)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_LIKE, D_X, 0, 0},
+};
+
+typedef struct dense_ctx {
+    sam_dense_params p;
+} dense_ctx;
+
+int sam_check_dense_weight(const sam_op_call *c, const sam_tensor *w)
+{
+    if (w->shape[0] > INT32_MAX - 16 || w->shape[1] > INT32_MAX - 512) {
+        PyErr_Format(PyExc_ValueError, "%s: expected rows below 2**31 - 16 and columns below 2**31 - 512, got "
+                     "shape (%lld, %lld)", w->name, (long long)w->shape[0], (long long)w->shape[1]);
+        return -1;
+    }
+    if (c->cuda && w->shape[1] % 8 != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a column count that is a multiple of 8 on the GPU (16-byte "
+                     "pieces of rows), got %lld", w->name, (long long)w->shape[1]);
+        return -1;
+    }
+    return 0;
+}
+
+static int dense_derive(sam_op_call *c, void *vctx)
+{
+    const sam_act act = ((const dense_ctx *)vctx)->p.act;
+    const sam_tensor *up = &c->t[D_UP];
+    if ((act != SAM_ACT_NONE) != (up->present != 0)) {
+        PyErr_SetString(PyExc_ValueError, act != SAM_ACT_NONE
+                        ? "up: expected a tensor with a gated activation (w holds the gate rows), got None"
+                        : "up: expected None without a gated activation (act = 0 multiplies by w only), got a tensor");
+        return -1;
+    }
+    return sam_check_dense_weight(c, &c->t[D_W]);
+}
+
+static int dense_check(sam_op_call *c, void *vctx)
+{
+    sam_dense_params *p = &((dense_ctx *)vctx)->p;
+    const sam_tensor *t = c->t;
+    SAM_SET_X(p, c, D_X);
+    p->w = t[D_W].data;
+    p->up = t[D_UP].present ? t[D_UP].data : NULL;
+    p->R = t[D_W].shape[0];
+    p->C = t[D_W].shape[1];
+    p->out = t[D_OUT].data;
+    p->ldo = c->ld[D_OUT];
+    return 0;
+}
+
+SAM_OP_RUN_PARAMS(dense_run, dense_ctx, sam_dense_ref, sam_dense_decode_cuda)
+
+static const sam_op dense_op = {"dense_decode", dense_args, D_COUNT, dense_derive, dense_check, dense_run};
+
+PyObject *sam_py_dense_decode(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"out", "x", "w", "up", "act", "alpha", "limit", "weights_ready", "stream", NULL};
+    PyObject *o[D_COUNT] = {NULL}, *o_stream = Py_None;
+    int act = 0;
+    dense_ctx x = {.p = {.alpha = 1.702f, .limit = 7.0f}};
+    o[D_UP] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OiffpO:dense_decode", kwlist, &o[D_OUT], &o[D_X], &o[D_W],
+                                     &o[D_UP], &act, &x.p.alpha, &x.p.limit, &x.p.weights_ready, &o_stream))
+        return NULL;
+    if (sam_arg_range("act", act, SAM_ACT_NONE, SAM_ACT_GPTOSS, "0 (none), 1 (swiglu) or 2 (gptoss)") < 0)
+        return NULL;
+    x.p.act = (sam_act)act;
+    return sam_run_op(&dense_op, module, o, o_stream, 0, &x);
+}
+
+/* ---- glu(out, gate, up, act=1, alpha=1.702, limit=7.0, stream=None) --------------------------- */
+
+enum { G_GATE, G_UP, G_OUT, G_COUNT };
+enum { V_GT, V_GI };
+
+static const sam_arg_spec glu_args[] = {
+    [G_GATE] = {"gate", SAM_DT_FLOAT, 2, {SAM_VAR(V_GT), SAM_VAR(V_GI)}, SAM_ARG_ROWS | SAM_ARG_HALF_GPU, -1, 0, 0},
+    [G_UP] = {"up", 0, 2, {SAM_VAR(V_GT), SAM_VAR(V_GI)}, SAM_ARG_ROWS | SAM_ARG_LIKE, G_GATE, 0, 0},
+    [G_OUT] = {"out", 0, 2, {SAM_VAR(V_GT), SAM_VAR(V_GI)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_LIKE, G_GATE, 0, 0},
+};
+
+typedef struct glu_ctx {
+    sam_glu_params p;
+} glu_ctx;
+
+static int glu_check(sam_op_call *c, void *vctx)
+{
+    sam_glu_params *p = &((glu_ctx *)vctx)->p;
+    p->g = c->t[G_GATE].data;
+    p->u = c->t[G_UP].data;
+    p->ldg = c->ld[G_GATE];
+    p->ldu = c->ld[G_UP];
+    p->out = c->t[G_OUT].data;
+    p->ldo = c->ld[G_OUT];
+    p->T = c->t[G_GATE].shape[0];
+    p->I = c->t[G_GATE].shape[1];
+    p->dtype = c->t[G_GATE].dtype;
+    return 0;
+}
+
+SAM_OP_RUN_PARAMS(glu_run, glu_ctx, sam_glu_ref, sam_glu_cuda)
+
+static const sam_op glu_op = {"glu", glu_args, G_COUNT, NULL, glu_check, glu_run};
+
+PyObject *sam_py_glu(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"out", "gate", "up", "act", "alpha", "limit", "stream", NULL};
+    PyObject *o[G_COUNT], *o_stream = Py_None;
+    int act = SAM_ACT_SWIGLU;
+    glu_ctx x = {.p = {.alpha = 1.702f, .limit = 7.0f}};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|iffO:glu", kwlist, &o[G_OUT], &o[G_GATE], &o[G_UP], &act,
+                                     &x.p.alpha, &x.p.limit, &o_stream))
+        return NULL;
+    if (sam_arg_range("act", act, SAM_ACT_SWIGLU, SAM_ACT_GPTOSS, "1 (swiglu) or 2 (gptoss)") < 0) return NULL;
+    x.p.act = (sam_act)act;
+    return sam_run_op(&glu_op, module, o, o_stream, 0, &x);
+}

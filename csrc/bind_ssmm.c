@@ -1,0 +1,110 @@
+/*
+ * bind_ssmm.c -- ssmm: the grouped sparse-sparse matmul over experts
+ * (csrc/ssmm_ref.c, cuda/ssmm.cu), out[s] = act(x[token_ids[s]] @ W_e^T + bias[e]) * scale[s]
+ * for the sorted rows s of expert e.
+ *
+ * The weight's logical rows and columns come as ints (its packed arrays are
+ * padded); x is read by row index with its own row stride, out written with
+ * its own.  The module's ssmm configuration (set_config) goes into the params.
+ */
+#include "sam_args.h"
+#include "sam_ref.h"
+
+enum { V_E, V_RP, V_CP2, V_MR, V_MC, V_SL, V_T, V_C, V_R, V_E1, V_S, V_OC };
+enum { A_VALUES, A_META, A_IDX, A_X, A_OFFSETS, A_OUT, A_TOKEN_IDS, A_BIAS, A_SCALE, A_COUNT };
+
+static const sam_arg_spec ssmm_args[] = {
+    SAM_PACKED_SPECS("", SAM_ARG_HALF_GPU, -1, 0, V_E, V_RP, V_CP2, V_MR, V_MC, V_SL),
+    [A_X] = {"x", 0, 2, {SAM_VAR(V_T), SAM_VAR(V_C)}, SAM_ARG_ROWS | SAM_ARG_LIKE, A_VALUES, 16, 8},
+    [A_OFFSETS] = {"offsets", SAM_DT(SAM_I32), 1, {SAM_VAR(V_E1)}, SAM_ARG_CONTIG, -1, 0, 0},
+    [A_OUT] = {"out", 0, 2, {SAM_VAR(V_S), SAM_VAR(V_OC)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_LIKE, A_X, 4, 2},
+    [A_TOKEN_IDS] = {"token_ids", SAM_DT(SAM_I32), 1, {SAM_VAR(V_S)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
+    [A_BIAS] = {"bias", SAM_DT_FLOAT, 2, {SAM_VAR(V_E), SAM_VAR(V_R)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
+    [A_SCALE] = {"scale", SAM_DT(SAM_F32), 1, {SAM_VAR(V_S)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
+};
+
+typedef struct ssmm_ctx {
+    sam_format f;
+    int64_t rows, cols;
+    sam_act act;
+    float alpha, limit;
+    sam_impl impl;
+    sam_ssmm_params p;
+} ssmm_ctx;
+
+static int ssmm_derive(sam_op_call *c, void *vctx)
+{
+    ssmm_ctx *x = vctx;
+    sam_dims d;
+    if (sam_arg_dims(x->f, c->t[A_VALUES].shape[0], x->rows, x->cols, "rows", "cols", &d) < 0) return -1;
+    sam_op_bind_packed(c, &d, V_E, V_RP, V_CP2, V_MR, V_MC, V_SL);
+    sam_op_bind(c, V_C, d.C);
+    sam_op_bind(c, V_R, d.R);
+    sam_op_bind(c, V_E1, d.E + 1);
+    sam_op_bind(c, V_OC, x->act == SAM_ACT_NONE ? d.R : d.R / 2);
+    x->p.d = d;
+    return 0;
+}
+
+/* The params from the checked tensors (after every check). */
+static int ssmm_check(sam_op_call *c, void *vctx)
+{
+    ssmm_ctx *x = vctx;
+    sam_ssmm_params *p = &x->p;
+    const sam_tensor *t = c->t;
+    SAM_SET_X(p, c, A_X);
+    p->values = t[A_VALUES].data;
+    p->meta = (const uint32_t *)t[A_META].data;
+    p->idx = t[A_IDX].present ? (const uint8_t *)t[A_IDX].data : NULL;
+    p->f = x->f;
+    p->offsets = (const int32_t *)t[A_OFFSETS].data;
+    p->token_ids = t[A_TOKEN_IDS].present ? (const int32_t *)t[A_TOKEN_IDS].data : NULL;
+    p->S = t[A_OUT].shape[0];
+    p->act = x->act;
+    p->bias = t[A_BIAS].present ? t[A_BIAS].data : NULL;
+    p->bias_dtype = t[A_BIAS].present ? t[A_BIAS].dtype : SAM_F32;
+    p->scale = t[A_SCALE].present ? (const float *)t[A_SCALE].data : NULL;
+    p->alpha = x->alpha;
+    p->limit = x->limit;
+    p->out = t[A_OUT].data;
+    p->ldo = c->ld[A_OUT];
+    p->impl = x->impl;
+    p->cfg = c->st->cfg;
+    return 0;
+}
+
+SAM_OP_RUN_PARAMS(ssmm_run, ssmm_ctx, sam_ssmm_ref, sam_ssmm_cuda)
+
+static const sam_op ssmm_op = {"ssmm", ssmm_args, A_COUNT, ssmm_derive, ssmm_check, ssmm_run};
+
+/* ssmm(out, x, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, act=0, bias=None,
+ *      scale=None, alpha=1.702, limit=7.0, impl=0, stream=None) */
+PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"out", "x", "values", "meta", "idx", "offsets", "token_ids", "rows", "cols",
+                             "n", "m", "v", "glu", "act", "bias", "scale", "alpha", "limit", "impl",
+                             "stream", NULL};
+    PyObject *o[A_COUNT] = {NULL}, *o_stream = Py_None;
+    long long rows, cols;
+    int n, m, v, glu, act = 0, impl = 0;
+    ssmm_ctx x = {.alpha = 1.702f, .limit = 7.0f};
+    o[A_BIAS] = o[A_SCALE] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|iOOffiO:ssmm", kwlist, &o[A_OUT], &o[A_X],
+                                     &o[A_VALUES], &o[A_META], &o[A_IDX], &o[A_OFFSETS], &o[A_TOKEN_IDS], &rows,
+                                     &cols, &n, &m, &v, &glu, &act, &o[A_BIAS], &o[A_SCALE], &x.alpha, &x.limit,
+                                     &impl, &o_stream))
+        return NULL;
+    if (sam_arg_range("act", act, SAM_ACT_NONE, glu ? SAM_ACT_GPTOSS : SAM_ACT_NONE,
+                      glu ? "0 (none), 1 (swiglu) or 2 (gptoss)"
+                          : "0 (none) for weights packed with glu=False (a gated activation needs gate rows, "
+                            "then up rows)") < 0 ||
+        sam_arg_impl(impl, &x.impl) < 0 ||
+        sam_arg_range("rows", rows, 0, INT32_MAX, "0 <= rows < 2**31") < 0 ||
+        sam_arg_range("cols", cols, 0, INT32_MAX, "0 <= cols < 2**31") < 0 ||
+        sam_arg_format(n, m, v, glu, &x.f) < 0)
+        return NULL;
+    x.rows = rows;
+    x.cols = cols;
+    x.act = (sam_act)act;
+    return sam_run_op(&ssmm_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
+}
