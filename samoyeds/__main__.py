@@ -264,14 +264,18 @@ def _demo(args: argparse.Namespace) -> Dict[str, Any]:
     model = fam.build_model(args.family, shape, seed=args.seed)
     _init_weights(model, args.seed)
     model = model.to(device=device, dtype=dtype)
-    print(f"samoyeds demo: {args.family} ({type(model).__name__}), {shape.layers} layers, hidden {shape.hidden}, "
+    depth = f"{shape.layers} layer" + ("s" if shape.layers != 1 else "")
+    print(f"samoyeds demo: {args.family} ({type(model).__name__}), {depth}, hidden {shape.hidden}, "
           f"{shape.experts} experts top-{shape.top_k}, expert width {shape.intermediate}, vocab {shape.vocab}; "
           f"random weights (seed {args.seed}), nothing downloaded")
     print(f"device {device}, {str(dtype).replace('torch.', '')}, format {fmt.name}: keeps "
           f"{_pct(fmt.density)} of the expert weight values ({_pct(fmt.sparsity)} pruned)")
     if device == "cpu":
-        print("on the CPU samoyeds runs its C reference implementation (a correctness oracle, not a fast "
-              "path), so nothing is timed; on a GPU the demo times the CUDA kernels")
+        why = ("on a GPU (--device cuda) the demo times the CUDA kernels" if gpu_ok else
+               "no GPU is visible" if sm.build_info()["cuda_compiled"] else
+               "this build has no CUDA kernels (to build them: SAMOYEDS_CUDA_ARCHS=90a pip install .)")
+        print("on the CPU samoyeds runs its C reference implementation (a correctness oracle, not a fast path), "
+              f"so nothing is timed; {why}")
 
     dense_bytes = sm.hf.experts_weight_nbytes(model)
     seconds = _wall(lambda: sm.patch_model(model, fmt, progress=False), device)
