@@ -261,8 +261,13 @@ def test_patch_keeps_unpruned_shared_experts_dense(family, tmp_path):
     code = (f"import torch; m = torch.load({str(path)!r}, weights_only=False); "
             "s = [x for n, x in m.named_modules() if n.endswith(('shared_experts', 'shared_expert'))]; "
             "print(type(s[0]).__mro__[1].__name__)")
-    # (from tmp_path: a checkout in the working directory would shadow the installed package)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    # from tmp_path, the package this process imported first on the path (a checkout in the
+    # working directory would shadow the installed package; an in-place build is on no path)
+    import os
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(sm.__file__))] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=env)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == next(iter(before.values())).__name__
     sm.unpatch_model(model)
