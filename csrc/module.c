@@ -156,20 +156,15 @@ static PyObject *py_set_config(PyObject *self, PyObject *args, PyObject *kw)
                                      &token_rows, &pdl))
         return NULL;
     if (max_rows < -1 || per_expert < -1) {
-        PyErr_Format(PyExc_ValueError, "set_config: decode_max_rows = %d, decode_rows_per_expert = %d; expected "
-                     "-1 (the default rule) or a non-negative count", max_rows, per_expert);
+        PyErr_Format(PyExc_ValueError, "decode_max_rows, decode_rows_per_expert: expected -1 (the kernel's default "
+                     "rule) or a count >= 0, got %d, %d", max_rows, per_expert);
         return NULL;
     }
-    if (tile < SAM_TILE_AUTO || tile > SAM_TILE_256X96) {
-        PyErr_Format(PyExc_ValueError, "set_config: tile = %d; expected 0 (auto), 1 (128x128), 2 (256x64) or "
-                     "3 (256x96)", tile);
+    if (sam_arg_range("tile", tile, SAM_TILE_AUTO, SAM_TILE_256X96,
+                      "0 (auto), 1 (128x128), 2 (256x64) or 3 (256x96)") < 0 ||
+        sam_arg_range("token_rows", token_rows, SAM_TOKEN_ROWS_AUTO, SAM_TOKEN_ROWS_TMA,
+                      "0 (auto), 1 (gather) or 2 (tma)") < 0)
         return NULL;
-    }
-    if (token_rows < SAM_TOKEN_ROWS_AUTO || token_rows > SAM_TOKEN_ROWS_TMA) {
-        PyErr_Format(PyExc_ValueError, "set_config: token_rows = %d; expected 0 (auto), 1 (gather) or 2 (tma)",
-                     token_rows);
-        return NULL;
-    }
     sam_module_state *st = (sam_module_state *)PyModule_GetState(self);
     st->cfg.decode_max_rows = max_rows;
     st->cfg.decode_rows_per_expert = per_expert;

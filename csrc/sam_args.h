@@ -1,6 +1,7 @@
 /*
  * sam_args.h -- the one checking layer of samoyeds._C: every op is a table of
- * tensor specs and four functions, and sam_run_op (csrc/args.c) does the rest.
+ * tensor specs and three functions (derive, check, run), and sam_run_op
+ * (csrc/args.c) does the rest.
  *
  * A binding (csrc/bind_*.c) parses its Python arguments into a C struct
  * (scalars checked with the sam_arg_* helpers below), then calls
@@ -48,7 +49,7 @@ enum {
     SAM_ARG_OUT = 1 << 1,       /* written: writable, sharing memory with no other argument */
     SAM_ARG_CONTIG = 1 << 2,    /* C-contiguous */
     SAM_ARG_ROWS = 1 << 3,      /* 2-d, unit column stride, rows that do not overlap (row stride in ld[]) */
-    SAM_ARG_HALF_GPU = 1 << 4,  /* on the GPU only float16 / bfloat16 of `dtypes` */
+    SAM_ARG_HALF_GPU = 1 << 4,  /* on the GPU only the float16 / bfloat16 of the accepted dtypes */
     SAM_ARG_LIKE = 1 << 5,      /* dtype that of argument `like` */
     SAM_ARG_F32_OR_LIKE = 1 << 6, /* dtype float32 or that of argument `like` */
     SAM_ARG_PACKED_IDX = 1 << 7 /* the idx of a packed weight: required when the call's format selects
