@@ -103,7 +103,8 @@ def _visible_archs():
         return [], f"nvidia-smi failed: {e}"
     rows = [[f.strip() for f in line.split(",")] for line in out.stdout.splitlines() if line.count(",") == 2]
     if out.returncode != 0 or not rows:
-        return [], "nvidia-smi lists no GPU"
+        said = (out.stdout.strip() or out.stderr.strip()).splitlines()
+        return [], f"nvidia-smi lists no GPU ({said[0].strip()})" if said else "nvidia-smi lists no GPU"
     wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
     if wanted is not None:
         names = [w.strip() for w in wanted.split(",") if w.strip()]
