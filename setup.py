@@ -30,8 +30,9 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-#: The architectures the kernels are written for: mma.sp on sm_80/86/89 (and on Blackwell,
-#: sm_100a/120a), wgmma.sp on sm_90a.  .ci/run compiles every one of them.
+#: The architectures the kernels build for: mma.sp on sm_80/86/89, wgmma.sp on sm_90a; Blackwell
+#: (sm_100a/120a) compiles and takes the mma.sp path, not yet run on such a GPU here.  .ci/run
+#: compiles every one of them.
 SUPPORTED_ARCHS = ("80", "86", "89", "90a", "100a", "120a")
 
 #: The one line a build without kernels prints (and ``samoyeds info`` repeats).
