@@ -30,8 +30,9 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-#: The architectures the kernels are written for: mma.sp on sm_80/86/89 (and on Blackwell,
-#: sm_100a/120a), wgmma.sp on sm_90a.  .ci/run compiles every one of them.
+#: The architectures the kernels build for: mma.sp on sm_80/86/89, wgmma.sp on sm_90a; Blackwell
+#: (sm_100a/120a) compiles and takes the mma.sp path, not yet run on such a GPU here.  .ci/run
+#: compiles every one of them.
 SUPPORTED_ARCHS = ("80", "86", "89", "90a", "100a", "120a")
 
 #: The one line a build without kernels prints (and ``samoyeds info`` repeats).
@@ -103,7 +104,8 @@ def _visible_archs():
         return [], f"nvidia-smi failed: {e}"
     rows = [[f.strip() for f in line.split(",")] for line in out.stdout.splitlines() if line.count(",") == 2]
     if out.returncode != 0 or not rows:
-        return [], "nvidia-smi lists no GPU"
+        said = (out.stdout.strip() or out.stderr.strip()).splitlines()
+        return [], f"nvidia-smi lists no GPU ({said[0].strip()})" if said else "nvidia-smi lists no GPU"
     wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
     if wanted is not None:
         names = [w.strip() for w in wanted.split(",") if w.strip()]

@@ -145,6 +145,14 @@ def test_no_visible_gpu_builds_the_reference_and_says_how(tmp_path, monkeypatch)
     assert "SAMOYEDS_CUDA_ARCHS=90a pip install ." in setup.HOW_TO_BUILD_KERNELS
 
 
+def test_nvidia_smi_failure_is_reported(tmp_path, monkeypatch):
+    setup = _load_setup()
+    _fake_tool(tmp_path, "nvidia-smi", 'echo "No devices were found"; exit 6\n')
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert setup._visible_archs() == ([], "nvidia-smi lists no GPU (No devices were found)")
+
+
 def test_gpu_newer_than_nvcc_is_a_clear_error(fake_smi):
     setup = _load_setup()
     nvcc = _fake_tool(fake_smi, "nvcc", "echo compute_80; echo compute_86\n")    # knows no sm_90
