@@ -10,7 +10,17 @@ with ``with samoyeds.config(...)`` (samoyeds/_config.py).
 """
 from __future__ import annotations
 
-from . import _C
+try:
+    from . import _C
+except ImportError as _exc:  # the source tree, not the installed package, is first on sys.path
+    import os as _os
+
+    if not any(f.startswith("_C.") for f in _os.listdir(_os.path.dirname(__file__))):
+        raise ImportError(
+            f"samoyeds: {_os.path.dirname(__file__)} has no compiled extension (_C): this is the source "
+            "tree, which shadows the installed package. Run the 'samoyeds' command or import samoyeds "
+            "from another folder, or build in place with 'pip install -e .'") from _exc
+    raise
 from ._C import CudaError
 from ._config import Config, get as get_config, override as config
 from .format import PRESETS, SparseFormat
@@ -32,7 +42,7 @@ _LAZY = {
     "patch_model": "hf", "unpatch_model": "hf", "to_dense": "hf", "is_patched": "hf",
     "sparsify_model": "sparsify", "save_pretrained": "checkpoint", "from_pretrained": "checkpoint",
     "moe_forward": "moe",
-    "hf": None, "hf_families": None, "moe": None, "torch_ops": None, "sparsify": None, "checkpoint": None,
+    "hf": None, "moe": None, "torch_ops": None, "sparsify": None, "checkpoint": None,
 }
 
 

@@ -39,12 +39,8 @@ HEADS, KV_HEADS = 4, 2
 
 
 def _families() -> Any:
-    """The module holding FAMILIES, Shape and build_model (``samoyeds.hf.families``;
-    ``samoyeds.hf_families`` before samoyeds.hf became a package)."""
-    try:
-        from .hf import families
-    except ImportError:
-        from . import hf_families as families
+    """The module holding FAMILIES, Shape and build_model."""
+    from .hf import families
     return families
 
 

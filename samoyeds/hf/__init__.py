@@ -67,11 +67,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# (for benchmarks/ written against the single-file hf.py)
-_find_experts = find_experts
-_router_run = _routers.router_run
-
-
 def check_options(router: Any, shared_stream: Any, shared_stream_min_rows: Any) -> None:
     """Checks patch_model's (and from_pretrained's) ``router``, ``shared_stream`` and
     ``shared_stream_min_rows`` before anything changes."""
