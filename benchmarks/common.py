@@ -203,6 +203,14 @@ def peak_module():
     return peak, None
 
 
+def require_peak(script: str):
+    """dev/peak/peak.py for a script that measures nothing else; exits naming why not."""
+    peak, why = peak_module()
+    if peak is None:
+        raise SystemExit(f"{script}: {why}")
+    return peak
+
+
 def tensor_core_rates(device: Optional[int] = None) -> Dict[str, Optional[float]]:
     """{"<kind>_tflops": rate} for every tensor-core instruction form (dev/peak/peak.py's
     tensor_core_rate, dense-equivalent TFLOP/s); None where it cannot run here (a wgmma kind

@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
-from common import environment, peak_module, write_json  # noqa: E402
+from common import environment, require_peak, write_json  # noqa: E402
 
 
 def main():
@@ -32,9 +32,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    peak, why = peak_module()
-    if peak is None:
-        raise SystemExit(f"fill_rate: {why}")
+    peak = require_peak("fill_rate")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     stage_bytes = {k: 32768 if k == "tma_and_gather" else 16384 for k in peak.FILL_KINDS}  # (to pick points)
     kinds = a.kinds.split(",") if a.kinds else list(peak.FILL_KINDS)

@@ -19,7 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
-from common import environment, peak_module, write_json  # noqa: E402
+from common import environment, require_peak, write_json  # noqa: E402
 
 # kind -> (N, A read from shared memory, sparse); the mma kinds read no shared memory
 WGMMA_FORMS = {
@@ -48,9 +48,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    peak, why = peak_module()
-    if peak is None:
-        raise SystemExit(f"tc_forms: {why}")
+    peak = require_peak("tc_forms")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kinds = list(peak.TENSOR_CORE_KINDS)
     runs = {k: [] for k in kinds}
