@@ -278,7 +278,9 @@ typedef struct sam_router_params {
     sam_dtype bias_dtype;   /* SAM_F32 or dtype */
     const void *choice_bias;/* [E] (SIGMOID_TOPK) or NULL: added to the scores to choose */
     sam_dtype choice_bias_dtype;
-    int k, mode, n_group, topk_group, renorm;
+    int k;
+    sam_router_mode mode;
+    int n_group, topk_group, renorm;
     float scale;
     void *logits;           /* [T][E] contiguous */
     sam_dtype logits_dtype; /* SAM_F32 or dtype */
