@@ -251,8 +251,8 @@ def experts_output_error(pruned: torch.nn.Module, dense: torch.nn.Module, window
     import samoyeds.hf as shf
 
     errs = []
-    dmods = {t.name: t.experts for t in shf._find_experts(dense)}
-    pmods = {t.name: t.experts for t in shf._find_experts(pruned)}
+    dmods = {t.name: t.experts for t in shf.experts.find_experts(dense)}
+    pmods = {t.name: t.experts for t in shf.experts.find_experts(pruned)}
     for name, dm in dmods.items():
         pm = pmods[name]
         num = den = 0.0

@@ -227,7 +227,7 @@ def _build(name: str, args, method: str, **kw):
     hook = None
     if method == "samoyeds":
         def hook(i, layer):
-            if sm.hf._find_experts(layer):
+            if sm.hf.experts.find_experts(layer):
                 sm.patch_model(layer, args.format, progress=False)
     model = lm.build(name, device, dtype, tiny=args.tiny, seed=args.seed, on_layer=hook, **kw)
     if method != "samoyeds":

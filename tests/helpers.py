@@ -99,3 +99,22 @@ def kernel_names(fn) -> list:
         fn()
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def run_python(args: list, *, env: dict | None = None, **kw):
+    """``python ARGS`` in a child process that imports the samoyeds these tests import (an
+    installed package, or a tree built in place): that package's folder leads PYTHONPATH and
+    the child starts in a temporary folder, since the working directory comes first on the
+    path of ``python -c`` and a source checkout there would shadow the installed package."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    full = dict(os.environ if env is None else env)
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(sm.__file__)),
+                                                     full.get("PYTHONPATH")) if p)
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    with tempfile.TemporaryDirectory(prefix="samoyeds-test-") as cwd:
+        return subprocess.run([sys.executable] + list(args), env=full, cwd=kw.pop("cwd", cwd), **kw)

@@ -20,6 +20,7 @@ sys.path.insert(0, BENCH)
 
 import bench_memory  # noqa: E402
 import lm  # noqa: E402
+from helpers import run_python  # noqa: E402
 
 
 def _fits_below(limit, fatal_at=None):
@@ -90,11 +91,9 @@ def test_layerwise_build_runs_the_hook_and_leaves_nothing_on_meta():
 def _run(args, **kw):
     """A script in its own process, importing the samoyeds these tests import (an installed one,
     or the tree built in place)."""
-    import samoyeds
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(samoyeds.__file__)),
-                                                     env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable] + args, capture_output=True, text=True, cwd=ROOT, env=env, **kw)
+    if args[0] != "-c":  # (a script's own folder leads its path; -c code starts in a temporary folder)
+        kw.setdefault("cwd", ROOT)
+    return run_python(args, **kw)
 
 
 def test_breakdown_variants_compute_the_same_layer(tmp_path):

@@ -26,14 +26,13 @@ import pytest
 import samoyeds as sm
 from samoyeds import _C
 from samoyeds.ops import Routing
+from helpers import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run_python(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+    return run_python(["-c", textwrap.dedent(code)], timeout=300)
 
 
 # ---- item 1: checked size arithmetic ---------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 
 import samoyeds as sm
 from samoyeds import _C, _config
+from helpers import run_python
 
 TILES = {"auto": 0, "128x128": 1, "256x64": 2, "256x96": 3}
 TOKEN_ROWS = {"auto": 0, "gather": 1, "tma": 2}
@@ -82,10 +83,9 @@ def test_override_rejects_names_and_values_before_changing_anything(fields, name
 
 
 def _fresh(code: str, **env: str) -> subprocess.CompletedProcess:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(sm.__file__)))
     full = {k: v for k, v in os.environ.items() if k != "SAMOYEDS_PDL"}
-    full.update(env, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True)
+    full.update(env)
+    return run_python(["-c", code], env=full)
 
 
 @pytest.mark.parametrize("value,pdl", [(None, True), ("0", False), ("1", True), (" 0 ", False)])

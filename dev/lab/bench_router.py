@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))  # common
 import samoyeds as sm  # noqa: E402
-from samoyeds import hf, hf_families  # noqa: E402
+from samoyeds import hf  # noqa: E402
+from samoyeds.hf import families as hf_families  # noqa: E402
 from layer_trace import kernel_times  # noqa: E402
 from common import (add_run_args, copy_rate_tb_s, default_dtype, environment, result_path, setup_run,  # noqa: E402
                     time_graph, time_ms, write_json)
@@ -125,7 +126,7 @@ def main() -> None:
             def ours(x=x):
                 # (on the CPU the patched forward is the module's own: run the op, the C reference)
                 with torch.no_grad():
-                    return r(x) if dev == "cuda" else hf._router_run(r, r._samoyeds_router_spec, x)
+                    return r(x) if dev == "cuda" else hf.router.router_run(r, r._samoyeds_router_spec, x)
 
             with torch.no_grad():
                 want, got = base.forward(r, x), ours()
