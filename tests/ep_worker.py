@@ -1,0 +1,79 @@
+"""One rank of the expert-parallel test (tests/test_ep.py), launched by
+``python -m torch.distributed.run --nproc-per-node 2 tests/ep_worker.py OUT DIR...``.
+
+For every saved model directory DIR (one tiny model per family) it loads the model with
+``DistributedConfig(tp_size=W, ep_size=W)`` (transformers initialises the process group:
+gloo on the CPU, NCCL on GPUs), packs it with samoyeds.patch_model, and writes to
+``OUT/<family>.rank<r>.pt``: the logits on the test's prompts, the greedy tokens, what
+each rank holds (expert count, buffer shapes), and the logits after unpatch_model (the
+masked dense weights under transformers' own experts implementation, DTensors again).
+
+Usage: ep_worker.py OUT_DIR DTYPE(fp32|bf16) MODEL_DIR...
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def prompts(vocab: int, device: torch.device) -> torch.Tensor:
+    """The test's prompts: ``[2, 11]`` token ids, the same on every rank and in the test."""
+    g = torch.Generator().manual_seed(43)
+    return torch.randint(3, vocab, (2, 11), generator=g).to(device)
+
+
+def run(out: str, dtype: torch.dtype, model_dir: str) -> None:
+    import transformers
+    from transformers import DistributedConfig
+
+    import samoyeds
+    from samoyeds.hf import parallel
+
+    world = int(os.environ["WORLD_SIZE"])
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    cls = getattr(transformers, cfg.architectures[0])
+    model = cls.from_pretrained(model_dir, dtype=dtype,
+                                distributed_config=DistributedConfig(tp_size=world, ep_size=world)).eval()
+    rank = torch.distributed.get_rank()
+    device = next(model.parameters()).device
+    ids = prompts(cfg.vocab_size, device)
+    samoyeds.patch_model(model, progress=False)
+    experts = [m for m in model.modules() if getattr(m, "_samoyeds", None) is not None]
+    held = {
+        "num_experts": [m.num_experts for m in experts],
+        "packed_experts": [m._samoyeds.num_experts for m in experts],
+        "gate_up_values": [tuple(m.samoyeds_gate_up_values.shape) for m in experts],
+        "localized": len(parallel.recorded(model)),
+    }
+    with torch.no_grad():
+        logits = model(ids).logits.float().cpu()
+        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                                pad_token_id=0).cpu()
+    samoyeds.unpatch_model(model)
+    held["dtensor_after_unpatch"] = all(parallel.is_dtensor(m.gate_up_proj) for m in experts)
+    with torch.no_grad():
+        dense_logits = model(ids).logits.float().cpu()
+    family = cfg.model_type
+    torch.save({"logits": logits, "tokens": tokens, "dense_logits": dense_logits, "held": held,
+                "device": str(device)}, os.path.join(out, f"{family}.rank{rank}.pt"))
+
+
+def main() -> None:
+    out, dtype = sys.argv[1], {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[2]]
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    try:
+        for model_dir in sys.argv[3:]:
+            run(out, dtype, model_dir)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
