@@ -1,0 +1,132 @@
+"""samoyeds.patch_model under transformers' expert parallelism (EP = 2).
+
+Each family's tiny model is saved to a temporary folder; ``torch.distributed.run``
+launches two ranks of tests/ep_worker.py, which load it with
+``DistributedConfig(tp_size=2, ep_size=2)`` (experts sharded on the expert dim, attention
+tensor-parallel where the model's plan says so), patch it and write their logits and
+greedy tokens.  This process loads the same folder without a distributed config, patches
+it and compares: the logits within rounding of the two ranks' partial sums, the greedy
+tokens equal.  Each rank must hold packed buffers for its own half of the experts only,
+and unpatch_model must give it DTensors again.
+
+CPU: gloo, fp32 (tolerance 1e-4 on logits of magnitude ~4; the packed model differs from
+the dense one by O(1), so a rank running dense or wrong experts fails).  GPU: NCCL, bf16,
+marked gpu, needs two GPUs.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import samoyeds  # noqa: E402
+from samoyeds.hf.families import Shape, build_model  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ep_worker import prompts  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+# Experts dominate the logits at init_std=0.1, so an error in them cannot hide.
+SHAPE = Shape(vocab=128, hidden=128, layers=2, experts=8, top_k=2, intermediate=64, heads=4, kv_heads=2,
+              head_dim=32, init_std=0.1)
+FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
+WORLD = 2
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ep_worker.py")
+TIMEOUT_S = 600
+
+
+def ep_unavailable() -> str:
+    """Why transformers' expert parallelism cannot run here ('' when it can)."""
+    if not torch.distributed.is_available():
+        return "torch was built without torch.distributed"
+    try:
+        from transformers import DistributedConfig  # noqa: F401
+        from transformers.distributed.expert_parallel import AllReduceEP  # noqa: F401
+    except ImportError as e:
+        return f"this transformers has no expert-parallel plan ({e})"
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        # from_pretrained(distributed_config=...) sets a device_map, which it refuses without accelerate
+        return "transformers' distributed from_pretrained needs accelerate (pip install accelerate)"
+    return ""
+
+
+def launch(tmp_path, dtype: str, families=FAMILIES) -> dict:
+    """Saves each family's model, runs the two ranks, returns {family: (dir, [rank outputs])}."""
+    dirs = {}
+    for i, fam in enumerate(families):
+        d = tmp_path / fam
+        build_model(fam, SHAPE, seed=100 + i).save_pretrained(d)
+        dirs[fam] = str(d)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+           "--standalone", WORKER, str(out), dtype, *dirs.values()]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return {fam: (d, [torch.load(out / f"{fam}.rank{r}.pt") for r in range(WORLD)]) for fam, d in dirs.items()}
+
+
+def reference(model_dir: str, dtype, device: str):
+    """One process, no distributed config: patched logits and greedy tokens, the
+    unpatched (masked dense) logits and the original model's logits."""
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    model = getattr(transformers, cfg.architectures[0]).from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    ids = prompts(cfg.vocab_size, torch.device(device))
+    with torch.no_grad():
+        original = model(ids).logits.float().cpu()
+        samoyeds.patch_model(model, progress=False)
+        logits = model(ids).logits.float().cpu()
+        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                                pad_token_id=0).cpu()
+        samoyeds.unpatch_model(model)
+        dense = model(ids).logits.float().cpu()
+    return logits, tokens, dense, original
+
+
+def check(results: dict, dtype, device: str, atol: float) -> None:
+    E, W = SHAPE.experts, WORLD
+    for fam, (model_dir, ranks) in results.items():
+        logits, tokens, dense, original = reference(model_dir, dtype, device)
+        # packing changes the model: an EP rank running the dense weights could not pass
+        assert (original - logits).abs().max() > 50 * atol, fam
+        for r, o in enumerate(ranks):
+            held = o["held"]
+            assert held["num_experts"] == [E // W] * SHAPE.layers, (fam, r, held)
+            assert held["packed_experts"] == [E // W] * SHAPE.layers, (fam, r, held)
+            assert all(s[0] == E // W for s in held["gate_up_values"]), (fam, r, held)
+            assert held["localized"] == SHAPE.layers and held["dtensor_after_unpatch"], (fam, r, held)
+            diff = (o["logits"] - logits).abs().max().item()
+            assert diff <= atol, f"{fam} rank {r}: EP-{W} logits differ from one process by {diff:.3g}"
+            diff = (o["dense_logits"] - dense).abs().max().item()
+            assert diff <= atol, f"{fam} rank {r}: unpatched EP-{W} logits differ by {diff:.3g}"
+            assert torch.equal(o["tokens"], tokens), f"{fam} rank {r}: greedy tokens differ"
+
+
+def test_ep2_cpu_gloo(tmp_path):
+    why = ep_unavailable()
+    if why:
+        pytest.skip(why)
+    check(launch(tmp_path, "fp32"), torch.float32, "cpu", atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_ep2_gpu_nccl(tmp_path):
+    why = ep_unavailable()
+    if why:
+        pytest.skip(why)
+    if torch.cuda.device_count() < WORLD:
+        pytest.skip(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")
+    # bf16: the two ranks' partial sums are rounded once more by the all-reduce
+    results = launch(tmp_path, "bf16")
+    for _, ranks in results.values():
+        assert all(o["device"].startswith("cuda") for o in ranks)
+    check(results, torch.bfloat16, "cuda", atol=3e-2)
