@@ -130,3 +130,32 @@ def test_ep2_gpu_nccl(tmp_path):
     for _, ranks in results.values():
         assert all(o["device"].startswith("cuda") for o in ranks)
     check(results, torch.bfloat16, "cuda", atol=3e-2)
+
+
+def test_bench_ep_tiny_cpu(tmp_path):
+    """benchmarks/bench_ep.py --tiny --device cpu: EP = 1 and 2 (gloo) for both
+    implementations, every cell measured, each EP-2 rank holding half the experts."""
+    import json
+
+    why = ep_unavailable()
+    if why:
+        pytest.skip(why)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, os.path.join(root, "benchmarks", "bench_ep.py"), "--tiny", "--device", "cpu",
+           "--models", "mixtral-8x7b", "--ep", "1", "2", "--reps", "1", "--strict", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-8000:]
+    with open(tmp_path / "ep.json") as fh:
+        res = json.load(fh)
+    assert res["command"] and res["commit"] and res["device_kind"] == "cpu"
+    rows = {(r["ep"], r["impl"]): r for r in res["rows"]}
+    assert set(rows) == {(1, "samoyeds"), (1, "grouped_mm"), (2, "samoyeds"), (2, "grouped_mm")}
+    for key, r in rows.items():
+        assert "error" not in r, (key, r["error"])
+        assert len(r["weights_gib_per_rank"]) == key[0]
+        cells = r["prefill"] + r["decode"]
+        assert len(cells) == 4 and all(c["tokens_per_s"] > 0 for c in cells), (key, cells)
+    for impl in ("samoyeds", "grouped_mm"):
+        one, two = rows[(1, impl)]["experts_gib_per_rank"], rows[(2, impl)]["experts_gib_per_rank"]
+        assert two == [one[0] / 2] * 2, (impl, one, two)
+    assert {r["ratio"] for r in res["ratios"]} == {"samoyeds_over_grouped_mm", "ep2_over_ep1"}
