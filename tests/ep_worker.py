@@ -1,14 +1,20 @@
 """One rank of the expert-parallel test (tests/test_ep.py), launched by
-``python -m torch.distributed.run --nproc-per-node 2 tests/ep_worker.py OUT DIR...``.
+``python -m torch.distributed.run --nproc-per-node 2 tests/ep_worker.py OUT DTYPE IMPL DIR...``.
 
 For every saved model directory DIR (one tiny model per family) it loads the model with
-``DistributedConfig(tp_size=W, ep_size=W)`` (transformers initialises the process group:
-gloo on the CPU, NCCL on GPUs), packs it with samoyeds.patch_model, and writes to
+``DistributedConfig(tp_size=W, ep_size=W, ep_implementation=IMPL)`` (transformers
+initialises the process group: gloo on the CPU, NCCL on GPUs), packs it with
+samoyeds.patch_model, and writes to
 ``OUT/<family>.rank<r>.pt``: the logits on the test's prompts, the greedy tokens, what
 each rank holds (expert count, buffer shapes), and the logits after unpatch_model (the
 masked dense weights under transformers' own experts implementation, DTensors again).
 
-Usage: ep_worker.py OUT_DIR DTYPE(fp32|bf16) MODEL_DIR...
+Usage: ep_worker.py OUT_DIR DTYPE(fp32|bf16) EP_IMPLEMENTATION MODEL_DIR...
+
+EP_IMPLEMENTATION is DistributedConfig's ep_implementation: "auto" (AllReduceEP at
+inference: every rank runs its experts on the whole batch, the others' ids masked) or
+"all_to_all" (AllToAllEP: each rank sends its slice of the batch's rows to the experts'
+ranks and gets the outputs back).
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ def prompts(vocab: int, device: torch.device) -> torch.Tensor:
     return torch.randint(3, vocab, (2, 11), generator=g).to(device)
 
 
-def run(out: str, dtype: torch.dtype, model_dir: str) -> None:
+def run(out: str, dtype: torch.dtype, ep_impl: str, model_dir: str) -> None:
     import transformers
     from transformers import DistributedConfig
 
@@ -37,7 +43,8 @@ def run(out: str, dtype: torch.dtype, model_dir: str) -> None:
     cfg = transformers.AutoConfig.from_pretrained(model_dir)
     cls = getattr(transformers, cfg.architectures[0])
     model = cls.from_pretrained(model_dir, dtype=dtype,
-                                distributed_config=DistributedConfig(tp_size=world, ep_size=world)).eval()
+                                distributed_config=DistributedConfig(tp_size=world, ep_size=world,
+                                                                    ep_implementation=ep_impl)).eval()
     rank = torch.distributed.get_rank()
     device = next(model.parameters()).device
     ids = prompts(cfg.vocab_size, device)
@@ -64,12 +71,13 @@ def run(out: str, dtype: torch.dtype, model_dir: str) -> None:
 
 def main() -> None:
     out, dtype = sys.argv[1], {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[2]]
+    ep_impl = sys.argv[3]
     import transformers
 
     transformers.logging.set_verbosity_error()
     try:
-        for model_dir in sys.argv[3:]:
-            run(out, dtype, model_dir)
+        for model_dir in sys.argv[4:]:
+            run(out, dtype, ep_impl, model_dir)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -58,7 +58,7 @@ def ep_unavailable() -> str:
     return ""
 
 
-def launch(tmp_path, dtype: str, families=FAMILIES) -> dict:
+def launch(tmp_path, dtype: str, ep_impl: str = "auto", families=FAMILIES) -> dict:
     """Saves each family's model, runs the two ranks, returns {family: (dir, [rank outputs])}."""
     dirs = {}
     for i, fam in enumerate(families):
@@ -69,7 +69,7 @@ def launch(tmp_path, dtype: str, families=FAMILIES) -> dict:
     out.mkdir()
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-           "--standalone", WORKER, str(out), dtype, *dirs.values()]
+           "--standalone", WORKER, str(out), dtype, ep_impl, *dirs.values()]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     return {fam: (d, [torch.load(out / f"{fam}.rank{r}.pt") for r in range(WORLD)]) for fam, d in dirs.items()}
@@ -105,28 +105,33 @@ def check(results: dict, dtype, device: str, atol: float) -> None:
             assert all(s[0] == E // W for s in held["gate_up_values"]), (fam, r, held)
             assert held["localized"] == SHAPE.layers and held["dtensor_after_unpatch"], (fam, r, held)
             diff = (o["logits"] - logits).abs().max().item()
+            print(f"{fam} rank {r}: EP-{W} logits - one process's: max |diff| {diff:.3g}")
             assert diff <= atol, f"{fam} rank {r}: EP-{W} logits differ from one process by {diff:.3g}"
             diff = (o["dense_logits"] - dense).abs().max().item()
             assert diff <= atol, f"{fam} rank {r}: unpatched EP-{W} logits differ by {diff:.3g}"
             assert torch.equal(o["tokens"], tokens), f"{fam} rank {r}: greedy tokens differ"
 
 
-def test_ep2_cpu_gloo(tmp_path):
+@pytest.mark.parametrize("ep_impl", ["auto", "all_to_all"])
+def test_ep2_cpu_gloo(tmp_path, ep_impl):
+    """auto: AllReduceEP (the inference default: placeholder ids, all-reduce); all_to_all:
+    AllToAllEP (each rank's rows sent to the experts' ranks, local ids, unit weights)."""
     why = ep_unavailable()
     if why:
         pytest.skip(why)
-    check(launch(tmp_path, "fp32"), torch.float32, "cpu", atol=1e-4)
+    check(launch(tmp_path, "fp32", ep_impl), torch.float32, "cpu", atol=1e-4)
 
 
 @pytest.mark.gpu
-def test_ep2_gpu_nccl(tmp_path):
+@pytest.mark.parametrize("ep_impl", ["auto", "all_to_all"])
+def test_ep2_gpu_nccl(tmp_path, ep_impl):
     why = ep_unavailable()
     if why:
         pytest.skip(why)
     if torch.cuda.device_count() < WORLD:
         pytest.skip(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")
     # bf16: the two ranks' partial sums are rounded once more by the all-reduce
-    results = launch(tmp_path, "bf16")
+    results = launch(tmp_path, "bf16", ep_impl)
     for _, ranks in results.values():
         assert all(o["device"].startswith("cuda") for o in ranks)
     check(results, torch.bfloat16, "cuda", atol=3e-2)
