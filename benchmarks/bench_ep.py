@@ -27,6 +27,7 @@ commit and devices.  ``--tiny --device cpu`` runs the same code on toy configs w
 (2 processes; nothing written unless ``--out``): tests/test_ep.py's CPU companion.
 
     python benchmarks/bench_ep.py                       # two GPUs
+    python benchmarks/bench_ep.py --models mixtral-8x7b --merge   # one model per call
     python benchmarks/bench_ep.py --tiny --device cpu --out /tmp/ep
 """
 from __future__ import annotations
@@ -95,6 +96,23 @@ def local_init(module: torch.nn.Module, std: float, gen: torch.Generator) -> Non
                     t.zero_()
 
 
+def materialize(model: torch.nn.Module, device: str, std: float, gen: torch.Generator, on_layer) -> Any:
+    """lm.materialize with :func:`local_init`: allocates the meta ``model`` on ``device``
+    (each rank its own shards), the decoder layers one at a time, ``on_layer`` after each."""
+    layers = model.model.layers
+    model.model.layers = torch.nn.ModuleList()
+    try:
+        model.to_empty(device=device)
+        local_init(model, std, gen)
+        lm._rebuild_rotary(model, model.config, device)
+    finally:
+        model.model.layers = layers
+    for i, layer in enumerate(layers):
+        layer.to_empty(device=device)
+        on_layer(i, layer)
+    return model
+
+
 def build(name: str, impl: str, device: str, dtype: torch.dtype, tiny: bool, seed: int) -> Any:
     import samoyeds
 
@@ -107,7 +125,7 @@ def build(name: str, impl: str, device: str, dtype: torch.dtype, tiny: bool, see
         if impl == "samoyeds":
             samoyeds.patch_model(layer, progress=False)
 
-    model = lm.materialize(model, device, seed=seed, on_layer=on_layer)
+    model = materialize(model, device, std, gen, on_layer)
     if impl != "samoyeds":
         lm.set_experts(model, impl)
     return model
@@ -315,6 +333,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per rank (--device cpu)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds for one EP size's ranks")
     ap.add_argument("--strict", action="store_true", help="a rank's error (other than OOM) ends the run")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of an existing ep.json that this run does not measure (one model or EP "
+                         "size per call)")
     ap.add_argument("--rank-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.reps is None:
@@ -337,6 +358,13 @@ def main(argv: Optional[List[str]] = None) -> None:
         for ep in args.ep:
             rows += launch(ep, args, forward, tmp)
     rows = merge(rows)
+    out_dir = args.out or (None if args.tiny else os.path.join(HERE, "results", "h100x2"))
+    path = os.path.join(out_dir, "ep.json") if out_dir else None
+    if args.merge and path and os.path.exists(path):
+        with open(path) as fh:
+            old_rows = json.load(fh)["rows"]
+        measured = {(r.get("model"), r.get("ep"), r.get("impl")) for r in rows}
+        rows = [r for r in old_rows if (r.get("model"), r.get("ep"), r.get("impl")) not in measured] + rows
     env = common.environment()
     if args.device == "cuda":
         env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -350,10 +378,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     for r in rows:
         if "error" in r:
             print(f"{r.get('model')} ep={r.get('ep')} {r.get('impl')}: {r['error']}")
-    if args.out or not args.tiny:
-        out = args.out or os.path.join(HERE, "results", "h100x2")
-        os.makedirs(out, exist_ok=True)
-        common.write_json(os.path.join(out, "ep.json"), payload)
+    if path:
+        os.makedirs(out_dir, exist_ok=True)
+        common.write_json(path, payload)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,8 @@ def launch(tmp_path, dtype: str, ep_impl: str = "auto", families=FAMILIES) -> di
         dirs[fam] = str(d)
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    # NVLink multicast off on GPUs (the device docs); no effect on gloo
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", NCCL_NVLS_ENABLE="0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
            "--standalone", WORKER, str(out), dtype, ep_impl, *dirs.values()]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
