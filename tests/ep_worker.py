@@ -6,8 +6,10 @@ For every saved model directory DIR (one tiny model per family) it loads the mod
 initialises the process group: gloo on the CPU, NCCL on GPUs), packs it with
 samoyeds.patch_model, and writes to
 ``OUT/<family>.rank<r>.pt``: the logits on the test's prompts, the greedy tokens, what
-each rank holds (expert count, buffer shapes), and the logits after unpatch_model (the
-masked dense weights under transformers' own experts implementation, DTensors again).
+each rank holds (expert count, buffer shapes), the logits after unpatch_model (the
+masked dense weights under transformers' own experts implementation, DTensors again), and
+the logits of the model patched again with whole-model masks (:func:`whole_masks`), which
+each rank cuts to its experts.
 
 Usage: ep_worker.py OUT_DIR DTYPE(fp32|bf16) EP_IMPLEMENTATION MODEL_DIR...
 
@@ -30,6 +32,27 @@ def prompts(vocab: int, device: torch.device) -> torch.Tensor:
     """The test's prompts: ``[2, 11]`` token ids, the same on every rank and in the test."""
     g = torch.Generator().manual_seed(43)
     return torch.randint(3, vocab, (2, 11), generator=g).to(device)
+
+
+def whole_masks(model, fmt: str = "samoyeds-1:2:128") -> dict:
+    """Masks for every experts module that stores ``[E, out, in]`` (not GPT-OSS), shaped like
+    the whole model's Parameters (all ``E`` experts, gathered from the ranks), from fixed random
+    scores: not the magnitude masks patch_model makes by itself, so a rank that cut another
+    rank's experts' masks gives other logits."""
+    from samoyeds.hf import find_experts, parallel
+    from samoyeds.packed import mask
+
+    masks = {}
+    for t in find_experts(model):
+        if t.experts.is_transposed:
+            continue
+        masks[t.name] = {}
+        for key in ("gate_up_proj", "down_proj"):
+            w = t.experts._parameters[key].detach()
+            w = w.full_tensor() if parallel.is_dtensor(w) else w
+            scores = torch.rand(w.shape, generator=torch.Generator().manual_seed(7)).to(w.device)
+            masks[t.name][key] = mask(w, fmt, scores=scores)
+    return masks
 
 
 def run(out: str, dtype: torch.dtype, ep_impl: str, model_dir: str) -> None:
@@ -64,9 +87,15 @@ def run(out: str, dtype: torch.dtype, ep_impl: str, model_dir: str) -> None:
     held["dtensor_after_unpatch"] = all(parallel.is_dtensor(m.gate_up_proj) for m in experts)
     with torch.no_grad():
         dense_logits = model(ids).logits.float().cpu()
+    masks = whole_masks(model)
+    masked_logits = None
+    if masks:
+        samoyeds.patch_model(model, progress=False, masks=masks)
+        with torch.no_grad():
+            masked_logits = model(ids).logits.float().cpu()
     family = cfg.model_type
-    torch.save({"logits": logits, "tokens": tokens, "dense_logits": dense_logits, "held": held,
-                "device": str(device)}, os.path.join(out, f"{family}.rank{rank}.pt"))
+    torch.save({"logits": logits, "tokens": tokens, "dense_logits": dense_logits, "masked_logits": masked_logits,
+                "held": held, "device": str(device)}, os.path.join(out, f"{family}.rank{rank}.pt"))
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ tensor-parallel where the model's plan says so), patch it and write their logits
 greedy tokens.  This process loads the same folder without a distributed config, patches
 it and compares: the logits within rounding of the two ranks' partial sums, the greedy
 tokens equal.  Each rank must hold packed buffers for its own half of the experts only,
-and unpatch_model must give it DTensors again.
+and unpatch_model must give it DTensors again; patched again with masks for the whole
+model (``masks=``, not magnitude), each rank must cut them to its own experts.
 
 CPU: gloo, fp32 (tolerance 1e-4 on logits of magnitude ~4; the packed model differs from
 the dense one by O(1), so a rank running dense or wrong experts fails).  GPU: NCCL, bf16,
@@ -28,7 +29,7 @@ import samoyeds  # noqa: E402
 from samoyeds.hf.families import Shape, build_model  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ep_worker import prompts  # noqa: E402
+from ep_worker import prompts, whole_masks  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -90,13 +91,18 @@ def reference(model_dir: str, dtype, device: str):
                                 pad_token_id=0).cpu()
         samoyeds.unpatch_model(model)
         dense = model(ids).logits.float().cpu()
-    return logits, tokens, dense, original
+        masks = whole_masks(model)
+        masked = None
+        if masks:
+            samoyeds.patch_model(model, progress=False, masks=masks)
+            masked = model(ids).logits.float().cpu()
+    return logits, tokens, dense, original, masked
 
 
 def check(results: dict, dtype, device: str, atol: float) -> None:
     E, W = SHAPE.experts, WORLD
     for fam, (model_dir, ranks) in results.items():
-        logits, tokens, dense, original = reference(model_dir, dtype, device)
+        logits, tokens, dense, original, masked = reference(model_dir, dtype, device)
         # packing changes the model: an EP rank running the dense weights could not pass
         assert (original - logits).abs().max() > 50 * atol, fam
         for r, o in enumerate(ranks):
@@ -111,6 +117,11 @@ def check(results: dict, dtype, device: str, atol: float) -> None:
             diff = (o["dense_logits"] - dense).abs().max().item()
             assert diff <= atol, f"{fam} rank {r}: unpatched EP-{W} logits differ by {diff:.3g}"
             assert torch.equal(o["tokens"], tokens), f"{fam} rank {r}: greedy tokens differ"
+            assert (masked is None) == (o["masked_logits"] is None), fam
+            if masked is not None:   # whole-model masks, cut by each rank
+                assert (masked - logits).abs().max() > 50 * atol, fam
+                diff = (o["masked_logits"] - masked).abs().max().item()
+                assert diff <= atol, f"{fam} rank {r}: EP-{W} logits with masks= differ by {diff:.3g}"
 
 
 @pytest.mark.parametrize("ep_impl", ["auto", "all_to_all"])
