@@ -71,6 +71,11 @@ def run(out: str, dtype: torch.dtype, ep_impl: str, model_dir: str) -> None:
     rank = torch.distributed.get_rank()
     device = next(model.parameters()).device
     ids = prompts(cfg.vocab_size, device)
+    try:   # a format the shapes do not fit: patch_model fails after localising, and must restore
+        samoyeds.patch_model(model, fmt="1:3:128", progress=False)
+    except samoyeds.hf.UnsupportedModelError:
+        pass
+    restored = all(parallel.is_dtensor(t.experts.gate_up_proj) for t in samoyeds.hf.find_experts(model))
     samoyeds.patch_model(model, progress=False)
     experts = [m for m in model.modules() if getattr(m, "_samoyeds", None) is not None]
     held = {
@@ -78,6 +83,7 @@ def run(out: str, dtype: torch.dtype, ep_impl: str, model_dir: str) -> None:
         "packed_experts": [m._samoyeds.num_experts for m in experts],
         "gate_up_values": [tuple(m.samoyeds_gate_up_values.shape) for m in experts],
         "localized": len(parallel.recorded(model)),
+        "dtensor_after_failed_patch": restored,
     }
     with torch.no_grad():
         logits = model(ids).logits.float().cpu()

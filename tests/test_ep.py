@@ -111,6 +111,7 @@ def check(results: dict, dtype, device: str, atol: float) -> None:
             assert held["packed_experts"] == [E // W] * SHAPE.layers, (fam, r, held)
             assert all(s[0] == E // W for s in held["gate_up_values"]), (fam, r, held)
             assert held["localized"] == SHAPE.layers and held["dtensor_after_unpatch"], (fam, r, held)
+            assert held["dtensor_after_failed_patch"], (fam, r, held)
             diff = (o["logits"] - logits).abs().max().item()
             print(f"{fam} rank {r}: EP-{W} logits - one process's: max |diff| {diff:.3g}")
             assert diff <= atol, f"{fam} rank {r}: EP-{W} logits differ from one process by {diff:.3g}"

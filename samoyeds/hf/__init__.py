@@ -167,8 +167,6 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         raise UnsupportedModelError(f"{type(model).__name__}: shared_experts=True, but its MoE blocks have no "
                                     f"shared experts (a child named {' or '.join(SHARED_NAMES)})")
     masks = dict(masks or {})
-    # expert parallel (hf/parallel.py): each rank packs its own experts; masks cut to them
-    localized = _parallel.localize(model, targets, masks, shared_experts)
     unknown = sorted(set(masks) - {t.name for t in targets} - {st.name for st in shared})
     if unknown:
         raise ValueError(f"masks: no experts module named {unknown}; expected names among "
@@ -194,6 +192,8 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
             if tuple(m.shape) != tuple(param.shape):
                 raise ValueError(f"masks[{t.name!r}][{key!r}]: expected shape {tuple(param.shape)} (the "
                                  f"Parameter's), got {tuple(m.shape)}")
+    # expert parallel (hf/parallel.py): each rank packs its own experts; masks cut to them
+    localized = _parallel.localize(model, targets, masks, shared_experts)
     try:
         for t in targets:
             t.layout = experts_layout(t, model, fmt)
