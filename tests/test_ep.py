@@ -11,8 +11,8 @@ and unpatch_model must give it DTensors again; patched again with masks for the 
 model (``masks=``, not magnitude), each rank must cut them to its own experts.
 
 CPU: gloo, fp32 (tolerance 1e-4 on logits of magnitude ~4; the packed model differs from
-the dense one by O(1), so a rank running dense or wrong experts fails).  GPU: NCCL, bf16,
-marked gpu, needs two GPUs.
+the dense one by O(1), so a rank running dense or wrong experts fails).  GPU: NCCL, bf16
+(tolerance 4 ulps of a logit of 4), marked gpu, needs two GPUs.
 """
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
 WORLD = 2
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ep_worker.py")
 TIMEOUT_S = 600
+#: Least change of the logits that another set of kept weights makes (see check).
+MOVED = 0.5
 
 
 def ep_unavailable() -> str:
@@ -103,8 +105,9 @@ def check(results: dict, dtype, device: str, atol: float) -> None:
     E, W = SHAPE.experts, WORLD
     for fam, (model_dir, ranks) in results.items():
         logits, tokens, dense, original, masked = reference(model_dir, dtype, device)
-        # packing changes the model: an EP rank running the dense weights could not pass
-        assert (original - logits).abs().max() > 50 * atol, fam
+        # packing moves the logits by 1.9-3.9 (fp32, seeds 100-102): an EP rank running the
+        # dense weights could not pass
+        assert (original - logits).abs().max() > MOVED, fam
         for r, o in enumerate(ranks):
             held = o["held"]
             assert held["num_experts"] == [E // W] * SHAPE.layers, (fam, r, held)
@@ -120,7 +123,7 @@ def check(results: dict, dtype, device: str, atol: float) -> None:
             assert torch.equal(o["tokens"], tokens), f"{fam} rank {r}: greedy tokens differ"
             assert (masked is None) == (o["masked_logits"] is None), fam
             if masked is not None:   # whole-model masks, cut by each rank
-                assert (masked - logits).abs().max() > 50 * atol, fam
+                assert (masked - logits).abs().max() > MOVED, fam   # 1.0-1.4 in fp32
                 diff = (o["masked_logits"] - masked).abs().max().item()
                 assert diff <= atol, f"{fam} rank {r}: EP-{W} logits with masks= differ by {diff:.3g}"
 
@@ -143,11 +146,12 @@ def test_ep2_gpu_nccl(tmp_path, ep_impl):
         pytest.skip(why)
     if torch.cuda.device_count() < WORLD:
         pytest.skip(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")
-    # bf16: the two ranks' partial sums are rounded once more by the all-reduce
+    # bf16: one ulp of a logit of size 4 is 0.031; the ranks' partial sums, the all-reduce and
+    # the tensor-parallel attention round in other orders than one GPU does
     results = launch(tmp_path, "bf16", ep_impl)
     for _, ranks in results.values():
         assert all(o["device"].startswith("cuda") for o in ranks)
-    check(results, torch.bfloat16, "cuda", atol=3e-2)
+    check(results, torch.bfloat16, "cuda", atol=0.125)
 
 
 def test_bench_ep_tiny_cpu(tmp_path):
