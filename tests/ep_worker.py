@@ -61,6 +61,7 @@ def run(out: str, dtype: torch.dtype, ep_impl: str, model_dir: str) -> None:
 
     import samoyeds
     from samoyeds.hf import parallel
+    from samoyeds.hf.shared import find_shared
 
     world = int(os.environ["WORLD_SIZE"])
     cfg = transformers.AutoConfig.from_pretrained(model_dir)
@@ -76,6 +77,15 @@ def run(out: str, dtype: torch.dtype, ep_impl: str, model_dir: str) -> None:
     except samoyeds.hf.UnsupportedModelError:
         pass
     restored = all(parallel.is_dtensor(t.experts.gate_up_proj) for t in samoyeds.hf.find_experts(model))
+    shared = find_shared(model, samoyeds.hf.find_experts(model))
+    shared_refused = None
+    if shared:   # tensor-parallel shared experts (DeepSeek-V3's plan) cannot be packed
+        try:
+            samoyeds.patch_model(model, progress=False, shared_experts=True)
+            shared_refused = False
+            samoyeds.unpatch_model(model)
+        except samoyeds.hf.UnsupportedModelError:
+            shared_refused = True
     samoyeds.patch_model(model, progress=False)
     experts = [m for m in model.modules() if getattr(m, "_samoyeds", None) is not None]
     held = {
@@ -84,6 +94,12 @@ def run(out: str, dtype: torch.dtype, ep_impl: str, model_dir: str) -> None:
         "gate_up_values": [tuple(m.samoyeds_gate_up_values.shape) for m in experts],
         "localized": len(parallel.recorded(model)),
         "dtensor_after_failed_patch": restored,
+        "shared": len(shared),
+        "shared_sharded": all(parallel.is_sharded(st.mlp) for st in shared),
+        "shared_refused": shared_refused,
+        # their class and their block's stay transformers' (swap.py marks samoyeds' classes)
+        "shared_swapped": any(getattr(type(m), "_samoyeds_swapped", False) for st in shared
+                              for m in (st.mlp, st.parent)),
     }
     with torch.no_grad():
         logits = model(ids).logits.float().cpu()

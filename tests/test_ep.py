@@ -36,7 +36,8 @@ transformers.logging.set_verbosity_error()
 # Experts dominate the logits at init_std=0.1, so an error in them cannot hide.
 SHAPE = Shape(vocab=128, hidden=128, layers=2, experts=8, top_k=2, intermediate=64, heads=4, kv_heads=2,
               head_dim=32, init_std=0.1)
-FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
+# DeepSeek-V3: its tp_plan shards the shared experts and the dense layer's MLP (and not MLA)
+FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3")
 WORLD = 2
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ep_worker.py")
 TIMEOUT_S = 600
@@ -108,13 +109,18 @@ def check(results: dict, dtype, device: str, atol: float) -> None:
         # packing moves the logits by 1.9-3.9 (fp32, seeds 100-102): an EP rank running the
         # dense weights could not pass
         assert (original - logits).abs().max() > MOVED, fam
+        moe_layers = SHAPE.layers - (1 if fam == "deepseek_v3" else 0)   # its layer 0 is dense
         for r, o in enumerate(ranks):
             held = o["held"]
-            assert held["num_experts"] == [E // W] * SHAPE.layers, (fam, r, held)
-            assert held["packed_experts"] == [E // W] * SHAPE.layers, (fam, r, held)
+            assert held["num_experts"] == [E // W] * moe_layers, (fam, r, held)
+            assert held["packed_experts"] == [E // W] * moe_layers, (fam, r, held)
             assert all(s[0] == E // W for s in held["gate_up_values"]), (fam, r, held)
-            assert held["localized"] == SHAPE.layers and held["dtensor_after_unpatch"], (fam, r, held)
+            assert held["localized"] == moe_layers and held["dtensor_after_unpatch"], (fam, r, held)
             assert held["dtensor_after_failed_patch"], (fam, r, held)
+            if fam == "deepseek_v3":
+                # shared experts sharded by the plan: refused for packing, left transformers' own
+                assert held["shared"] == moe_layers and held["shared_sharded"], (fam, r, held)
+                assert held["shared_refused"] is True and not held["shared_swapped"], (fam, r, held)
             diff = (o["logits"] - logits).abs().max().item()
             print(f"{fam} rank {r}: EP-{W} logits - one process's: max |diff| {diff:.3g}")
             assert diff <= atol, f"{fam} rank {r}: EP-{W} logits differ from one process by {diff:.3g}"
