@@ -301,7 +301,7 @@ def test_import_samoyeds_is_light():
                   "assert samoyeds.is_patched is samoyeds.hf.is_patched")
 
 
-HF_MODULES = ["families", "swap", "experts", "streams", "shared", "router", "llama4"]
+HF_MODULES = ["families", "swap", "experts", "streams", "shared", "parallel", "router", "llama4"]
 
 
 def test_hf_package_imports_form_no_cycle():

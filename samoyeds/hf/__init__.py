@@ -18,6 +18,7 @@ The package, one job per module (each imports only those listed before it):
 * ``shared.py``: shared experts, unpruned (``SamoyedsDense<...>``) or packed (:class:`SamoyedsMLP`);
 * ``router.py``: routers run by :func:`samoyeds.router` (``SamoyedsRouter<...>``);
 * ``llama4.py``: Llama 4's block (``SamoyedsLlama4<...>``);
+* ``parallel.py``: a model transformers distributed (expert parallel): local experts only;
 * this file: the public API and the class lookup for pickles.
 
 The op is inference only: a backward through a patched model raises.
@@ -31,6 +32,7 @@ from torch import nn
 
 from ..format import SparseFormat
 from . import llama4, swap
+from . import parallel as _parallel
 from . import router as _routers
 from . import shared as _shared
 from . import streams as _streams
@@ -190,8 +192,14 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
             if tuple(m.shape) != tuple(param.shape):
                 raise ValueError(f"masks[{t.name!r}][{key!r}]: expected shape {tuple(param.shape)} (the "
                                  f"Parameter's), got {tuple(m.shape)}")
-    for t in targets:
-        t.layout = experts_layout(t, model, fmt)
+    # expert parallel (hf/parallel.py): each rank packs its own experts; masks cut to them
+    localized = _parallel.localize(model, targets, masks, shared_experts)
+    try:
+        for t in targets:
+            t.layout = experts_layout(t, model, fmt)
+    except Exception:
+        _parallel.restore(localized)
+        raise
 
     previous = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else None
     if isinstance(previous, dict):
@@ -218,12 +226,14 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
                     swap.unswap(d.block)
             for d in done_shared:
                 unpatch_shared(d.parent, d.attr)
+            _parallel.restore(localized)
             if (done or done_shared) and hasattr(e, "add_note"):
                 e.add_note(f"samoyeds.patch_model failed at {failing!r}; the {len(done) + len(done_shared)} "
                            "module(s) packed before it were unpacked and now hold their masked dense weights")
             raise
     install(model, targets, dense_shared=not shared_experts, router=router, shared_stream=shared_stream,
             shared_stream_min_rows=shared_stream_min_rows)
+    _parallel.keep_sharded(model, targets)
     setattr(model, _PREVIOUS_ATTR, previous)
     set_implementation(model, [t.experts for t in targets if t.block is None], IMPLEMENTATION)
     return model
@@ -248,6 +258,7 @@ def unpatch_model(model: nn.Module) -> nn.Module:
         for _, parent, attr in shared:
             unpatch_shared(parent, attr)
         swap.unswap_all(model)
+        _parallel.restore(_parallel.recorded(model))
     previous = getattr(model, _PREVIOUS_ATTR, None)
     if hasattr(model, _PREVIOUS_ATTR):
         delattr(model, _PREVIOUS_ATTR)

@@ -1,0 +1,387 @@
+"""Expert parallelism: full-depth MoE LMs at EP = 1 and 2, samoyeds against grouped_mm
+under the same plan.
+
+For each model (Qwen3-30B-A3B, Mixtral-8x7B: published configs, random weights, nothing
+downloaded), each EP size and each experts implementation, one process per rank
+(``torch.distributed.run``) builds the model on the meta device, applies transformers'
+own distributed plan to it (``DistributedConfig(tp_size=EP, ep_size=EP)``: experts
+``grouped_gemm``-sharded on the expert dim and run through ``AllReduceEP``, attention
+tensor-parallel by the model's tp_plan; ``maybe_distribute_model`` is what
+``from_pretrained(distributed_config=...)`` calls), then materialises it one decoder layer
+at a time on the rank's device (benchmarks/lm.py), packing each layer with
+``samoyeds.patch_model`` right after it exists (samoyeds) or leaving it dense
+(grouped_mm).  EP = 1 is the same model without a distributed config.
+
+Measured on every rank, the slowest rank's time reported:
+
+* prefill tokens/s: ``B x L`` prompts (1 x 4096 and 8 x 4096), no cache, last logits only;
+* decode tokens/s: batch 1 and 32, ``--decode-steps`` steps with the KV cache after a
+  ``--decode-prompt``-token prompt;
+* memory per GPU: the rank's weights (parameters and buffers) and the peak allocated.
+
+A model whose dense weights do not fit one GPU (Mixtral-8x7B in bf16 at EP = 1 on an
+80 GB H100) is recorded as out of memory for grouped_mm; samoyeds builds it packed.
+
+Writes benchmarks/results/h100x2/ep.json (``--out`` another folder) with the command,
+commit and devices.  ``--tiny --device cpu`` runs the same code on toy configs with gloo
+(2 processes; nothing written unless ``--out``): tests/test_ep.py's CPU companion.
+
+    python benchmarks/bench_ep.py                       # two GPUs
+    python benchmarks/bench_ep.py --models mixtral-8x7b --merge   # one model per call
+    python benchmarks/bench_ep.py --tiny --device cpu --out /tmp/ep
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import common  # noqa: E402
+import lm  # noqa: E402
+
+MODELS = ("qwen3-30b-a3b", "mixtral-8x7b")
+IMPLS = ("samoyeds", "grouped_mm")
+PREFILL = ((1, 4096), (8, 4096))
+DECODE = (1, 32)
+TINY_PREFILL = ((1, 64), (2, 64))
+TINY_DECODE = (1, 4)
+
+
+# --- one rank ---------------------------------------------------------------------------------------
+
+def world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def distributed_model(name: str, tiny: bool, dtype: torch.dtype) -> Any:
+    """``name``'s meta model under transformers' EP plan for this world (none at 1 rank)."""
+    from transformers import DistributedConfig
+
+    cfg = lm.config(name, tiny=tiny)
+    model = lm.meta_model(cfg, dtype)
+    if world() == 1:
+        return model
+    dcfg = DistributedConfig(tp_size=world(), ep_size=world())
+    # from_pretrained(distributed_config=dcfg) runs these two on the model it builds
+    dcfg, _, mesh_manager = type(model).prepare_distribute_model(dcfg)
+    return type(model).maybe_distribute_model(model, dcfg, mesh_manager)
+
+
+def local_init(module: torch.nn.Module, std: float, gen: torch.Generator) -> None:
+    """lm.py's initialisation on each rank's local shards (DTensors have no generator ops)."""
+    from samoyeds.hf.parallel import is_dtensor
+
+    with torch.no_grad():
+        for mod in module.modules():
+            is_norm = "norm" in type(mod).__name__.lower()
+            for pname, p in mod.named_parameters(recurse=False):
+                t = p.to_local() if is_dtensor(p) else p
+                if is_norm and pname == "weight":
+                    t.fill_(1.0)
+                elif t.dim() >= 2:
+                    t.normal_(0.0, std, generator=gen)
+                else:
+                    t.zero_()
+
+
+def materialize(model: torch.nn.Module, device: str, std: float, gen: torch.Generator, on_layer) -> Any:
+    """lm.materialize with :func:`local_init`: allocates the meta ``model`` on ``device``
+    (each rank its own shards), the decoder layers one at a time, ``on_layer`` after each."""
+    layers = model.model.layers
+    model.model.layers = torch.nn.ModuleList()
+    try:
+        model.to_empty(device=device)
+        local_init(model, std, gen)
+        lm._rebuild_rotary(model, model.config, device)
+    finally:
+        model.model.layers = layers
+    for i, layer in enumerate(layers):
+        layer.to_empty(device=device)
+        on_layer(i, layer)
+    return model
+
+
+def build(name: str, impl: str, device: str, dtype: torch.dtype, tiny: bool, seed: int) -> Any:
+    import samoyeds
+
+    model = distributed_model(name, tiny, dtype)
+    std = float(model.config.initializer_range)
+    gen = torch.Generator(device=device).manual_seed(seed + 7919 * int(os.environ.get("RANK", "0")))
+
+    def on_layer(i: int, layer: torch.nn.Module) -> None:
+        local_init(layer, std, gen)
+        if impl == "samoyeds":
+            samoyeds.patch_model(layer, progress=False)
+
+    model = materialize(model, device, std, gen, on_layer)
+    if impl != "samoyeds":
+        lm.set_experts(model, impl)
+    return model
+
+
+def slowest(seconds: float, device: str) -> float:
+    """The largest of every rank's ``seconds``."""
+    if world() == 1:
+        return seconds
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return float(t.item())
+
+
+def timed(fn, device: str, reps: int) -> float:
+    """Median seconds of ``fn()`` over ``reps`` calls after one warm-up, every rank starting together."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if world() > 1:
+            torch.distributed.barrier()
+        common.sync(device)
+        t0 = time.perf_counter()
+        fn()
+        common.sync(device)
+        times.append(slowest(time.perf_counter() - t0, device))
+    return sorted(times)[len(times) // 2]
+
+
+def measure(model: Any, device: str, args: argparse.Namespace) -> Dict[str, Any]:
+    from transformers import DynamicCache
+
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(args.seed)   # the same prompts on every rank
+    row: Dict[str, Any] = {"prefill": [], "decode": []}
+    with torch.no_grad():
+        for B, L in (TINY_PREFILL if args.tiny else PREFILL):
+            ids = torch.randint(3, vocab, (B, L), generator=gen).to(device)
+            s = timed(lambda: model(ids, use_cache=False, logits_to_keep=1), device, args.reps)
+            row["prefill"].append({"batch": B, "seq": L, "ms": s * 1e3, "tokens_per_s": B * L / s})
+        P, N = args.decode_prompt, args.decode_steps
+        # transformers 5.2x renames past_key_values to cache
+        kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        for B in (TINY_DECODE if args.tiny else DECODE):
+            ids = torch.randint(3, vocab, (B, P), generator=gen).to(device)
+            nxt = torch.randint(3, vocab, (B, N), generator=gen).to(device)
+
+            def decode():
+                cache = {kw: DynamicCache(config=model.config)}
+                model(ids, **cache, use_cache=True, logits_to_keep=1)
+                common.sync(device)
+                t0 = time.perf_counter()
+                for j in range(N):
+                    model(nxt[:, j:j + 1], **cache, use_cache=True)
+                common.sync(device)
+                return time.perf_counter() - t0
+
+            decode()
+            steps = []
+            for _ in range(args.reps):
+                if world() > 1:
+                    torch.distributed.barrier()
+                steps.append(slowest(decode(), device))
+            s = sorted(steps)[len(steps) // 2]
+            row["decode"].append({"batch": B, "prompt": P, "steps": N, "ms_per_step": s / N * 1e3,
+                                  "tokens_per_s": B * N / s})
+    return row
+
+
+def tensor_bytes(model: Any) -> int:
+    """Bytes this rank holds in parameters and buffers (local shards of DTensors)."""
+    from samoyeds.hf.parallel import is_dtensor
+
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        t = t.to_local() if is_dtensor(t) else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+def run_rank(args: argparse.Namespace) -> None:
+    device = args.device
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dtype = common.default_dtype(device)
+    rows = []
+    for name in args.models:
+        for impl in args.impls:
+            row: Dict[str, Any] = {"model": name, "ep": world(), "impl": impl, "rank": int(os.environ.get("RANK", 0))}
+            model = None
+            try:
+                if device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                model = build(name, impl, device, dtype, args.tiny, args.seed)
+                row["weights_gib"] = tensor_bytes(model) / 2**30
+                row["experts_gib"] = _experts_bytes(model) / 2**30
+                row.update(measure(model, device, args))
+                if device == "cuda":
+                    row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            except Exception as e:   # noqa: BLE001  one cell's failure is a result, not the end of the run
+                row["error"] = "out of memory" if common.is_oom(e) else common.error_text(e)
+                if not common.is_oom(e) and args.strict:
+                    raise
+            del model
+            common.free_memory(device)
+            if world() > 1:
+                torch.distributed.barrier()
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("prefill", "decode")}), flush=True)
+    with open(f"{args.rank_out}.rank{os.environ.get('RANK', '0')}", "w") as fh:
+        json.dump(rows, fh)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _experts_bytes(model: Any) -> int:
+    import samoyeds.hf as hf
+    from samoyeds.hf.parallel import is_dtensor
+
+    total = 0
+    for t in hf.find_experts(model):
+        for n in ("gate_up_proj", "down_proj", *[f"samoyeds_{p}_{a}" for p in hf.PROJS for a in hf.ARRAYS]):
+            x = getattr(t.experts, n, None)
+            if x is not None:
+                x = x.to_local() if is_dtensor(x) else x
+                total += x.numel() * x.element_size()
+    return total
+
+
+# --- the driver -------------------------------------------------------------------------------------
+
+def launch(ep: int, args: argparse.Namespace, forward: List[str], tmp: str) -> List[Dict[str, Any]]:
+    """Runs ``ep`` ranks of this script; returns every rank's rows."""
+    rank_out = os.path.join(tmp, f"ep{ep}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ep),
+           os.path.abspath(__file__), "--rank-out", rank_out, *forward]
+    env = dict(os.environ)
+    if args.device == "cpu":
+        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(args.threads))
+    else:
+        env.setdefault("NCCL_NVLS_ENABLE", "0")   # NVLink multicast off (the device docs)
+    p = subprocess.run(cmd, env=env, timeout=args.timeout)
+    rows = []
+    for r in range(ep):
+        path = f"{rank_out}.rank{r}"
+        if os.path.exists(path):
+            with open(path) as fh:
+                rows += json.load(fh)
+    if p.returncode != 0 and not rows:
+        rows.append({"ep": ep, "error": f"ranks exited with status {p.returncode}"})
+    return rows
+
+
+def merge(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per (model, ep, impl): rank 0's times (already the slowest rank's), each rank's memory."""
+    out: Dict[tuple, Dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: r.get("rank", 0)):
+        key = (r.get("model"), r.get("ep"), r.get("impl"))
+        m = out.setdefault(key, {k: v for k, v in r.items() if k not in ("rank", "weights_gib", "peak_gib",
+                                                                          "experts_gib")})
+        for k in ("weights_gib", "experts_gib", "peak_gib"):
+            if k in r:
+                m.setdefault(f"{k}_per_rank", []).append(r[k])
+        if "error" in r:
+            m["error"] = r["error"]
+    return list(out.values())
+
+
+def ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """samoyeds / grouped_mm at each EP, and EP=2 / EP=1 per implementation (tokens/s)."""
+    by = {(r.get("model"), r.get("ep"), r.get("impl")): r for r in rows if "error" not in r}
+    out = []
+
+    def tps(r, phase):
+        return {(c.get("batch"), c.get("seq", c.get("prompt"))): c["tokens_per_s"] for c in r[phase]}
+
+    for (model, ep, impl), r in by.items():
+        pairs = []
+        if impl == "samoyeds" and (model, ep, "grouped_mm") in by:
+            pairs.append(("samoyeds_over_grouped_mm", by[(model, ep, "grouped_mm")]))
+        if ep != 1 and (model, 1, impl) in by:
+            pairs.append((f"ep{ep}_over_ep1", by[(model, 1, impl)]))
+        for label, base in pairs:
+            for phase in ("prefill", "decode"):
+                a, b = tps(r, phase), tps(base, phase)
+                for k in a:
+                    if k in b:
+                        out.append({"model": model, "ep": ep, "impl": impl, "ratio": label, "phase": phase,
+                                    "batch": k[0], "seq": k[1], "value": a[k] / b[k]})
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common.add_run_args(ap, "toy configs: a quick CPU check of the script (gloo, 2 processes)")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(lm.REAL))
+    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    ap.add_argument("--ep", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 5; --tiny 2)")
+    ap.add_argument("--decode-prompt", type=int, default=None, help="prompt tokens before decode (default 512)")
+    ap.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 32)")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per rank (--device cpu)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds for one EP size's ranks")
+    ap.add_argument("--strict", action="store_true", help="a rank's error (other than OOM) ends the run")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of an existing ep.json that this run does not measure (one model or EP "
+                         "size per call)")
+    ap.add_argument("--rank-out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.reps is None:
+        args.reps = 2 if args.tiny else 5
+    if args.decode_prompt is None:
+        args.decode_prompt = 8 if args.tiny else 512
+    if args.decode_steps is None:
+        args.decode_steps = 4 if args.tiny else 32
+    if args.rank_out:
+        common.setup_run(args)
+        run_rank(args)
+        return
+    if args.device == "cuda" and torch.cuda.device_count() < max(args.ep):
+        raise SystemExit(f"--ep {max(args.ep)}: needs that many GPUs, torch sees {torch.cuda.device_count()}")
+    forward = [a for a in (argv if argv is not None else sys.argv[1:])]
+    forward += ["--reps", str(args.reps), "--decode-prompt", str(args.decode_prompt),
+                "--decode-steps", str(args.decode_steps)]
+    rows: List[Dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ep in args.ep:
+            rows += launch(ep, args, forward, tmp)
+    rows = merge(rows)
+    out_dir = args.out or (None if args.tiny else os.path.join(HERE, "results", "h100x2"))
+    path = os.path.join(out_dir, "ep.json") if out_dir else None
+    if args.merge and path and os.path.exists(path):
+        with open(path) as fh:
+            old_rows = json.load(fh)["rows"]
+        measured = {(r.get("model"), r.get("ep"), r.get("impl")) for r in rows}
+        rows = [r for r in old_rows if (r.get("model"), r.get("ep"), r.get("impl")) not in measured] + rows
+    env = common.environment()
+    if args.device == "cuda":
+        env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    payload = {**env, "script": "bench_ep.py", "tiny": args.tiny, "device_kind": args.device,
+               "plan": "transformers DistributedConfig(tp_size=EP, ep_size=EP): experts grouped_gemm-sharded, "
+                       "AllReduceEP at inference, attention per the model's tp_plan; EP=1 undistributed",
+               "rows": rows, "ratios": ratios(rows)}
+    for r in payload["ratios"]:
+        print(f"{r['model']:14s} ep={r['ep']} {r['impl']:10s} {r['ratio']:26s} {r['phase']:7s} "
+              f"B={r['batch']:<3} {r['value']:.2f}x")
+    for r in rows:
+        if "error" in r:
+            print(f"{r.get('model')} ep={r.get('ep')} {r.get('impl')}: {r['error']}")
+    if path:
+        os.makedirs(out_dir, exist_ok=True)
+        common.write_json(path, payload)
+
+
+if __name__ == "__main__":
+    main()

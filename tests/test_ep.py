@@ -1,0 +1,189 @@
+"""samoyeds.patch_model under transformers' expert parallelism (EP = 2).
+
+Each family's tiny model is saved to a temporary folder; ``torch.distributed.run``
+launches two ranks of tests/ep_worker.py, which load it with
+``DistributedConfig(tp_size=2, ep_size=2)`` (experts sharded on the expert dim, attention
+tensor-parallel where the model's plan says so), patch it and write their logits and
+greedy tokens.  This process loads the same folder without a distributed config, patches
+it and compares: the logits within rounding of the two ranks' partial sums, the greedy
+tokens equal.  Each rank must hold packed buffers for its own half of the experts only,
+and unpatch_model must give it DTensors again; patched again with masks for the whole
+model (``masks=``, not magnitude), each rank must cut them to its own experts.
+
+CPU: gloo, fp32 (tolerance 1e-4 on logits of magnitude ~4; the packed model differs from
+the dense one by O(1), so a rank running dense or wrong experts fails).  GPU: NCCL, bf16
+(tolerance 4 ulps of a logit of 4), marked gpu, needs two GPUs.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import samoyeds  # noqa: E402
+from samoyeds.hf.families import Shape, build_model  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ep_worker import prompts, whole_masks  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+# Experts dominate the logits at init_std=0.1, so an error in them cannot hide.
+SHAPE = Shape(vocab=128, hidden=128, layers=2, experts=8, top_k=2, intermediate=64, heads=4, kv_heads=2,
+              head_dim=32, init_std=0.1)
+# DeepSeek-V3: its tp_plan shards the shared experts and the dense layer's MLP (and not MLA)
+FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3")
+WORLD = 2
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ep_worker.py")
+TIMEOUT_S = 600
+#: Least change of the logits that another set of kept weights makes (see check).
+MOVED = 0.5
+
+
+def ep_unavailable() -> str:
+    """Why transformers' expert parallelism cannot run here ('' when it can)."""
+    if not torch.distributed.is_available():
+        return "torch was built without torch.distributed"
+    try:
+        from transformers import DistributedConfig  # noqa: F401
+        from transformers.distributed.expert_parallel import AllReduceEP  # noqa: F401
+    except ImportError as e:
+        return f"this transformers has no expert-parallel plan ({e})"
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        # from_pretrained(distributed_config=...) sets a device_map, which it refuses without accelerate
+        return "transformers' distributed from_pretrained needs accelerate (pip install accelerate)"
+    return ""
+
+
+def launch(tmp_path, dtype: str, ep_impl: str = "auto", families=FAMILIES) -> dict:
+    """Saves each family's model, runs the two ranks, returns {family: (dir, [rank outputs])}."""
+    dirs = {}
+    for i, fam in enumerate(families):
+        d = tmp_path / fam
+        build_model(fam, SHAPE, seed=100 + i).save_pretrained(d)
+        dirs[fam] = str(d)
+    out = tmp_path / "out"
+    out.mkdir()
+    # NVLink multicast off on GPUs (the device docs); no effect on gloo
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", NCCL_NVLS_ENABLE="0")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+           "--standalone", WORKER, str(out), dtype, ep_impl, *dirs.values()]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return {fam: (d, [torch.load(out / f"{fam}.rank{r}.pt") for r in range(WORLD)]) for fam, d in dirs.items()}
+
+
+def reference(model_dir: str, dtype, device: str):
+    """One process, no distributed config: patched logits and greedy tokens, the
+    unpatched (masked dense) logits and the original model's logits."""
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    model = getattr(transformers, cfg.architectures[0]).from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    ids = prompts(cfg.vocab_size, torch.device(device))
+    with torch.no_grad():
+        original = model(ids).logits.float().cpu()
+        samoyeds.patch_model(model, progress=False)
+        logits = model(ids).logits.float().cpu()
+        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                                pad_token_id=0).cpu()
+        samoyeds.unpatch_model(model)
+        dense = model(ids).logits.float().cpu()
+        masks = whole_masks(model)
+        masked = None
+        if masks:
+            samoyeds.patch_model(model, progress=False, masks=masks)
+            masked = model(ids).logits.float().cpu()
+    return logits, tokens, dense, original, masked
+
+
+def check(results: dict, dtype, device: str, atol: float) -> None:
+    E, W = SHAPE.experts, WORLD
+    for fam, (model_dir, ranks) in results.items():
+        logits, tokens, dense, original, masked = reference(model_dir, dtype, device)
+        # packing moves the logits by 1.9-3.9 (fp32, seeds 100-102): an EP rank running the
+        # dense weights could not pass
+        assert (original - logits).abs().max() > MOVED, fam
+        moe_layers = SHAPE.layers - (1 if fam == "deepseek_v3" else 0)   # its layer 0 is dense
+        for r, o in enumerate(ranks):
+            held = o["held"]
+            assert held["num_experts"] == [E // W] * moe_layers, (fam, r, held)
+            assert held["packed_experts"] == [E // W] * moe_layers, (fam, r, held)
+            assert all(s[0] == E // W for s in held["gate_up_values"]), (fam, r, held)
+            assert held["localized"] == moe_layers and held["dtensor_after_unpatch"], (fam, r, held)
+            assert held["dtensor_after_failed_patch"], (fam, r, held)
+            if fam == "deepseek_v3":
+                # shared experts sharded by the plan: refused for packing, left transformers' own
+                assert held["shared"] == moe_layers and held["shared_sharded"], (fam, r, held)
+                assert held["shared_refused"] is True and not held["shared_swapped"], (fam, r, held)
+            diff = (o["logits"] - logits).abs().max().item()
+            print(f"{fam} rank {r}: EP-{W} logits - one process's: max |diff| {diff:.3g}")
+            assert diff <= atol, f"{fam} rank {r}: EP-{W} logits differ from one process by {diff:.3g}"
+            diff = (o["dense_logits"] - dense).abs().max().item()
+            assert diff <= atol, f"{fam} rank {r}: unpatched EP-{W} logits differ by {diff:.3g}"
+            assert torch.equal(o["tokens"], tokens), f"{fam} rank {r}: greedy tokens differ"
+            assert (masked is None) == (o["masked_logits"] is None), fam
+            if masked is not None:   # whole-model masks, cut by each rank
+                assert (masked - logits).abs().max() > MOVED, fam   # 1.0-1.4 in fp32
+                diff = (o["masked_logits"] - masked).abs().max().item()
+                assert diff <= atol, f"{fam} rank {r}: EP-{W} logits with masks= differ by {diff:.3g}"
+
+
+@pytest.mark.parametrize("ep_impl", ["auto", "all_to_all"])
+def test_ep2_cpu_gloo(tmp_path, ep_impl):
+    """auto: AllReduceEP (the inference default: placeholder ids, all-reduce); all_to_all:
+    AllToAllEP (each rank's rows sent to the experts' ranks, local ids, unit weights)."""
+    why = ep_unavailable()
+    if why:
+        pytest.skip(why)
+    check(launch(tmp_path, "fp32", ep_impl), torch.float32, "cpu", atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ep_impl", ["auto", "all_to_all"])
+def test_ep2_gpu_nccl(tmp_path, ep_impl):
+    why = ep_unavailable()
+    if why:
+        pytest.skip(why)
+    if torch.cuda.device_count() < WORLD:
+        pytest.skip(f"needs {WORLD} GPUs, found {torch.cuda.device_count()}")
+    # bf16: one ulp of a logit of size 4 is 0.031; the ranks' partial sums, the all-reduce and
+    # the tensor-parallel attention round in other orders than one GPU does
+    results = launch(tmp_path, "bf16", ep_impl)
+    for _, ranks in results.values():
+        assert all(o["device"].startswith("cuda") for o in ranks)
+    check(results, torch.bfloat16, "cuda", atol=0.125)
+
+
+def test_bench_ep_tiny_cpu(tmp_path):
+    """benchmarks/bench_ep.py --tiny --device cpu: EP = 1 and 2 (gloo) for both
+    implementations, every cell measured, each EP-2 rank holding half the experts."""
+    import json
+
+    why = ep_unavailable()
+    if why:
+        pytest.skip(why)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, os.path.join(root, "benchmarks", "bench_ep.py"), "--tiny", "--device", "cpu",
+           "--models", "mixtral-8x7b", "--ep", "1", "2", "--reps", "1", "--strict", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-8000:]
+    with open(tmp_path / "ep.json") as fh:
+        res = json.load(fh)
+    assert res["command"] and res["commit"] and res["device_kind"] == "cpu"
+    rows = {(r["ep"], r["impl"]): r for r in res["rows"]}
+    assert set(rows) == {(1, "samoyeds"), (1, "grouped_mm"), (2, "samoyeds"), (2, "grouped_mm")}
+    for key, r in rows.items():
+        assert "error" not in r, (key, r["error"])
+        assert len(r["weights_gib_per_rank"]) == key[0]
+        cells = r["prefill"] + r["decode"]
+        assert len(cells) == 4 and all(c["tokens_per_s"] > 0 for c in cells), (key, cells)
+    for impl in ("samoyeds", "grouped_mm"):
+        one, two = rows[(1, impl)]["experts_gib_per_rank"], rows[(2, impl)]["experts_gib_per_rank"]
+        assert two == [one[0] / 2] * 2, (impl, one, two)
+    assert {r["ratio"] for r in res["ratios"]} == {"samoyeds_over_grouped_mm", "ep2_over_ep1"}
