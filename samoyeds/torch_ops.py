@@ -109,8 +109,9 @@ def _no_backward_setup(ctx, inputs, output) -> None:
 def _no_backward(name: str):
     def backward(ctx, *grads):
         raise NotImplementedError(
-            f"samoyeds.{name} has no backward (autograd formula) yet: samoyeds is inference only. Run the forward under "
-            "torch.no_grad(), or train on the dense model (samoyeds.unpatch_model(model) or samoyeds.to_dense)")
+            f"samoyeds.{name} has no backward (autograd formula) yet: samoyeds is inference only. Run the "
+            "forward under torch.no_grad(), or train on the dense model (samoyeds.unpatch_model(model) or "
+            "samoyeds.to_dense)")
     return backward
 
 
