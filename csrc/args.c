@@ -160,8 +160,8 @@ static void producer_error(const char *name)
         PyErr_Restore(type, value, tb);
         return;
     }
-    PyErr_Format(type, "%s: expected a tensor on the CPU or a CUDA device that exports through DLPack, got one "
-                 "whose export failed: %s", name, msg);
+    PyErr_Format(type, "%s: expected a tensor that exports through DLPack (on the CPU or a CUDA device), got "
+                 "one whose export failed: %s", name, msg);
     Py_DECREF(text);
     PyObject *t2, *v2, *tb2;
     PyErr_Fetch(&t2, &v2, &tb2);

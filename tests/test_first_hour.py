@@ -159,8 +159,8 @@ def test_a_meta_tensor_gets_a_samoyeds_message_with_the_cause():
     for name, call in calls.items():
         with pytest.raises(ValueError) as e:
             call()
-        assert str(e.value).startswith(f"{name}: expected a tensor on the CPU or a CUDA device that exports "
-                                       "through DLPack, got one whose export failed: "), e.value
+        assert str(e.value).startswith(f"{name}: expected a tensor that exports through DLPack (on the CPU or "
+                                       "a CUDA device), got one whose export failed: "), e.value
         assert "meta" in str(e.value) and e.value.__cause__ is not None
 
 
