@@ -179,6 +179,20 @@ def test_check_ids_raises_on_ids_outside_the_experts(bad):
         moe_forward(x, idx, w, gu, dn, check_ids=True)
 
 
+@pytest.mark.gpu
+def test_check_ids_on_the_gpu():
+    x, idx, w, gu, dn = _moe_case(12, H=64, I=64)
+    gu = sm.PackedWeight(gu.values.bfloat16(), gu.meta, gu.idx, gu.fmt, gu.shape, gu.glu).to("cuda")
+    dn = sm.PackedWeight(dn.values.bfloat16(), dn.meta, dn.idx, dn.fmt, dn.shape, dn.glu).to("cuda")
+    x, idx, w = x.cuda().bfloat16(), idx.cuda(), w.cuda()
+    idx[0, 0] = 4                                   # the placeholder: fine
+    moe_forward(x, idx, w, gu, dn, check_ids=True)
+    idx[0, 1] = -1
+    moe_forward(x, idx, w, gu, dn)                  # default: no check, no sync
+    with pytest.raises(ValueError, match=r"^top_k_index: expected expert ids in \[0, 4\) or the placeholder 4"):
+        moe_forward(x, idx, w, gu, dn, check_ids=True)
+
+
 def test_check_ids_accepts_the_placeholder():
     x, idx, w, gu, dn = _moe_case(7)
     E = 4
