@@ -160,7 +160,8 @@ class PackedWeight:
         return values + meta + idx
 
     def __repr__(self) -> str:
-        size = f"{_bytes(self.nbytes)} = {self.nbytes / max(1, self.dense_nbytes):.1%} of dense {_bytes(self.dense_nbytes)}"
+        share = self.nbytes / max(1, self.dense_nbytes)
+        size = f"{_bytes(self.nbytes)} = {share:.1%} of dense {_bytes(self.dense_nbytes)}"
         if self.nbytes > self.logical_nbytes:
             size += f", padded to tiles from {_bytes(self.logical_nbytes)}"
         return (f"PackedWeight(shape={self.shape}, fmt={self.fmt.name!r}, dtype={self.dtype}, "

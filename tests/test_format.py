@@ -44,7 +44,8 @@ SPELLINGS = [
     ("samoyeds-1:2:128", "samoyeds-1:2:128"), ("1:2:128", "samoyeds-1:2:128"), ("SAMOYEDS-1:2:128", "samoyeds-1:2:128"),
     ((1, 2, 128), "samoyeds-1:2:128"), ("1:4:64", "samoyeds-1:4:64"), ("samoyeds-2:4:128", "samoyeds-2:4:128"),
     ((2, 4, 128), "samoyeds-2:4:128"),
-    ("1:4", r"^fmt: expected '2:4' or a format with row selection, 'samoyeds-n:m:v' .*'samoyeds-1:4:128'\), got '1:4'$"),
+    ("1:4", r"^fmt: expected '2:4' or a format with row selection, 'samoyeds-n:m:v' .*'samoyeds-1:4:128'\), "
+            r"got '1:4'$"),
     ("1:2", r"'samoyeds-1:2:128'\), got '1:2'$"),
     ("samoyeds-1:2", r"'samoyeds-1:2:128'\), got 'samoyeds-1:2'$"),
     ("4:4", r"e\.g\. 'samoyeds-1:4:128'\), got '4:4'$"),
