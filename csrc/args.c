@@ -125,20 +125,6 @@ static void format_dims(char *buf, size_t n, const int64_t *dims, int ndim)
     if (len < n) snprintf(buf + len, n - len, ")");
 }
 
-static void format_dtypes(char *buf, size_t n, unsigned allowed)
-{
-    size_t len = 0;
-    int count = 0, total = 0;
-    buf[0] = 0;
-    for (int d = 0; d < SAM_DTYPE_COUNT; d++) total += (allowed >> d) & 1;
-    for (int d = 0; d < SAM_DTYPE_COUNT && len < n; d++) {
-        if (!(allowed & SAM_DT(d))) continue;
-        count++;
-        const char *sep = count == 1 ? "" : (count == total ? " or " : ", ");
-        len += (size_t)snprintf(buf + len, n - len, "%s%s", sep, sam_dtype_name((sam_dtype)d));
-    }
-}
-
 static void device_str(char *buf, size_t n, const sam_tensor *t)
 {
     if (t->device_type == kDLCUDA) snprintf(buf, n, "cuda:%d", t->device_id);
@@ -153,6 +139,40 @@ static int layout_error(const sam_tensor *t, const char *what)
     PyErr_Format(PyExc_ValueError, "%s: expected %s, got shape %s with strides %s (call .contiguous() first)",
                  t->name, what, s, st);
     return -1;
+}
+
+/* An exception the producer raised while exporting a tensor (torch's "Unknown device
+ * type meta for Dlpack") gets the argument's name and what samoyeds takes; the
+ * producer's exception stays its cause.  Exceptions of samoyeds' own start with the name. */
+static void producer_error(const char *name)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == NULL) return;
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+    const char *msg = text != NULL ? PyUnicode_AsUTF8(text) : NULL;
+    const size_t len = strlen(name);
+    if (msg == NULL || (strncmp(msg, name, len) == 0 && msg[len] == ':') ||
+        !PyType_IsSubtype((PyTypeObject *)type, (PyTypeObject *)PyExc_Exception)) {
+        PyErr_Clear();
+        Py_XDECREF(text);
+        PyErr_Restore(type, value, tb);
+        return;
+    }
+    PyErr_Format(type, "%s: expected a tensor that exports through DLPack (on the CPU or a CUDA device), got "
+                 "one whose export failed: %s", name, msg);
+    Py_DECREF(text);
+    PyObject *t2, *v2, *tb2;
+    PyErr_Fetch(&t2, &v2, &tb2);
+    PyErr_NormalizeException(&t2, &v2, &tb2);
+    if (tb != NULL) PyException_SetTraceback(value, tb);
+    PyException_SetCause(v2, value); /* steals value */
+    Py_INCREF(value);
+    PyException_SetContext(v2, value); /* steals the new reference */
+    Py_DECREF(type);
+    Py_XDECREF(tb);
+    PyErr_Restore(t2, v2, tb2);
 }
 
 /* ---- the phases ------------------------------------------------------------------------ */
@@ -186,18 +206,28 @@ static int check_device(sam_op_call *c)
     return 0;
 }
 
+/* The dtypes argument i takes: its spec's, or those that the argument it follows
+ * (`like`) fixes once that one is taken (before: the floats it may have). */
+static unsigned accepted_dtypes(const sam_op_call *c, int i)
+{
+    const sam_arg_spec *s = &c->op->args[i];
+    if (!(s->flags & (SAM_ARG_LIKE | SAM_ARG_F32_OR_LIKE))) return s->dtypes;
+    const sam_tensor *like = &c->t[s->like];
+    if (!like->present) return s->dtypes ? s->dtypes : SAM_DT_FLOAT;
+    return SAM_DT(like->dtype) | ((s->flags & SAM_ARG_F32_OR_LIKE) ? SAM_DT(SAM_F32) : 0u);
+}
+
 static int check_dtype(sam_op_call *c, int i)
 {
     const sam_arg_spec *s = &c->op->args[i];
     const sam_tensor *t = &c->t[i];
-    unsigned allowed = s->dtypes;
+    unsigned allowed = accepted_dtypes(c, i);
     const sam_tensor *like = (s->flags & (SAM_ARG_LIKE | SAM_ARG_F32_OR_LIKE)) ? &c->t[s->like] : NULL;
-    if (like != NULL) allowed = SAM_DT(like->dtype) | ((s->flags & SAM_ARG_F32_OR_LIKE) ? SAM_DT(SAM_F32) : 0u);
     if (c->cuda && (s->flags & SAM_ARG_HALF_GPU)) allowed &= SAM_DT_HALF;
     if (allowed == 0 || (allowed & SAM_DT(t->dtype))) return 0;
     char buf[160];
-    format_dtypes(buf, sizeof buf, allowed);
-    if (like != NULL)
+    sam_dtype_list(buf, sizeof buf, allowed);
+    if (like != NULL && like->present)
         PyErr_Format(PyExc_TypeError, "%s: expected dtype %s (that of %s), got %s", t->name, buf, like->name,
                      sam_dtype_name(t->dtype));
     else
@@ -264,12 +294,13 @@ static int check_layout(sam_op_call *c, int i)
         c->ld[i] = rows > 1 && cols > 0 ? t->strides[0] : cols; /* (no columns: no stride to honour) */
         if (c->cuda && s->gpu_ld > 1 && c->ld[i] % s->gpu_ld != 0) {
             PyErr_Format(PyExc_ValueError, "%s: expected a row stride that is a multiple of %d elements on the "
-                         "GPU, got %lld", t->name, s->gpu_ld, (long long)c->ld[i]);
+                         "GPU, got %lld (call .contiguous() first)", t->name, s->gpu_ld, (long long)c->ld[i]);
             return -1;
         }
     }
     if (c->cuda && s->gpu_align > 1 && (uintptr_t)t->data % (uintptr_t)s->gpu_align != 0) {
-        PyErr_Format(PyExc_ValueError, "%s: expected a %d-byte aligned address on the GPU, got %p", t->name,
+        PyErr_Format(PyExc_ValueError, "%s: expected a %d-byte aligned address on the GPU, got %p (a fresh tensor "
+                     "is: call .clone() first)", t->name,
                      s->gpu_align, (void *)t->data);
         return -1;
     }
@@ -367,7 +398,11 @@ PyObject *sam_run_op(const sam_op *op, PyObject *module, PyObject *const *objs, 
     for (int i = 0; i < n; i++) {
         const sam_arg_spec *s = &op->args[i];
         const int optional = (s->flags & (SAM_ARG_OPTIONAL | SAM_ARG_PACKED_IDX)) != 0;
-        if (sam_tensor_take(&c->call, &c->t[i], objs[i], s->name, optional) < 0) goto error;
+        c->call.accept = accepted_dtypes(c, i);
+        if (sam_tensor_take(&c->call, &c->t[i], objs[i], s->name, optional) < 0) {
+            producer_error(s->name);
+            goto error;
+        }
         if ((s->flags & SAM_ARG_PACKED_IDX) && check_packed_idx(c, i) < 0) goto error;
     }
     if (check_device(c) < 0) goto error;

@@ -24,6 +24,7 @@
 #include "sam_module.h"
 #include "sam_args.h"
 
+#include <stdio.h>
 #include <string.h>
 
 size_t sam_dtype_size(sam_dtype t)
@@ -108,7 +109,34 @@ static const DLPackExchangeAPI *exchange_api_for(sam_module_state *st, PyObject 
 
 /* ---- taking a tensor ---------------------------------------------------------------- */
 
-static int fill_from_dltensor(sam_tensor *t, const DLTensor *dl)
+void sam_dtype_list(char *buf, size_t n, unsigned mask)
+{
+    size_t len = 0;
+    int count = 0, total = 0;
+    buf[0] = 0;
+    for (int d = 0; d < SAM_DTYPE_COUNT; d++) total += (mask >> d) & 1;
+    for (int d = 0; d < SAM_DTYPE_COUNT && len < n; d++) {
+        if (!(mask & SAM_DT(d))) continue;
+        count++;
+        const char *sep = count == 1 ? "" : (count == total ? " or " : ", ");
+        len += (size_t)snprintf(buf + len, n - len, "%s%s", sep, sam_dtype_name((sam_dtype)d));
+    }
+}
+
+/* A DLPack dtype samoyeds does not take: its torch and numpy name where both agree on one
+ * (int8, int16, uint64, complex64, ...), else the DLPack triple. */
+static void dl_dtype_name(char *buf, size_t n, DLDataType dt)
+{
+    if (dt.lanes == 1 && (dt.code == kDLInt || dt.code == kDLUInt) && (dt.bits == 8 || dt.bits == 16 ||
+                                                                      dt.bits == 32 || dt.bits == 64))
+        snprintf(buf, n, "%s%d", dt.code == kDLInt ? "int" : "uint", (int)dt.bits);
+    else if (dt.lanes == 1 && dt.code == 5 /* kDLComplex */ && (dt.bits == 64 || dt.bits == 128))
+        snprintf(buf, n, "complex%d", (int)dt.bits);
+    else
+        snprintf(buf, n, "DLPack code %d, %d bits, %d lanes", (int)dt.code, (int)dt.bits, (int)dt.lanes);
+}
+
+static int fill_from_dltensor(sam_tensor *t, const DLTensor *dl, unsigned accept)
 {
     if (dl->ndim < 0 || dl->ndim > SAM_MAX_NDIM) {
         PyErr_Format(PyExc_ValueError, "%s: expected at most %d dimensions, got %d",
@@ -116,10 +144,10 @@ static int fill_from_dltensor(sam_tensor *t, const DLTensor *dl)
         return -1;
     }
     if (dtype_from_dl(dl->dtype, &t->dtype) != 0) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s: expected dtype float32, float16, bfloat16, float64, uint8, int32, int64, uint32, "
-                     "uint16 or bool, got an unsupported one (DLPack code %d, %d bits, %d lanes)",
-                     t->name, (int)dl->dtype.code, (int)dl->dtype.bits, (int)dl->dtype.lanes);
+        char want[160], got[80];
+        sam_dtype_list(want, sizeof want, accept ? accept : SAM_DT(SAM_DTYPE_COUNT) - 1u);
+        dl_dtype_name(got, sizeof got, dl->dtype);
+        PyErr_Format(PyExc_TypeError, "%s: expected dtype %s, got an unsupported one (%s)", t->name, want, got);
         return -1;
     }
     t->ndim = dl->ndim;
@@ -287,7 +315,7 @@ int sam_tensor_take(sam_call *call, sam_tensor *t, PyObject *obj, const char *na
             call->tensors[call->n++] = t; /* from here on, sam_call_release cleans up */
             const int vt = (int)view.device.device_type;
             if (vt == kDLCUDA || vt == kDLCUDAManaged) resolve_stream(call, api, vt, (int)view.device.device_id);
-            return fill_from_dltensor(t, &view);
+            return fill_from_dltensor(t, &view, call->accept);
         }
         PyErr_Clear(); /* fall back to the protocol, which explains any refusal */
     }
@@ -337,13 +365,13 @@ int sam_tensor_take(sam_call *call, sam_tensor *t, PyObject *obj, const char *na
             return -1;
         }
         t->readonly = (mt->flags & SAM_DLPACK_FLAG_READ_ONLY) != 0;
-        return fill_from_dltensor(t, &mt->dl_tensor);
+        return fill_from_dltensor(t, &mt->dl_tensor, call->accept);
     }
     if (PyCapsule_IsValid(cap, "dltensor")) {
         DLManagedTensor *mt = (DLManagedTensor *)PyCapsule_GetPointer(cap, "dltensor");
         if (PyCapsule_SetName(cap, "used_dltensor") < 0) return -1;
         t->legacy = mt;
-        return fill_from_dltensor(t, &mt->dl_tensor);
+        return fill_from_dltensor(t, &mt->dl_tensor, call->accept);
     }
     PyErr_Format(PyExc_BufferError, "%s: __dlpack__ returned %.100s, not a DLPack capsule",
                  name, Py_TYPE(cap)->tp_name);

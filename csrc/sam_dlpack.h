@@ -101,6 +101,8 @@ typedef struct sam_call {
     int64_t stream;              /* as given by the caller (SAM_STREAM_AUTO or a cudaStream_t) */
     int stream_resolved;         /* 1 once stream holds the launch stream */
     void *launch_stream;         /* the cudaStream_t to launch on */
+    unsigned accept;             /* SAM_DT mask of the tensor being taken (0: every dtype samoyeds
+                                    names), for the message about a dtype it has no name for */
     int n;                       /* tensors taken so far */
     sam_tensor *tensors[16];
 } sam_call;
@@ -115,6 +117,8 @@ void sam_call_release(sam_call *call);
 int64_t sam_tensor_numel(const sam_tensor *t);
 size_t sam_dtype_size(sam_dtype t);
 const char *sam_dtype_name(sam_dtype t);
+/* "float32, float16 or bfloat16": the dtypes of a SAM_DT mask, in enum order. */
+void sam_dtype_list(char *buf, size_t n, unsigned mask);
 
 #define SAM_DT(x) (1u << (x))
 #define SAM_DT_FLOAT (SAM_DT(SAM_F32) | SAM_DT(SAM_F16) | SAM_DT(SAM_BF16))

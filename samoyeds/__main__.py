@@ -278,9 +278,16 @@ def _demo(args: argparse.Namespace) -> Dict[str, Any]:
     packed_bytes = sm.hf.experts_weight_nbytes(model)
     layers = sum(1 for m in model.modules() if getattr(m, "_samoyeds", None) is not None)
     print(f"packed {layers} MoE layers in {seconds:.2f} s")
+    # The README's ratios are for bfloat16 values: with 4-byte values the same metadata and
+    # row indices weigh half as much against them, so the demo gives both where they differ.
+    es = torch.empty((), dtype=dtype).element_size()
+    values = sum(getattr(m, f"samoyeds_{p}_values").numel() for m in model.modules()
+                 if getattr(m, "_samoyeds", None) is not None for p in ("gate_up", "down"))
+    ratio_16 = (packed_bytes - values * (es - 2)) / (dense_bytes * 2 / es)
+    as_16 = "" if es == 2 else f" ({_pct(ratio_16)} with the 2-byte bfloat16 values of the README's results)"
     print(f"expert weights: {_mb(dense_bytes)} dense -> {_mb(packed_bytes)} packed = "
-          f"{_pct(packed_bytes / dense_bytes)} of the dense bytes (the kept {_pct(fmt.density)} of the values, "
-          "plus the 2:4 metadata, the row indices and the padding to whole tiles)")
+          f"{_pct(packed_bytes / dense_bytes)} of the dense bytes: the kept {_pct(fmt.density)} of the values, "
+          f"plus the 2:4 metadata, the row indices and the padding to whole tiles{as_16}")
 
     baseline = sm.to_dense(copy.deepcopy(model))          # the identically masked dense weights
     if args.family != "llama4":
@@ -331,6 +338,7 @@ def _demo(args: argparse.Namespace) -> Dict[str, Any]:
         "init": "normal(0, fan_in**-0.5) for every matrix", "device": device,
         "dtype": str(dtype).replace("torch.", ""), "format": fmt.name, "density": fmt.density,
         "baseline": base_name, "expert_bytes_dense": dense_bytes, "expert_bytes_packed": packed_bytes,
+        "expert_bytes_ratio_16bit": ratio_16,
         "pack_s": seconds, "logits_max_abs_diff": diff, "logits_rel_diff": rel, "argmax_agreement": agree,
         "tokens": a.tolist(), "tokens_identical": same, "tokens_total": int(a.numel()), "timing": timing,
         "versions": {"samoyeds": sm.__version__, "torch": torch.__version__,

@@ -63,12 +63,49 @@ def _np_dtype(name: str) -> str:
     return np_name
 
 
+_warned_no_backward = False
+
+
+def warn_no_backward() -> None:
+    """Warns once per process that a tensor requiring grad went into samoyeds, which
+    has no backward yet: the result carries no gradient."""
+    global _warned_no_backward
+    if _warned_no_backward:
+        return
+    _warned_no_backward = True
+    import os
+    import warnings
+    # the warning points at the caller's line, not at samoyeds' or torch's dispatch
+    inside = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                   for m in (sys.modules[__package__], sys.modules.get("torch")) if m is not None)
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(inside):
+        frame, level = frame.f_back, level + 1
+    warnings.warn("samoyeds: an input requires grad, but samoyeds has no backward yet (inference only): no "
+                  "gradient flows through it. Run under torch.no_grad() or torch.inference_mode(), or pass "
+                  "detached tensors, to silence this warning (shown once).", UserWarning, stacklevel=level + 1)
+
+
 def for_c(t: Any) -> Any:
     """What the C extension should receive: torch tensors detached (a Parameter
-    refuses DLPack export otherwise); everything else as is."""
+    refuses DLPack export otherwise; with grad enabled, warn_no_backward says so
+    once); everything else as is."""
     if t is not None and type(t).__module__.startswith("torch") and getattr(t, "requires_grad", False):
+        import torch
+        if torch.is_grad_enabled():
+            warn_no_backward()
         return t.detach()
     return t
+
+
+def check_dtype(t: Any, name: str, allowed: Sequence[str]) -> None:
+    """A TypeError worded as the extension words it when t's dtype is not one of
+    ``allowed`` (for a wrapper whose first call into the extension takes more dtypes
+    than a later one)."""
+    got = dtype_name(t)
+    if got not in allowed:
+        want = allowed[0] if len(allowed) == 1 else ", ".join(allowed[:-1]) + " or " + allowed[-1]
+        raise TypeError(f"{name}: expected dtype {want}, got {got}")
 
 
 def tensor_arg(t: Any, name: str, optional: bool = False) -> Any:

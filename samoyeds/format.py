@@ -72,25 +72,45 @@ class SparseFormat:
 
     @classmethod
     def parse(cls, spec: Union[str, "SparseFormat", tuple]) -> "SparseFormat":
-        """A format from a preset name, an ``"n:m:v"`` string, a tuple or a format."""
+        """A format from a name, an ``(n, m, v)`` tuple or a format.
+
+        Names (case and surrounding spaces ignored): ``"2:4"`` (plain 2:4), the
+        :data:`PRESETS`, and ``"samoyeds-n:m:v"`` or the paper's ``"n:m:v"``
+        (``n`` of every ``m`` rows kept per ``v``-column slice, 2:4 inside).  Refused,
+        each with a message that says what to write: two numbers other than
+        ``"2:4"`` (``"1:4"``: row selection needs a slice length ``v``) and a bare
+        ``"2:4:v"`` (plain 2:4 has no ``v``; 2 of every 4 rows is ``"samoyeds-2:4:v"``).
+        """
         if isinstance(spec, SparseFormat):
             return spec
-        if isinstance(spec, tuple):
+        if isinstance(spec, (tuple, list)):
+            if len(spec) != 3:
+                raise ValueError(f"fmt: expected a tuple (n, m, v) (v None for plain 2:4), got {tuple(spec)!r}")
             return cls(*spec)
-        if isinstance(spec, str):
-            key = spec.strip().lower()
-            if key in PRESETS:
-                return cls(*PRESETS[key])
-            body = key[len("samoyeds-"):] if key.startswith("samoyeds-") else key
-            parts = body.split(":")
-            try:
-                nums = [int(p) for p in parts]
-            except ValueError:
-                nums = None
-            if nums and len(nums) == 3:
-                return cls(*nums)
-            raise ValueError(f"fmt: expected one of {sorted(PRESETS)} or 'n:m:v' (e.g. '1:2:128'), got {spec!r}")
-        raise TypeError(f"fmt: expected a format name, tuple or SparseFormat, got {type(spec).__name__}")
+        if not isinstance(spec, str):
+            raise TypeError(f"fmt: expected a format name, tuple or SparseFormat, got {type(spec).__name__}")
+        key = spec.strip().lower()
+        if key in PRESETS:
+            return cls(*PRESETS[key])
+        prefixed = key.startswith("samoyeds-")
+        parts = (key[len("samoyeds-"):] if prefixed else key).split(":")
+        try:
+            nums = [int(p) for p in parts]
+        except ValueError:
+            nums = []
+        if len(nums) == 3 and (prefixed or nums[:2] != [2, 4]):
+            return cls(*nums)
+        if len(nums) == 3:
+            raise ValueError(f"fmt: expected '2:4' (plain 2:4 has no slice length) or 'samoyeds-{key}' "
+                             f"(2 of every 4 rows kept per {nums[2]}-column slice, then 2:4 inside them), "
+                             f"got the ambiguous {spec!r}")
+        if len(nums) == 2:
+            n, m = nums
+            eg = f"samoyeds-{n}:{m}:128" if 1 <= n < m <= MAX_M else "samoyeds-1:4:128"
+            raise ValueError(f"fmt: expected '2:4' or a format with row selection, 'samoyeds-n:m:v' (n of every m "
+                             f"rows kept per v-column slice, then 2:4 inside them; e.g. {eg!r}), got {spec!r}")
+        raise ValueError(f"fmt: expected one of {sorted(PRESETS)} or 'samoyeds-n:m:v' (e.g. 'samoyeds-1:4:64'), "
+                         f"got {spec!r}")
 
     def __repr__(self) -> str:
         return f"SparseFormat({self.name!r})"

@@ -2,6 +2,7 @@
 fused epilogues, and a deterministic combine (DESIGN.md's forward contract)."""
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 from . import _C
@@ -13,25 +14,31 @@ from .packed import PackedWeight
 def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWeight, down: PackedWeight,
                 *, act: str = "swiglu", gate_up_bias: Optional[Any] = None, down_bias: Optional[Any] = None,
                 alpha: float = 1.702, limit: float = 7.0, impl: str = "auto",
-                out: Optional[Any] = None) -> Any:
+                out: Optional[Any] = None, check_ids: bool = False) -> Any:
     """Mixture-of-experts feed-forward with packed expert weights.
 
     Args:
         x: ``[T, H]`` hidden states (bf16/fp16 on the GPU; also fp32 on the CPU).
         top_k_index: ``[T, K]`` int32/int64 expert ids; ids outside ``[0, E)`` are
-            expert-parallel placeholders and contribute nothing.
+            expert-parallel placeholders and contribute nothing (transformers' expert
+            parallelism writes ``E`` for the experts of other ranks).
         top_k_weights: ``[T, K]`` routing weights (any float dtype; fp32 is fine).
         gate_up: packed ``[E, 2I, H]`` with ``glu=True`` (gate rows, then up rows).
         down: packed ``[E, H, I]``.
         act: gated activation of the gate_up epilogue (``"swiglu"`` or ``"gptoss"``).
         gate_up_bias, down_bias: optional ``[E, 2I]`` / ``[E, H]`` biases.
+        check_ids: raise a ValueError when an id is outside ``[0, E]`` (``E``, the
+            placeholder, allowed): a debugging aid for routing bugs (an off-by-one id
+            otherwise drops that expert's share without a word).  It reads the ids
+            back, one host sync per call; off by default.
     Returns:
         ``[T, H]`` in x's dtype: ``sum_k w[t,k] * down_e(act(gate_up_e(x[t])))``.
 
     The steps of :func:`samoyeds.route`, :func:`samoyeds.gather_weights`, two
     :func:`samoyeds.ssmm` and :func:`samoyeds.combine`, in one call into the
-    extension.  No host synchronisation; deterministic (the combine adds in a
-    fixed order).
+    extension.  No host synchronisation (unless ``check_ids``); deterministic (the
+    combine adds in a fixed order).  Inference only: inputs that require grad give a
+    result without one (a warning says so, once).
     """
     for name, pw in (("gate_up", gate_up), ("down", down)):
         if not isinstance(pw, PackedWeight):
@@ -52,6 +59,8 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
         raise ValueError(f"act: expected one of {sorted(k for k, v in ACTS.items() if v)}, got {act!r}")
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {sorted(IMPLS)}, got {impl!r}")
+    if check_ids:
+        check_expert_ids(tensor_arg(top_k_index, "top_k_index"), E)
     return forward_arrays(x, top_k_index, top_k_weights, gate_up.values, gate_up.meta, gate_up.idx,
                           down.values, down.meta, down.idx, down.cols, n, m, v, ACTS[act],
                           gate_up_bias, down_bias, alpha, limit, IMPLS[impl], out)
@@ -77,12 +86,33 @@ def forward_arrays(x: Any, top_k_index: Any, top_k_weights: Any, gate_up_values:
     check_ndim(top_k_index, "top_k_index", 2)
     check_ndim(gate_up_values, "gate_up_values", 3)
     T, H = x.shape
-    nbytes = _C.moe_workspace_bytes(T, top_k_index.shape[1], gate_up_values.shape[0], H, intermediate,
-                                    x.dtype.itemsize)
+    K = top_k_index.shape[1]
+    # (the extension checks the layout before this count: a [T, 1] slice would be called non-contiguous)
+    if top_k_weights is not None and hasattr(top_k_weights, "shape") and math.prod(top_k_weights.shape) != T * K:
+        raise ValueError(f"top_k_weights: expected {T * K} entries (top_k_index's T*K), got shape "
+                         f"{tuple(top_k_weights.shape)}")
+    # x of a dtype the kernels do not take: the extension names it (against gate_up_values'
+    # dtype) before it reads the workspace or the output
+    takes = dtype_name(x) in ("float32", "float16", "bfloat16")
+    nbytes = _C.moe_workspace_bytes(T, K, gate_up_values.shape[0], H, intermediate, x.dtype.itemsize) \
+        if takes else 0
     workspace = empty(x, (nbytes,), "uint8")
     if out is None:
-        out = empty(x, (T, H), dtype_name(x))
+        out = empty(x, (T, H), dtype_name(x) if takes else dtype_name(gate_up_values))
     _C.moe_forward(out, workspace, x, top_k_index, for_c(top_k_weights), gate_up_values, gate_up_meta,
                    gate_up_idx, down_values, down_meta, down_idx, intermediate, n, m, v, act,
                    for_c(gate_up_bias), for_c(down_bias), alpha, limit, impl, current_stream(x))
     return out
+
+
+def check_expert_ids(top_k_index: Any, num_experts: int) -> None:
+    """A ValueError when an id of ``top_k_index`` is outside ``[0, E]`` (``E`` is the
+    expert-parallel placeholder): what ``check_ids=True`` runs.  One host sync."""
+    if math.prod(top_k_index.shape) == 0:
+        return
+    bad = (top_k_index < 0) | (top_k_index > num_experts)
+    count = int(bad.sum())
+    if count:
+        lo, hi = int(top_k_index.min()), int(top_k_index.max())
+        raise ValueError(f"top_k_index: expected expert ids in [0, {num_experts}) or the placeholder {num_experts} "
+                         f"(check_ids=True), got {count} outside, ids from {lo} to {hi}")

@@ -248,6 +248,17 @@ class Routing:
     def num_experts(self) -> int:
         return int(self.offsets.shape[0]) - 1
 
+    def __repr__(self) -> str:
+        # shapes, dtypes and the device: printing the tensors would read them back (a sync) and fill screens
+        parts = ", ".join(f"{k}={_summary(getattr(self, k))}" for k in ("offsets", "token_ids", "perm", "pos"))
+        return f"Routing(num_experts={self.num_experts}, {parts})"
+
+
+def _summary(t: Any) -> str:
+    """``int32[8, 2] cuda:0``: what a repr says of a tensor, without reading it."""
+    dev = getattr(t, "device", "cpu")
+    return f"{dtype_name(t)}[{', '.join(str(int(d)) for d in t.shape)}] {dev}"
+
 
 def route(top_k_index: Any, num_experts: int, stream: Optional[int] = None) -> Routing:
     """Stable counting sort of ``top_k_index [T, K]`` (int32/int64) by expert,

@@ -5,10 +5,13 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
 from . import _C
-from ._array import check_ndim, current_stream, dtype_name, empty, expand3, tensor_arg
+from ._array import check_dtype, check_ndim, current_stream, dtype_name, empty, expand3, framework, tensor_arg
 from .format import SparseFormat
 
 FormatLike = Union[str, SparseFormat, tuple]
+
+#: The dtypes a weight is packed in (format_mask also takes float64 saliencies).
+PACK_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _round_up(x: int, a: int) -> int:
@@ -143,10 +146,52 @@ class PackedWeight:
         return PackedWeight(self.values[e:e + 1], self.meta[e:e + 1], idx, self.fmt,
                             (1,) + self.shape3[1:], self.glu)
 
+    @property
+    def logical_nbytes(self) -> int:
+        """Bytes the packed data would take without the padding to whole tiles: the kept
+        values, their 2:4 metadata (2 bits each) and the row choices."""
+        E, R, C = self.shape3
+        f = self.fmt
+        kept_rows = R // f.m * f.n
+        es = self.values.element_size() if hasattr(self.values, "element_size") else self.values.itemsize
+        values = E * kept_rows * (C // 2) * es
+        meta = E * kept_rows * (C // 2) * 2 // 8
+        idx = E * self.dims.slices * kept_rows if f.selects_rows else 0
+        return values + meta + idx
+
     def __repr__(self) -> str:
+        share = self.nbytes / max(1, self.dense_nbytes)
+        size = f"{_bytes(self.nbytes)} = {share:.1%} of dense {_bytes(self.dense_nbytes)}"
+        if self.nbytes > self.logical_nbytes:
+            size += f", padded to tiles from {_bytes(self.logical_nbytes)}"
         return (f"PackedWeight(shape={self.shape}, fmt={self.fmt.name!r}, dtype={self.dtype}, "
-                f"glu={self.glu}, device={self.device}, {self.nbytes / max(1, self.dense_nbytes):.1%} "
-                "of dense bytes)")
+                f"glu={self.glu}, device={self.device}, {size})")
+
+    def __reduce__(self) -> tuple:
+        # torch pickles a uint32 tensor but cannot unpickle it (its legacy storage loader
+        # knows no uint32): the metadata travels as its int32 view (same bits).
+        meta = self.meta
+        if framework(meta) == "torch":
+            import torch
+            meta = meta.view(torch.int32)
+        return (_rebuild, (self.values, meta, self.idx, self.fmt, self.shape, self.glu))
+
+
+def _rebuild(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, shape: Tuple[int, ...],
+             glu: bool) -> PackedWeight:
+    """A PackedWeight from its pickle (PackedWeight.__reduce__): the metadata back to uint32."""
+    if framework(meta) == "torch" and dtype_name(meta) == "int32":
+        import torch
+        meta = meta.view(torch.uint32)
+    return PackedWeight(values, meta, idx, fmt, shape, glu)
+
+
+def _bytes(n: int) -> str:
+    """1.5 KiB, 3.2 MiB, 640 B: what a repr says of a size."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def mask(w: Any, fmt: FormatLike, scores: Optional[Any] = None) -> Any:
@@ -179,6 +224,7 @@ def pack(w: Any, fmt: FormatLike = "samoyeds-1:2:128", mask: Optional[Any] = Non
     """
     fmt = SparseFormat.parse(fmt)
     w = tensor_arg(w, "w")
+    check_dtype(w, "w", PACK_DTYPES)  # (before the mask, whose saliencies may also be float64)
     if mask is None:
         mask = globals()["mask"](w, fmt)
     mask = tensor_arg(mask, "mask")

@@ -7,8 +7,10 @@ dtype, ``[T, H]`` in x's dtype, from the inputs alone.  The op takes the packed
 arrays of both weights as plain tensors, so a module can hold them as buffers
 (they move with ``.to(device)`` and appear in ``state_dict``).
 
-The op is inference only: its backward raises (the packed weights are frozen and
-no gradient with respect to the activations is implemented).
+The ops are inference only: a forward on inputs that require grad warns once that
+the result will carry no usable gradient, and a backward through them raises a
+samoyeds error (the packed weights are frozen and no gradient with respect to the
+activations is implemented yet).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from . import moe as _moe
-from ._array import check_ndim, check_shape
+from ._array import check_ndim, check_shape, warn_no_backward
 from .ops import ACTS, dense_decode, glu
 from .packed import PackedWeight
 
@@ -100,6 +102,22 @@ def _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_values, gate_up_met
     return x.new_empty(x.shape)
 
 
+def _no_backward_setup(ctx, inputs, output) -> None:
+    warn_no_backward()  # (torch calls this only when an input requires grad, with grad enabled)
+
+
+def _no_backward(name: str):
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            f"samoyeds.{name} has no backward (autograd formula) yet: samoyeds is inference only. Run the "
+            "forward under torch.no_grad(), or train on the dense model (samoyeds.unpatch_model(model) or "
+            "samoyeds.to_dense)")
+    return backward
+
+
+moe_forward.register_autograd(_no_backward("moe_forward"), setup_context=_no_backward_setup)
+
+
 def moe_forward_packed(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                        gate_up: PackedWeight, down: PackedWeight, *, act: str = "swiglu",
                        gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
@@ -164,6 +182,9 @@ def shared_mlp_eager(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down
     h = dense_decode(x2, gate, up, act="swiglu")
     # the kernel just before is the gate/up one, which writes neither weight
     return dense_decode(h, down, weights_ready=True).reshape(x.shape)
+
+
+shared_mlp.register_autograd(_no_backward("shared_mlp"), setup_context=_no_backward_setup)
 
 
 @shared_mlp.register_fake

@@ -83,8 +83,11 @@ class TestBadInput:
             SparseFormat(*args)
 
     def test_sparse_format_parse(self):
-        with pytest.raises(ValueError, match=r"^fmt: expected one of .*, got '3:4'"):
+        with pytest.raises(ValueError, match=r"^fmt: expected '2:4' or a format with row selection, .*"
+                                             r"e\.g\. 'samoyeds-3:4:128'\), got '3:4'"):
             SparseFormat.parse("3:4")
+        with pytest.raises(ValueError, match=r"^fmt: expected one of \['2:4', .*\] or 'samoyeds-n:m:v' .*, got 'x'"):
+            SparseFormat.parse("x")
         with pytest.raises(ValueError, match=r"^m: expected 1 <= m <= 8, got 9"):
             SparseFormat.parse("1:9:128")
         with pytest.raises(TypeError, match=r"^fmt: expected a format name, tuple or SparseFormat, got NoneType"):
@@ -426,7 +429,8 @@ class TestBadInput:
             sm.route(topk.tolist(), 4)
         with pytest.raises(TypeError, match=r"^top_k_index: expected dtype int32 or int64, got float32"):
             sm.route(topk.astype(np.float32), 4)
-        with pytest.raises(TypeError, match=r"^top_k_index: expected dtype .*, got an unsupported one"):
+        with pytest.raises(TypeError, match=r"^top_k_index: expected dtype int32 or int64, got an unsupported one "
+                                            r"\(int16\)$"):
             sm.route(topk.astype(np.int16), 4)
         with pytest.raises(ValueError, match=r"^top_k_index: expected a 2-d tensor, got 1-d with shape \(14,\)"):
             sm.route(topk.reshape(-1), 4)
