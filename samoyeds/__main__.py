@@ -154,18 +154,16 @@ def _check_demo(args: argparse.Namespace, error: Any) -> None:
     fmt = args.format
     if args.top_k > args.experts:
         error(f"argument --top-k: expected at most --experts ({args.experts}), got {args.top_k}")
-    if args.hidden % 16:
-        error(f"argument --hidden: expected a multiple of 16 (the demo model's {HEADS} attention heads "
-              f"need an even width), got {args.hidden}")
-    if args.hidden % fmt.m:
-        error(f"argument --hidden: format {fmt.name} selects rows in groups of m = {fmt.m}; the down "
-              f"projection has --hidden rows, got {args.hidden}")
-    if args.intermediate % 4:
-        error(f"argument --intermediate: expected a multiple of 4 (2:4 sparsity keeps 2 of every 4 columns "
-              f"of the down projection), got {args.intermediate}")
-    if args.intermediate % fmt.m:
-        error(f"argument --intermediate: format {fmt.name} selects rows in groups of m = {fmt.m}; expected a "
-              f"multiple of {fmt.m}, got {args.intermediate}")
+    rows = f"format {fmt.name} selects rows in groups of m = {fmt.m}"
+    multiples = (  # (argument, value, divisor, why)
+        ("hidden", args.hidden, 16, f"the demo model's {HEADS} attention heads need an even width"),
+        ("hidden", args.hidden, fmt.m, f"{rows}; the down projection has --hidden rows"),
+        ("intermediate", args.intermediate, 4, "2:4 sparsity keeps 2 of every 4 columns of the down projection"),
+        ("intermediate", args.intermediate, fmt.m, f"{rows}; gate/up has 2 x --intermediate rows"),
+    )
+    for name, value, divisor, why in multiples:
+        if value % divisor:
+            error(f"argument --{name}: expected a multiple of {divisor} ({why}), got {value}")
     if args.vocab < 16:
         error(f"argument --vocab: expected at least 16, got {args.vocab}")
     if args.json:
