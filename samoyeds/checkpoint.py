@@ -356,6 +356,25 @@ def _set_tensor(model: nn.Module, name: str, value: torch.Tensor, file: str, dty
         mod._buffers[attr] = value
 
 
+def _check_config_size(config: Any, file: str, mfile: str, device: str) -> None:
+    """Layers are built one by one (on the meta device, but each costs Python time): a
+    config.json cannot ask for more layers than model.safetensors holds tensors (every
+    layer has at least its norm's)."""
+    with _open(mfile, device) as mf:
+        stored = len(mf.keys())
+    configs = [config]
+    for attr in ("text_config", "vision_config"):
+        sub = getattr(config, attr, None)
+        if sub is not None and sub is not config:
+            configs.append(sub)
+    for c in configs:
+        layers = getattr(c, "num_hidden_layers", None)
+        if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 0
+                                   or layers > stored):
+            raise CheckpointError(f"{file}: num_hidden_layers = {layers!r}; expected an int between 0 and the "
+                                  f"{stored} tensors of {MODEL_FILE}")
+
+
 def _build(cls: type, config: Any, file: str) -> nn.Module:
     try:
         with torch.device("meta"):
@@ -416,6 +435,7 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
         except Exception as e:  # json, unknown model_type, remote code: transformers' own error types
             raise CheckpointError(f"{cfile}: not a transformers config ({type(e).__name__}: {e})") from e
         cls = model_class or _model_class(config, head["model_class"], efile)
+        _check_config_size(config, cfile, mfile, dev)
         model = _build(cls, config, cfile)
         model.eval()
 

@@ -450,6 +450,18 @@ def test_bfloat16_round_trip_on_the_cpu(tmp_path):
         assert torch.equal(back(ids).logits, want)
 
 
+@pytest.mark.parametrize("layers", [2**40, 10**6, -1])
+def test_config_cannot_ask_for_more_layers_than_stored(saved, tmp_path, layers):
+    """Building 2**40 layers on the meta device never ends (found by the fuzzer): a layer
+    count above model.safetensors' tensor count is refused before anything is built."""
+    d = _copy(saved, tmp_path, f"layers-{layers}")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] = layers
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"config.json: num_hidden_layers|config.json: not a transformers"):
+        sm.from_pretrained(d)
+
+
 def test_save_needs_a_patched_model(tmp_path):
     model = build_model("qwen3_moe", SHAPE)
     with pytest.raises(ValueError, match="patch_model"):
