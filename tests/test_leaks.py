@@ -2,6 +2,9 @@
 allocated blocks stay flat over 10,000 calls of each, on success and on the error paths
 (every tensor taken through DLPack is released, every exception's message freed).
 
+Under AddressSanitizer (dev/sanitize/run.sh) freed memory waits in its quarantine, so RSS
+says nothing there: only the block count is checked.
+
 Tolerance: a warm-up of 1,000 calls first (allocator pools, caches); then at most 4 MiB of
 RSS growth (allocator noise; a leak of one 512-byte buffer per call is 5 MiB) and at most
 0.05 new Python blocks per call (one leaked object per call is 1.0).
@@ -9,6 +12,7 @@ RSS growth (allocator noise; a leak of one 512-byte buffer per call is 5 MiB) an
 from __future__ import annotations
 
 import gc
+import os
 import sys
 
 import numpy as np
@@ -20,6 +24,7 @@ from samoyeds.moe import moe_forward
 
 CALLS, WARMUP = 10_000, 1_000
 RSS_TOL = 4 << 20
+ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 BLOCKS_PER_CALL = 0.05
 
 
@@ -99,6 +104,6 @@ def test_flat_over_10000_calls(name):
         fn()
     gc.collect()
     rss1, blocks1 = _rss(), sys.getallocatedblocks()
-    assert rss1 - rss0 <= RSS_TOL, f"{name}: RSS grew by {(rss1 - rss0) / 2**20:.1f} MiB over {CALLS} calls"
+    assert ASAN or rss1 - rss0 <= RSS_TOL, f"{name}: RSS grew by {(rss1 - rss0) / 2**20:.1f} MiB over {CALLS} calls"
     assert blocks1 - blocks0 <= BLOCKS_PER_CALL * CALLS, \
         f"{name}: {blocks1 - blocks0} more Python blocks after {CALLS} calls"
