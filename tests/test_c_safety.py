@@ -264,3 +264,16 @@ def test_ssmm_refuses_what_unpack_refuses(rng, what, glu):
         topk = rng.integers(0, E, (T, 2)).astype(np.int32)
         with pytest.raises(ValueError, match="idx: expert 0|meta: expert 0"):
             moe_forward(x, topk, rng.random((T, 2)).astype(np.float32), bad, down)
+
+
+@pytest.mark.parametrize("kw", [{"n_group": 2**40}, {"n_group": 2**70}, {"topk_group": -2**65}])
+def test_router_ints_past_int32_are_value_errors(kw):
+    """PyArg's "i" raised OverflowError (not a documented type) for router's ints past int32
+    (found by tests/fuzz): now a ValueError naming the argument."""
+    x, w = np.zeros((2, 64), np.float32), np.zeros((8, 64), np.float32)
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=rf"^{name}: expected a 32-bit int, got {kw[name]}$"):
+        sm.router(x, w, 2, **kw)
+    with pytest.raises(ValueError, match=r"^k: expected a 32-bit int"):
+        _C.router(np.zeros((2, 8), np.float32), np.zeros((2, 2), np.float32), np.zeros((2, 2), np.int64), x, w,
+                  2**80)

@@ -374,7 +374,7 @@ def case_ops(r, rng):
         w = rng.standard_normal((E, C)).astype(dt)
         kk = r.choice([1, 2, E, E + 1, 0, -1])
         mode = r.choice(["softmax_topk", "topk_softmax", "sigmoid_topk", "bogus"])
-        ng = r.choice([1, 2, 4, 0])
+        ng = r.choice([1, 2, 4, 0, 2**40, -2**70])
         out = sm.router(_mutate(r, x) if r.random() < 0.3 else x, w, kk, mode=mode, n_group=ng,
                         topk_group=r.choice([1, 2, ng]), renorm=r.random() < 0.5,
                         bias=rng.standard_normal(E).astype(np.float32) if r.random() < 0.3 else None)
