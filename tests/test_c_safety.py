@@ -31,9 +31,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run_python(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # the samoyeds this test imports (installed, or the source tree built in place): putting the
+    # source tree first would shadow an installed package with a tree that has no _C
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(sm.__file__)))
+    env = dict(os.environ, PYTHONPATH=pkg_parent + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+                          env=env, cwd=pkg_parent, timeout=300)
 
 
 # ---- item 1: checked size arithmetic ---------------------------------------------------------

@@ -32,6 +32,7 @@ SAMOYEDS_SKIP_CUDA=1 CC=$CC CFLAGS="$SAN" LDFLAGS="-fsanitize=address,undefined"
   $PY setup.py -q build_ext --inplace > build.log 2>&1 || { tail -30 build.log; exit 1; }
 echo "sanitize: built with $SAN in $(( $(date +%s) - t0 )) s"
 
+export PYTHONPATH="$TMP${PYTHONPATH:+:$PYTHONPATH}"   # the instrumented build, never an installed samoyeds
 export LD_PRELOAD="$($CC -print-file-name=libasan.so):$($CC -print-file-name=libubsan.so)"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1

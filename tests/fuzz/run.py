@@ -16,9 +16,11 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-for p in (os.path.join(ROOT, "tests"), ROOT):   # test_dlpack's producer, conftest; the source tree
-    if p not in sys.path:
-        sys.path.insert(0, p)
+sys.path.insert(0, os.path.join(ROOT, "tests"))   # test_dlpack's capsule producer; this package
+try:   # the installed samoyeds, or else the source tree built in place
+    import samoyeds  # noqa: F401
+except ImportError:
+    sys.path.insert(1, ROOT)
 
 from fuzz import fuzz  # noqa: E402
 

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+import samoyeds as sm
 from conftest import GPU
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,7 +25,11 @@ def _fuzz(*args: str, seconds: float) -> None:
     print(f"fuzz seed {seed}")
     cmd = [sys.executable, os.path.join(HERE, "run.py"), "--seconds", str(seconds), "--seed", str(seed),
            "--trace", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=seconds * 3 + 300)
+    # the samoyeds this test imports (installed, or the source tree built in place), not another
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(sm.__file__)))]
+        + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=seconds * 3 + 300)
     lines = r.stdout.splitlines()
     cases = [ln for ln in lines if ln.startswith("case ")]
     summary = "\n".join(ln for ln in lines if not ln.startswith("case "))
