@@ -3,6 +3,8 @@
 # compute-sanitizer and the benchmarks; a short table last.  Full logs and the
 # results JSON go to $OUT (or ./gpu_out).
 #   bash benchmarks/gpu_check.sh [test] [test-ssmm] [test-all] [test-k: PYTEST_K=expr] [sanitize]
+#                                [reliability: compute-sanitizer memcheck/racecheck/synccheck/initcheck on
+#                                 benchmarks/sanitize_cases.py, then the fuzzer's GPU mode, FUZZ_SECONDS=120]
 #                                [bench] [bench-quick] [bench-moe] [bench-moe-shared] [bench-sweep]
 #                                [bench-breakdown] [bench-e2e] [bench-memory] [bench-decode] [accuracy]
 #                                [bench-moe-models: MOE_MODELS=a,b MOE_TOKENS=1,16]
@@ -46,6 +48,18 @@ for step in $steps; do
           $PY benchmarks/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
         summary+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)")
       done ;;
+    reliability)
+      # issue 44: every compute-sanitizer tool on the sanitizer cases (STEP_TIMEOUT bounds each),
+      # then the fuzzer's GPU mode (CUDA kernels against the C reference; seed printed)
+      for tool in ${RELIABILITY_TOOLS:-memcheck racecheck synccheck initcheck}; do
+        # (no --leak-check: torch's caching allocator keeps its blocks to exit)
+        SAMOYEDS_SANITIZE_TOOL=$tool timeout "${STEP_TIMEOUT:-0}" compute-sanitizer --tool $tool \
+          --error-exitcode 9 $PY benchmarks/sanitize_cases.py > "$OUT/reliability_$tool.log" 2>&1
+        summary+=("reliability $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+          "$OUT/reliability_$tool.log" | tail -1)")
+      done
+      run reliability_fuzz_gpu 14 $PY tests/fuzz/run.py --gpu --seconds "${FUZZ_SECONDS:-120}" \
+        --seed "${SAMOYEDS_FUZZ_SEED:-$RANDOM}" ;;
     bench) run bench_kernel 60 $PY benchmarks/bench_kernel.py --out "$OUT" ;;
     bench-quick) run bench_kernel 60 $PY benchmarks/bench_kernel.py --quick --out "$OUT" ;;
     bench-moe) run bench_moe 30 $PY benchmarks/bench_moe.py --out "$OUT" ;;

@@ -158,6 +158,38 @@ def main() -> None:
         for kind in peak.FILL_KINDS:
             for stages in (1, 3):
                 peak.shared_fill_rate(kind, ctas=4, stages=stages)
+    # hostile inputs (issue 44): ssmm on the GPU does not check the packed arrays (a host sync per
+    # call), so row indices out of range or out of order and invalid 2:4 codes must stay inside the
+    # arrays; unpack refuses them; ids at the int32 extremes; empty and single-row problems
+    for fmt, glu in (("3:8:32", True), ("samoyeds-1:2:128", False), ("2:4", True)):
+        E, I, H, T = 3, 96, 128, 37
+        R = 2 * I if glu else I
+        p = sm.pack(torch.randn(E, R, H, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=glu)
+        x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+        r = sm.route(torch.randint(0, E, (T, 2), generator=gen).cuda(), E)
+        for what in ("range", "order", "code"):
+            idx = None if p.idx is None else p.idx.clone()
+            meta = p.meta.clone()
+            if what == "range" and idx is not None:
+                idx[:, :, ::7] = 255
+            elif what == "order" and idx is not None:
+                idx[:, :, 0::2], idx[:, :, 1::2] = p.idx[:, :, 1::2], p.idx[:, :, 0::2]
+            else:
+                meta.view(torch.int32)[..., ::3] |= 0x0F0F0F0F
+            bad = sm.PackedWeight(p.values, meta, idx, p.fmt, p.shape, p.glu)
+            for impl in ("auto", "mma_sp", "decode"):
+                try:
+                    sm.ssmm(x, bad, r.offsets, r.token_ids, act="swiglu" if glu else "none", impl=impl)
+                except ValueError:
+                    pass
+            try:
+                sm.unpack(bad)
+            except ValueError:
+                pass
+    for ids in (torch.tensor([[-2**31, 2**31 - 1], [0, 5]], dtype=torch.int32),
+                torch.tensor([[2**62, -1]], dtype=torch.int64), torch.empty(0, 2, dtype=torch.int64)):
+        r = sm.route(ids.cuda(), 6)
+        sm.gather_weights(torch.rand(ids.shape).cuda(), r)
     torch.cuda.synchronize()
     print("sanitize cases done")
 

@@ -48,6 +48,24 @@ int sam_arg_range(const char *name, long long value, long long lo, long long hi,
     return -1;
 }
 
+int sam_arg_int(PyObject *o, const char *name, long long lo, long long hi, const char *expect, int *out)
+{
+    if (!PyLong_Check(o) || PyBool_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an int, got %.100s", name, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %s, got %R", name, expect, o);
+        return -1;
+    }
+    if (sam_arg_range(name, v, lo, hi, expect) < 0) return -1;
+    *out = (int)v;
+    return 0;
+}
+
 int sam_arg_impl(int impl, sam_impl *out)
 {
     if (sam_arg_range("impl", impl, SAM_IMPL_AUTO, SAM_IMPL_DECODE,

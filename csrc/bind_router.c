@@ -83,13 +83,19 @@ PyObject *sam_py_router(PyObject *module, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"logits", "weights", "ids", "x", "w", "k", "bias", "mode", "n_group", "topk_group",
                              "renorm", "scale", "choice_bias", "stream", NULL};
-    PyObject *o[A_COUNT] = {NULL}, *o_stream = Py_None;
+    PyObject *o[A_COUNT] = {NULL}, *o_stream = Py_None, *o_k, *o_mode = NULL, *o_ng = NULL, *o_tg = NULL;
     router_ctx x = {.p = {.n_group = 1, .topk_group = 1, .scale = 1.0f}};
     sam_router_params *p = &x.p;
     o[A_BIAS] = o[A_CHOICE] = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOi|OiiipfOO:router", kwlist, &o[A_LOGITS], &o[A_WEIGHTS],
-                                     &o[A_IDS], &o[A_X], &o[A_W], &p->k, &o[A_BIAS], &p->mode, &p->n_group,
-                                     &p->topk_group, &p->renorm, &p->scale, &o[A_CHOICE], &o_stream))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOOpfOO:router", kwlist, &o[A_LOGITS], &o[A_WEIGHTS],
+                                     &o[A_IDS], &o[A_X], &o[A_W], &o_k, &o[A_BIAS], &o_mode, &o_ng, &o_tg,
+                                     &p->renorm, &p->scale, &o[A_CHOICE], &o_stream))
+        return NULL;
+    /* (the ints are range-checked against the shapes later; here only what an int holds) */
+    if (sam_arg_int(o_k, "k", INT32_MIN, INT32_MAX, "a 32-bit int", &p->k) < 0 ||
+        (o_mode && sam_arg_int(o_mode, "mode", INT32_MIN, INT32_MAX, "0, 1 or 2", &p->mode) < 0) ||
+        (o_ng && sam_arg_int(o_ng, "n_group", INT32_MIN, INT32_MAX, "a 32-bit int", &p->n_group) < 0) ||
+        (o_tg && sam_arg_int(o_tg, "topk_group", INT32_MIN, INT32_MAX, "a 32-bit int", &p->topk_group) < 0))
         return NULL;
     if (sam_arg_range("mode", p->mode, SAM_ROUTER_SOFTMAX_TOPK, SAM_ROUTER_SIGMOID_TOPK,
                       "0 (softmax, then top-k), 1 (top-k, then softmax) or 2 (sigmoid, top-k by score + "

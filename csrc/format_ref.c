@@ -13,7 +13,10 @@
  *   with the lowest unused indices (their values are zero), so every stored
  *   2:4 code is valid.  A mask that keeps more than the format allows is an
  *   error naming the place.
- * unpack: writes the masked dense weight; rejects invalid codes and indices.
+ * check: the codes and row indices of the live storage rows are what the format
+ *   allows (valid 2:4 codes; indices below m, increasing within a group); unpack
+ *   and ssmm refuse packed arrays that fail it before writing anything.
+ * unpack: writes the masked dense weight.
  */
 #include "sam_ref.h"
 
@@ -224,6 +227,53 @@ sam_status sam_format_pack_ref(void *values, uint32_t *meta, uint8_t *idx,
     return SAM_STATUS_OK;
 }
 
+sam_status sam_format_check_ref(const uint32_t *meta, const uint8_t *idx, sam_format f, const sam_dims *d)
+{
+    const int64_t C = d->C;
+    const int sel = sam_format_has_selection(f);
+    const int64_t V = sel ? f.v : C;
+    const int64_t nm = sam_meta_per_expert(d), ni = sam_idx_per_expert(d);
+
+    for (int64_t e = 0; e < d->E; e++) {
+        const int64_t mb = e * nm; /* this expert's first meta word */
+        const uint8_t *ie = sel ? idx + e * ni : NULL;
+        for (int64_t p = 0; p < d->rp; p++) {
+            int h;
+            int64_t q;
+            if (!sam_storage_row(d, f.glu, p, &h, &q)) continue;
+            for (int64_t c0 = 0, j = 0; sel && c0 < C; c0 += V, j++) {
+                const int s = ie[j * d->rp + p];
+                if (s >= f.m) {
+                    sam_ref_set_error("idx: expert %lld, slice %lld, storage row %lld holds %d; "
+                                      "expected a value below %d", (long long)e, (long long)j,
+                                      (long long)p, s, f.m);
+                    return SAM_STATUS_BAD_DATA;
+                }
+                if (q % f.n > 0) { /* slots of a group must pick increasing rows */
+                    const int64_t pprev = sam_storage_index(f.glu, h, q - 1);
+                    if (ie[j * d->rp + pprev] >= s) {
+                        sam_ref_set_error("idx: expert %lld, slice %lld: storage rows %lld and %lld "
+                                          "pick rows %d and %d of their group; expected increasing",
+                                          (long long)e, (long long)j, (long long)pprev, (long long)p,
+                                          ie[j * d->rp + pprev], s);
+                        return SAM_STATUS_BAD_DATA;
+                    }
+                }
+            }
+            for (int64_t c = 0; c < C; c += 4) {
+                const uint32_t nib = (sam_ld_u32(meta, mb + sam_meta_word(d, p, c)) >> sam_meta_shift(p, c)) & 0xfu;
+                if (!sam_nibble_valid(nib)) {
+                    sam_ref_set_error("meta: expert %lld, storage row %lld, columns %lld..%lld hold "
+                                      "the invalid 2:4 code 0x%x", (long long)e, (long long)p,
+                                      (long long)c, (long long)(c + 3), nib);
+                    return SAM_STATUS_BAD_DATA;
+                }
+            }
+        }
+    }
+    return SAM_STATUS_OK;
+}
+
 sam_status sam_format_unpack_ref(void *out, const void *values, const uint32_t *meta,
                                  const uint8_t *idx, sam_dtype t,
                                  sam_format f, const sam_dims *d)
@@ -234,6 +284,8 @@ sam_status sam_format_unpack_ref(void *out, const void *values, const uint32_t *
     const int64_t V = sel ? f.v : C;
     const int64_t nv = sam_values_per_expert(d), nm = sam_meta_per_expert(d), ni = sam_idx_per_expert(d);
 
+    const sam_status status = sam_format_check_ref(meta, idx, f, d); /* nothing written unless valid */
+    if (status != SAM_STATUS_OK) return status;
     zero_bytes(out, (size_t)(d->E * R * C) * es);
     for (int64_t e = 0; e < d->E; e++) {
         const char *ve = (const char *)values + e * nv * (int64_t)es;
@@ -246,32 +298,10 @@ sam_status sam_format_unpack_ref(void *out, const void *values, const uint32_t *
             if (!sam_storage_row(d, f.glu, p, &h, &q)) continue;
             for (int64_t c0 = 0, j = 0; c0 < C; c0 += V, j++) {
                 const int64_t c1 = c0 + V < C ? c0 + V : C;
-                int s = sel ? ie[j * d->rp + p] : 0;
-                if (s >= f.m) {
-                    sam_ref_set_error("idx: expert %lld, slice %lld, storage row %lld holds %d; "
-                                      "expected a value below %d", (long long)e, (long long)j,
-                                      (long long)p, s, f.m);
-                    return SAM_STATUS_BAD_DATA;
-                }
-                if (sel && q % f.n > 0) { /* slots of a group must pick increasing rows */
-                    int64_t pprev = sam_storage_index(f.glu, h, q - 1);
-                    if (ie[j * d->rp + pprev] >= s) {
-                        sam_ref_set_error("idx: expert %lld, slice %lld: storage rows %lld and %lld "
-                                          "pick rows %d and %d of their group; expected increasing",
-                                          (long long)e, (long long)j, (long long)pprev, (long long)p,
-                                          ie[j * d->rp + pprev], s);
-                        return SAM_STATUS_BAD_DATA;
-                    }
-                }
+                const int s = sel ? ie[j * d->rp + p] : 0;
                 const int64_t orow = sam_original_row(f, d, h, q, s);
                 for (int64_t c = c0; c < c1; c += 4) {
                     uint32_t nib = (sam_ld_u32(meta, mb + sam_meta_word(d, p, c)) >> sam_meta_shift(p, c)) & 0xfu;
-                    if (!sam_nibble_valid(nib)) {
-                        sam_ref_set_error("meta: expert %lld, storage row %lld, columns %lld..%lld hold "
-                                          "the invalid 2:4 code 0x%x", (long long)e, (long long)p,
-                                          (long long)c, (long long)(c + 3), nib);
-                        return SAM_STATUS_BAD_DATA;
-                    }
                     const int64_t vb = p * (cp / 2) + c / 2;
                     copy_elem(out, ob + orow * C + c + (nib & 3u), ve, vb, es);
                     copy_elem(out, ob + orow * C + c + (nib >> 2), ve, vb + 1, es);

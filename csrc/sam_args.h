@@ -153,6 +153,10 @@ PyObject *sam_run_op(const sam_op *op, PyObject *module, PyObject *const *objs, 
 int sam_arg_stream(PyObject *o, int64_t *out);
 /* The format (n, m, v) with glu; ValueError naming n, m or v. */
 int sam_arg_format(int n, int m, int v, int glu, sam_format *f);
+/* An int argument in [lo, hi] (within int), from a Python object: TypeError for a non-int,
+ * ValueError naming it for one out of range, even past int64 (PyArg's "i" would raise
+ * OverflowError, not a documented type). */
+int sam_arg_int(PyObject *o, const char *name, long long lo, long long hi, const char *expect, int *out);
 /* impl as sam_impl (0 auto, 1 mma.sp, 2 wgmma.sp, 3 decode); ValueError naming impl. */
 int sam_arg_impl(int impl, sam_impl *out);
 /* lo <= value <= hi, else ValueError "<name>: expected <expect>, got <value>". */

@@ -158,6 +158,10 @@ sam_status sam_format_pack_ref(void *values, uint32_t *meta, uint8_t *idx,
 sam_status sam_format_unpack_ref(void *out, const void *values, const uint32_t *meta,
                                  const uint8_t *idx, sam_dtype t,
                                  sam_format f, const sam_dims *d);
+/* SAM_STATUS_BAD_DATA (the message names the expert, slice, storage row) unless every
+ * live storage row holds valid 2:4 codes and, with row selection, row indices below m
+ * that increase within each group; unpack and ssmm call it before writing anything. */
+sam_status sam_format_check_ref(const uint32_t *meta, const uint8_t *idx, sam_format f, const sam_dims *d);
 
 /* ---- ssmm (csrc/ssmm_ref.c): same params struct as the CUDA launcher ----------- */
 

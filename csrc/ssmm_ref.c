@@ -55,6 +55,10 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
         }
     }
     if (last == first) return SAM_STATUS_OK;
+    /* the packed arrays as unpack takes them: out-of-range or unordered row indices and
+     * invalid 2:4 codes are refused, never read as some other weight */
+    const sam_status valid = sam_format_check_ref(p->meta, p->idx, f, d);
+    if (valid != SAM_STATUS_OK) return valid;
 
     float *vals = (float *)malloc(sizeof(float) * (size_t)(rp * half + 1));
     int32_t *cols = (int32_t *)malloc(sizeof(int32_t) * (size_t)(rp * half + 1));
@@ -84,7 +88,7 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
             int live = sam_storage_row(d, f.glu, q, &h, &qq);
             for (int64_t j = 0; j < nslices; j++) {
                 int s = sel ? ie[j * rp + q] : 0;
-                rowof[q * nslices + j] = live ? sam_original_row(f, d, h, qq, s < f.m ? s : 0) : -1;
+                rowof[q * nslices + j] = live ? sam_original_row(f, d, h, qq, s) : -1;
             }
             for (int64_t c = 0; c < cp; c += 4) {
                 uint32_t nib = (sam_ld_u32(p->meta, mb + sam_meta_word(d, q, c)) >> sam_meta_shift(q, c)) & 0xfu;

@@ -149,6 +149,17 @@ def save_pretrained(model: nn.Module, path: PathLike) -> None:
 
 
 # --- reading --------------------------------------------------------------------------------------
+#
+# Every byte of a checkpoint is untrusted input: the header names no code to run (the model
+# class comes from an allow-list), and every tensor is checked (name, kind, shape, dtype, and
+# the values the kernels index with) before the model is returned, so nothing that reaches the
+# C extension later can be out of range.  Any problem is a CheckpointError naming the file and
+# the field.
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_BOOL_FIELDS = ("transposed", "interleaved", "bias")
+_INT_FIELDS = ("num_experts", "hidden", "intermediate")
+
 
 def _open(file: str, device: str):
     from safetensors import safe_open
@@ -168,6 +179,39 @@ def _read(f, file: str, key: str) -> torch.Tensor:
         raise CheckpointError(f"{file}: tensor {key!r} cannot be read ({type(e).__name__}: {e})") from e
 
 
+def _json(meta: dict, file: str, key: str, kind: type) -> Any:
+    try:
+        out = json.loads(meta[key])
+    except KeyError:
+        raise CheckpointError(f"{file}: no {key!r} in the samoyeds metadata") from None
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{file}: metadata {key!r} is malformed JSON ({e})") from e
+    if not isinstance(out, kind):
+        raise CheckpointError(f"{file}: metadata {key!r}: expected a JSON {kind.__name__}, got "
+                              f"{type(out).__name__}")
+    return out
+
+
+def _check_module_entry(m: Any, i: int, file: str) -> None:
+    where = f"{file}: metadata 'modules'[{i}]"
+    if not isinstance(m, dict):
+        raise CheckpointError(f"{where}: expected an object, got {type(m).__name__}")
+    for k in _LAYOUT_FIELDS + ("name", "dtype"):
+        if k not in m:
+            raise CheckpointError(f"{where}: no field {k!r}")
+    checks = [("name", lambda v: isinstance(v, str), "a string"),
+              ("act", lambda v: isinstance(v, str), "a string"),
+              ("dtype", lambda v: v in _DTYPES, f"one of {sorted(_DTYPES)}")]
+    checks += [(k, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0")
+               for k in _INT_FIELDS]
+    checks += [(k, lambda v: isinstance(v, bool), "a bool") for k in _BOOL_FIELDS]
+    checks += [(k, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and
+                abs(v) != float("inf"), "a finite number") for k in ("alpha", "limit")]
+    for k, ok, what in checks:
+        if not ok(m[k]):
+            raise CheckpointError(f"{where}.{k}: expected {what}, got {m[k]!r}")
+
+
 def _header(f, file: str) -> dict:
     meta = f.metadata() or {}
     version = meta.get("samoyeds_checkpoint_version")
@@ -181,19 +225,65 @@ def _header(f, file: str) -> dict:
     if layout != str(_C.LAYOUT_VERSION):
         raise CheckpointError(f"{file}: packed with layout version {layout}; this samoyeds reads layout version "
                               f"{_C.LAYOUT_VERSION} (repack the model from dense weights)")
+    for key in ("format", "model_class"):
+        if key not in meta:
+            raise CheckpointError(f"{file}: malformed samoyeds metadata: no {key!r}")
     try:
-        out = {"format": SparseFormat.parse(meta["format"]), "model_class": meta["model_class"],
-               "modules": json.loads(meta["modules"]), "aliases": json.loads(meta["aliases"])}
-        for m in out["modules"]:
-            for k in _LAYOUT_FIELDS + ("name", "dtype"):
-                m[k]  # noqa: B018 (presence check)
-    except (KeyError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{file}: malformed samoyeds metadata ({type(e).__name__}: {e})") from e
-    return out
+        fmt = SparseFormat.parse(meta["format"])
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{file}: malformed samoyeds metadata 'format' ({type(e).__name__}: {e})") from e
+    modules = _json(meta, file, "modules", list)
+    for i, m in enumerate(modules):
+        _check_module_entry(m, i, file)
+    names = [m["name"] for m in modules]
+    if len(set(names)) != len(names):
+        raise CheckpointError(f"{file}: metadata 'modules' names an experts module twice")
+    aliases = _json(meta, file, "aliases", dict)
+    for k, v in aliases.items():
+        if not isinstance(v, str):
+            raise CheckpointError(f"{file}: metadata 'aliases'[{k!r}]: expected a tensor name, got {v!r}")
+    return {"format": fmt, "model_class": meta["model_class"], "modules": modules, "aliases": aliases}
+
+
+def _allowed_classes(config: Any) -> List[str]:
+    """Names of the transformers classes registered in transformers' auto mappings for
+    config's model_type: the only classes a checkpoint's header may name."""
+    from transformers.models.auto import modeling_auto
+
+    model_type = getattr(config, "model_type", None)
+    names = set()
+    for attr in dir(modeling_auto):
+        table = getattr(modeling_auto, attr) if attr.endswith("_MAPPING_NAMES") else None
+        if isinstance(table, dict) and isinstance(model_type, str):
+            v = table.get(model_type)
+            names.update(n for n in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(n, str))
+    return sorted(names)
+
+
+def _model_class(config: Any, name: Any, file: str) -> type:
+    """The transformers model class the header names, resolved only through transformers'
+    auto mappings for the config's model_type (never an arbitrary attribute)."""
+    import transformers
+
+    allowed = _allowed_classes(config)
+    if not isinstance(name, str) or name not in allowed:
+        raise CheckpointError(f"{file}: metadata 'model_class' = {name!r} is not a transformers model class for "
+                              f"model_type {getattr(config, 'model_type', None)!r} of config.json in transformers "
+                              f"{transformers.__version__} (expected one of {allowed}); pass model_class=")
+    try:
+        cls = getattr(transformers, name)
+    except Exception as e:  # a lazy import of the model's module can fail on missing dependencies
+        raise CheckpointError(f"{file}: metadata 'model_class' = {name!r} cannot be imported from transformers "
+                              f"({type(e).__name__}: {e}); pass model_class=") from e
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
+            and cls.__module__.startswith("transformers.models.")):
+        raise CheckpointError(f"{file}: metadata 'model_class' = {name!r} is not a transformers PreTrainedModel")
+    return cls
 
 
 def _check_codes(pw: PackedWeight, file: str, key: str) -> None:
-    """Row indices below m and valid 2:4 codes: what the kernels index with."""
+    """Row indices below m, increasing within a group, and valid 2:4 codes: what the
+    kernels index with (the checks of csrc/format_ref.c's sam_format_check_ref)."""
     fmt = pw.fmt
     if pw.idx is not None:
         bad = pw.idx >= fmt.m
@@ -201,6 +291,21 @@ def _check_codes(pw: PackedWeight, file: str, key: str) -> None:
             e, j, r = (int(i) for i in bad.nonzero()[0])
             raise CheckpointError(f"{file}: {key}_idx[{e}, {j}, {r}] = {int(pw.idx[e, j, r])}; expected a row "
                                   f"index below m = {fmt.m}")
+        d = pw.dims
+        halves = 2 if pw.glu else 1
+        rc = d.R // halves // fmt.m * fmt.n  # condensed (live) rows of a half
+        if fmt.n > 1 and rc > 0 and d.slices > 0:
+            q = torch.arange(rc, device=pw.idx.device)
+            for h in range(halves):
+                p = (q // _C.GLU_CHUNK * 2 + h) * _C.GLU_CHUNK + q % _C.GLU_CHUNK if pw.glu else q
+                sel = pw.idx[:, :, p].reshape(d.E, d.slices, rc // fmt.n, fmt.n)
+                bad = sel[..., 1:] <= sel[..., :-1]
+                if bool(bad.any()):
+                    e, j, g, s = (int(i) for i in bad.nonzero()[0])
+                    p0, p1 = int(p[g * fmt.n + s]), int(p[g * fmt.n + s + 1])
+                    raise CheckpointError(
+                        f"{file}: {key}_idx[{e}, {j}, {p0}] = {int(pw.idx[e, j, p0])} and [{e}, {j}, {p1}] = "
+                        f"{int(pw.idx[e, j, p1])}: the rows one group keeps must increase")
     table = _VALID_NIBBLES.to(pw.meta.device)
     shifts = torch.arange(0, 32, 4, device=pw.meta.device, dtype=torch.int32)
     for e in range(pw.meta.shape[0]):
@@ -213,27 +318,73 @@ def _check_codes(pw: PackedWeight, file: str, key: str) -> None:
                                   f"2:4 code 0x{int(nib[where]):x} in nibble {where[-1]}")
 
 
-def _set_tensor(model: nn.Module, name: str, value: torch.Tensor, file: str) -> None:
+def _slot(model: nn.Module, name: str, file: str, what: str) -> Tuple[nn.Module, str, torch.Tensor, str]:
+    """(module, attribute, current tensor, "parameter" | "buffer") of a tensor of the model."""
     mod_name, _, attr = name.rpartition(".")
     try:
         mod = model.get_submodule(mod_name) if mod_name else model
     except AttributeError:
-        raise CheckpointError(f"{file}: tensor {name!r} names no module of {type(model).__name__}") from None
+        raise CheckpointError(f"{file}: {what} {name!r} names no module of {type(model).__name__}") from None
     if attr in mod._parameters and mod._parameters[attr] is not None:
-        old = mod._parameters[attr]
-        kind = "parameter"
-    elif attr in mod._buffers and mod._buffers[attr] is not None:
-        old = mod._buffers[attr]
-        kind = "buffer"
-    else:
-        raise CheckpointError(f"{file}: tensor {name!r} is not a parameter or buffer of {type(model).__name__}")
+        return mod, attr, mod._parameters[attr], "parameter"
+    if attr in mod._buffers and mod._buffers[attr] is not None:
+        return mod, attr, mod._buffers[attr], "buffer"
+    raise CheckpointError(f"{file}: {what} {name!r} is not a parameter or buffer of {type(model).__name__}")
+
+
+def _check_value(old: torch.Tensor, value: torch.Tensor, name: str, file: str, what: str,
+                 dtype: torch.dtype) -> None:
+    """value may replace old: the same shape, and old's dtype or, for a floating tensor,
+    the experts' dtype (the model's: the one config.json does not record)."""
     if tuple(old.shape) != tuple(value.shape):
-        raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(value.shape)}; the model built from "
+        raise CheckpointError(f"{file}: {what} {name!r} has shape {tuple(value.shape)}; the model built from "
                               f"config.json expects {tuple(old.shape)}")
-    if kind == "parameter":
-        mod._parameters[attr] = nn.Parameter(value, requires_grad=old.requires_grad)
+    if value.dtype != old.dtype and not (old.dtype.is_floating_point and value.dtype == dtype):
+        raise CheckpointError(f"{file}: {what} {name!r} has dtype {value.dtype}; the model expects "
+                              f"{old.dtype if not old.dtype.is_floating_point else f'{dtype} (that of the experts)'}")
+
+
+def _set_tensor(model: nn.Module, name: str, value: torch.Tensor, file: str, dtype: torch.dtype,
+                kind: Optional[str] = None) -> None:
+    mod, attr, old, got = _slot(model, name, file, "tensor")
+    if kind is not None and got != kind:
+        raise CheckpointError(f"{file}: tensor {name!r} is a {got} of the model; expected a {kind}")
+    _check_value(old, value, name, file, "tensor", dtype)
+    if got == "parameter":
+        mod._parameters[attr] = nn.Parameter(value, requires_grad=old.requires_grad and value.is_floating_point())
     else:
         mod._buffers[attr] = value
+
+
+def _check_config_size(config: Any, file: str, mfile: str, device: str) -> None:
+    """Layers are built one by one (on the meta device, but each costs Python time): a
+    config.json cannot ask for more layers than model.safetensors holds tensors (every
+    layer has at least its norm's)."""
+    with _open(mfile, device) as mf:
+        stored = len(mf.keys())
+    configs = [config]
+    for attr in ("text_config", "vision_config"):
+        sub = getattr(config, attr, None)
+        if sub is not None and sub is not config:
+            configs.append(sub)
+    for c in configs:
+        layers = getattr(c, "num_hidden_layers", None)
+        if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 0
+                                   or layers > stored):
+            raise CheckpointError(f"{file}: num_hidden_layers = {layers!r}; expected an int between 0 and the "
+                                  f"{stored} tensors of {MODEL_FILE}")
+
+
+def _build(cls: type, config: Any, file: str) -> nn.Module:
+    try:
+        with torch.device("meta"):
+            model = cls._from_config(config) if hasattr(cls, "_from_config") else cls(config)
+    except Exception as e:  # transformers' own errors for a config its class cannot take
+        raise CheckpointError(f"{file}: {cls.__name__} cannot be built from config.json "
+                              f"({type(e).__name__}: {e})") from e
+    if not isinstance(model, nn.Module):
+        raise CheckpointError(f"{file}: {cls.__name__}(config) is not a torch module")
+    return model
 
 
 def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = None,
@@ -243,13 +394,17 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
 
     The model is built from ``config.json`` on the meta device; the packed arrays
     are read straight into the experts modules' buffers and the other tensors
-    into their Parameters, so no dense expert weight is ever created.
+    into their Parameters, so no dense expert weight is ever created.  The files
+    are untrusted input: the header's model class must be one that transformers'
+    auto mappings give for the config's ``model_type``, and every tensor is
+    checked (name, shape, dtype, row indices and 2:4 codes) before the model is
+    returned.
 
     Args:
         path: the checkpoint directory.
         device: where the tensors are read to (default CPU).
         model_class: the transformers class to build (default: the class that was
-            saved, looked up in ``transformers``).
+            saved, among those transformers maps the config's ``model_type`` to).
         router, shared_stream, shared_stream_min_rows: as :func:`samoyeds.patch_model`'s.
     Returns:
         The model in eval mode, patched (``experts_implementation="samoyeds"``; unpruned
@@ -262,21 +417,26 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
     import transformers
 
     _hf.check_options(router, shared_stream, shared_stream_min_rows)
+    if model_class is not None and not isinstance(model_class, type):
+        raise TypeError(f"model_class: expected a class, got {type(model_class).__name__}")
     path = os.fspath(path)
     dev = str(torch.device(device)) if device is not None else "cpu"
     efile, mfile = os.path.join(path, EXPERTS_FILE), os.path.join(path, MODEL_FILE)
-    if not os.path.isfile(os.path.join(path, "config.json")):
+    cfile = os.path.join(path, "config.json")
+    if not os.path.isfile(cfile):
         raise FileNotFoundError(f"{path}: no config.json (is this a samoyeds checkpoint directory?)")
+    if not os.path.isfile(mfile):
+        raise FileNotFoundError(f"{mfile}: no such file (is this a samoyeds checkpoint directory?)")
     with _open(efile, dev) as ef:
         head = _header(ef, efile)
         fmt: SparseFormat = head["format"]
-        config = transformers.AutoConfig.from_pretrained(path)
-        cls = model_class or getattr(transformers, head["model_class"], None)
-        if cls is None:
-            raise CheckpointError(f"{efile}: model class {head['model_class']!r} is not in transformers "
-                                  f"{transformers.__version__}; pass model_class=")
-        with torch.device("meta"):
-            model = cls._from_config(config) if hasattr(cls, "_from_config") else cls(config)
+        try:
+            config = transformers.AutoConfig.from_pretrained(path)
+        except Exception as e:  # json, unknown model_type, remote code: transformers' own error types
+            raise CheckpointError(f"{cfile}: not a transformers config ({type(e).__name__}: {e})") from e
+        cls = model_class or _model_class(config, head["model_class"], efile)
+        _check_config_size(config, cfile, mfile, dev)
+        model = _build(cls, config, cfile)
         model.eval()
 
         targets = _experts.find_experts(model)
@@ -285,6 +445,11 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
         if sorted(names) != sorted(stored):
             raise CheckpointError(f"{efile}: holds experts modules {sorted(stored)}; the model built from "
                                   f"config.json has {sorted(names)}")
+        dtypes = {m["dtype"] for m in head["modules"]}
+        if len(dtypes) > 1:
+            raise CheckpointError(f"{efile}: metadata 'modules' gives experts modules several dtypes "
+                                  f"{sorted(dtypes)}")
+        dtype = _DTYPES[dtypes.pop()] if dtypes else torch.get_default_dtype()
         layouts: Dict[str, _experts.ExpertsPatch] = {}
         arrays: Dict[str, Dict[str, Optional[torch.Tensor]]] = {}
         keys = set(ef.keys())
@@ -322,20 +487,67 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
                     raise CheckpointError(
                         f"{efile}: {key}: expected values float32/bfloat16/float16, meta uint32, idx uint8; got "
                         f"{v.dtype}, {m.dtype}, {None if ix is None else ix.dtype}")
+                if v.dtype != dtype:
+                    raise CheckpointError(f"{efile}: {key}_values has dtype {v.dtype}; the experts module's "
+                                          f"metadata 'dtype' is {s['dtype']!r}")
                 try:
                     pw = PackedWeight(v, m, ix, fmt, shape, glu=glu)
                 except ValueError as e:
                     raise CheckpointError(f"{efile}: {key}: {e}") from e
                 _check_codes(pw, efile, key)
-            if got["samoyeds_gate_up_bias"] is not None and tuple(got["samoyeds_gate_up_bias"].shape) != (E, 2 * I):
-                raise CheckpointError(f"{efile}: {t.name}.samoyeds_gate_up_bias has shape "
-                                      f"{tuple(got['samoyeds_gate_up_bias'].shape)}; expected {(E, 2 * I)}")
+            bias = got["samoyeds_gate_up_bias"]
+            if bias is not None and (tuple(bias.shape) != (E, 2 * I) or bias.dtype != dtype):
+                raise CheckpointError(f"{efile}: {t.name}.samoyeds_gate_up_bias is {bias.dtype} {tuple(bias.shape)}; "
+                                      f"expected {dtype} {(E, 2 * I)} (the experts' dtype)")
             arrays[t.name] = got
-        buffers = {k[len(_BUFFERS):]: _read(ef, efile, k) for k in keys if k.startswith(_BUFFERS)}
+        buffers = {k[len(_BUFFERS):]: _read(ef, efile, k) for k in sorted(keys) if k.startswith(_BUFFERS)}
         expected = {key for t in targets for key in _expert_keys(t.name, layouts[t.name]).values()}
         stray = sorted(k for k in keys if not k.startswith(_BUFFERS) and k not in expected)
         if stray:
             raise CheckpointError(f"{efile}: unexpected tensors {stray[:5]}")
+
+    persistent = set(model.state_dict())
+    for name in buffers:
+        if name in persistent or name in expected:
+            raise CheckpointError(f"{efile}: tensor {_BUFFERS + name!r} names a tensor of the model's state_dict; "
+                                  "expected a non-persistent buffer")
+    with _open(mfile, dev) as mf:
+        dense = {k: _read(mf, mfile, k) for k in sorted(mf.keys())}
+    for key in dense:
+        if key in expected:
+            raise CheckpointError(f"{mfile}: tensor {key!r} is a packed experts array; expected it in "
+                                  f"{EXPERTS_FILE} only")
+    for alias, source in head["aliases"].items():
+        if alias in dense or alias in buffers:
+            raise CheckpointError(f"{efile}: metadata 'aliases': {alias!r} is stored and aliased")
+        if source not in dense:
+            raise CheckpointError(f"{efile}: metadata 'aliases': {alias!r} -> {source!r}: expected a tensor of "
+                                  f"{MODEL_FILE}")
+        if alias in expected:
+            raise CheckpointError(f"{efile}: metadata 'aliases': {alias!r} is a packed experts array")
+    # every check that needs the meta model's own tensors, before any is replaced
+    for key, value in dense.items():
+        _, _, old, _ = _slot(model, key, mfile, "tensor")
+        _check_value(old, value, key, mfile, "tensor", dtype)
+    for name, value in buffers.items():
+        _, _, old, kind = _slot(model, name, efile, "tensor")
+        if kind != "buffer":
+            raise CheckpointError(f"{efile}: tensor {_BUFFERS + name!r} names a {kind}; expected a buffer")
+        _check_value(old, value, name, efile, "tensor", dtype)
+    for alias, source in head["aliases"].items():
+        _, _, old, kind = _slot(model, alias, efile, "alias")
+        _, _, src_old, src_kind = _slot(model, source, efile, "alias source")
+        if kind != src_kind:
+            raise CheckpointError(f"{efile}: alias {alias!r} -> {source!r}: a {kind} cannot share a {src_kind}")
+        _check_value(old, dense[source], alias, efile, "alias", dtype)
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    emb_w = getattr(emb, "weight", None)
+    if isinstance(emb_w, torch.Tensor):
+        name = next((n for n, p in model.named_parameters(remove_duplicate=False) if p is emb_w), None)
+        src = dense.get(name, dense.get(head["aliases"].get(name, "")))
+        if src is not None and src.dtype != dtype:
+            raise CheckpointError(f"{mfile}: tensor {name!r} (the input embeddings: the hidden states' dtype) "
+                                  f"is {src.dtype}; the experts are {dtype}")
 
     for t in targets:
         mod, layout = t.experts, layouts[t.name]
@@ -349,30 +561,14 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
         if t.block is not None:
             t.block.__class__ = _llama4.patched_class(type(t.block))
 
-    with _open(mfile, dev) as mf:
-        for key in mf.keys():
-            _set_tensor(model, key, _read(mf, mfile, key), mfile)
+    for key, value in dense.items():
+        _set_tensor(model, key, value, mfile, dtype)
     for name, value in buffers.items():
-        _set_tensor(model, name, value, efile)
+        _set_tensor(model, name, value, efile, dtype, kind="buffer")
     for alias, source in head["aliases"].items():
-        try:
-            src = model.get_parameter(source)
-        except AttributeError:
-            try:
-                src = model.get_buffer(source)
-            except AttributeError:
-                raise CheckpointError(f"{efile}: alias {alias!r} -> {source!r}: no such tensor") from None
-        mod_name, _, attr = alias.rpartition(".")
-        try:
-            mod = model.get_submodule(mod_name) if mod_name else model
-        except AttributeError:
-            raise CheckpointError(f"{efile}: alias {alias!r} names no module") from None
-        if attr in mod._parameters:
-            mod._parameters[attr] = src
-        elif attr in mod._buffers:
-            mod._buffers[attr] = src
-        else:
-            raise CheckpointError(f"{efile}: alias {alias!r} is not a tensor of the model")
+        mod, attr, _, kind = _slot(model, alias, efile, "alias")
+        _, _, src, _ = _slot(model, source, efile, "alias source")
+        (mod._parameters if kind == "parameter" else mod._buffers)[attr] = src
     left = [n for n, x in list(model.named_parameters()) + list(model.named_buffers()) if x.device.type == "meta"]
     if left:
         raise CheckpointError(f"{path}: the checkpoint holds no value for {left[:5]}"
@@ -380,7 +576,11 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
 
     gen_file = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_file) and hasattr(model, "generation_config"):
-        model.generation_config = transformers.GenerationConfig.from_pretrained(path)
+        try:
+            model.generation_config = transformers.GenerationConfig.from_pretrained(path)
+        except Exception as e:  # transformers' own error types for a malformed file
+            raise CheckpointError(f"{gen_file}: not a transformers generation config ({type(e).__name__}: {e})") \
+                from e
     _experts.register()
     _hf.install(model, targets, dense_shared=True, router=router, shared_stream=shared_stream,
                 shared_stream_min_rows=shared_stream_min_rows)

@@ -216,3 +216,63 @@ def test_odd_addresses_give_the_same_results(rng):
     np.testing.assert_array_equal(sm.combine(_odd(y), _odd(r.pos)), sm.combine(y, r.pos))
     meta = p.meta[0, 0]
     np.testing.assert_array_equal(_C.decode_meta(_odd(meta)), _C.decode_meta(meta))
+
+
+# ---- item 4 (the C side): ssmm takes the packed arrays as unpack does ----------------------------
+
+def _corrupt(p, what):
+    """A copy of packed weight p with one defect unpack refuses: row indices out of order
+    (two slots of a group swapped), equal, or out of range, or an invalid 2:4 code."""
+    idx, meta = (None if p.idx is None else p.idx.copy()), p.meta.copy()
+    if what == "unordered":
+        idx[0, 0, [0, 1]] = idx[0, 0, [1, 0]]
+    elif what == "equal":
+        idx[0, 0, 1] = idx[0, 0, 0]
+    elif what == "range":
+        idx[0, 0, 2] = p.fmt.m
+    else:
+        meta[0, 0, 0, 0] = (meta[0, 0, 0, 0] & ~np.uint32(0xF)) | np.uint32(0xF)
+    return sm.PackedWeight(p.values, meta, idx, p.fmt, p.shape, p.glu)
+
+
+@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize("what", ["unordered", "equal", "range", "code"])
+def test_ssmm_refuses_what_unpack_refuses(rng, what, glu):
+    """3:8:32 keeps 3 rows per group: ssmm once read unordered indices (and clamped indices
+    >= m to 0) where unpack refused them.  Both now give the same ValueError, and the
+    fused moe_forward too; nothing is written."""
+    from samoyeds.moe import moe_forward
+    E, R, C, T = 2, 48, 64, 5
+    w = rng.standard_normal((E, 2 * R if glu else R, C)).astype(np.float32)
+    p = sm.pack(w, "3:8:32", glu=glu)
+    bad = _corrupt(p, what)
+    x = rng.standard_normal((T, C)).astype(np.float32)
+    off = np.array([0, 3, T], np.int32)
+    sm.ssmm(x, p, off, act="swiglu" if glu else "none")
+    with pytest.raises(ValueError) as unpacked:
+        sm.unpack(bad)
+    msg = str(unpacked.value).split(": ", 1)[1]
+    assert msg.startswith(("idx: expert 0", "meta: expert 0")), msg
+    out = np.full((T, R), 7.0, np.float32)
+    with pytest.raises(ValueError) as e:
+        sm.ssmm(x, bad, off, out=out, act="swiglu" if glu else "none")
+    assert str(e.value) == "ssmm: " + msg
+    assert (out == 7.0).all(), "ssmm wrote before refusing"
+    if glu:
+        down = sm.pack(rng.standard_normal((E, C, R)).astype(np.float32), "3:8:32")
+        topk = rng.integers(0, E, (T, 2)).astype(np.int32)
+        with pytest.raises(ValueError, match="idx: expert 0|meta: expert 0"):
+            moe_forward(x, topk, rng.random((T, 2)).astype(np.float32), bad, down)
+
+
+@pytest.mark.parametrize("kw", [{"n_group": 2**40}, {"n_group": 2**70}, {"topk_group": -2**65}])
+def test_router_ints_past_int32_are_value_errors(kw):
+    """PyArg's "i" raised OverflowError (not a documented type) for router's ints past int32
+    (found by tests/fuzz): now a ValueError naming the argument."""
+    x, w = np.zeros((2, 64), np.float32), np.zeros((8, 64), np.float32)
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=rf"^{name}: expected a 32-bit int, got {kw[name]}$"):
+        sm.router(x, w, 2, **kw)
+    with pytest.raises(ValueError, match=r"^k: expected a 32-bit int"):
+        _C.router(np.zeros((2, 8), np.float32), np.zeros((2, 2), np.float32), np.zeros((2, 2), np.int64), x, w,
+                  2**80)

@@ -269,6 +269,199 @@ def test_corrupt_codes(saved, tmp_path):
     assert shf.is_patched(sm.from_pretrained(saved[0]))
 
 
+# --- issue 44: untrusted checkpoints (items 3 and 4) -----------------------------------------------
+
+@pytest.mark.parametrize("name", [
+    "os", "logging", "__class__", "AutoModel", "PreTrainedModel", "GenerationConfig", "AutoConfig", "pipeline",
+    "BertModel", "LlamaForCausalLM", "Qwen3MoeConfig", "", "torch.nn.Module", "Qwen3MoeForCausalLM.__init__",
+])
+def test_model_class_from_an_allow_list(saved, tmp_path, name):
+    """The header's model_class is only looked up among the classes transformers' auto
+    mappings give for config.json's model_type; anything else (a module, a function, a
+    config class, another architecture) is a CheckpointError naming the file and the field,
+    before anything is instantiated (before: OSError, TypeError, AttributeError)."""
+    d = _copy(saved, tmp_path, f"cls-{len(name)}-{name[:8]}")
+    _rewrite(d / EXPERTS_FILE, fn_meta=lambda m: m.__setitem__("model_class", name))
+    with pytest.raises(CheckpointError, match=rf"{EXPERTS_FILE}: metadata 'model_class'"):
+        sm.from_pretrained(d)
+
+
+def test_model_class_of_another_family_is_refused(saved, tmp_path):
+    """Qwen3MoeModel (the base model) is registered for qwen3_moe: built, it has no lm_head and
+    fails the experts check, still a CheckpointError."""
+    d = _copy(saved, tmp_path, "base-model")
+    _rewrite(d / EXPERTS_FILE, fn_meta=lambda m: m.__setitem__("model_class", "Qwen3MoeModel"))
+    with pytest.raises(CheckpointError):
+        sm.from_pretrained(d)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("modules", "[1]", r"'modules'\[0\]: expected an object"),
+    ("modules", "{}", "'modules': expected a JSON list"),
+    ("modules", "null", "'modules': expected a JSON list"),
+    ("modules", '[{"name": 3}]', r"'modules'\[0\]: no field"),
+    ("aliases", "[]", "'aliases': expected a JSON dict"),
+    ("aliases", '{"a": 1}', r"'aliases'\['a'\]: expected a tensor name"),
+    ("aliases", '{"x.weight": "nowhere"}', "expected a tensor of model.safetensors"),
+    ("aliases", '{"lm_head.weight": "model.norm.weight"}', "'lm_head.weight' is stored and aliased"),
+    ("aliases", '{"model.nothing.weight": "lm_head.weight"}', "is stored and aliased|names no module"),
+])
+def test_malformed_metadata(saved, tmp_path, key, value, match):
+    d = _copy(saved, tmp_path, f"meta-{key}-{abs(hash(value))}")
+    _rewrite(d / EXPERTS_FILE, fn_meta=lambda m: m.__setitem__(key, value))
+    with pytest.raises(CheckpointError, match=match):
+        sm.from_pretrained(d)
+
+
+def _module_field(field, value):
+    def fn(meta):
+        mods = json.loads(meta["modules"])
+        mods[0][field] = value
+        meta["modules"] = json.dumps(mods)
+    return fn
+
+
+@pytest.mark.parametrize("field,value", [("num_experts", "8"), ("alpha", "x"), ("limit", None), ("bias", 1),
+                                         ("dtype", "int8"), ("name", 7), ("hidden", -1)])
+def test_module_fields_are_typed(saved, tmp_path, field, value):
+    d = _copy(saved, tmp_path, f"field-{field}")
+    _rewrite(d / EXPERTS_FILE, fn_meta=_module_field(field, value))
+    with pytest.raises(CheckpointError, match=rf"'modules'\[0\]\.{field}: expected"):
+        sm.from_pretrained(d)
+
+
+L0 = "model.layers.0.mlp.experts."
+
+
+def _set(key, fn):
+    return lambda t: t.__setitem__(key, fn(t[key]))
+
+
+def _swap_idx(pos):
+    def fn(t):
+        key = L0 + "samoyeds_down_idx"
+        x = t[key].clone()
+        if pos == "swap":
+            x[1, 0, [3, 4]] = t[key][1, 0, [4, 3]]
+        else:
+            x[1, 0, 4] = x[1, 0, 3]
+        t[key] = x
+    return fn
+
+
+def _alias(alias, source):
+    """The header aliases `alias` to `source`, and model.safetensors no longer stores it."""
+    def fn_meta(m):
+        m["aliases"] = json.dumps({alias: source})
+    fn_meta.drop = alias
+    return fn_meta
+
+
+# the seven checkpoints of issue 44 that loaded and failed only at the first forward (or ran
+# with wrong weights), each now refused on load, naming the file and the tensor
+LOAD_TIME = [
+    ("gate_up_values_dtype", "qwen3_moe", FMT, EXPERTS_FILE,
+     _set(L0 + "samoyeds_gate_up_values", lambda v: v.to(torch.bfloat16)), None,
+     r"samoyeds_gate_up_values has dtype torch.bfloat16; the experts module's metadata 'dtype' is 'float32'"),
+    ("values_dtype_vs_model", "qwen3_moe", FMT, EXPERTS_FILE,
+     lambda t: [t.__setitem__(k, t[k].to(torch.bfloat16)) for k in list(t) if k.endswith("_values")],
+     None,
+     r"has dtype torch.bfloat16; the experts module's metadata 'dtype' is 'float32'"),
+    ("bias_dtype", "gpt_oss", FMT, EXPERTS_FILE,
+     _set(L0 + "samoyeds_gate_up_bias", lambda v: v.double()), None,
+     r"samoyeds_gate_up_bias is torch.float64 .*; expected torch.float32"),
+    ("alias_shape", "qwen3_moe", FMT, EXPERTS_FILE, None, _alias("lm_head.weight", "model.norm.weight"),
+     r"alias 'lm_head.weight' has shape \(128,\); the model built from config.json expects \(128, 128\)"),
+    ("alias_of_a_packed_array", "qwen3_moe", FMT, EXPERTS_FILE, None,
+     _alias("lm_head.weight", L0 + "samoyeds_down_values"),
+     r"'lm_head.weight' -> '.*samoyeds_down_values': expected a tensor of model.safetensors"),
+    ("idx_unordered", "qwen3_moe", "3:8:32", EXPERTS_FILE, _swap_idx("swap"), None,
+     r"samoyeds_down_idx\[1, 0, 3\] = \d and \[1, 0, 4\] = \d: the rows one group keeps must increase"),
+    ("idx_repeated", "qwen3_moe", "3:8:32", EXPERTS_FILE, _swap_idx("dup"), None,
+     r"samoyeds_down_idx\[1, 0, 3\] = \d and \[1, 0, 4\] = \d: the rows one group keeps must increase"),
+]
+
+
+@pytest.mark.parametrize("case", LOAD_TIME, ids=[c[0] for c in LOAD_TIME])
+def test_refused_on_load_not_at_first_forward(tmp_path, case):
+    name, family, fmt, file, fn_t, fn_m, match = case
+    model = _patched(family, fmt, seed=4)
+    sm.save_pretrained(model, tmp_path / "ok")
+    d = _copy((tmp_path / "ok", model), tmp_path, name)
+    _rewrite(d / file, fn_tensors=fn_t, fn_meta=fn_m)
+    if getattr(fn_m, "drop", None):
+        _rewrite(d / MODEL_FILE, fn_tensors=lambda t: t.pop(fn_m.drop, None))
+    with pytest.raises(CheckpointError, match=match) as e:
+        sm.from_pretrained(d)
+    assert str(e.value).startswith(str(d / file))
+    assert shf.is_patched(sm.from_pretrained(tmp_path / "ok"))  # the intact copy loads
+
+
+@pytest.mark.parametrize("what", ["values_and_header", "dense", "buffer", "int"])
+def test_dtypes_agree_with_the_experts(saved, tmp_path, what):
+    """The experts' dtype (the header's, which the values must have) is the model's: every
+    floating tensor has it or the dtype the model builds it in; nothing else passes."""
+    d = _copy(saved, tmp_path, f"dtype-{what}")
+    if what == "values_and_header":   # all experts bf16, header too, the rest float32
+        def fn_m(meta):
+            mods = json.loads(meta["modules"])
+            for m in mods:
+                m["dtype"] = "bfloat16"
+            meta["modules"] = json.dumps(mods)
+        _rewrite(d / EXPERTS_FILE, fn_tensors=lambda t: [t.__setitem__(k, t[k].to(torch.bfloat16))
+                                                         for k in list(t) if k.endswith("_values")], fn_meta=fn_m)
+        match = r"model.safetensors: tensor 'model.embed_tokens.weight' \(the input embeddings: the hidden states' " \
+                r"dtype\) is torch.float32; the experts are torch.bfloat16"
+    elif what == "dense":
+        _rewrite(d / MODEL_FILE, fn_tensors=_set("model.layers.0.self_attn.q_proj.weight", lambda v: v.bfloat16()))
+        match = r"model.safetensors: tensor 'model.layers.0.self_attn.q_proj.weight' has dtype torch.bfloat16"
+    elif what == "buffer":
+        _rewrite(d / EXPERTS_FILE, fn_tensors=lambda t: [t.__setitem__(k, t[k].half())
+                                                         for k in list(t) if k.startswith("buffers/")])
+        match = r"samoyeds_experts.safetensors: tensor 'model.rotary_emb.\w+' has dtype torch.float16"
+    else:   # before: RuntimeError from nn.Parameter
+        _rewrite(d / MODEL_FILE, fn_tensors=_set("model.norm.weight", lambda v: v.long()))
+        match = r"tensor 'model.norm.weight' has dtype torch.int64"
+    with pytest.raises(CheckpointError, match=match):
+        sm.from_pretrained(d)
+
+
+def test_packed_arrays_only_from_the_experts_file(saved, tmp_path):
+    """model.safetensors cannot overwrite a checked packed array (nor can an alias)."""
+    key = "model.layers.0.mlp.experts.samoyeds_down_idx"
+    d = _copy(saved, tmp_path, "smuggled")
+    from safetensors import safe_open
+    with safe_open(str(d / EXPERTS_FILE), "pt") as f:
+        idx = f.get_tensor(key)
+    _rewrite(d / MODEL_FILE, fn_tensors=lambda t: t.__setitem__(key, torch.full_like(idx, 200)))
+    with pytest.raises(CheckpointError, match="is a packed experts array"):
+        sm.from_pretrained(d)
+
+
+def test_bfloat16_round_trip_on_the_cpu(tmp_path):
+    model = build_model("qwen3_moe", SHAPE, seed=2, dtype=torch.bfloat16)
+    sm.patch_model(model, "3:8:32", progress=False)
+    ids = _ids()
+    with torch.no_grad():
+        want = model(ids).logits
+    sm.save_pretrained(model, tmp_path)
+    back = sm.from_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, want)
+
+
+@pytest.mark.parametrize("layers", [2**40, 10**6, -1])
+def test_config_cannot_ask_for_more_layers_than_stored(saved, tmp_path, layers):
+    """Building 2**40 layers on the meta device never ends (found by the fuzzer): a layer
+    count above model.safetensors' tensor count is refused before anything is built."""
+    d = _copy(saved, tmp_path, f"layers-{layers}")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] = layers
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"config.json: num_hidden_layers|config.json: not a transformers"):
+        sm.from_pretrained(d)
+
+
 def test_save_needs_a_patched_model(tmp_path):
     model = build_model("qwen3_moe", SHAPE)
     with pytest.raises(ValueError, match="patch_model"):
