@@ -193,6 +193,15 @@ def test_config_roundtrips_and_checks():
         shq.SamoyedsConfig(bits=4)
 
 
+def test_config_records_how_weights_were_chosen():
+    model = build_model("mixtral", SHAPE)
+    sm.patch_model(model, FMT, progress=False)
+    assert model.config.quantization_config.method == "magnitude"
+    sm.unpatch_model(model)
+    sm.patch_model(model, FMT, progress=False, method=lambda name, proj, w, fmt: sm.mask(w, fmt))
+    assert model.config.quantization_config.method == "custom"
+
+
 def test_packed_shared_experts_are_not_serialisable(tmp_path):
     model = build_model("qwen2_moe", SHAPE)
     sm.patch_model(model, FMT, progress=False, shared_experts=True)
@@ -340,3 +349,38 @@ def test_load_time_packing_peak_memory_is_below_dense(tmp_path):
           f"packing while loading {packing / 2**20:.0f} MiB, packed {packed / 2**20:.0f} MiB")
     assert packing < dense
     assert packed < expert_bytes / 2 < dense
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "llama4"])
+def test_gpu_load_time_packing_bf16(family, tmp_path):
+    """On the GPU in bf16: packing while loading with device_map="cuda" equals patch_model of
+    the same dense weights on the GPU, a save -> load round trip is bit-identical, and the
+    loads allocate less GPU memory than the dense experts."""
+    dense = build_model(family, SHAPE, seed=15, dtype=torch.bfloat16)
+    expert_bytes = sum(p.numel() * p.element_size() for n, p in dense.named_parameters() if ".experts." in n)
+    dense.save_pretrained(tmp_path / "dense")
+    dense.cuda()
+    sm.patch_model(dense, FMT, progress=False)
+    ids = _ids(8).cuda()
+    want = _logits(dense, ids)
+    del dense
+    torch.cuda.empty_cache()
+
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loaded = _load(tmp_path / "dense", quantization_config=shq.SamoyedsConfig(format=FMT), device_map="cuda",
+                   dtype=torch.bfloat16)
+    peak = torch.cuda.max_memory_allocated() - base
+    assert torch.equal(_logits(loaded, ids), want)
+    non_expert = sum(p.numel() * p.element_size() for n, p in loaded.named_parameters())
+    assert peak < non_expert + expert_bytes, (peak, non_expert, expert_bytes)
+
+    loaded.save_pretrained(tmp_path / "packed")
+    del loaded
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    again = _load(tmp_path / "packed", device_map="cuda")
+    assert torch.cuda.max_memory_allocated() - base < non_expert + expert_bytes / 2
+    assert torch.equal(_logits(again, ids), want)

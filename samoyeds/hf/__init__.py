@@ -266,7 +266,10 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
     if hasattr(model, "save_pretrained") and hasattr(model, "config"):
         from . import quantizer
 
-        quantizer.attach(model, fmt, method, router, shared_stream, shared_stream_min_rows)
+        # the method that chose the kept weights, as far as patch_model knows it ("custom":
+        # a mask function or given masks, e.g. sparsify_model's)
+        quantizer.attach(model, fmt, "custom" if masks or not isinstance(method, str) else method, router,
+                         shared_stream, shared_stream_min_rows)
     return model
 
 
