@@ -5,7 +5,7 @@ and records each test's outcome.
 ``forward`` is first called with dense expert weights in memory (not on the meta device), so a
 test's models run samoyeds' experts however the test built them (``model_class(config)``,
 ``from_pretrained``, copies).  The format is ``SAMOYEDS_SUITE_FORMAT`` (default
-``samoyeds-1:2:128``).  Outcomes go to ``SAMOYEDS_SUITE_OUT`` (JSON lines): test id, outcome
+``samoyeds-1:2:128``); ``SAMOYEDS_SUITE_PATCH=0`` patches nothing (the baseline).  Outcomes go to ``SAMOYEDS_SUITE_OUT`` (JSON lines): test id, outcome
 (passed / failed / skipped), the first line of the failure, and whether a model was patched.
 """
 from __future__ import annotations
@@ -57,7 +57,8 @@ def _install() -> None:
 
 
 def pytest_configure(config):
-    _install()
+    if os.environ.get("SAMOYEDS_SUITE_PATCH", "1") != "0":  # "0": the unpatched baseline run.py compares with
+        _install()
 
 
 @pytest.hookimpl(hookwrapper=True)
