@@ -52,5 +52,6 @@ def test_transformers_common_tests_on_patched_models():
         assert not failed, (family, failed)
         assert r["passed"] > 0 and any(t["patched"] for t in r["tests"]), family
         # the implementation comparison and training tests hit samoyeds' documented limits
-        assert {t["test"].split("_")[1] for t in r["tests"] if t["result"] == "expected"} <= {"eager", "training",
-                                                                                               "retain", "enable"}
+        ours = {t["test"].split("_")[1] for t in r["tests"]
+                if t["result"] == "expected" and not t["reason"].startswith("fails unpatched too")}
+        assert ours <= {"eager", "training", "retain", "enable"}, (family, ours)

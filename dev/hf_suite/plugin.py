@@ -6,7 +6,7 @@ and records each test's outcome.
 test's models run samoyeds' experts however the test built them (``model_class(config)``,
 ``from_pretrained``, copies).  The format is ``SAMOYEDS_SUITE_FORMAT`` (default
 ``samoyeds-1:2:128``); ``SAMOYEDS_SUITE_PATCH=0`` patches nothing (the baseline).  Outcomes go to ``SAMOYEDS_SUITE_OUT`` (JSON lines): test id, outcome
-(passed / failed / skipped), the first line of the failure, and whether a model was patched.
+(passed / failed / skipped), the first line of the failure, and whether a patched model ran a forward.
 """
 from __future__ import annotations
 
@@ -48,9 +48,10 @@ def _install() -> None:
                              and t.experts.gate_up_proj.device.type != "meta"]
                     if targets and len(dense) == len(targets):
                         samoyeds.patch_model(self, fmt, progress=False)
-                        _PATCHED["count"] += 1
                 except UnsupportedModelError:
                     pass
+            if is_patched(self):  # patched here, by from_pretrained of a saved samoyeds model, or a copy
+                _PATCHED["count"] += 1
             return __orig(self, *args, **kwargs)
 
         cls.forward = forward
