@@ -5,7 +5,8 @@ and records each test's outcome.
 ``forward`` is first called with dense expert weights in memory (not on the meta device), so a
 test's models run samoyeds' experts however the test built them (``model_class(config)``,
 ``from_pretrained``, copies).  The format is ``SAMOYEDS_SUITE_FORMAT`` (default
-``samoyeds-1:2:128``); ``SAMOYEDS_SUITE_PATCH=0`` patches nothing (the baseline).  Outcomes go to ``SAMOYEDS_SUITE_OUT`` (JSON lines): test id, outcome
+``samoyeds-1:2:128``); ``SAMOYEDS_SUITE_PATCH=0`` patches nothing (the baseline).  Outcomes
+go to ``SAMOYEDS_SUITE_OUT`` (JSON lines): test id, outcome
 (passed / failed / skipped), the first line of the failure, and whether a patched model ran a forward.
 """
 from __future__ import annotations
@@ -73,7 +74,8 @@ def pytest_runtest_makereport(item, call):
             "SAMOYEDS_SUITE_OUT"):
         msg = ""
         if rep.outcome == "failed" and call.excinfo is not None:
-            msg = f"{call.excinfo.typename}: {str(call.excinfo.value).strip().splitlines()[0][:300] if str(call.excinfo.value).strip() else ''}"
+            text = str(call.excinfo.value).strip()
+            msg = f"{call.excinfo.typename}: {text.splitlines()[0][:300] if text else ''}"
         elif rep.outcome == "skipped" and isinstance(rep.longrepr, tuple):
             msg = str(rep.longrepr[2])[:300]
         rec = {"id": item.nodeid, "outcome": rep.outcome, "message": msg,

@@ -48,7 +48,8 @@ EXPECTED = [
 
 _STUBS = {
     "exporters/test_export.py": "class ExportTesterMixin:\n    \"\"\"Absent from the sdist: no export tests.\"\"\"\n",
-    "generation/test_utils.py": "class GenerationTesterMixin:\n    \"\"\"Absent from the sdist: no generation tests.\"\"\"\n",
+    "generation/test_utils.py":
+        "class GenerationTesterMixin:\n    \"\"\"Absent from the sdist: no generation tests.\"\"\"\n",
 }
 
 
@@ -64,7 +65,7 @@ def _sdist_tests() -> str:
     tgz = os.path.join(dest, f"transformers-{version}.tar.gz")
     if not os.path.isfile(tgz):
         subprocess.run([sys.executable, "-m", "pip", "download", f"transformers=={version}", "--no-binary", ":all:",
-                        "--no-deps", "--no-build-isolation", "-q", "-d", dest], check=True)
+                        "--no-deps", "-q", "-d", dest], check=True)
     with tarfile.open(tgz) as tf:
         members = [m for m in tf.getmembers() if m.name.startswith(f"transformers-{version}/tests/")]
         tf.extractall(dest, members=members, filter="data")
