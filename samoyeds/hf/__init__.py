@@ -25,6 +25,7 @@ The op is inference only: a backward through a patched model raises.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, List, Mapping, Optional, Union
 
 import torch
@@ -36,7 +37,7 @@ from . import parallel as _parallel
 from . import router as _routers
 from . import shared as _shared
 from . import streams as _streams
-from .experts import (ARRAYS, IMPLEMENTATION, PROJS, SHARED_NAMES, ExpertsPatch, MaskFn, Target,
+from .experts import (ARRAYS, IMPLEMENTATION, PROJS, SHARED_NAMES, ExpertsPatch, MaskFn, PatchedModelError, Target,
                       UnsupportedModelError, experts_forward, experts_layout, find_experts, patch_experts,
                       register, set_implementation, unpatch_experts)
 from .experts import progress as _progress
@@ -45,7 +46,8 @@ from .shared import (MLP_PROJS, SamoyedsMLP, SharedTarget, find_shared, packed_s
                      unpatch_shared)
 
 __all__ = [
-    "IMPLEMENTATION", "ExpertsPatch", "MaskFn", "RouterSpec", "SamoyedsMLP", "UnsupportedModelError",
+    "IMPLEMENTATION", "ExpertsPatch", "MaskFn", "PatchedModelError", "RouterSpec", "SamoyedsConfig", "SamoyedsMLP",
+    "UnsupportedModelError",
     "experts_forward", "experts_weight_nbytes", "is_patched", "patch_model", "register", "to_dense", "unpatch_model",
 ]
 
@@ -62,6 +64,10 @@ _FACTORIES = {
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("SamoyedsConfig", "SamoyedsHfQuantizer"):
+        from . import quantizer
+
+        return getattr(quantizer, name)
     for prefix, make in _FACTORIES.items():
         base = swap.class_by_name(name, prefix)
         if base is not None:
@@ -78,6 +84,41 @@ def check_options(router: Any, shared_stream: Any, shared_stream_min_rows: Any) 
     if isinstance(shared_stream_min_rows, bool) or not isinstance(shared_stream_min_rows, int) \
             or shared_stream_min_rows < 0:
         raise ValueError(f"shared_stream_min_rows: expected an int >= 0, got {shared_stream_min_rows!r}")
+
+
+class SwitchGuard:
+    """Stands in for ``model._check_and_adjust_experts_implementation`` while the model is
+    patched: ``model.set_experts_implementation(other)`` raises :class:`PatchedModelError`
+    before anything changes (the packed experts run only as ``"samoyeds"``; transformers'
+    implementations read dense Parameters that patching deleted).  Stateless, so a
+    pickled or copied model keeps it."""
+
+    def __call__(self, requested: Any) -> Any:
+        if requested == IMPLEMENTATION:
+            return requested
+        raise PatchedModelError(
+            f"set_experts_implementation({requested!r}): this model's experts are packed by samoyeds and run only "
+            f"as {IMPLEMENTATION!r}; call samoyeds.unpatch_model(model) first (dense masked experts again, then any "
+            "implementation works)")
+
+
+_GUARD_ATTR = "_check_and_adjust_experts_implementation"
+
+
+def select(model: nn.Module, targets: List[Target]) -> None:
+    """Selects ``"samoyeds"`` for a model whose experts were just packed (patch_model and
+    the quantizer's load), remembering the previous implementation for unpatch_model, and
+    guards the choice (:class:`SwitchGuard`)."""
+    previous = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else None
+    if isinstance(previous, dict):
+        previous = {k: (None if v == IMPLEMENTATION else v) for k, v in previous.items()}
+    elif previous == IMPLEMENTATION:
+        previous = None
+    if not hasattr(model, _PREVIOUS_ATTR):
+        setattr(model, _PREVIOUS_ATTR, previous)
+    set_implementation(model, [t.experts for t in targets if t.block is None], IMPLEMENTATION)
+    if hasattr(model, "set_experts_implementation"):
+        model.__dict__[_GUARD_ATTR] = SwitchGuard()
 
 
 def install(model: nn.Module, targets: List[Target], *, dense_shared: bool, router: bool, shared_stream: bool,
@@ -201,9 +242,6 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         _parallel.restore(localized)
         raise
 
-    previous = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else None
-    if isinstance(previous, dict):
-        previous = {k: (None if v == IMPLEMENTATION else v) for k, v in previous.items()}
     done: List[Target] = []
     done_shared: List[SharedTarget] = []
     failing = ""  # the module being packed, for the note on failure
@@ -234,8 +272,14 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
     install(model, targets, dense_shared=not shared_experts, router=router, shared_stream=shared_stream,
             shared_stream_min_rows=shared_stream_min_rows)
     _parallel.keep_sharded(model, targets)
-    setattr(model, _PREVIOUS_ATTR, previous)
-    set_implementation(model, [t.experts for t in targets if t.block is None], IMPLEMENTATION)
+    select(model, targets)
+    if hasattr(model, "save_pretrained") and hasattr(model, "config"):
+        from . import quantizer
+
+        # the method that chose the kept weights, as far as patch_model knows it ("custom":
+        # a mask function or given masks, e.g. sparsify_model's)
+        quantizer.attach(model, fmt, "custom" if masks or not isinstance(method, str) else method, router,
+                         shared_stream, shared_stream_min_rows)
     return model
 
 
@@ -262,7 +306,12 @@ def unpatch_model(model: nn.Module) -> nn.Module:
     previous = getattr(model, _PREVIOUS_ATTR, None)
     if hasattr(model, _PREVIOUS_ATTR):
         delattr(model, _PREVIOUS_ATTR)
+    model.__dict__.pop(_GUARD_ATTR, None)
     set_implementation(model, decorated, previous, fallback)
+    if "transformers.quantizers.auto" in sys.modules:
+        from . import quantizer
+
+        quantizer.detach(model)
     return model
 
 

@@ -54,6 +54,28 @@ class UnsupportedModelError(ValueError):
     """The model (or one of its experts modules) has a layout samoyeds cannot run."""
 
 
+class PatchedModelError(RuntimeError):
+    """An operation a samoyeds-patched model cannot do (another experts implementation, a
+    backward); the message names :func:`samoyeds.unpatch_model`, which gives the model its
+    dense (masked) experts back."""
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """Passes the experts' output through; its backward raises :class:`PatchedModelError`
+    (the packed experts have no backward yet)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        raise PatchedModelError(
+            "a backward reached experts packed by samoyeds, which run inference only; call "
+            "samoyeds.unpatch_model(model) to train on the dense (masked) experts, or run the model under "
+            "torch.no_grad() / torch.inference_mode()")
+
+
 @dataclass(frozen=True)
 class ExpertsPatch:
     """What :func:`samoyeds.patch_model` did to one experts module (kept as ``module._samoyeds``).
@@ -153,6 +175,11 @@ def run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
     p = mod._samoyeds
     H, I = p.hidden, p.intermediate
     down_bias = mod.down_proj_bias if p.bias else None
+    if torch.is_grad_enabled() and x.requires_grad and not torch.compiler.is_compiling():
+        # a later backward raises a samoyeds error here, not the dispatcher's "no autograd formula"
+        with torch.no_grad():
+            out = run_experts(mod, x.detach(), top_k_index, top_k_weights)
+        return _InferenceOnly.apply(x, out)
     return moe_op(x)(
         x, top_k_index, top_k_weights,
         mod.samoyeds_gate_up_values, mod.samoyeds_gate_up_meta, mod.samoyeds_gate_up_idx, 2 * I, H,

@@ -60,8 +60,11 @@ def _olmoe(s: Shape) -> Dict[str, Any]:
 
 
 def _deepseek(s: Shape) -> Dict[str, Any]:
-    # first_k_dense_replace=1: layer 0 keeps a dense MLP, as in the real models.
-    return dict(_common(s), intermediate_size=2 * s.intermediate, moe_intermediate_size=s.intermediate,
+    # first_k_dense_replace=1: layer 0 keeps a dense MLP, as in the real models.  Multi-head
+    # latent attention has one key/value head per query head (fewer breaks masked sdpa in
+    # transformers 5.24: its repeat_kv groups them again).
+    return dict(_common(s), num_key_value_heads=s.heads, intermediate_size=2 * s.intermediate,
+                moe_intermediate_size=s.intermediate,
                 n_routed_experts=s.experts, num_experts_per_tok=s.top_k, n_shared_experts=1,
                 kv_lora_rank=2 * s.head_dim, q_lora_rank=None, qk_rope_head_dim=s.head_dim // 2,
                 qk_nope_head_dim=s.head_dim // 2, v_head_dim=s.head_dim,
