@@ -180,7 +180,7 @@ def main() -> None:
             for impl in ("auto", "mma_sp", "decode"):
                 try:
                     sm.ssmm(x, bad, r.offsets, r.token_ids, act="swiglu" if glu else "none", impl=impl)
-                except ValueError:
+                except (ValueError, NotImplementedError):  # (3:8:32: no GPU kernel runs n > 1)
                     pass
             try:
                 sm.unpack(bad)

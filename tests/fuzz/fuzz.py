@@ -625,6 +625,10 @@ def gpu_case(r, rng):
         got = sm.ssmm(x.cuda(), p_gpu, rg.offsets, rg.token_ids, act=act, impl=impl).float().cpu()
     except ValueError:
         return   # an impl that does not take this format or shape (documented)
+    except NotImplementedError as exc:  # a format the GPU kernels do not run (n > 1, v % 64): documented
+        if "GPU kernel" not in str(exc):
+            raise
+        return
     off = int(rc.offsets[-1])
     # both round once to dt from fp32 sums taken in another order: a few units in the last place
     # of dt, relative to the row's magnitude
