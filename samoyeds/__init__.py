@@ -28,10 +28,13 @@ from .ops import Routing, combine, dense_decode, gather_weights, glu, route, rou
 from .packed import PackedWeight, mask, pack, unpack
 from .token_rounding import token_rounding
 
+from ._hf_hook import install as _install_hf_hook
+
 __version__ = _C.__version__
+_install_hf_hook()  # transformers finds quant_method "samoyeds" once it loads its quantizers
 
 __all__ = [
-    "Config", "CudaError", "PRESETS", "PackedWeight", "Routing", "SparseFormat", "__version__", "build_info",
+    "Config", "CudaError", "PRESETS", "PackedWeight", "PatchedModelError", "Routing", "SamoyedsConfig", "SparseFormat", "__version__", "build_info",
     "combine", "config", "cuda_available", "dense_decode", "from_pretrained", "gather_weights", "get_config", "glu",
     "is_patched", "mask", "moe_forward", "pack", "patch_model", "route", "router", "save_pretrained", "sparsify_model",
     "ssmm", "to_dense", "token_rounding", "unpack", "unpatch_model",
@@ -41,7 +44,7 @@ __all__ = [
 _LAZY = {
     "patch_model": "hf", "unpatch_model": "hf", "to_dense": "hf", "is_patched": "hf",
     "sparsify_model": "sparsify", "save_pretrained": "checkpoint", "from_pretrained": "checkpoint",
-    "moe_forward": "moe",
+    "moe_forward": "moe", "SamoyedsConfig": "hf.quantizer", "PatchedModelError": "hf",
     "hf": None, "moe": None, "torch_ops": None, "sparsify": None, "checkpoint": None,
 }
 

@@ -21,6 +21,9 @@ _TARGET = "transformers.quantizers.auto"
 
 
 def _register() -> None:
+    mod = sys.modules.get("samoyeds.hf.quantizer")
+    if mod is not None and not hasattr(mod, "register"):
+        return  # samoyeds.hf.quantizer is importing transformers: it registers itself when it ends
     try:
         from .hf import quantizer
 
