@@ -20,11 +20,14 @@ def framework(t: Any) -> str:
         return "numpy"
     if mod == "cupy":
         return "cupy"
-    raise TypeError(f"expected a torch, numpy or cupy array, got {type(t).__name__}")
+    raise TypeError(f"expected a torch, numpy or cupy array (the Python API allocates its outputs in the "
+                    f"input's framework; samoyeds._C takes any DLPack producer), got {type(t).__name__}")
 
 
 def dtype_name(t: Any) -> str:
     """'bfloat16', 'float16', 'float32', 'int32', ... for any supported array."""
+    if not hasattr(t, "dtype"):
+        framework(t)  # a TypeError naming what is accepted
     return str(t.dtype).replace("torch.", "")
 
 
