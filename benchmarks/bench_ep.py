@@ -46,7 +46,10 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+try:  # the installed samoyeds, or else the source tree built in place
+    import samoyeds  # noqa: F401
+except ImportError:
+    sys.path.insert(1, os.path.dirname(HERE))
 
 import common  # noqa: E402
 import lm  # noqa: E402

@@ -59,7 +59,7 @@ for step in $steps; do
           "$OUT/reliability_$tool.log" | tail -1)")
       done
       run reliability_fuzz_gpu 14 $PY tests/fuzz/run.py --gpu --seconds "${FUZZ_SECONDS:-120}" \
-        --seed "${SAMOYEDS_FUZZ_SEED:-$RANDOM}" ;;
+        --seed "${FUZZ_SEED:-$RANDOM}" ;;
     bench) run bench_kernel 60 $PY benchmarks/bench_kernel.py --out "$OUT" ;;
     bench-quick) run bench_kernel 60 $PY benchmarks/bench_kernel.py --quick --out "$OUT" ;;
     bench-moe) run bench_moe 30 $PY benchmarks/bench_moe.py --out "$OUT" ;;

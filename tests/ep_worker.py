@@ -25,7 +25,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+try:  # the samoyeds the launching test imports (PYTHONPATH), or else the source tree built in place
+    import samoyeds  # noqa: F401
+except ImportError:
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def prompts(vocab: int, device: torch.device) -> torch.Tensor:

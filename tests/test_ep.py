@@ -29,6 +29,7 @@ import samoyeds  # noqa: E402
 from samoyeds.hf.families import Shape, build_model  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import run_python  # noqa: E402
 from ep_worker import prompts, whole_masks  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -73,9 +74,10 @@ def launch(tmp_path, dtype: str, ep_impl: str = "auto", families=FAMILIES) -> di
     out.mkdir()
     # NVLink multicast off on GPUs (the device docs); no effect on gloo
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", NCCL_NVLS_ENABLE="0")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+    cmd = ["-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
            "--standalone", WORKER, str(out), dtype, ep_impl, *dirs.values()]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = run_python(cmd, env=env, timeout=TIMEOUT_S)
+    cmd = [sys.executable] + cmd
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     return {fam: (d, [torch.load(out / f"{fam}.rank{r}.pt") for r in range(WORLD)]) for fam, d in dirs.items()}
 
@@ -169,9 +171,9 @@ def test_bench_ep_tiny_cpu(tmp_path):
     if why:
         pytest.skip(why)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, os.path.join(root, "benchmarks", "bench_ep.py"), "--tiny", "--device", "cpu",
+    cmd = [os.path.join(root, "benchmarks", "bench_ep.py"), "--tiny", "--device", "cpu",
            "--models", "mixtral-8x7b", "--ep", "1", "2", "--reps", "1", "--strict", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = run_python(cmd, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-8000:]
     with open(tmp_path / "ep.json") as fh:
         res = json.load(fh)

@@ -19,6 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import samoyeds as sm  # noqa: E402
+from helpers import run_python  # noqa: E402
 import samoyeds.hf as shf  # noqa: E402
 from samoyeds.hf import quantizer as shq  # noqa: E402
 from samoyeds.hf.families import FAMILIES, Shape, build_model  # noqa: E402
@@ -304,8 +305,7 @@ def test_import_hook_registers_without_importing_transformers(tmp_path):
         "with torch.no_grad():\n"
         "    assert torch.equal(m(ref['ids']).logits, ref['want'])\n"
         "print('ok')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path), env=env)
+    r = run_python(["-c", code], cwd=str(tmp_path))
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
 
 
@@ -336,10 +336,10 @@ def test_load_time_packing_peak_memory_is_below_dense(tmp_path):
     sm.patch_model(model, FMT, progress=False)
     model.save_pretrained(tmp_path / "packed")
     del model
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+
 
     def grew(path, mode):
-        r = subprocess.run([sys.executable, "-c", _PEAK, str(path), mode], capture_output=True, text=True, env=env)
+        r = run_python(["-c", _PEAK, str(path), mode])
         assert r.returncode == 0, r.stderr[-2000:]
         return json.loads(r.stdout.strip().splitlines()[-1])["grew_kib"] * 1024
 

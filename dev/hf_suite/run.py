@@ -33,8 +33,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-if ROOT not in sys.path:  # the source tree's samoyeds (built in place), as the tests use it
-    sys.path.insert(0, ROOT)
+try:  # the installed samoyeds, or else the source tree built in place
+    import samoyeds  # noqa: F401
+except ImportError:
+    sys.path.insert(1, ROOT)
 BUILD = os.path.join(ROOT, "build", "hf_suite")
 
 # (test-name regex, message regex, reason): failures that are samoyeds' documented limits.
