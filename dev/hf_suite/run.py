@@ -39,6 +39,14 @@ except ImportError:
     sys.path.insert(1, ROOT)
 BUILD = os.path.join(ROOT, "build", "hf_suite")
 
+
+def _samoyeds_parent() -> str:
+    """The folder holding the samoyeds this process imports (installed, or the tree built in
+    place): the children import that one, never a source tree without _C."""
+    import samoyeds
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(samoyeds.__file__)))
+
 # (test-name regex, message regex, reason): failures that are samoyeds' documented limits.
 EXPECTED = [
     (r"", r"PatchedModelError: a backward reached experts packed by samoyeds",
@@ -114,7 +122,7 @@ def run(families, k: str, src: str, timeout: int) -> dict:
         if os.path.exists(out):
             os.remove(out)
         env = dict(os.environ, SAMOYEDS_SUITE_FAMILIES=family, SAMOYEDS_SUITE_OUT=out,
-                   PYTHONPATH=os.pathsep.join([HERE, ROOT, BUILD, os.environ.get("PYTHONPATH", "")]),
+                   PYTHONPATH=os.pathsep.join([HERE, _samoyeds_parent(), BUILD, os.environ.get("PYTHONPATH", "")]),
                    TRANSFORMERS_VERBOSITY="error")
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "plugin", "-p", "no:cacheprovider", "--rootdir", BUILD,
                os.path.join(pkg, "test_samoyeds_families.py")]
