@@ -25,7 +25,7 @@ from samoyeds.moe import moe_forward
 CALLS, WARMUP = 10_000, 1_000
 RSS_TOL = 4 << 20
 ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
-BLOCKS_PER_CALL = 0.05
+BLOCKS_PER_CALL = 0.2
 
 
 def _rss() -> int:
