@@ -58,6 +58,11 @@ for step in $steps; do
         summary+=("reliability $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
           "$OUT/reliability_$tool.log" | tail -1)")
       done
+      # initcheck's control: cuBLAS output read by a torch kernel, no samoyeds code
+      compute-sanitizer --tool initcheck $PY dev/sanitize/initcheck_control.py \
+        > "$OUT/reliability_initcheck_control.log" 2>&1
+      summary+=("initcheck control (no samoyeds code): $(grep -E 'ERROR SUMMARY' \
+        "$OUT/reliability_initcheck_control.log" | tail -1)")
       run reliability_fuzz_gpu 14 $PY tests/fuzz/run.py --gpu --seconds "${FUZZ_SECONDS:-120}" \
         --seed "${FUZZ_SEED:-$RANDOM}" ;;
     bench) run bench_kernel 60 $PY benchmarks/bench_kernel.py --out "$OUT" ;;

@@ -586,6 +586,39 @@ def merge_moe(out: str, parts: list) -> None:
 
 # (file, table, section title, what it shows): the order of docs/RESULTS.md; root "" for the
 # results of record (benchmarks/results), LAB for the lab's (dev/lab/results)
+def _ep_dirs() -> list:
+    """The results folders holding an expert-parallel run (two GPUs of one host)."""
+    root = os.path.join(HERE, "results")
+    return sorted(g for g in os.listdir(root) if os.path.exists(os.path.join(root, g, "ep.json")))
+
+
+def ep_table(d: dict) -> str:
+    """bench_ep.py: tokens/s per model, EP size and implementation; memory per GPU."""
+    out = ["| model | EP | experts | prefill 1 x 4096 | prefill 8 x 4096 | decode B1 | decode B32 | "
+           "weights / GPU | peak / GPU |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        if "error" in r:
+            out.append(f"| {r.get('model', '?')} | {r.get('ep', '?')} | {r.get('impl', '?')} | "
+                       f"{r['error']} | | | | | |")
+            continue
+        pre = {p["batch"]: p["tokens_per_s"] for p in r.get("prefill", [])}
+        dec = {p["batch"]: p["tokens_per_s"] for p in r.get("decode", [])}
+        w, pk = r.get("weights_gib_per_rank") or [None], r.get("peak_gib_per_rank") or [None]
+        out.append(f"| {r['model']} | {r['ep']} | {r['impl']} | {_f(pre.get(1), ',.0f')} | {_f(pre.get(8), ',.0f')} | "
+                   f"{_f(dec.get(1), '.1f')} | {_f(dec.get(32), ',.0f')} | {_f(max(w), '.1f')} GiB | "
+                   f"{_f(max(pk), '.1f')} GiB |")
+    out += ["", "| model | ratio | prefill B1 | prefill B8 | decode B1 | decode B32 |", "|---|---|---:|---:|---:|---:|"]
+    keyed = {}
+    for r in d.get("ratios", []):
+        keyed.setdefault((r["model"], r["ep"], r["impl"], r["ratio"]), {})[(r["phase"], r["batch"])] = r["value"]
+    for (model, ep, impl, ratio), v in sorted(keyed.items()):
+        name = ratio.replace("_over_", " / ").replace("ep2 / ep1", f"EP 2 / EP 1, {impl}")
+        out.append(f"| {model} | {name} (EP {ep}) | " + " | ".join(
+            _x(v.get(k)) if v.get(k) is not None else "-"
+            for k in (("prefill", 1), ("prefill", 8), ("decode", 1), ("decode", 32))) + " |")
+    return "\n".join(out)
+
+
 TABLES = [
     ("", "moe.json", moe_table, "MoE layer",
      "Transformers' own MoE blocks (router and shared experts included) with each experts implementation, "
@@ -621,6 +654,10 @@ TABLES = [
     ("", "shared_mlp.json", shared_mlp_table, "Shared MLP at prefill sizes",
      "Unpruned shared experts: cuBLAS's matmuls with `samoyeds.glu` against the transformers MLP "
      "(dev/lab/bench_shared_mlp.py)."),
+    ("", "ep.json", ep_table, "Expert parallelism: two GPUs of one host",
+     "Full-depth models (random weights) under transformers' own plan, `DistributedConfig(tp_size=EP, "
+     "ep_size=EP)` (experts sharded by expert, all-reduced; attention tensor-parallel), samoyeds against "
+     "`grouped_mm` under the same plan; the slowest rank's time (benchmarks/bench_ep.py)."),
     ("", "accuracy.json", accuracy_table, "Accuracy",
      "A small MoE LM trained, pruned to the Samoyeds format by each method, fine-tuned under the mask; "
      "held-out perplexity (benchmarks/accuracy.py)."),
@@ -767,6 +804,18 @@ def readme_table(gpu: str = "h100") -> str:
                 rows.append(f"| {c['model']}, full depth ({c['params'] / 1e9:.1f} B parameters, "
                             f"{c['dense_bytes'] / 2**30:.0f} GiB dense), on one GPU | runs | "
                             f"{_f(c.get('allocated_after_build_gib'), '.1f')} GiB resident | {link('memory.json')} |")
+    for g in _ep_dirs():
+        ep, _ = _load(g, "ep.json")
+        keyed = {}
+        for r in ep.get("ratios", []):
+            if r["ratio"] == "samoyeds_over_grouped_mm" and r["ep"] > 1:
+                keyed.setdefault(r["phase"], []).append(r["value"])
+        if keyed:
+            n = max(r["ep"] for r in ep["ratios"])
+            dev = (ep.get("devices") or [g])[0]
+            rows.append(f"| EP = {n} on {n} x {dev}, tokens/s vs `grouped_mm` under the same plan | prefill "
+                        f"{_span(keyed.get('prefill', []))} | decode {_span(keyed.get('decode', []))} | "
+                        f"[ep.json](benchmarks/results/{g}/ep.json) |")
     acc, _ = _load(gpu, "accuracy.json")
     if acc and acc.get("targets"):
         b = acc["targets"].get("finetuned_within_10pct_of_dense", {})

@@ -92,8 +92,10 @@ def reference(model_dir: str, dtype, device: str):
         original = model(ids).logits.float().cpu()
         samoyeds.patch_model(model, progress=False)
         logits = model(ids).logits.float().cpu()
-        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                                pad_token_id=0).cpu()
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+        tokens = gen.sequences.cpu()
+        scores = torch.stack([s.float().cpu() for s in gen.scores], 1)   # [B, steps, vocab]
         samoyeds.unpatch_model(model)
         dense = model(ids).logits.float().cpu()
         masks = whole_masks(model)
@@ -101,7 +103,28 @@ def reference(model_dir: str, dtype, device: str):
         if masks:
             samoyeds.patch_model(model, progress=False, masks=masks)
             masked = model(ids).logits.float().cpu()
-    return logits, tokens, dense, original, masked
+    return logits, (tokens, scores), dense, original, masked
+
+
+def same_greedy(ep: torch.Tensor, ref: torch.Tensor, scores: torch.Tensor, atol: float) -> str:
+    """'' when the EP rank's greedy tokens equal one process's, or differ only from a step
+    where one process's logits had the rank's token within ``atol`` of its own (a near tie
+    that the ranks' other rounding order may flip; the rows can only differ after it)."""
+    if ep.shape != ref.shape:
+        return f"shapes {tuple(ep.shape)} vs {tuple(ref.shape)}"
+    start = ref.shape[1] - scores.shape[1]
+    for b in range(ref.shape[0]):
+        differ = (ep[b] != ref[b]).nonzero()
+        if len(differ) == 0:
+            continue
+        pos = int(differ[0])
+        if pos < start:
+            return f"row {b}: the prompt differs at {pos}"
+        s = scores[b, pos - start]
+        gap = float(s[ref[b, pos]] - s[ep[b, pos]])
+        if gap > atol:
+            return f"row {b}, step {pos - start}: token {int(ep[b, pos])} where one process's logit gap is {gap:.3g}"
+    return ""
 
 
 def check(results: dict, dtype, device: str, atol: float) -> None:
@@ -128,7 +151,8 @@ def check(results: dict, dtype, device: str, atol: float) -> None:
             assert diff <= atol, f"{fam} rank {r}: EP-{W} logits differ from one process by {diff:.3g}"
             diff = (o["dense_logits"] - dense).abs().max().item()
             assert diff <= atol, f"{fam} rank {r}: unpatched EP-{W} logits differ by {diff:.3g}"
-            assert torch.equal(o["tokens"], tokens), f"{fam} rank {r}: greedy tokens differ"
+            why = same_greedy(o["tokens"], *tokens, atol)
+            assert not why, f"{fam} rank {r}: greedy tokens differ beyond a near tie: {why}"
             assert (masked is None) == (o["masked_logits"] is None), fam
             if masked is not None:   # whole-model masks, cut by each rank
                 assert (masked - logits).abs().max() > MOVED, fam   # 1.0-1.4 in fp32
@@ -189,3 +213,15 @@ def test_bench_ep_tiny_cpu(tmp_path):
         one, two = rows[(1, impl)]["experts_gib_per_rank"], rows[(2, impl)]["experts_gib_per_rank"]
         assert two == [one[0] / 2] * 2, (impl, one, two)
     assert {r["ratio"] for r in res["ratios"]} == {"samoyeds_over_grouped_mm", "ep2_over_ep1"}
+
+
+def test_same_greedy_allows_only_near_ties():
+    ref = torch.tensor([[5, 6, 1, 2, 3]])
+    scores = torch.zeros(1, 3, 8)
+    scores[0, 0, 1], scores[0, 0, 4] = 2.0, 1.95     # step 0: token 1, token 4 a near tie
+    scores[0, 1, 2], scores[0, 1, 7] = 2.0, 1.0      # step 1: token 2 by a clear margin
+    assert same_greedy(ref, ref, scores, 0.125) == ""
+    assert same_greedy(torch.tensor([[5, 6, 4, 0, 0]]), ref, scores, 0.125) == ""
+    assert "gap is 1" in same_greedy(torch.tensor([[5, 6, 1, 7, 0]]), ref, scores, 0.125)
+    assert "prompt differs" in same_greedy(torch.tensor([[5, 0, 1, 2, 3]]), ref, scores, 0.125)
+    assert "gap is 0.05" in same_greedy(torch.tensor([[5, 6, 4, 0, 0]]), ref, scores, 0.01)
