@@ -74,6 +74,8 @@ def launch(tmp_path, dtype: str, ep_impl: str = "auto", families=FAMILIES) -> di
     out.mkdir()
     # NVLink multicast off on GPUs (the device docs); no effect on gloo
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", NCCL_NVLS_ENABLE="0")
+    if dtype == "fp32":   # the gloo test: CPU ranks also on a machine with GPUs
+        env["CUDA_VISIBLE_DEVICES"] = ""
     cmd = ["-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
            "--standalone", WORKER, str(out), dtype, ep_impl, *dirs.values()]
     proc = run_python(cmd, env=env, timeout=TIMEOUT_S)
