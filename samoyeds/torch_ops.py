@@ -13,7 +13,7 @@ weights' packed values (their layout; values may be ``nn.Parameter``) and the bi
 recomputing the gate_up pre-activation.  ``torch.ops.samoyeds.moe_forward_train`` returns
 that pre-activation as a second output and saves it, so its backward skips the
 recompute; :func:`moe_forward_packed` picks it when an input requires grad.
-``shared_mlp`` is inference only: a backward through it raises a samoyeds error.
+``shared_mlp``'s backward is dense torch (its weights are not packed).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 from torch.nn import functional as F
 
 from . import moe as _moe
-from ._array import check_ndim, check_shape, warn_no_backward
+from ._array import check_ndim, check_shape
 from .ops import ACTS, dense_decode, glu
 from .format import SparseFormat
 from .ops import combine, gather_weights, route, ssmm, ssmm_dw
@@ -107,19 +107,6 @@ def _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_values, gate_up_met
     return x.new_empty(x.shape)
 
 
-def _no_backward_setup(ctx, inputs, output) -> None:
-    warn_no_backward()  # (torch calls this only when an input requires grad, with grad enabled)
-
-
-def _no_backward(name: str):
-    def backward(ctx, *grads):
-        raise NotImplementedError(
-            f"samoyeds.{name} has no backward (autograd formula) yet: samoyeds is inference only. Run the "
-            "forward under torch.no_grad(), or train on the dense model (samoyeds.unpatch_model(model) or "
-            "samoyeds.to_dense)")
-    return backward
-
-
 # --- training: the forward that keeps the pre-activation, and the backward ----------------------------------
 
 _ACT_NAMES = {ACT_IDS["swiglu"]: "swiglu", ACT_IDS["gptoss"]: "gptoss"}
@@ -191,9 +178,9 @@ def moe_forward_train_eager(x, top_k_index, top_k_weights, gate_up_values, gate_
     ws = gather_weights(top_k_weights.detach().contiguous(), r)
     # rows past offsets[E] (placeholder ids) are not written by ssmm: zeros, not garbage
     preact = x.new_zeros((T * K, gate_up_rows))
-    ssmm(x, gu, r.offsets, r.token_ids, preact, bias=_opt(gate_up_bias))
+    ssmm(x, gu, r.offsets, r.token_ids, preact, bias=_opt(gate_up_bias), check=False)
     h = glu(preact[:, :I], preact[:, I:], act=act_name, alpha=alpha, limit=limit)
-    y = ssmm(h, dn, r.offsets, None, bias=_opt(down_bias), scale=ws)
+    y = ssmm(h, dn, r.offsets, None, bias=_opt(down_bias), scale=ws, check=False)  # (route made the routing)
     return combine(y, r.pos, dtype=_dtype_name(x.dtype)), preact
 
 
@@ -291,7 +278,7 @@ def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_id
     respect to an ssmm's input.  :func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed`
     where the transpose is 2:4; else the masked dense weight in torch (fp32, one host sync)."""
     if w.transposable:
-        return ssmm(dy, w.transposed(), offsets, token_ids, scale=scale)
+        return ssmm(dy, w.transposed(), offsets, token_ids, scale=scale, check=False)
     E, R, C = w.shape3
     dense = w.unpack().reshape(E, R, C)
     out = dy.new_zeros((rows, C))
@@ -335,7 +322,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
     ws = gather_weights(top_k_weights.detach().contiguous(), r)
     if preact is None:
         preact = x.new_zeros((S, gate_up_rows))
-        ssmm(x, gu, r.offsets, r.token_ids, preact, bias=_opt(gate_up_bias))
+        ssmm(x, gu, r.offsets, r.token_ids, preact, bias=_opt(gate_up_bias), check=False)
     preact = preact.detach()
     h = glu(preact[:, :I], preact[:, I:], act=_ACT_NAMES[act], alpha=alpha, limit=limit)   # [S, I], as forward
     need_pre = needs & (NEED_X | NEED_GATE_UP | NEED_GATE_UP_BIAS)
@@ -465,7 +452,8 @@ def shared_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torc
     ``down [H, I]`` (an unpruned shared-experts MLP): on the GPU, where the kernels take
     the tensors, two :func:`samoyeds.dense_decode` launches up to 32 token rows (gate, up and
     SiLU fused into the first), above that the three matmuls with SiLU-times-up as one
-    :func:`samoyeds.glu` pass; otherwise the same three matmuls in torch.  Inference only (no backward).
+    :func:`samoyeds.glu` pass; otherwise the same three matmuls in torch.  Differentiable
+    (a dense torch backward).
     Returns ``[..., H]`` in x's dtype."""
     return shared_mlp_eager(x, gate, up, down)
 
@@ -501,7 +489,34 @@ def shared_mlp_eager(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down
     return dense_decode(h, down, weights_ready=True).reshape(x.shape)
 
 
-shared_mlp.register_autograd(_no_backward("shared_mlp"), setup_context=_no_backward_setup)
+def _shared_mlp_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _shared_mlp_backward(ctx, dy):
+    """Dense torch (the shared experts are not packed): a = x gate^T and b = x up^T
+    recomputed, the SwiGLU derivative in fp32, the products in the tensors' dtype."""
+    x, gate, up, down = ctx.saved_tensors
+    if dy is None:
+        return None, None, None, None
+    H = gate.shape[1]
+    x2 = x.reshape(-1, H)
+    dy2 = dy.reshape(-1, down.shape[0]).to(down.dtype)
+    a, b = F.linear(x2, gate).float(), F.linear(x2, up).float()
+    sg = torch.sigmoid(a)
+    s = a * sg
+    dh = (dy2 @ down).float()
+    da = (dh * b * sg * (1.0 + a * (1.0 - sg))).to(gate.dtype)
+    db = (dh * s).to(up.dtype)
+    need = ctx.needs_input_grad
+    dx = (da @ gate + db @ up).reshape(x.shape).to(x.dtype) if need[0] else None
+    dgate = da.T @ x2.to(gate.dtype) if need[1] else None
+    dup = db.T @ x2.to(up.dtype) if need[2] else None
+    ddown = dy2.T @ (s * b).to(down.dtype) if need[3] else None
+    return dx, dgate, dup, ddown
+
+
+shared_mlp.register_autograd(_shared_mlp_backward, setup_context=_shared_mlp_setup)
 
 
 @shared_mlp.register_fake
