@@ -176,12 +176,25 @@ def moe_forward_train_eager(x, top_k_index, top_k_weights, gate_up_values, gate_
         return x.new_zeros((T, H)), x.new_zeros((T * K, gate_up_rows))
     r = route(top_k_index.contiguous(), gu.num_experts)
     ws = gather_weights(top_k_weights.detach().contiguous(), r)
-    # rows past offsets[E] (placeholder ids) are not written by ssmm: zeros, not garbage
-    preact = x.new_zeros((T * K, gate_up_rows))
-    ssmm(x, gu, r.offsets, r.token_ids, preact, bias=_opt(gate_up_bias), check=False)
+    preact = _gate_up_preact(x, gu, r, gate_up_bias)
     h = glu(preact[:, :I], preact[:, I:], act=act_name, alpha=alpha, limit=limit)
     y = ssmm(h, dn, r.offsets, None, bias=_opt(down_bias), scale=ws, check=False)  # (route made the routing)
     return combine(y, r.pos, dtype=_dtype_name(x.dtype)), preact
+
+
+def _plain_gate_up(x: torch.Tensor) -> bool:
+    """Whether the pre-activation needs gate_up in the plain layout (PackedWeight.unglued):
+    on the GPU, whose ssmm kernels take a glu-packed weight with a gated activation only."""
+    return x.is_cuda
+
+
+def _gate_up_preact(x: torch.Tensor, gu: PackedWeight, r, gate_up_bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``x[tok(s)] @ W_gu,e^T + b`` for the sorted rows ``[T*K, 2I]`` in x's dtype (gate
+    columns, then up columns); rows past offsets[E] (placeholder ids) 0, not garbage."""
+    preact = x.new_zeros((r.token_ids.shape[0], gu.rows))
+    w = gu.unglued() if _plain_gate_up(x) else gu
+    ssmm(x, w, r.offsets, r.token_ids, preact, bias=_opt(gate_up_bias), check=False)  # (route made the routing)
+    return preact
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -321,8 +334,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
     r = route(top_k_index.contiguous(), gu.num_experts)
     ws = gather_weights(top_k_weights.detach().contiguous(), r)
     if preact is None:
-        preact = x.new_zeros((S, gate_up_rows))
-        ssmm(x, gu, r.offsets, r.token_ids, preact, bias=_opt(gate_up_bias), check=False)
+        preact = _gate_up_preact(x, gu, r, gate_up_bias)
     preact = preact.detach()
     h = glu(preact[:, :I], preact[:, I:], act=_ACT_NAMES[act], alpha=alpha, limit=limit)   # [S, I], as forward
     need_pre = needs & (NEED_X | NEED_GATE_UP | NEED_GATE_UP_BIAS)

@@ -485,3 +485,37 @@ def test_shared_mlp_backward_matches_torch_autograd(dtype, tol):
     for name, a, b in zip(("x", "gate", "up", "down"), leaves, ref):
         assert a.grad.dtype == dtype
         assert_near(a.grad, b.grad, tol, name)
+
+
+# ---- the plain layout of a glu weight (the GPU's pre-activation) -----------------------------------------
+
+@pytest.mark.parametrize("fmt,I", [("samoyeds-1:2:128", 40), ("samoyeds-1:4:64", 256), ("2:4", 96)])
+def test_unglued_is_the_same_weight_in_the_plain_layout(fmt, I):
+    pw = sm.pack(torch.randn(3, 2 * I, 136, dtype=torch.bfloat16), fmt, glu=True)
+    u = pw.unglued()
+    assert not u.glu and u.fmt == pw.fmt and u.shape == pw.shape
+    assert torch.equal(sm.unpack(u), sm.unpack(pw))
+    assert torch.equal(u.values, sm.pack(sm.unpack(pw), fmt).values)
+    ids = torch.randint(0, 4, (5, 2))
+    r = sm.route(ids, 3)
+    x = torch.randn(5, 136, dtype=torch.bfloat16)
+    assert torch.equal(sm.ssmm(x, u, r.offsets, r.token_ids)[:int(r.offsets[-1])],
+                       sm.ssmm(x, pw, r.offsets, r.token_ids)[:int(r.offsets[-1])])
+    with torch.no_grad():
+        pw.values.add_(1)
+    assert pw.unglued() is u and torch.equal(sm.unpack(u), sm.unpack(pw))
+    with pytest.raises(ValueError, match=r"^glu: expected a weight packed with glu=True"):
+        u.unglued()
+
+
+def test_training_through_the_plain_gate_up_layout(monkeypatch):
+    """What the GPU runs (its ssmm pairs glu weights with a gated activation only), here."""
+    monkeypatch.setattr(sm.torch_ops, "_plain_gate_up", lambda x: True)
+    x, ids, w, gu, dn, gub, dnb = make_case(7, 3, 5, 72, 20, "samoyeds-1:2:128", torch.float32, True, seed=13)
+    go = torch.randn(x.shape)
+    _, got = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "gptoss", go, limit=0.8)
+    _, got_op = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "gptoss", go, limit=0.8, via="op")
+    _, want = oracle_grads(x, ids, w, gu, dn, gub, dnb, "gptoss", go, limit=0.8)
+    for k in want:
+        assert_near(got[k], want[k], 2e-5, k)
+        assert torch.equal(got[k], got_op[k]), k
