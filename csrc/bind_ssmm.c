@@ -141,7 +141,8 @@ static sam_status ssmm_dw_cuda_missing(const sam_ssmm_dw_params *p, void *stream
     (void)stream;
     return SAM_STATUS_UNSUPPORTED;
 }
-sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *p, void *stream) __attribute__((weak, alias("ssmm_dw_cuda_missing")));
+sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *p, void *stream)
+    __attribute__((weak, alias("ssmm_dw_cuda_missing")));
 #endif
 
 typedef struct ssmm_dw_ctx {
