@@ -147,6 +147,38 @@ class PackedWeight:
                             (1,) + self.shape3[1:], self.glu)
 
     @property
+    def transposable(self) -> bool:
+        """Whether the transpose of every expert, ``W_e^T [C, R]``, is a plain 2:4 matrix
+        (at most 2 kept of every 4 consecutive rows of W in every column, ``R`` a multiple
+        of 4): formats with row selection and ``n/m <= 1/2`` (1:2:v, 1:4:v, 2:4:v, ...).
+        Then :meth:`transposed` exists; plain 2:4 itself has none."""
+        return _transposable(self.fmt, self.rows, self.glu)
+
+    def transposed(self) -> "PackedWeight":
+        """``W^T`` as a plain 2:4 :class:`PackedWeight` ``[E, C, R]`` (torch only), exactly
+        ``pack(unpack(self).transpose(-1, -2), "2:4")`` (same mask, same values): what the
+        backward's ``dX = dY @ W`` runs on with :func:`samoyeds.ssmm`.
+
+        Built once per mask (cached with the ``meta`` tensor, weakly: it goes with the
+        weight) together with an index map from its values to this weight's; when
+        ``values`` changed since (an optimizer step in place, a new tensor, another dtype)
+        the transposed values are refreshed by one scatter through that map.  The cache
+        holds the transposed values (``E * C * R / 2`` elements) and one int32 per value
+        of this weight.
+
+        Raises a ValueError for a weight that is not :attr:`transposable`."""
+        return transposed_arrays(self.values, self.meta, self.idx, self.fmt, self.shape3, self.glu)
+
+    def unglued(self) -> "PackedWeight":
+        """A ``glu=True`` weight packed with ``glu=False`` (torch only): the same format,
+        mask and values, the gate and up halves no longer interleaved, so that an ssmm without
+        activation writes the pre-activation ``[S, 2I]`` (gate columns, then up columns) on
+        the GPU, whose kernels pair glu-packed weights with a gated activation only.  Cached
+        and refreshed as :meth:`transposed`; it holds a copy of the values and one int32 per
+        value."""
+        return unglued_arrays(self.values, self.meta, self.idx, self.fmt, self.shape3, self.glu)
+
+    @property
     def logical_nbytes(self) -> int:
         """Bytes the packed data would take without the padding to whole tiles: the kept
         values, their 2:4 metadata (2 bits each) and the row choices."""
@@ -184,6 +216,144 @@ def _rebuild(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, shap
         import torch
         meta = meta.view(torch.uint32)
     return PackedWeight(values, meta, idx, fmt, shape, glu)
+
+
+def _transposable(fmt: SparseFormat, R: int, glu: bool) -> bool:
+    """At most 2 kept rows in every aligned 4-row window of a weight with R logical rows."""
+    if not fmt.selects_rows or R % 4:
+        return False
+    return _windows_ok(fmt.n, fmt.m, R // 2 if glu else R, 2 if glu else 1)
+
+
+_WINDOWS: dict = {}
+
+
+def _windows_ok(n: int, m: int, half: int, halves: int) -> bool:
+    key = (n, m, half, halves)
+    if key not in _WINDOWS:
+        R = half * halves
+        ok = True
+        for a in range(0, R, 4):
+            per_group: dict = {}
+            for r in range(a, min(a + 4, R)):
+                g = (r // half, (r % half) // m)
+                per_group[g] = per_group.get(g, 0) + 1
+            if sum(min(n, c) for c in per_group.values()) > 2:
+                ok = False
+                break
+        _WINDOWS[key] = ok
+    return _WINDOWS[key]
+
+
+class _Relayout:
+    """A cached repacking of one packed weight's values in another layout (keyed by its
+    meta tensor and the layout's name)."""
+
+    __slots__ = ("packed", "buf", "dst", "stamp")
+
+    def __init__(self, packed: "PackedWeight", buf: Any, dst: Any) -> None:
+        self.packed = packed   # the repacked PackedWeight; its values (a view of buf) refreshed in place
+        self.buf = buf         # flat: the repacked values, then one scratch element
+        self.dst = dst         # int32/int64 [values.numel()]: where each value goes in buf (the scratch: none)
+        self.stamp = None      # (data_ptr, _version, dtype) of the values last copied
+
+
+_RELAYOUTS = None  # torch.utils.weak.WeakIdKeyDictionary: meta tensor -> {layout name: _Relayout}
+
+
+def transposed_arrays(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat,
+                      shape3: Tuple[int, int, int], glu: bool) -> "PackedWeight":
+    """:meth:`PackedWeight.transposed` of the packed arrays (what the autograd ops hold)."""
+    E, R, C = shape3
+    if not _transposable(fmt, R, glu):
+        raise ValueError(f"fmt: expected a format whose transpose is 2:4 (row selection with n/m <= 1/2 and "
+                         f"R a multiple of 4), got {fmt.name} with R = {R}; the backward uses the "
+                         "masked dense weight instead")
+    return _relayout(values, meta, idx, fmt, shape3, glu, "transposed")
+
+
+def unglued_arrays(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat,
+                   shape3: Tuple[int, int, int], glu: bool) -> "PackedWeight":
+    """:meth:`PackedWeight.unglued` of the packed arrays."""
+    if not glu:
+        raise ValueError("glu: expected a weight packed with glu=True (it has no other layout to leave)")
+    return _relayout(values, meta, idx, fmt, shape3, glu, "unglued")
+
+
+def _relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, shape3: Tuple[int, int, int],
+              glu: bool, layout: str) -> "PackedWeight":
+    global _RELAYOUTS
+    import torch
+    from torch.utils.weak import WeakIdKeyDictionary
+    if not isinstance(values, torch.Tensor) or not isinstance(meta, torch.Tensor):
+        raise TypeError("values: expected torch tensors (the repacking is built with torch)")
+    if _RELAYOUTS is None:
+        _RELAYOUTS = WeakIdKeyDictionary()
+    per_meta = _RELAYOUTS.get(meta)
+    if per_meta is None:
+        per_meta = _RELAYOUTS[meta] = {}
+    key = (layout, tuple(shape3), glu, fmt)
+    entry = per_meta.get(key)
+    if entry is None or entry.buf.device != values.device:
+        entry = per_meta[key] = _build_relayout(values, meta, idx, fmt, shape3, glu, layout)
+    stamp = (values.data_ptr(), values._version, values.dtype)
+    if entry.stamp != stamp:
+        with torch.no_grad():
+            if entry.buf.dtype != values.dtype:
+                entry.buf = torch.zeros(entry.buf.shape, dtype=values.dtype, device=entry.buf.device)
+                entry.packed.values = entry.buf[:-1].view(entry.packed.values.shape)
+            # one scatter: every value to its new place (unique), padding to the scratch element;
+            # the places no value reaches were zeroed once and are never written
+            entry.buf.index_put_((entry.dst,), values.detach().reshape(-1))
+        entry.stamp = stamp
+    return entry.packed
+
+
+def _build_relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat,
+                    shape3: Tuple[int, int, int], glu: bool, layout: str) -> _Relayout:
+    """The new layout's meta (and idx) and the index map, from the mask alone: every value
+    slot of the weight gets its flat index (+1, in two exact fp32 parts of 12 and 19 bits),
+    unpacked (and transposed) and packed in the new layout under the same mask."""
+    import torch
+    E, R, C = shape3
+    dims = PackedDims.of(fmt, E, R, C, glu)
+    nv = dims.rp * (dims.cp // 2)
+    if layout == "transposed":
+        tfmt, tshape, tglu = SparseFormat.parse("2:4"), (E, C, R), False
+    else:
+        tfmt, tshape, tglu = fmt, (E, R, C), False
+    tdims = PackedDims.of(tfmt, *tshape, tglu)
+    dev = values.device
+    ntv = tdims.rp * (tdims.cp // 2)
+    itype = torch.int64 if max(E * nv, E * ntv) >= 2**31 - 1 else torch.int32
+    dst = torch.full((E * nv,), E * ntv, dtype=itype, device=dev)    # E * ntv: the scratch element
+    tmeta = torch.empty((E, tdims.rp // 16, tdims.cp // 32, 16), dtype=torch.uint32, device=dev)
+    tidx = torch.empty((E, tdims.slices, tdims.rp), dtype=torch.uint8, device=dev) if tfmt.selects_rows else None
+    coord = torch.arange(1, nv + 1, device=dev, dtype=torch.int64).reshape(1, dims.rp, dims.cp // 2)
+    hi, lo = (coord >> 12).float(), (coord & 4095).float()
+    chunk = max(1, (256 << 20) // max(1, R * C * 4 * 6))  # about 256 MiB of dense fp32 temporaries
+    for e0 in range(0, E, chunk):
+        e1 = min(E, e0 + chunk)
+        n = e1 - e0
+        sub_idx = None if idx is None else idx[e0:e1]
+        dense = []
+        for part in (hi, lo):
+            pw = PackedWeight(part.expand(n, -1, -1).contiguous(), meta[e0:e1], sub_idx, fmt, (n, R, C), glu)
+            d = unpack(pw)
+            dense.append(d.transpose(1, 2).contiguous() if layout == "transposed" else d)
+        m = (dense[0] != 0) | (dense[1] != 0)
+        thi, tlo = (pack(d, tfmt, mask=m, glu=tglu) for d in dense)
+        src = ((thi.values.long() << 12) + tlo.values.long() - 1).reshape(-1)   # value of each place, or -1
+        place = torch.arange(e0 * ntv, e1 * ntv, device=dev, dtype=torch.int64)
+        expert = place // ntv
+        live = src >= 0
+        dst[(src + expert * nv)[live]] = place[live].to(itype)
+        tmeta[e0:e1] = thi.meta
+        if tidx is not None:
+            tidx[e0:e1] = thi.idx
+    buf = torch.zeros(E * ntv + 1, dtype=values.dtype, device=dev)
+    packed = PackedWeight(buf[:-1].view(E, tdims.rp, tdims.cp // 2), tmeta, tidx, tfmt, tshape, tglu)
+    return _Relayout(packed, buf, dst)
 
 
 def _bytes(n: int) -> str:
