@@ -201,14 +201,18 @@ __global__ void __launch_bounds__(DW_THREADS, 1) ssmm_dw_kernel(const DwArgs p) 
     const T *dy = static_cast<const T *>(p.dy);
     const uint32_t a_dst = ub * DW_ABLOCK + kr * DW_AROW + ((P8 ^ (kr & 7)) << 4);  // + 16 rows: + 16 DW_AROW
 
-    // selectors of each slot (M > 1)
-    uint32_t sel[DW_MAX_SLOTS][2];
+    // selectors of each slot (M > 1), kept in shared memory (registers are short): this
+    // thread's own words, read back by this thread only
+    uint2 *sel_s = reinterpret_cast<uint2 *>(smem + DW_ST * STAGE + 2 * DW_MAX_SLOTS * DW_ATILE) + tid;
+    if (M > 1) {
 #pragma unroll
-    for (int s = 0; s < DW_MAX_SLOTS; s++) {
-        sel[s][0] = sel[s][1] = 0;
-        if (M > 1 && s < nslot_cta && ub_live) {
-            const uint8_t *ip = p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + row0 + 64 * ub + 8 * P8;
-            make_selectors<M>(*reinterpret_cast<const uint2 *>(ip), sel[s]);
+        for (int s = 0; s < DW_MAX_SLOTS; s++) {
+            uint32_t sl[2] = {0u, 0u};
+            if (s < nslot_cta && ub_live) {
+                const uint8_t *ip = p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + row0 + 64 * ub + 8 * P8;
+                make_selectors<M>(*reinterpret_cast<const uint2 *>(ip), sl);
+            }
+            sel_s[s * DW_THREADS] = make_uint2(sl[0], sl[1]);
         }
     }
 
@@ -299,10 +303,16 @@ __global__ void __launch_bounds__(DW_THREADS, 1) ssmm_dw_kernel(const DwArgs p) 
 #pragma unroll
             for (int s = 0; s < DW_MAX_SLOTS; s++) {
                 if (s < (M > 1 ? nslot_cta : 1)) {
+                    uint32_t sl[2] = {0u, 0u};
+                    if (M > 1) {
+                        const uint2 sv = sel_s[s * DW_THREADS];
+                        sl[0] = sv.x;
+                        sl[1] = sv.y;
+                    }
                     uint32_t o[4];
 #pragma unroll
                     for (int k = 0; k < 4; k++) {
-                        o[k] = gather_word<M>(w, sel[s], k);
+                        o[k] = gather_word<M>(w, sl, k);
                         if (p.scale) o[k] = scale2<T>(o[k], rsc[u]);
                     }
                     const uint32_t dst = abase + (uint32_t)(buf * p.nslot + s) * DW_ATILE + a_dst + u * 16 * DW_AROW;
@@ -434,7 +444,9 @@ __global__ void __launch_bounds__(DW_THREADS, 1) ssmm_dw_kernel(const DwArgs p) 
 
 template <typename T, int M, bool DIRECT> sam_status launch(const DwArgs &a, int64_t grid, cudaStream_t stream) {
     constexpr int STAGE = DIRECT ? DW_XBYTES + DW_ATILE : DW_XBYTES;
-    const int smem_pipe = DW_ST * STAGE + (DIRECT ? 0 : 2 * a.nslot * DW_ATILE);
+    // ring, A double buffer, selectors (M > 1)
+    const int smem_pipe = DW_ST * STAGE + (DIRECT ? 0 : M > 1 ? 2 * DW_MAX_SLOTS * DW_ATILE + DW_MAX_SLOTS * DW_THREADS * 8
+                                                              : 2 * a.nslot * DW_ATILE);
     const int smem = std::max(smem_pipe, 8 * DW_STG_BYTES) + 1024;
     SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_dw_kernel<T, M, DIRECT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                  "ssmm_dw");
