@@ -267,8 +267,8 @@ __global__ void __launch_bounds__(DW_THREADS, 1) ssmm_dw_kernel(const DwArgs p) 
             if (p.dy_vec) {
 #pragma unroll
                 for (int c = 0; c < M; c++) {
-                    const bool ok = tv && ((u_rowok >> c) & 1u);
-                    raw[u][c] = ok ? __ldg(reinterpret_cast<const uint4 *>(row + u_base + 8 * c)) : make_uint4(0, 0, 0, 0);
+                    raw[u][c] = make_uint4(0, 0, 0, 0);
+                    if (tv && ((u_rowok >> c) & 1u)) raw[u][c] = __ldg(reinterpret_cast<const uint4 *>(row + u_base + 8 * c));
                 }
             } else {
                 // rows not in 16-byte pieces (the half's rows or dy's row start not a multiple of 8)
