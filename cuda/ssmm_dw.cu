@@ -21,7 +21,7 @@
 //       storage row holds depends on the slice (1:M:V row selection), and the rows of a
 //       block lie in a window of 64 M consecutive original rows of dy (GLU: of one half).
 //       Each thread loads its 16 M-byte pieces of the window straight into registers
-//       (one k-tile ahead), picks the selected element of every M candidates with byte
+//       (two k-tiles ahead), picks the selected element of every M candidates with byte
 //       permutes (selectors from idx, once per CTA), applies the routing scale if any
 //       (one rounding of the scaled operand, as a bf16 autograd does), and stores the
 //       gathered A tile for each distinct slice of the CTA's columns (up to 4 at V = 64)
@@ -361,7 +361,9 @@ __global__ void __launch_bounds__(DW_THREADS, 1) ssmm_dw_kernel(const DwArgs p) 
     };
 
     // ---- main loop: x (and DIRECT A) by a DW_ST-deep cp.async ring; A through registers
-    // one k-tile ahead into a double buffer; one barrier per k-tile
+    // (loaded two k-tiles ahead, gathered one ahead) into a double buffer; one barrier per
+    // k-tile.  Iteration kt: mma(kt) reads A buffer kt & 1, prep(kt + 1) writes the other one,
+    // last read by mma(kt - 1) before the barrier that ended iteration kt - 1.
     if (KT > 0) {
         {
             int tk[DW_ST - 1][4];
@@ -387,11 +389,13 @@ __global__ void __launch_bounds__(DW_THREADS, 1) ssmm_dw_kernel(const DwArgs p) 
             if (kt + DW_ST - 1 < KT) issue_stage(kt + DW_ST - 1, tk_next);
             cp_async_commit();
             if (kt + DW_ST < KT) load_tokens(kt + DW_ST, tk_next);
+            if (warp_live) mma_tile(kt);
+            // the next k-tile's A after the mma in program order: its permutes and stores issue
+            // while the tensor cores still work through the mma queue
             if (!DIRECT && kt + 1 < KT) {
                 prep((kt + 1) & 1);
                 if (kt + 2 < KT) load_dy(kt + 2);
             }
-            if (warp_live) mma_tile(kt);
             cp_async_wait<DW_ST - 2>();
             __syncthreads();
         }
