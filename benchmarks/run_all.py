@@ -11,6 +11,7 @@ other, each as its own process writing its JSON into --out, each with its log
   memory      bench_memory.py              memory.json      Fig. 16
   breakdown   bench_breakdown.py           breakdown.json   Fig. 17
   accuracy    accuracy.py                  accuracy.json    (pruned-model perplexity)
+  train       bench_train.py               train.json       (training: MoE fwd+bwd, ssmm_dw)
 
   python benchmarks/run_all.py [--only kernel,sweep,...] [--out DIR] [--tiny --device cpu]
                                [--args step="extra args"]...
@@ -39,8 +40,9 @@ STEPS = {
     "memory": "bench_memory.py",
     "breakdown": "bench_breakdown.py",
     "accuracy": "accuracy.py",
+    "train": "bench_train.py",
 }
-DEFAULT = "kernel,sweep,moe,e2e,memory,breakdown,accuracy"
+DEFAULT = "kernel,sweep,moe,e2e,memory,breakdown,accuracy,train"
 
 
 def command(step: str, out: str, tiny: bool, device: str, extra: str) -> list:

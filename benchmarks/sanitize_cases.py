@@ -93,6 +93,21 @@ def main() -> None:
                     glu=True)
         r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
         sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", impl="decode")
+    # the packed weight gradient (ssmm_dw): every row-group size, slices of 64 (four A tiles per
+    # CTA), 128 and 192 (slices straddling a CTA's columns), plain and GLU layouts, rows per half
+    # not a multiple of 8 (dy read by elements), token ids and routing scales, empty experts,
+    # a row block of 64 storage rows, column tails, rows past offsets[E] never read
+    from samoyeds.ops import ssmm_dw
+    for fmt, glu, R, C, T in [("samoyeds-1:2:128", True, 272, 200, 77), ("1:4:64", False, 136, 584, 40),
+                              ("samoyeds-1:2:64", True, 40, 264, 33), ("2:4", False, 96, 128, 50),
+                              ("2:4", True, 200, 72, 9), ("samoyeds-1:2:192", False, 144, 456, 61)]:
+        E, K = 5, 2
+        p = sm.pack(torch.randn(E, R, C, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=glu)
+        r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)  # E: placeholder id
+        dy = torch.randn(T * K, R, generator=gen).to(torch.bfloat16).cuda()
+        sc = torch.rand(T * K, generator=gen).cuda()
+        ssmm_dw(dy, torch.randn(T, C, generator=gen).to(torch.bfloat16).cuda(), p, r.offsets, r.token_ids)
+        ssmm_dw(dy, torch.randn(T * K, C, generator=gen).to(torch.bfloat16).cuda(), p, r.offsets, None, sc)
     # routing of more pairs than one CTA takes (counts, scan, rows in blocks)
     r = sm.route(torch.randint(0, 9, (3001, 2), generator=gen).cuda(), 8)
     sm.gather_weights(torch.rand(3001, 2, generator=gen).cuda(), r)

@@ -1,0 +1,300 @@
+"""Training benchmark of the MoE experts: forward + backward through samoyeds' own autograd
+(samoyeds.moe_forward with the packed values as nn.Parameters: ssmm forward, ssmm on the
+transposed packing for dX, ssmm_dw for the packed weight gradients) against transformers'
+experts module with the "grouped_mm" implementation (torch grouped matmuls and their autograd,
+dense bf16 weights), on the same routing, at the five models' shapes.
+
+Per model and T (tokens): ms of a forward with grad enabled and of forward + backward
+(gradients of x, the routing weights and every expert weight; grads reset to None before each
+call), the ratio grouped_mm / samoyeds, the activation memory the forward keeps for the
+backward (torch.cuda.memory_allocated after the forward minus before, the output excluded),
+the peak memory of forward + backward above what was allocated before, and the fraction of
+the roofline: dense-equivalent FLOPs (18 S H I for S = T K routed rows: forward 6 S H I, dX
+and dW 6 S H I each) at the format's density against twice the dense bf16 matmul rate measured
+in the same run (the sparse ceiling of benchmarks/bench_kernel.py), and grouped_mm's dense
+FLOPs against the dense rate.
+
+Kernel level (dw_kernel): samoyeds.ops.ssmm_dw alone against the dense weight gradient of the
+same projection (torch._grouped_mm over the experts' rows, as grouped_mm's autograd computes it;
+inputs gathered and scaled outside the timing), per projection (gate_up: rows gathered by
+token id; down: sorted rows with the routing scale).
+
+  python benchmarks/bench_train.py [--models a,b] [--tokens 4096,16384] [--format samoyeds-1:2:128]
+                                   [--out DIR] [--tiny --device cpu]   (a CPU smoke run, seconds)
+
+Writes train.json (command, commit, device, versions in "env").
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import samoyeds as sm  # noqa: E402
+from common import (add_run_args, call_times, environment, error_text, free_memory, is_oom, peak_mib,  # noqa: E402
+                    result_path, setup_run, time_graph, write_json)
+
+MODELS = "mixtral-8x7b,qwen3-30b-a3b,olmoe,deepseek-v2-lite,gpt-oss-20b"
+BUDGET_S = 0.6  # seconds of timed calls per method and case (--tiny: 0.02)
+ROUNDS = 3      # the methods take turns in this many rounds per case
+
+
+def dims(cfg):
+    """(H, I, E, K) of a transformers MoE config."""
+    H = cfg.hidden_size
+    I = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    E = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or cfg.n_routed_experts
+    return H, I, E, cfg.num_experts_per_tok
+
+
+def routing(T: int, E: int, K: int, device: str, dtype, gen):
+    """top-k of random scores: ids [T, K] (distinct per token), renormalised weights [T, K]."""
+    probs = torch.softmax(torch.randn(T, E, device=device, generator=gen), -1)
+    w, idx = probs.topk(K, dim=-1)
+    return idx, (w / w.sum(-1, keepdim=True)).to(dtype)
+
+
+class SamoyedsExperts:
+    """Packed experts trained through samoyeds.moe_forward's autograd."""
+
+    def __init__(self, E, H, I, fmt, act, bias, device, dtype, gen):
+        self.gu = sm.pack((torch.randn(E, 2 * I, H, device=device, generator=gen) * H ** -0.5).to(dtype), fmt,
+                          glu=True)
+        self.dn = sm.pack((torch.randn(E, H, I, device=device, generator=gen) * I ** -0.5).to(dtype), fmt)
+        self.gu.values = nn.Parameter(self.gu.values)
+        self.dn.values = nn.Parameter(self.dn.values)
+        self.act = act
+        self.gub = nn.Parameter(torch.zeros(E, 2 * I, device=device, dtype=dtype)) if bias else None
+        self.dnb = nn.Parameter(torch.zeros(E, H, device=device, dtype=dtype)) if bias else None
+        self.params = [p for p in (self.gu.values, self.dn.values, self.gub, self.dnb) if p is not None]
+
+    def __call__(self, x, idx, w):
+        return sm.moe_forward(x, idx, w, self.gu, self.dn, act=self.act, gate_up_bias=self.gub, down_bias=self.dnb)
+
+
+class GroupedMMExperts:
+    """transformers' experts module of the model (dense weights), experts implementation grouped_mm."""
+
+    def __init__(self, name, device, dtype, tiny, seed):
+        import bench_moe
+        holder, _ = bench_moe.random_block(name, device, dtype, tiny, seed)
+        bench_moe._set_impl(holder, "grouped_mm")
+        self.experts = holder.block.experts.train()
+        self.params = [p for p in self.experts.parameters()]
+        for p in self.params:
+            p.requires_grad_(True)
+
+    def __call__(self, x, idx, w):
+        return self.experts(x, idx, w)
+
+
+def fwd_bwd(method, x, idx, w, gout):
+    for p in method.params:
+        p.grad = None
+    x.grad = w.grad = None
+    out = method(x, idx, w)
+    out.backward(gout)
+
+
+def activation_mib(method, x, idx, w, device) -> float:
+    """Memory the forward keeps for the backward (allocated after minus before, output excluded)."""
+    if device != "cuda":
+        return float("nan")
+    free_memory(device)
+    before = torch.cuda.memory_allocated()
+    out = method(x, idx, w)
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before - out.numel() * out.element_size()
+    del out
+    return kept / 2 ** 20
+
+
+def dense_rate_tflops(device: str) -> float:
+    """Dense bf16 matmul rate (8192^3, random data; CUDA-graph replays), or NaN on the CPU."""
+    if device != "cuda":
+        return float("nan")
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    t = time_graph(lambda: torch.mm(a, b, out=c), budget_s=0.5)["ms"]
+    del a, b, c
+    return 2 * n ** 3 / (t * 1e-3) / 1e12
+
+
+def bench_block(name, tokens, fmt, device, dtype, tiny, seed, dense_tflops) -> list:
+    import bench_moe
+    _, cfg = bench_moe._block(name, tiny)
+    H, I, E, K = dims(cfg)
+    gptoss = name.startswith("gpt-oss")
+    density = sm.SparseFormat.parse(fmt).density
+    gen = torch.Generator(device=device).manual_seed(seed)
+    t0 = time.perf_counter()
+    methods = {"grouped_mm": GroupedMMExperts(name, device, dtype, tiny, seed),
+               "samoyeds": SamoyedsExperts(E, H, I, fmt, "gptoss" if gptoss else "swiglu", gptoss, device, dtype,
+                                           gen)}
+    print(f"{name}: experts built and packed in {time.perf_counter() - t0:.1f} s", flush=True)
+    rows = []
+    for T in tokens:
+        S = T * K
+        dense_flop = 18.0 * S * H * I
+        res = {"model": name, "T": T, "format": fmt, "H": H, "I": I, "E": E, "K": K, "routed_rows": S,
+               "flop_dense": dense_flop, "flop_samoyeds": dense_flop * density, "methods": {}}
+        rows.append(res)
+        x = torch.randn(T, H, device=device, generator=gen).to(dtype).requires_grad_(True)
+        idx, w = routing(T, E, K, device, dtype, gen)
+        w.requires_grad_(True)
+        gout = torch.randn(T, H, device=device, generator=gen).to(dtype)
+        live, lat_f, lat_fb = [], {}, {}
+        for key, m in methods.items():
+            try:
+                fwd_bwd(m, x, idx, w, gout)
+                live.append(key)
+                lat_f[key], lat_fb[key] = [], []
+            except Exception as exc:  # a method that cannot run this size is reported
+                res["methods"][key] = {"error": error_text(exc), "oom": is_oom(exc)}
+                free_memory(device)
+        for rnd in range(ROUNDS):
+            for key in live:
+                m = methods[key]
+                warm = 2 if rnd == 0 else 0
+                lat_f[key] += call_times(lambda: m(x, idx, w), device, budget_s=BUDGET_S / ROUNDS / 2, min_iters=2,
+                                         warmup=warm)
+                lat_fb[key] += call_times(lambda: fwd_bwd(m, x, idx, w, gout), device, budget_s=BUDGET_S / ROUNDS,
+                                          min_iters=2, warmup=warm)
+        for key in live:
+            m = methods[key]
+            r = res["methods"][key] = {"ms_fwd": statistics.median(lat_f[key]),
+                                       "ms_fwd_bwd": statistics.median(lat_fb[key]), "calls": len(lat_fb[key]),
+                                       # every weight, x and the routing weights got a gradient
+                                       "grads": all(t.grad is not None for t in m.params + [x, w])}
+            r["activation_mib"] = activation_mib(m, x, idx, w, device)
+            r["peak_fwd_bwd_mib"] = peak_mib(lambda: fwd_bwd(m, x, idx, w, gout), device)
+            flop = res["flop_samoyeds"] if key == "samoyeds" else dense_flop
+            tflops = flop / (r["ms_fwd_bwd"] * 1e-3) / 1e12
+            r["tflops"] = tflops
+            r["frac_roofline"] = tflops / (2 * dense_tflops if key == "samoyeds" else dense_tflops)
+        s, g = res["methods"].get("samoyeds", {}), res["methods"].get("grouped_mm", {})
+        if "ms_fwd_bwd" in s and "ms_fwd_bwd" in g:
+            res["speedup_fwd_bwd"] = g["ms_fwd_bwd"] / s["ms_fwd_bwd"]
+            res["speedup_fwd"] = g["ms_fwd"] / s["ms_fwd"]
+            res["activation_ratio"] = (g["activation_mib"] / s["activation_mib"]
+                                       if s["activation_mib"] and s["activation_mib"] == s["activation_mib"] else None)
+        _print_case(res)
+        del x, idx, w, gout
+        free_memory(device)
+    methods.clear()
+    free_memory(device)
+    return rows
+
+
+def dense_dw(dy_t, xg, offsets):
+    """Per-expert dense dW_e = dy_e^T x_e [E, R, C]: torch._grouped_mm over ragged rows, or a loop."""
+    offs = offsets[1:].to(torch.int32)
+    try:
+        return torch._grouped_mm(dy_t, xg, offs=offs)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        off = offsets.tolist()
+        return torch.stack([dy_t[:, off[e]:off[e + 1]] @ xg[off[e]:off[e + 1]] for e in range(len(off) - 1)])
+
+
+def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
+    """ssmm_dw alone against the dense weight gradient, per projection."""
+    from samoyeds.ops import ssmm_dw
+    import bench_moe
+    _, cfg = bench_moe._block(name, tiny)
+    H, I, E, K = dims(cfg)
+    density = sm.SparseFormat.parse(fmt).density
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    gu = sm.pack((torch.randn(E, 2 * I, H, device=device, generator=gen) * H ** -0.5).to(dtype), fmt, glu=True)
+    dn = sm.pack((torch.randn(E, H, I, device=device, generator=gen) * I ** -0.5).to(dtype), fmt)
+    rows = []
+    for T in tokens:
+        S = T * K
+        idx, _ = routing(T, E, K, device, dtype, gen)
+        r = sm.route(idx, E)
+        x = torch.randn(T, H, device=device, generator=gen).to(dtype)
+        for proj, w, R, C in (("gate_up", gu, 2 * I, H), ("down", dn, H, I)):
+            dy = torch.randn(S, R, device=device, generator=gen).to(dtype)
+            if proj == "gate_up":
+                xin, tok, scale = x, r.token_ids, None
+                xg = x[r.token_ids.long()]
+                dys = dy
+            else:
+                xin, tok = torch.randn(S, C, device=device, generator=gen).to(dtype), None
+                scale = torch.rand(S, device=device, generator=gen)
+                xg, dys = xin, (dy.float() * scale[:, None]).to(dtype)
+            res = {"model": name, "T": T, "projection": proj, "format": fmt, "R": R, "C": C, "E": E,
+                   "routed_rows": S, "flop_dense": 2.0 * S * R * C}
+            try:
+                out = torch.empty_like(w.values)
+                t_s = statistics.median(call_times(lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out),
+                                                   device, budget_s=BUDGET_S / 2, min_iters=3))
+                dyt = dys.t()
+                t_d = statistics.median(call_times(lambda: dense_dw(dyt, xg, r.offsets), device,
+                                                   budget_s=BUDGET_S / 2, min_iters=3))
+                res.update(ms_ssmm_dw=t_s, ms_dense=t_d, speedup=t_d / t_s,
+                           tflops_dense_equiv_ssmm_dw=res["flop_dense"] / (t_s * 1e-3) / 1e12,
+                           tflops_kept_ssmm_dw=res["flop_dense"] * density / (t_s * 1e-3) / 1e12,
+                           tflops_dense=res["flop_dense"] / (t_d * 1e-3) / 1e12)
+            except Exception as exc:
+                res["error"] = error_text(exc)
+            rows.append(res)
+            print(f"  dW {name:<16} T={T:>6} {proj:<8} ssmm_dw {res.get('ms_ssmm_dw', float('nan')):8.3f} ms  "
+                  f"dense {res.get('ms_dense', float('nan')):8.3f} ms  {res.get('speedup', float('nan')):5.2f}x", flush=True)
+            free_memory(device)
+    return rows
+
+
+def _print_case(r) -> None:
+    s, g = r["methods"].get("samoyeds", {}), r["methods"].get("grouped_mm", {})
+    nan = float("nan")
+    print(f"{r['model']:<16} T={r['T']:>6}  fwd+bwd: grouped_mm {g.get('ms_fwd_bwd', nan):8.3f} ms, samoyeds "
+          f"{s.get('ms_fwd_bwd', nan):8.3f} ms ({r.get('speedup_fwd_bwd', nan):.2f}x)  fwd {r.get('speedup_fwd', nan):.2f}x  "
+          f"activations {g.get('activation_mib', nan):.0f} / {s.get('activation_mib', nan):.0f} MiB  "
+          f"roofline {g.get('frac_roofline', nan):.2f} / {s.get('frac_roofline', nan):.2f}"
+          + "".join(f"  [{k}: {v['error']}]" for k, v in r["methods"].items() if "error" in v), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(ap, "shapes / 16, T <= 64: a quick CPU check of the script")
+    ap.add_argument("--models", default=MODELS)
+    ap.add_argument("--tokens", default="4096,16384")
+    ap.add_argument("--format", default="samoyeds-1:2:128")
+    ap.add_argument("--no-kernel", action="store_true", help="skip the ssmm_dw kernel-level timing")
+    args = ap.parse_args()
+    setup_run(args)
+    global BUDGET_S
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if args.tiny:
+        tokens = sorted({min(t, 64) for t in tokens})
+        BUDGET_S = 0.02
+    path = result_path(args, "train.json")
+    env = environment()
+    dense = dense_rate_tflops(args.device)
+    cases, dw = [], []
+
+    def save(complete: bool) -> None:  # after every model: a run cut short keeps what it measured
+        if path:
+            write_json(path, {"env": env, "complete": complete, "format": args.format, "tokens": tokens,
+                              "dense_bf16_tflops": dense, "cases": cases, "dw_kernel": dw})
+    for name in args.models.split(","):
+        cases += bench_block(name, tokens, args.format, args.device, dtype, args.tiny, args.seed, dense)
+        if not args.no_kernel:
+            dw += bench_dw(name, tokens, args.format, args.device, dtype, args.tiny, args.seed)
+        save(False)
+    save(True)
+    print(f"\ndense bf16 matmul: {dense:.0f} TFLOP/s")
+    for r in cases:
+        _print_case(r)
+
+
+if __name__ == "__main__":
+    main()

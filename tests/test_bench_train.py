@@ -1,0 +1,34 @@
+"""benchmarks/bench_train.py on the CPU (--tiny): both methods run forward + backward on every
+model's toy shapes, the ssmm_dw kernel-level timing runs, and train.json carries the run's
+environment and the fields the report reads."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from helpers import run_python  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bench_train_tiny(tmp_path):
+    p = run_python([os.path.join(ROOT, "benchmarks", "bench_train.py"), "--tiny", "--device", "cpu",
+                    "--models", "olmoe,gpt-oss-20b", "--out", str(tmp_path)], timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    d = json.loads((tmp_path / "train.json").read_text())
+    assert d["complete"] and "commit" in d["env"] and "command" in d["env"]
+    assert [c["model"] for c in d["cases"]] == ["olmoe", "gpt-oss-20b"]
+    for c in d["cases"]:
+        for m in ("samoyeds", "grouped_mm"):
+            r = c["methods"][m]
+            assert "error" not in r, r
+            assert r["ms_fwd_bwd"] > 0 and r["ms_fwd"] > 0 and r["grads"]
+        assert c["speedup_fwd_bwd"] > 0
+    assert {(r["model"], r["projection"]) for r in d["dw_kernel"]} == {
+        (m, p) for m in ("olmoe", "gpt-oss-20b") for p in ("gate_up", "down")}
+    assert all(r["ms_ssmm_dw"] > 0 and r["ms_dense"] > 0 for r in d["dw_kernel"])

@@ -1,0 +1,181 @@
+"""ssmm_dw on the GPU (cuda/ssmm_dw.cu): the CUDA kernel against the C reference (CPU,
+same inputs) and a float64 torch oracle, on fresh random inputs per case, the output
+poisoned with NaN first: every entry written, padding entries and experts without rows
+exactly 0, rows past offsets[E] never read (NaN there), bit-identical run to run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import samoyeds as sm
+from helpers import random_topk, rel_err
+from samoyeds.ops import ssmm_dw
+
+FORMATS = ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64", "samoyeds-1:2:192"]
+
+CASES = [  # T, K, E, (R plain, R glu), C, pattern
+    (37, 2, 4, (136, 136), 200, "uniform"),      # odd rows per expert; C not a multiple of 128
+    (5, 2, 8, (96, 96), 128, "skewed"),          # 1..3 rows per expert, empty experts; 64 storage rows
+    (0, 2, 3, (64, 64), 128, "uniform"),         # T = 0: every value 0
+    (300, 2, 4, (200, 144), 584, "one"),         # 300 rows in one expert (K loop of 10); 3 column blocks
+    (129, 3, 6, (144, 272), 264, "placeholder"), # ids >= E: rows past offsets[E] (NaN) never read
+    (61, 2, 3, (36, 40), 72, "uniform"),         # rows per half not a multiple of 8: dy read by elements
+]
+VARIANTS = [  # token_ids, scale
+    (True, False),
+    (False, True),   # x in sorted order (a down projection), routing scales
+    (True, True),
+]
+
+
+def slot_map(p: sm.PackedWeight):
+    """(slot [E, R, C] int64, kept [E, R, C] bool): the flat index into p.values of the value
+    at each kept position, found by unpacking values that hold their own index + 1."""
+    n = p.values.numel()
+    assert n < 2 ** 24, "ids must be exact in float32"
+    ids = torch.arange(1, n + 1, dtype=torch.float32).reshape(p.values.shape)
+    cpu = p.to("cpu")
+    dense = sm.unpack(sm.PackedWeight(ids, cpu.meta, cpu.idx, cpu.fmt, cpu.shape, cpu.glu))
+    kept = dense > 0
+    return (dense.long() - 1).clamp_min(0), kept
+
+
+def oracle_dw(dy, x, p, offsets, token_ids, scale):
+    """float64 gradient in the packed layout (0 at padding entries), and the mask of the
+    entries that hold a kept value."""
+    E, R, C = p.shape3
+    off = offsets.cpu().tolist()
+    g = torch.zeros(E, R, C, dtype=torch.float64)
+    for e in range(E):
+        rows = torch.arange(off[e], off[e + 1])
+        if rows.numel() == 0:
+            continue
+        xt = x[token_ids[rows].long()] if token_ids is not None else x[rows]
+        d = dy[rows].double()
+        if scale is not None:
+            d = d * scale[rows].double()[:, None]
+        g[e] = d.T @ xt.double()
+    slot, kept = slot_map(p)
+    out = torch.zeros(p.values.numel(), dtype=torch.float64)
+    out[slot[kept]] = g[kept]
+    covered = torch.zeros(p.values.numel(), dtype=torch.bool)
+    covered[slot[kept]] = True
+    return out.reshape(p.values.shape), covered.reshape(p.values.shape)
+
+
+def make_inputs(case, fmt, dtype, glu, with_ids, with_scale, seed):
+    T, K, E, Rs, C, pattern = case
+    R = Rs[1] if glu else Rs[0]
+    gen = torch.Generator().manual_seed(seed)
+    p = sm.pack(torch.randn(E, R, C, generator=gen).to(dtype), fmt, glu=glu)
+    r = sm.route(random_topk(T, K, E, pattern, gen), E)
+    S, n = T * K, int(r.offsets[-1])
+    dy = torch.randn(S, R, generator=gen).to(dtype)
+    dy[n:] = float("nan")  # rows past offsets[E] are never read
+    if with_ids:
+        x, tok = torch.randn(T, C, generator=gen).to(dtype), r.token_ids
+    else:
+        x, tok = torch.randn(S, C, generator=gen).to(dtype), None
+        x[n:] = float("nan")
+    sc = torch.rand(S, generator=gen) if with_scale else None
+    return p, r, dy, x, tok, sc
+
+
+def run_dw(p, r, dy, x, tok, sc, device):
+    pd = p.to(device)
+    out = torch.full(p.values.shape, float("nan"), dtype=dy.dtype, device=device)
+    to = (lambda t: None if t is None else t.to(device))
+    got = ssmm_dw(to(dy), to(x), pd, to(r.offsets), to(tok), to(sc), out=out)
+    assert got is out
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return out.cpu()
+
+
+def check(case, fmt, dtype, glu, with_ids, with_scale, device="cuda"):
+    seed = torch.seed() % 2 ** 31
+    p, r, dy, x, tok, sc = make_inputs(case, fmt, dtype, glu, with_ids, with_scale, seed)
+    want, covered = oracle_dw(dy, x, p, r.offsets, tok, sc)
+    ref = run_dw(p, r, dy, x, tok, sc, "cpu")  # the C reference
+    got = run_dw(p, r, dy, x, tok, sc, device)
+    assert torch.isfinite(got).all(), f"unwritten or non-finite entries (seed {seed})"
+    assert not got[~covered].any(), f"padding entries must be exactly 0 (seed {seed})"
+    off = r.offsets.tolist()
+    for e in range(len(off) - 1):
+        if off[e + 1] == off[e]:
+            assert not got[e].any(), f"expert {e} has no rows: its gradient is 0 (seed {seed})"
+    e_ref, e_got = rel_err(ref, want), rel_err(got, want)
+    # the kernel rounds dy * scale to the operand dtype before the tensor cores (the C
+    # reference keeps it in fp32): one more rounding of the same size as the output's
+    slack = 3.0 if sc is not None else 2.0
+    assert e_got <= slack * e_ref + 1e-6, (e_got, e_ref, seed)
+    return p, r, dy, x, tok, sc, got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize("with_ids,with_scale", VARIANTS)
+def test_cuda_matches_ref_and_oracle(case, fmt, glu, with_ids, with_scale):
+    check(case, fmt, torch.bfloat16, glu, with_ids, with_scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("glu", [False, True])
+def test_cuda_float16(case, fmt, glu):
+    check(case, fmt, torch.float16, glu, True, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,glu", [("samoyeds-1:2:128", True), ("samoyeds-1:2:64", False), ("1:4:64", True),
+                                     ("2:4", False), ("2:4", True)])
+def test_cuda_larger_and_deterministic(fmt, glu):
+    """Several row and column blocks per expert, long K loops, an A tile per slice; two runs
+    bit-identical (no atomics, a fixed order)."""
+    case = (1000, 2, 8, (512, 768), 1024, "skewed")
+    p, r, dy, x, tok, sc, got = check(case, fmt, torch.bfloat16, glu, True, glu)
+    again = run_dw(p, r, dy, x, tok, sc, "cuda")
+    assert torch.equal(got, again), "two runs differ"
+
+
+@pytest.mark.gpu
+def test_cuda_row_strides():
+    """dy and x with row strides (slices of wider rows): the same bits as contiguous copies."""
+    gen = torch.Generator().manual_seed(5)
+    E, T, K, R, C = 3, 50, 2, 136, 200
+    p = sm.pack(torch.randn(E, R, C, generator=gen).to(torch.bfloat16), "samoyeds-1:2:64").to("cuda")
+    r = sm.route(random_topk(T, K, E, "uniform", gen), E)
+    big_dy = torch.randn(T * K, R + 24, generator=gen).to(torch.bfloat16).cuda()
+    big_x = torch.randn(T, C + 8, generator=gen).to(torch.bfloat16).cuda()
+    off, tok = r.offsets.cuda(), r.token_ids.cuda()
+    a = ssmm_dw(big_dy[:, :R], big_x[:, :C], p, off, tok)
+    b = ssmm_dw(big_dy[:, :R].contiguous(), big_x[:, :C].contiguous(), p, off, tok)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_cuda_refuses_formats_without_a_kernel():
+    """n > 1 runs on the C reference only: the GPU call raises, as ssmm's does."""
+    gen = torch.Generator().manual_seed(6)
+    p = sm.pack(torch.randn(2, 64, 128, generator=gen).to(torch.bfloat16), "3:8:32").to("cuda")
+    off = torch.tensor([0, 2, 4], dtype=torch.int32, device="cuda")
+    dy = torch.randn(4, 64, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(4, 128, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(NotImplementedError, match=r"^ssmm_dw: the GPU kernel needs n = 1"):
+        ssmm_dw(dy, x, p, off)
+
+
+@pytest.mark.parametrize("fmt", ["samoyeds-1:2:64", "1:4:64", "2:4"])
+def test_oracle_agrees_with_the_c_reference(fmt):
+    """The oracle of this file (slot map by unpacking ids) against the C reference on the CPU:
+    the GPU tests' yardstick is sound."""
+    case = (37, 2, 4, (136, 136), 200, "skewed")
+    p, r, dy, x, tok, sc = make_inputs(case, fmt, torch.float32, True, True, True, 3)
+    want, covered = oracle_dw(dy, x, p, r.offsets, tok, sc)
+    ref = run_dw(p, r, dy, x, tok, sc, "cpu")
+    assert rel_err(ref, want) < 1e-5
+    assert not ref[~covered].any()
