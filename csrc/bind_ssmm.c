@@ -108,3 +108,112 @@ PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw)
     x.act = (sam_act)act;
     return sam_run_op(&ssmm_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
 }
+
+/* ---- ssmm_dw: the gradient of an ssmm with respect to the packed values ------------------------- */
+/*
+ * out[e][p][j] = sum over the sorted rows s of expert e of dy[s][r] * scale[s] * x[t][col], the
+ * value's original row r and column col (cuda/samoyeds_cuda.h, sam_ssmm_dw_params): the packed
+ * layout of the weight described by meta, idx and the format, every entry written.
+ */
+enum { W_E, W_RP, W_CP2, W_MR, W_MC, W_SL, W_T, W_C, W_R, W_E1, W_S };
+enum { D_OUT, D_DY, D_X, D_META, D_IDX, D_OFFSETS, D_TOKEN_IDS, D_SCALE, D_COUNT };
+
+static const sam_arg_spec ssmm_dw_args[] = {
+    [D_OUT] = {"out", 0, 3, {SAM_VAR(W_E), SAM_VAR(W_RP), SAM_VAR(W_CP2)},
+               SAM_ARG_CONTIG | SAM_ARG_OUT | SAM_ARG_LIKE, D_X, 16, 0},
+    [D_DY] = {"dy", 0, 2, {SAM_VAR(W_S), SAM_VAR(W_R)}, SAM_ARG_ROWS | SAM_ARG_LIKE, D_X, 16, 8},
+    [D_X] = {"x", SAM_DT_FLOAT, 2, {SAM_VAR(W_T), SAM_VAR(W_C)}, SAM_ARG_ROWS | SAM_ARG_HALF_GPU, -1, 16, 8},
+    [D_META] = {"meta", SAM_DT(SAM_U32), 4, {SAM_VAR(W_E), SAM_VAR(W_MR), SAM_VAR(W_MC), 16}, SAM_ARG_CONTIG, -1,
+                16, 0},
+    [D_IDX] = {"idx", SAM_DT(SAM_U8), 3, {SAM_VAR(W_E), SAM_VAR(W_SL), SAM_VAR(W_RP)},
+               SAM_ARG_CONTIG | SAM_ARG_PACKED_IDX, -1, 16, 0},
+    [D_OFFSETS] = {"offsets", SAM_DT(SAM_I32), 1, {SAM_VAR(W_E1)}, SAM_ARG_CONTIG, -1, 0, 0},
+    [D_TOKEN_IDS] = {"token_ids", SAM_DT(SAM_I32), 1, {SAM_VAR(W_S)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
+    [D_SCALE] = {"scale", SAM_DT(SAM_F32), 1, {SAM_VAR(W_S)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
+};
+
+#if SAM_WITH_CUDA
+/* Until cuda/ssmm_dw.cu is linked in, a CUDA build still links: sam_ssmm_dw_cuda is then
+ * this weak alias, and a call on CUDA tensors raises NotImplementedError (ssmm_dw_check). */
+static sam_status ssmm_dw_cuda_missing(const sam_ssmm_dw_params *p, void *stream)
+{
+    (void)p;
+    (void)stream;
+    return SAM_STATUS_UNSUPPORTED;
+}
+sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *p, void *stream) __attribute__((weak, alias("ssmm_dw_cuda_missing")));
+#endif
+
+typedef struct ssmm_dw_ctx {
+    sam_format f;
+    int64_t rows, cols;
+    sam_ssmm_dw_params p;
+} ssmm_dw_ctx;
+
+static int ssmm_dw_derive(sam_op_call *c, void *vctx)
+{
+    ssmm_dw_ctx *x = vctx;
+    sam_dims d;
+    if (sam_arg_dims(x->f, c->t[D_META].shape[0], x->rows, x->cols, "rows", "cols", &d) < 0) return -1;
+    sam_op_bind_packed(c, &d, W_E, W_RP, W_CP2, W_MR, W_MC, W_SL);
+    sam_op_bind(c, W_C, d.C);
+    sam_op_bind(c, W_R, d.R);
+    sam_op_bind(c, W_E1, d.E + 1);
+    x->p.d = d;
+    return 0;
+}
+
+static int ssmm_dw_check(sam_op_call *c, void *vctx)
+{
+    ssmm_dw_ctx *x = vctx;
+    sam_ssmm_dw_params *p = &x->p;
+    const sam_tensor *t = c->t;
+#if SAM_WITH_CUDA
+    if (c->cuda && sam_ssmm_dw_cuda == ssmm_dw_cuda_missing) {
+        PyErr_SetString(PyExc_NotImplementedError, "out: expected a CPU tensor (this build has no CUDA kernel "
+                        "for ssmm_dw: cuda/ssmm_dw.cu was not compiled in), got one on a CUDA device");
+        return -1;
+    }
+#endif
+    SAM_SET_X(p, c, D_X);
+    p->dy = t[D_DY].data;
+    p->lddy = c->ld[D_DY];
+    p->S = t[D_DY].shape[0];
+    p->meta = (const uint32_t *)t[D_META].data;
+    p->idx = t[D_IDX].present ? (const uint8_t *)t[D_IDX].data : NULL;
+    p->f = x->f;
+    p->offsets = (const int32_t *)t[D_OFFSETS].data;
+    p->token_ids = t[D_TOKEN_IDS].present ? (const int32_t *)t[D_TOKEN_IDS].data : NULL;
+    p->scale = t[D_SCALE].present ? (const float *)t[D_SCALE].data : NULL;
+    p->out = t[D_OUT].data;
+    return 0;
+}
+
+SAM_OP_RUN_PARAMS(ssmm_dw_run, ssmm_dw_ctx, sam_ssmm_dw_ref, sam_ssmm_dw_cuda)
+
+static const sam_op ssmm_dw_op = {"ssmm_dw", ssmm_dw_args, D_COUNT, ssmm_dw_derive, ssmm_dw_check, ssmm_dw_run};
+
+/* ssmm_dw(out, dy, x, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None) */
+PyObject *sam_py_ssmm_dw(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"out", "dy", "x", "meta", "idx", "offsets", "token_ids", "rows", "cols",
+                             "n", "m", "v", "glu", "scale", "stream", NULL};
+    PyObject *o[D_COUNT] = {NULL}, *o_stream = Py_None;
+    long long rows, cols;
+    int n, m, v, glu;
+    ssmm_dw_ctx x;
+    memset(&x, 0, sizeof x);
+    o[D_SCALE] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|OO:ssmm_dw", kwlist, &o[D_OUT], &o[D_DY], &o[D_X],
+                                     &o[D_META], &o[D_IDX], &o[D_OFFSETS], &o[D_TOKEN_IDS], &rows, &cols, &n, &m,
+                                     &v, &glu, &o[D_SCALE], &o_stream))
+        return NULL;
+    if (sam_arg_range("rows", rows, 0, INT32_MAX, "0 <= rows < 2**31") < 0 ||
+        sam_arg_range("cols", cols, 0, INT32_MAX, "0 <= cols < 2**31") < 0 ||
+        sam_arg_format(n, m, v, glu, &x.f) < 0)
+        return NULL;
+    x.rows = rows;
+    x.cols = cols;
+    return sam_run_op(&ssmm_dw_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
+}
+

@@ -129,3 +129,112 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
     free(vals); free(cols); free(rowof); free(xf); free(acc);
     return status;
 }
+
+/*
+ * The weight gradient of an ssmm in the packed layout (cuda/samoyeds_cuda.h,
+ * sam_ssmm_dw_params): for every kept value of expert e,
+ *     out[e][p][j] = sum over sorted rows s of e of dy[s][r] * scale[s] * x[t][col]
+ * (r, col: the original row and column the value sits at), fp32, one rounding.
+ *
+ * Work per expert: the storage rows are decoded once into (row per slice, column
+ * per value) lists; then every sorted row adds its outer-product terms to an fp32
+ * accumulator of the expert's values, rows in increasing s (the fixed order).
+ */
+sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p)
+{
+    const sam_format f = p->f;
+    const sam_dims *d = &p->d;
+    const int64_t R = d->R, C = d->C, cp = d->cp, rp = d->rp, E = d->E;
+    const int sel = sam_format_has_selection(f);
+    const int64_t V = sel ? f.v : (C > 0 ? C : 1);
+    const int64_t nslices = sel ? d->slices : 1;
+    const int64_t half = cp / 2;
+
+    const int32_t first = sam_ld_i32(p->offsets, 0), last = sam_ld_i32(p->offsets, E);
+    if (first < 0) {
+        sam_ref_set_error("offsets: offsets[0] is %d; expected >= 0", first);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    for (int64_t e = 0; e < E; e++) {
+        const int32_t a = sam_ld_i32(p->offsets, e), b = sam_ld_i32(p->offsets, e + 1);
+        if (b < a) {
+            sam_ref_set_error("offsets: offsets[%lld] = %d is below offsets[%lld] = %d; expected "
+                              "non-decreasing", (long long)(e + 1), b, (long long)e, a);
+            return SAM_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    if (last > p->S) {
+        sam_ref_set_error("offsets: offsets[E] = %d exceeds the %lld rows of dy", last, (long long)p->S);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    for (int64_t s = first; s < last; s++) {
+        int64_t t = p->token_ids ? sam_ld_i32(p->token_ids, s) : s;
+        if (t < 0 || t >= p->T) {
+            sam_ref_set_error("token_ids: token_ids[%lld] = %lld is outside x's %lld rows",
+                              (long long)s, (long long)t, (long long)p->T);
+            return SAM_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    if (last > first) {
+        const sam_status valid = sam_format_check_ref(p->meta, p->idx, f, d);
+        if (valid != SAM_STATUS_OK) return valid;
+    }
+
+    const int64_t nv = sam_values_per_expert(d), nm = sam_meta_per_expert(d), ni = sam_idx_per_expert(d);
+    float *acc = (float *)malloc(sizeof(float) * (size_t)(nv + 1));
+    int32_t *cols = (int32_t *)malloc(sizeof(int32_t) * (size_t)(nv + 1));
+    int64_t *rowof = (int64_t *)malloc(sizeof(int64_t) * (size_t)(rp * nslices + 1));
+    float *xf = (float *)malloc(sizeof(float) * (size_t)(C + 1));
+    float *gf = (float *)malloc(sizeof(float) * (size_t)(R + 1));
+    if (!acc || !cols || !rowof || !xf || !gf) {
+        free(acc); free(cols); free(rowof); free(xf); free(gf);
+        sam_ref_set_error("out of memory for the gradient of an expert of %lld x %lld", (long long)R,
+                          (long long)C);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t s0 = sam_ld_i32(p->offsets, e), s1 = sam_ld_i32(p->offsets, e + 1);
+        for (int64_t k = 0; k < nv; k++) acc[k] = 0.0f;
+        if (s1 > s0) {
+            const int64_t mb = e * nm;
+            const uint8_t *ie = sel ? p->idx + e * ni : NULL;
+            for (int64_t q = 0; q < rp; q++) {
+                int h;
+                int64_t qq;
+                const int live = sam_storage_row(d, f.glu, q, &h, &qq);
+                for (int64_t j = 0; j < nslices; j++) {
+                    const int s = sel ? ie[j * rp + q] : 0;
+                    rowof[q * nslices + j] = live ? sam_original_row(f, d, h, qq, s) : -1;
+                }
+                for (int64_t c = 0; c < cp; c += 4) {
+                    const uint32_t nib =
+                        (sam_ld_u32(p->meta, mb + sam_meta_word(d, q, c)) >> sam_meta_shift(q, c)) & 0xfu;
+                    const int64_t k = q * half + c / 2;
+                    cols[k] = (int32_t)(c + (nib & 3u));
+                    cols[k + 1] = (int32_t)(c + (nib >> 2));
+                }
+            }
+            for (int64_t s = s0; s < s1; s++) {
+                const int64_t t = p->token_ids ? sam_ld_i32(p->token_ids, s) : s;
+                const float sc = p->scale ? sam_ld_f32(p->scale, s) : 1.0f;
+                for (int64_t c = 0; c < C; c++) xf[c] = sam_load_f32(p->x, p->dtype, t * p->ldx + c);
+                for (int64_t r = 0; r < R; r++) gf[r] = sam_load_f32(p->dy, p->dtype, s * p->lddy + r) * sc;
+                for (int64_t q = 0; q < rp; q++) {
+                    for (int64_t j = 0; j < nslices; j++) {
+                        const int64_t r = rowof[q * nslices + j];
+                        if (r < 0) continue;
+                        const int64_t c0 = j * V, c1 = c0 + V < C ? c0 + V : C;
+                        const float g = gf[r];
+                        float *aq = acc + q * half;
+                        const int32_t *cq = cols + q * half;
+                        for (int64_t k = c0 / 2; k < c1 / 2; k++) aq[k] += g * xf[cq[k]];
+                    }
+                }
+            }
+        }
+        for (int64_t k = 0; k < nv; k++) sam_store_f32(p->out, p->dtype, e * nv + k, acc[k]);
+    }
+    free(acc); free(cols); free(rowof); free(xf); free(gf);
+    return SAM_STATUS_OK;
+}

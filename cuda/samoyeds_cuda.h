@@ -190,6 +190,51 @@ sam_status sam_ssmm_cuda(const sam_ssmm_params *p, void *stream);
 sam_status sam_ssmm_decode_cuda(const sam_ssmm_params *p, void *stream);
 int sam_ssmm_use_decode(const sam_ssmm_params *p);
 
+/* ---- the weight gradient of an ssmm, in the packed layout (cuda/ssmm_dw.cu) ---- */
+
+/* For every expert e < E, storage row p < Rp and packed column j < Cp/2 (the k-th
+ * kept value, k = j % 2, of the 4-column group c4 = 2 * (j - k)):
+ *     out[e][p][j] = sum over s in [offsets[e], offsets[e+1]), in increasing s, of
+ *                    dy[s][r] * scale[s] * x[t][col]
+ * with r = the original row storage row p holds in slice c4 / V (docs/FORMAT.md,
+ * "Storage row -> original rows": idx, GLU interleave; plain 2:4: no slices),
+ * col = c4 + the k-th position of the group's meta nibble, t = token_ids[s] (or s),
+ * scale[s] = 1 when scale is NULL.  Accumulated in fp32, rounded once to dtype.
+ * Every entry of out is written: padding rows (q >= rc) and padding columns
+ * (c4 >= C) get 0, as do the values of an expert without rows.  Deterministic
+ * (no float atomics, a fixed order per entry).  Sorted rows outside the offsets'
+ * ranges (placeholders past offsets[E]) are never read.
+ * The C reference checks offsets (non-decreasing, offsets[0] >= 0, offsets[E] <= S),
+ * token ids of the covered rows (in [0, T)) and the packed meta/idx (as ssmm does)
+ * before writing anything. */
+typedef struct sam_ssmm_dw_params {
+    /* the upstream gradient: dy[S][lddy], d.R columns (the weight's logical rows:
+     * gate rows then up rows for a GLU weight), sorted rows */
+    const void *dy;
+    int64_t lddy;            /* elements between rows of dy (>= R; GPU: multiple of 8) */
+    int64_t S;               /* rows of dy (capacity of the sorted rows) */
+    /* activations: x[T][ldx], row token_ids[s] (or s when token_ids is NULL) */
+    const void *x;
+    int64_t T;               /* rows of x */
+    int64_t ldx;             /* elements between rows of x (>= C; GPU: multiple of 8) */
+    sam_dtype dtype;         /* dy, x and out: SAM_BF16 or SAM_F16 (the C reference: also SAM_F32) */
+    /* the weight's mask (its values are not read) */
+    const uint32_t *meta;
+    const uint8_t *idx;      /* NULL when f.n == f.m */
+    sam_format f;
+    sam_dims d;
+    /* routing: expert e owns sorted rows [offsets[e], offsets[e+1]) */
+    const int32_t *offsets;  /* [E+1], non-decreasing, offsets[E] <= S */
+    const int32_t *token_ids;/* [S] or NULL (identity: x has S rows) */
+    const float *scale;      /* [S] multiplies dy's rows (the down projection's routing weights), or NULL */
+    /* output: the gradient of the packed values, out[E][Rp][Cp/2] contiguous */
+    void *out;
+} sam_ssmm_dw_params;
+
+/* The CUDA launcher (cuda/ssmm_dw.cu): same status and error convention as
+ * sam_ssmm_cuda; stream is a cudaStream_t. */
+sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *p, void *stream);
+
 /* ---- dense weights at a few tokens (cuda/dense_decode.cu) --------------------- */
 
 /* out[t][r] = act(x[t] @ w[r]^T, x[t] @ up[r]^T) for t < T, r < R, fp32 accumulation,

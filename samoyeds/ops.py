@@ -77,6 +77,44 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
     return out
 
 
+def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
+            scale: Optional[Any] = None, out: Optional[Any] = None, *, stream: Optional[int] = None) -> Any:
+    """The gradient of :func:`ssmm` (``act="none"``) with respect to ``w.values``, in their
+    packed layout.
+
+    For every expert ``e`` and every kept value of ``W_e`` at original row ``r`` and column
+    ``c`` (its place in ``w.values``)::
+
+        grad = sum over sorted rows s of e of dy[s, r] * scale[s] * x[token_ids[s], c]
+
+    fp32 accumulation in increasing ``s``, one rounding (deterministic).  Padding entries of
+    the layout are 0; every entry of ``out`` is written.
+
+    Args:
+        dy: ``[S, R]`` upstream gradient of the sorted rows (``R`` the weight's logical rows:
+           gate rows then up rows for a ``glu`` weight), x's dtype, rows of unit column stride.
+        x: ``[T, C]`` activations (bf16/fp16 on the GPU; also fp32 on the CPU), read by
+           ``token_ids`` (or row ``s`` when None).
+        w: the packed weight (its mask; its values are not read).
+        expert_offsets: ``[E+1]`` int32, as for :func:`ssmm`; sorted rows outside the
+           ranges are never read.
+        token_ids: ``[S]`` int32 or None.
+        scale: ``[S]`` float32 multiplying dy's rows, or None.
+        out: ``[E, Rp, Cp/2]`` like ``w.values`` (x's dtype); allocated if None.
+        stream: CUDA stream; None uses the producer's current stream.
+    """
+    if not isinstance(w, PackedWeight):
+        raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")
+    dy, x, scale = tensor_arg(dy, "dy"), tensor_arg(x, "x"), for_c(scale)
+    token_ids = tensor_arg(token_ids, "token_ids", optional=True)
+    E, R, C = w.shape3
+    if out is None:
+        out = empty(x, tuple(w.values.shape), dtype_name(x))
+    _C.ssmm_dw(out, dy, x, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(), scale=scale,
+               stream=stream if stream is not None else current_stream(x))
+    return out
+
+
 def dense_decode(x: Any, w: Any, up: Optional[Any] = None, out: Optional[Any] = None, *, act: str = "none",
                  alpha: float = 1.702, limit: float = 7.0, weights_ready: bool = False,
                  stream: Optional[int] = None) -> Any:

@@ -147,6 +147,28 @@ class PackedWeight:
                             (1,) + self.shape3[1:], self.glu)
 
     @property
+    def transposable(self) -> bool:
+        """Whether the transpose of every expert, ``W_e^T [C, R]``, is a plain 2:4 matrix
+        (at most 2 kept of every 4 consecutive rows of W in every column, ``R`` a multiple
+        of 4): formats with row selection and ``n/m <= 1/2`` (1:2:v, 1:4:v, 2:4:v, ...).
+        Then :meth:`transposed` exists; plain 2:4 itself has none."""
+        return _transposable(self.fmt, self.rows, self.glu)
+
+    def transposed(self) -> "PackedWeight":
+        """``W^T`` as a plain 2:4 :class:`PackedWeight` ``[E, C, R]`` (torch only), exactly
+        ``pack(unpack(self).transpose(-1, -2), "2:4")`` (same mask, same values): what the
+        backward's ``dX = dY @ W`` runs on with :func:`samoyeds.ssmm`.
+
+        Built once per mask (cached with the ``meta`` tensor, weakly: it goes with the
+        weight) together with an index map from its values to this weight's; when
+        ``values`` changed since (an optimizer step in place, a new tensor, another dtype)
+        the transposed values are refreshed by one gather through that map.  The cache
+        holds the transposed values and one int32 per transposed value.
+
+        Raises a ValueError for a weight that is not :attr:`transposable`."""
+        return transposed_arrays(self.values, self.meta, self.idx, self.fmt, self.shape3, self.glu)
+
+    @property
     def logical_nbytes(self) -> int:
         """Bytes the packed data would take without the padding to whole tiles: the kept
         values, their 2:4 metadata (2 bits each) and the row choices."""
@@ -184,6 +206,117 @@ def _rebuild(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, shap
         import torch
         meta = meta.view(torch.uint32)
     return PackedWeight(values, meta, idx, fmt, shape, glu)
+
+
+def _transposable(fmt: SparseFormat, R: int, glu: bool) -> bool:
+    """At most 2 kept rows in every aligned 4-row window of a weight with R logical rows."""
+    if not fmt.selects_rows or R % 4:
+        return False
+    return _windows_ok(fmt.n, fmt.m, R // 2 if glu else R, 2 if glu else 1)
+
+
+_WINDOWS: dict = {}
+
+
+def _windows_ok(n: int, m: int, half: int, halves: int) -> bool:
+    key = (n, m, half, halves)
+    if key not in _WINDOWS:
+        R = half * halves
+        ok = True
+        for a in range(0, R, 4):
+            per_group: dict = {}
+            for r in range(a, min(a + 4, R)):
+                g = (r // half, (r % half) // m)
+                per_group[g] = per_group.get(g, 0) + 1
+            if sum(min(n, c) for c in per_group.values()) > 2:
+                ok = False
+                break
+        _WINDOWS[key] = ok
+    return _WINDOWS[key]
+
+
+class _Transposed:
+    """The cached transpose of one packed weight (keyed by its meta tensor)."""
+
+    __slots__ = ("packed", "src", "stamp")
+
+    def __init__(self, packed: "PackedWeight", src: Any) -> None:
+        self.packed = packed   # PackedWeight [E, C, R], plain 2:4; its values are refreshed in place
+        self.src = src         # int32/int64 [numel of packed.values]: flat index into values, -1 for none
+        self.stamp = None      # (data_ptr, _version, dtype) of the values last copied
+
+
+_TRANSPOSED = None  # torch.utils.weak.WeakIdKeyDictionary: meta tensor -> _Transposed
+
+
+def transposed_arrays(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat,
+                      shape3: Tuple[int, int, int], glu: bool) -> "PackedWeight":
+    """:meth:`PackedWeight.transposed` of the packed arrays (what the autograd ops hold)."""
+    global _TRANSPOSED
+    import torch
+    from torch.utils.weak import WeakIdKeyDictionary
+    E, R, C = shape3
+    if not isinstance(values, torch.Tensor) or not isinstance(meta, torch.Tensor):
+        raise TypeError("values: expected torch tensors (the transposed packing is built with torch)")
+    if not _transposable(fmt, R, glu):
+        raise ValueError(f"fmt: expected a format whose transpose is 2:4 (row selection with n/m <= 1/2 and "
+                         f"R a multiple of 4), got {fmt.name} with R = {R}; the backward uses the "
+                         "masked dense weight instead")
+    if _TRANSPOSED is None:
+        _TRANSPOSED = WeakIdKeyDictionary()
+    entry = _TRANSPOSED.get(meta)
+    if entry is None or entry.packed.shape3 != (E, C, R) or entry.packed.values.device != values.device:
+        entry = _build_transposed(values, meta, idx, fmt, shape3, glu)
+        _TRANSPOSED[meta] = entry
+    stamp = (values.data_ptr(), values._version, values.dtype)
+    if entry.stamp != stamp:
+        with torch.no_grad():
+            tv = entry.packed.values
+            if tv.dtype != values.dtype:
+                tv = entry.packed.values = torch.zeros(tv.shape, dtype=values.dtype, device=tv.device)
+            flat = values.detach().reshape(-1)
+            src = entry.src
+            got = flat.index_select(0, src.clamp(min=0))
+            tv.view(-1).copy_(torch.where(src >= 0, got, torch.zeros((), dtype=got.dtype, device=got.device)))
+        entry.stamp = stamp
+    return entry.packed
+
+
+def _build_transposed(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat,
+                      shape3: Tuple[int, int, int], glu: bool) -> _Transposed:
+    """The transposed packing's meta and the index map, from the mask alone: every value
+    slot of the weight gets its flat index (+1, in two exact fp32 halves of 12 and 19+
+    bits), unpacked, transposed and packed as 2:4 under the transposed mask."""
+    import torch
+    E, R, C = shape3
+    dims = PackedDims.of(fmt, E, R, C, glu)
+    nv = dims.rp * (dims.cp // 2)
+    tdims = PackedDims.of(SparseFormat.parse("2:4"), E, C, R, False)
+    dev = values.device
+    ntv = tdims.rp * (tdims.cp // 2)
+    big = E * nv >= 2**31 - 1
+    src = torch.empty((E, ntv), dtype=torch.int64 if big else torch.int32, device=dev)
+    tmeta = torch.empty((E, tdims.rp // 16, tdims.cp // 32, 16), dtype=torch.uint32, device=dev)
+    coord = torch.arange(1, nv + 1, device=dev, dtype=torch.int64).reshape(1, dims.rp, dims.cp // 2)
+    hi, lo = (coord >> 12).float(), (coord & 4095).float()
+    chunk = max(1, (256 << 20) // max(1, R * C * 4 * 6))  # about 256 MiB of dense fp32 temporaries
+    for e0 in range(0, E, chunk):
+        e1 = min(E, e0 + chunk)
+        n = e1 - e0
+        sub_idx = None if idx is None else idx[e0:e1]
+        dense = []
+        for part in (hi, lo):
+            pw = PackedWeight(part.expand(n, -1, -1).contiguous(), meta[e0:e1], sub_idx, fmt, (n, R, C), glu)
+            dense.append(unpack(pw).transpose(1, 2).contiguous())
+        m = (dense[0] != 0) | (dense[1] != 0)
+        thi, tlo = (pack(d, "2:4", mask=m) for d in dense)
+        local = (thi.values.long() << 12) + tlo.values.long() - 1
+        base = torch.arange(e0, e1, device=dev, dtype=torch.int64).view(n, 1, 1) * nv
+        src[e0:e1] = torch.where(local >= 0, local + base, -1).reshape(n, ntv).to(src.dtype)
+        tmeta[e0:e1] = thi.meta
+    tvalues = torch.zeros((E, tdims.rp, tdims.cp // 2), dtype=values.dtype, device=dev)
+    packed = PackedWeight(tvalues, tmeta, None, SparseFormat.parse("2:4"), (E, C, R), False)
+    return _Transposed(packed, src.reshape(-1))
 
 
 def _bytes(n: int) -> str:
