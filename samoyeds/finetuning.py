@@ -47,6 +47,18 @@ def _inputs(batch: Any, device: torch.device) -> Dict[str, Any]:
     return kw
 
 
+def _checkpointing(model: nn.Module, on: Optional[bool] = None) -> bool:
+    """Whether the model recomputes activations in the backward; ``on`` switches it first
+    (transformers' ``activation_checkpointing_*``, ``gradient_checkpointing_*`` before 5.x's rename)."""
+    if on is not None:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support it")
+        name = "enable" if on else "disable"
+        fn = getattr(model, f"activation_checkpointing_{name}", None) or getattr(model, f"gradient_checkpointing_{name}")
+        fn()
+    return bool(getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing", False))
+
+
 def finetune(model: nn.Module, batches: Iterable[Any], *, steps: Optional[int] = None, lr: float = 1e-4,
              weight_decay: float = 0.0, betas: Tuple[float, float] = (0.9, 0.999), max_grad_norm: Optional[float] = 1.0,
              router_aux_loss: bool = False, gradient_checkpointing: bool = False,
@@ -71,8 +83,8 @@ def finetune(model: nn.Module, batches: Iterable[Any], *, steps: Optional[int] =
             load-balancing loss (``router_aux_loss_coef * aux_loss``) to the loss it returns;
             the returned history is that total.
         gradient_checkpointing: recompute activations in the backward
-            (``model.gradient_checkpointing_enable()`` for the run, disabled after unless it
-            was on before).
+            (``model.activation_checkpointing_enable()``, formerly ``gradient_checkpointing_enable``,
+            for the run; disabled after unless it was on before).
         callback: called as ``callback(step, loss)`` after every step (``step`` from 0).
         progress: a tqdm bar over the steps.
     Returns:
@@ -96,9 +108,9 @@ def finetune(model: nn.Module, batches: Iterable[Any], *, steps: Optional[int] =
     it = itertools.cycle(batches) if hasattr(batches, "__len__") else iter(batches)
     opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
     was_training = model.training
-    was_checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
+    was_checkpointing = _checkpointing(model)
     if gradient_checkpointing and not was_checkpointing:
-        model.gradient_checkpointing_enable()
+        _checkpointing(model, True)
     bar = None
     if progress:
         try:
@@ -139,6 +151,6 @@ def finetune(model: nn.Module, batches: Iterable[Any], *, steps: Optional[int] =
         if bar is not None:
             bar.close()
         if gradient_checkpointing and not was_checkpointing:
-            model.gradient_checkpointing_disable()
+            _checkpointing(model, False)
         model.train(was_training)
     return history
