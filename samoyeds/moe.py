@@ -37,8 +37,12 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
     The steps of :func:`samoyeds.route`, :func:`samoyeds.gather_weights`, two
     :func:`samoyeds.ssmm` and :func:`samoyeds.combine`, in one call into the
     extension.  No host synchronisation (unless ``check_ids``); deterministic (the
-    combine adds in a fixed order).  Inference only: inputs that require grad give a
-    result without one (a warning says so, once).
+    combine adds in a fixed order).
+
+    Differentiable with torch tensors: when grad is enabled and ``x``, ``top_k_weights``,
+    either weight's ``values`` (e.g. an ``nn.Parameter``) or a bias requires grad, the call
+    goes through ``torch.ops.samoyeds.moe_forward_train`` (docs/TRAINING.md; ``impl`` is
+    then the automatic choice, and ``out`` is not taken).
     """
     for name, pw in (("gate_up", gate_up), ("down", down)):
         if not isinstance(pw, PackedWeight):
@@ -51,6 +55,17 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
         raise ValueError(f"down: expected shape {(E, H, I2 // 2)} (gate_up's E, H and I), got {down.shape3}")
     if down.fmt != gate_up.fmt:
         raise ValueError(f"down: expected the format of gate_up ({gate_up.fmt.name}), got {down.fmt.name}")
+    if _torch_needs_grad(x, top_k_weights, gate_up.values, down.values, gate_up_bias, down_bias):
+        if out is not None:
+            raise ValueError("out: expected None when an input requires grad (the differentiable forward "
+                             "allocates its result); run under torch.no_grad() to write into out")
+        if impl not in IMPLS:
+            raise ValueError(f"impl: expected one of {sorted(IMPLS)}, got {impl!r}")
+        if check_ids:
+            check_expert_ids(tensor_arg(top_k_index, "top_k_index"), E)
+        from .torch_ops import moe_forward_packed
+        return moe_forward_packed(x, top_k_index, top_k_weights, gate_up, down, act=act, gate_up_bias=gate_up_bias,
+                                  down_bias=down_bias, alpha=alpha, limit=limit)
     x = tensor_arg(x, "x")
     check_ndim(x, "x", 2)
     check_shape(x, "x", (x.shape[0], H))
@@ -64,6 +79,14 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
     return forward_arrays(x, top_k_index, top_k_weights, gate_up.values, gate_up.meta, gate_up.idx,
                           down.values, down.meta, down.idx, down.cols, n, m, v, ACTS[act],
                           gate_up_bias, down_bias, alpha, limit, IMPLS[impl], out)
+
+
+def _torch_needs_grad(*tensors: Any) -> bool:
+    """torch with grad enabled and a tensor among these that requires grad."""
+    if not any(getattr(t, "requires_grad", False) for t in tensors):
+        return False
+    import torch
+    return torch.is_grad_enabled()
 
 
 def forward_arrays(x: Any, top_k_index: Any, top_k_weights: Any, gate_up_values: Any, gate_up_meta: Any,

@@ -7,14 +7,17 @@ dtype, ``[T, H]`` in x's dtype, from the inputs alone.  The op takes the packed
 arrays of both weights as plain tensors, so a module can hold them as buffers
 (they move with ``.to(device)`` and appear in ``state_dict``).
 
-The ops are inference only: a forward on inputs that require grad warns once that
-the result will carry no usable gradient, and a backward through them raises a
-samoyeds error (the packed weights are frozen and no gradient with respect to the
-activations is implemented yet).
+``moe_forward`` is differentiable (docs/TRAINING.md): its backward, the op
+``torch.ops.samoyeds.moe_backward``, gives the gradients of x, the routing weights, both
+weights' packed values (their layout; values may be ``nn.Parameter``) and the biases,
+recomputing the gate_up pre-activation.  ``torch.ops.samoyeds.moe_forward_train`` returns
+that pre-activation as a second output and saves it, so its backward skips the
+recompute; :func:`moe_forward_packed` picks it when an input requires grad.
+``shared_mlp`` is inference only: a backward through it raises a samoyeds error.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch.nn import functional as F
@@ -22,10 +25,12 @@ from torch.nn import functional as F
 from . import moe as _moe
 from ._array import check_ndim, check_shape, warn_no_backward
 from .ops import ACTS, dense_decode, glu
+from .format import SparseFormat
+from .ops import combine, gather_weights, route, ssmm, ssmm_dw
 from .packed import PackedWeight
 
-__all__ = ["ACT_IDS", "act_id", "moe_forward", "moe_forward_eager", "moe_forward_packed", "shared_mlp",
-           "shared_mlp_eager"]
+__all__ = ["ACT_IDS", "act_id", "moe_backward", "moe_forward", "moe_forward_autograd", "moe_forward_eager",
+           "moe_forward_packed", "moe_forward_train", "moe_forward_train_eager", "shared_mlp", "shared_mlp_eager"]
 
 #: The activation names of :func:`samoyeds.moe.moe_forward` and the int the op takes.
 ACT_IDS = {"swiglu": ACTS["swiglu"], "gptoss": ACTS["gptoss"]}
@@ -115,7 +120,316 @@ def _no_backward(name: str):
     return backward
 
 
-moe_forward.register_autograd(_no_backward("moe_forward"), setup_context=_no_backward_setup)
+# --- training: the forward that keeps the pre-activation, and the backward ----------------------------------
+
+_ACT_NAMES = {ACT_IDS["swiglu"]: "swiglu", ACT_IDS["gptoss"]: "gptoss"}
+
+#: Bits of moe_backward's ``needs``: which gradients to compute.
+NEED_X, NEED_WEIGHTS, NEED_GATE_UP, NEED_DOWN, NEED_GATE_UP_BIAS, NEED_DOWN_BIAS = (1 << i for i in range(6))
+
+
+def _packed_pair(gate_up_values, gate_up_meta, gate_up_idx, gate_up_rows, gate_up_cols, down_values, down_meta,
+                 down_idx, down_rows, down_cols, n, m, v):
+    """The two PackedWeights of the op's arrays (values detached: the ops read them)."""
+    fmt = SparseFormat(n, m, v if n < m else None)
+    E = gate_up_values.shape[0]
+    gu = PackedWeight(gate_up_values.detach(), gate_up_meta, gate_up_idx, fmt, (E, gate_up_rows, gate_up_cols), True)
+    dn = PackedWeight(down_values.detach(), down_meta, down_idx, fmt, (E, down_rows, down_cols), False)
+    return gu, dn
+
+
+def _check_logical(x, gate_up_rows, gate_up_cols, down_rows, down_cols) -> None:
+    check_ndim(x, "x", 2)
+    check_shape(x, "x", (x.shape[0], gate_up_cols))
+    if (down_rows, down_cols) != (gate_up_cols, gate_up_rows // 2) or gate_up_rows % 2:
+        raise ValueError(f"down_rows, down_cols: expected {(gate_up_cols, gate_up_rows // 2)} (gate_up's H and I), "
+                         f"got {(down_rows, down_cols)}")
+
+
+def _opt(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.detach()
+
+
+@torch.library.custom_op("samoyeds::moe_forward_train", mutates_args=())
+def moe_forward_train(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                      gate_up_values: torch.Tensor, gate_up_meta: torch.Tensor, gate_up_idx: Optional[torch.Tensor],
+                      gate_up_rows: int, gate_up_cols: int,
+                      down_values: torch.Tensor, down_meta: torch.Tensor, down_idx: Optional[torch.Tensor],
+                      down_rows: int, down_cols: int,
+                      n: int, m: int, v: int, act: int,
+                      gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
+                      alpha: float = 1.702, limit: float = 7.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`moe_forward` that also returns the gate_up pre-activation ``[T*K, 2I]`` (x's
+    dtype; sorted rows, gate columns then up columns, bias included) and saves it for the
+    backward.  Steps: route, ssmm (gate_up, no activation), :func:`samoyeds.glu`, ssmm
+    (down, bias, routing weights), combine.  The output equals :func:`moe_forward`'s up to
+    the rounding of the pre-activation before the activation (moe_forward applies it to
+    the fp32 sums)."""
+    return moe_forward_train_eager(x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
+                                   gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols,
+                                   n, m, v, act, gate_up_bias, down_bias, alpha, limit)
+
+
+def moe_forward_train_eager(x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx, gate_up_rows,
+                            gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v, act,
+                            gate_up_bias=None, down_bias=None, alpha=1.702, limit=7.0):
+    """The body of :func:`moe_forward_train` (no autograd)."""
+    _check_logical(x, gate_up_rows, gate_up_cols, down_rows, down_cols)
+    act_name = _ACT_NAMES.get(act)
+    if act_name is None:
+        raise ValueError(f"act: expected 1 (swiglu) or 2 (gptoss), got {act}")
+    gu, dn = _packed_pair(gate_up_values, gate_up_meta, gate_up_idx, gate_up_rows, gate_up_cols, down_values,
+                          down_meta, down_idx, down_rows, down_cols, n, m, v)
+    x = x.detach()
+    check_ndim(top_k_index, "top_k_index", 2)
+    T, H = x.shape
+    K = top_k_index.shape[1]
+    I = gate_up_rows // 2
+    if T * K == 0:
+        return x.new_zeros((T, H)), x.new_zeros((T * K, gate_up_rows))
+    r = route(top_k_index.contiguous(), gu.num_experts)
+    ws = gather_weights(top_k_weights.detach().contiguous(), r)
+    # rows past offsets[E] (placeholder ids) are not written by ssmm: zeros, not garbage
+    preact = x.new_zeros((T * K, gate_up_rows))
+    ssmm(x, gu, r.offsets, r.token_ids, preact, bias=_opt(gate_up_bias))
+    h = glu(preact[:, :I], preact[:, I:], act=act_name, alpha=alpha, limit=limit)
+    y = ssmm(h, dn, r.offsets, None, bias=_opt(down_bias), scale=ws)
+    return combine(y, r.pos, dtype=_dtype_name(x.dtype)), preact
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+@moe_forward_train.register_fake
+def _moe_forward_train_fake(x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
+                            gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols,
+                            n, m, v, act, gate_up_bias=None, down_bias=None, alpha=1.702, limit=7.0):
+    out = _moe_forward_fake(x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx, gate_up_rows,
+                            gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v, act,
+                            gate_up_bias, down_bias, alpha, limit)
+    return out, x.new_empty((top_k_index.shape[0] * top_k_index.shape[1], gate_up_rows))
+
+
+@torch.library.custom_op("samoyeds::moe_backward", mutates_args=())
+def moe_backward(grad_out: Optional[torch.Tensor], x: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor,
+                 gate_up_values: torch.Tensor, gate_up_meta: torch.Tensor, gate_up_idx: Optional[torch.Tensor],
+                 gate_up_rows: int, gate_up_cols: int,
+                 down_values: torch.Tensor, down_meta: torch.Tensor, down_idx: Optional[torch.Tensor],
+                 down_rows: int, down_cols: int,
+                 n: int, m: int, v: int, act: int,
+                 gate_up_bias: Optional[torch.Tensor], down_bias: Optional[torch.Tensor],
+                 alpha: float, limit: float, preact: Optional[torch.Tensor], grad_preact: Optional[torch.Tensor],
+                 needs: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                      torch.Tensor]:
+    """The backward of :func:`moe_forward` (and :func:`moe_forward_train`).
+
+    ``grad_out [T, H]`` (None: zeros), the forward's inputs, ``preact`` (the saved
+    pre-activation, or None to recompute it with one gate_up ssmm), ``grad_preact`` (a
+    gradient of moe_forward_train's second output, or None) and ``needs``, a bit set of
+    :data:`NEED_X` ... :data:`NEED_DOWN_BIAS`.  Returns ``(dx, dweights, dgate_up_values,
+    ddown_values, dgate_up_bias, ddown_bias)``, each shaped and typed like its input, an
+    empty tensor where the bit is clear (or the bias absent).  Gradients of the values are
+    in their packed layout (0 on padding)."""
+    return moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
+                              gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols,
+                              n, m, v, act, gate_up_bias, down_bias, alpha, limit, preact, grad_preact, needs)
+
+
+def _grad_shapes(x, top_k_weights, gate_up_values, down_values, gate_up_bias, down_bias, needs):
+    """(shape, dtype) of moe_backward's six results."""
+    want = [(x, NEED_X), (top_k_weights, NEED_WEIGHTS), (gate_up_values, NEED_GATE_UP), (down_values, NEED_DOWN),
+            (gate_up_bias, NEED_GATE_UP_BIAS), (down_bias, NEED_DOWN_BIAS)]
+    return [(tuple(t.shape), t.dtype) if t is not None and needs & bit else ((0,), x.dtype if t is None else t.dtype)
+            for t, bit in want]
+
+
+@moe_backward.register_fake
+def _moe_backward_fake(grad_out, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
+                       gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v,
+                       act, gate_up_bias, down_bias, alpha, limit, preact, grad_preact, needs):
+    return tuple(x.new_empty(shape, dtype=dt)
+                 for shape, dt in _grad_shapes(x, top_k_weights, gate_up_values, down_values, gate_up_bias,
+                                               down_bias, needs))
+
+
+def _glu_backward(dh: torch.Tensor, preact: torch.Tensor, act: int, alpha: float, limit: float) -> torch.Tensor:
+    """d preact [S, 2I] (fp32) from d act [S, I] (fp32) and preact, for the activations of
+    csrc/sam_ref.h (sam_act_glu).  GPT-OSS's clamps pass the gradient where the input is
+    inside [-limit, limit] (the gate: up to limit), both ends included, as torch's clamp."""
+    I = preact.shape[1] // 2
+    g, u = preact[:, :I].float(), preact[:, I:].float()
+    if act == ACT_IDS["swiglu"]:
+        sg = torch.sigmoid(g)
+        silu = g * sg
+        dg = dh * u * (sg * (1.0 + g * (1.0 - sg)))
+        du = dh * silu
+    else:
+        gc = torch.clamp(g, max=limit)
+        uc = torch.clamp(u, min=-limit, max=limit)
+        sg = torch.sigmoid(alpha * gc)
+        glu_ = gc * sg
+        dg = torch.where(g <= limit, dh * (uc + 1.0) * (sg + alpha * gc * sg * (1.0 - sg)), 0.0)
+        du = torch.where((u >= -limit) & (u <= limit), dh * glu_, 0.0)
+    return torch.cat((dg, du), dim=1)
+
+
+def _segment_sum(rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """[E, N] fp32: the sum of rows [offsets[e], offsets[e+1]) of ``rows [S, N]`` for every
+    expert (rows past offsets[E], placeholders, form one more segment that is dropped).
+    A segmented reduction, no atomics: deterministic."""
+    S = rows.shape[0]
+    ext = torch.cat((offsets.to(torch.int64), offsets.new_full((1,), S, dtype=torch.int64)))
+    return torch.segment_reduce(rows.float(), "sum", offsets=ext, axis=0)[:-1]
+
+
+def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_ids: Optional[torch.Tensor],
+              scale: Optional[torch.Tensor], rows: int) -> torch.Tensor:
+    """``out[s] = (dy[token_ids[s]] @ W_e) * scale[s]`` for the sorted rows s of every expert
+    e (``[rows, C]``, dy's dtype; rows past offsets[E] 0 or not written): the gradient with
+    respect to an ssmm's input.  :func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed`
+    where the transpose is 2:4; else the masked dense weight in torch (fp32, one host sync)."""
+    if w.transposable:
+        return ssmm(dy, w.transposed(), offsets, token_ids, scale=scale)
+    E, R, C = w.shape3
+    dense = w.unpack().reshape(E, R, C)
+    out = dy.new_zeros((rows, C))
+    off = offsets.tolist()
+    for e in range(E):
+        s0, s1 = off[e], off[e + 1]
+        if s1 == s0:
+            continue
+        src = dy[token_ids[s0:s1].long()] if token_ids is not None else dy[s0:s1]
+        y = src.float() @ dense[e].float()
+        if scale is not None:
+            y = y * scale[s0:s1, None]
+        out[s0:s1] = y.to(out.dtype)
+    return out
+
+
+def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
+                       gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v,
+                       act, gate_up_bias, down_bias, alpha, limit, preact=None, grad_preact=None,
+                       needs=(1 << 6) - 1):
+    """The body of :func:`moe_backward` (samoyeds ops and elementwise torch)."""
+    _check_logical(x, gate_up_rows, gate_up_cols, down_rows, down_cols)
+    if act not in _ACT_NAMES:
+        raise ValueError(f"act: expected 1 (swiglu) or 2 (gptoss), got {act}")
+    if gate_up_bias is None:
+        needs &= ~NEED_GATE_UP_BIAS
+    if down_bias is None:
+        needs &= ~NEED_DOWN_BIAS
+    res = [x.new_zeros(shape, dtype=dt) for shape, dt in _grad_shapes(x, top_k_weights, gate_up_values, down_values,
+                                                                    gate_up_bias, down_bias, needs)]
+    x = x.detach()
+    T, H = x.shape
+    K = top_k_index.shape[1]
+    S, I = T * K, gate_up_rows // 2
+    if S == 0 or (grad_out is None and grad_preact is None) or not needs:
+        return tuple(res)
+    gu, dn = _packed_pair(gate_up_values, gate_up_meta, gate_up_idx, gate_up_rows, gate_up_cols, down_values,
+                          down_meta, down_idx, down_rows, down_cols, n, m, v)
+    xdt = _dtype_name(x.dtype)
+    r = route(top_k_index.contiguous(), gu.num_experts)
+    ws = gather_weights(top_k_weights.detach().contiguous(), r)
+    if preact is None:
+        preact = x.new_zeros((S, gate_up_rows))
+        ssmm(x, gu, r.offsets, r.token_ids, preact, bias=_opt(gate_up_bias))
+    preact = preact.detach()
+    h = glu(preact[:, :I], preact[:, I:], act=_ACT_NAMES[act], alpha=alpha, limit=limit)   # [S, I], as forward
+    need_pre = needs & (NEED_X | NEED_GATE_UP | NEED_GATE_UP_BIAS)
+    dpre = None
+    if grad_out is not None:
+        dout = grad_out.detach().to(x.dtype).contiguous()
+        g = dout.index_select(0, r.token_ids)       # [S, H]: the sorted rows' output gradients (unscaled)
+        if needs & NEED_DOWN:
+            res[3] = ssmm_dw(g, h, dn, r.offsets, None, ws)
+        if needs & NEED_DOWN_BIAS:
+            res[5] = _segment_sum(g.float() * ws[:, None], r.offsets).to(down_bias.dtype)
+        if needs & NEED_WEIGHTS:
+            # d w[t, k] = <dout[t], h_s @ W_e^T + b_e> = <dout[t] @ W_e, h_s> + <dout[t], b_e>
+            dh_u = _matmul_w(dout, dn, r.offsets, r.token_ids, None, S).float()
+            dws = (dh_u * h.float()).sum(1)
+            if down_bias is not None:
+                eid = torch.searchsorted(r.offsets[1:].to(torch.int64),
+                                         torch.arange(S, device=x.device), right=True).clamp(max=dn.num_experts - 1)
+                dws = dws + (g.float() * down_bias.detach().float().index_select(0, eid)).sum(1)
+            pos = r.pos.to(torch.int64)
+            res[1] = torch.where(pos >= 0, dws[pos.clamp(min=0)], 0.0).to(top_k_weights.dtype).reshape(
+                top_k_weights.shape)
+            dh = dh_u * ws[:, None] if need_pre else None
+        elif need_pre:
+            dh = _matmul_w(dout, dn, r.offsets, r.token_ids, ws, S).float()
+        if need_pre:
+            dpre = _glu_backward(dh, preact, act, alpha, limit)
+    if need_pre and grad_preact is not None:
+        dpre = grad_preact.detach().float() if dpre is None else dpre + grad_preact.detach().float()
+    if dpre is not None:
+        if needs & NEED_GATE_UP_BIAS:
+            res[4] = _segment_sum(dpre, r.offsets).to(gate_up_bias.dtype)
+        dpre_x = dpre.to(x.dtype)
+        if needs & NEED_GATE_UP:
+            res[2] = ssmm_dw(dpre_x, x, gu, r.offsets, r.token_ids)
+        if needs & NEED_X:
+            res[0] = combine(_matmul_w(dpre_x, gu, r.offsets, None, None, S), r.pos, dtype=xdt)
+    return tuple(res)
+
+
+# indices of the differentiable inputs of moe_forward / moe_forward_train, and their bits
+_GRAD_INPUTS = ((0, NEED_X), (2, NEED_WEIGHTS), (3, NEED_GATE_UP), (8, NEED_DOWN), (17, NEED_GATE_UP_BIAS),
+                (18, NEED_DOWN_BIAS))
+_N_INPUTS = 21
+
+
+def _setup_context(ctx, inputs, output, train: bool) -> None:
+    (x, top_k_index, top_k_weights, gu_v, gu_m, gu_i, gu_r, gu_c, dn_v, dn_m, dn_i, dn_r, dn_c, n, m, v, act,
+     gu_b, dn_b, alpha, limit) = inputs
+    preact = output[1] if train else None
+    ctx.save_for_backward(x, top_k_index, top_k_weights, gu_v, gu_m, gu_i, dn_v, dn_m, dn_i, gu_b, dn_b, preact)
+    ctx.scalars = (gu_r, gu_c, dn_r, dn_c, n, m, v, act, alpha, limit)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_preact=None):
+    x, top_k_index, top_k_weights, gu_v, gu_m, gu_i, dn_v, dn_m, dn_i, gu_b, dn_b, preact = ctx.saved_tensors
+    gu_r, gu_c, dn_r, dn_c, n, m, v, act, alpha, limit = ctx.scalars
+    needs = 0
+    flags = ctx.needs_input_grad  # (the dispatcher drops trailing arguments equal to their defaults)
+    for i, bit in _GRAD_INPUTS:
+        if i < len(flags) and flags[i]:
+            needs |= bit
+    grads = [None] * _N_INPUTS
+    if not needs or (grad_out is None and grad_preact is None):
+        return tuple(grads)
+    res = torch.ops.samoyeds.moe_backward(grad_out, x, top_k_index, top_k_weights, gu_v, gu_m, gu_i, gu_r, gu_c,
+                                          dn_v, dn_m, dn_i, dn_r, dn_c, n, m, v, act, gu_b, dn_b, alpha, limit,
+                                          preact, grad_preact, needs)
+    for (i, bit), g in zip(_GRAD_INPUTS, res):
+        if needs & bit:
+            grads[i] = g
+    return tuple(grads)
+
+
+moe_forward.register_autograd(_backward, setup_context=lambda ctx, inputs, output:
+                              _setup_context(ctx, inputs, output, False))
+moe_forward_train.register_autograd(_backward, setup_context=lambda ctx, inputs, output:
+                                    _setup_context(ctx, inputs, output, True))
+
+
+def moe_forward_autograd(*args, save_preact: bool = True, **kwargs) -> torch.Tensor:
+    """``torch.ops.samoyeds.moe_forward(*args)``'s output, differentiable: through
+    :func:`moe_forward_train` (the pre-activation ``[T*K, 2I]`` saved for the backward)
+    with ``save_preact``, else through ``moe_forward`` (nothing more saved; the backward
+    recomputes the pre-activation with one more gate_up matmul)."""
+    if save_preact:
+        return torch.ops.samoyeds.moe_forward_train(*args, **kwargs)[0]
+    return torch.ops.samoyeds.moe_forward(*args, **kwargs)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
 
 
 def moe_forward_packed(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
@@ -135,7 +449,10 @@ def moe_forward_packed(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights
     n, m, v = gate_up.fmt.c_args()
     _, gr, gc = gate_up.shape3
     _, dr, dc = down.shape3
-    return torch.ops.samoyeds.moe_forward(
+    op = torch.ops.samoyeds.moe_forward
+    if _needs_grad(x, top_k_weights, gate_up.values, down.values, gate_up_bias, down_bias):
+        op = lambda *a: torch.ops.samoyeds.moe_forward_train(*a)[0]  # noqa: E731 (saves the pre-activation)
+    return op(
         x, top_k_index, top_k_weights,
         gate_up.values, gate_up.meta, gate_up.idx, gr, gc,
         down.values, down.meta, down.idx, dr, dc,
