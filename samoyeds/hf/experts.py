@@ -158,10 +158,12 @@ def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
 def moe_op(x: torch.Tensor, *tensors: Optional[torch.Tensor]) -> Callable[..., torch.Tensor]:
     """The MoE forward to call on ``x`` and the op's other tensors (routing weights, packed
     values, biases): eager inference skips the dispatcher (host time per call is what
-    decode pays); compiled graphs and anything that needs a backward (an input or a weight
-    that requires grad, with grad mode on) go through the op and its autograd formula."""
-    direct = not torch.compiler.is_compiling() and not needs_grad(x, *tensors)
-    return torch_ops.moe_forward_eager if direct else torch.ops.samoyeds.moe_forward
+    decode pays); compiled graphs go through the op; eager training (an input or a weight
+    that requires grad, with grad mode on) through ``moe_forward_train``, which keeps the
+    gate_up pre-activation for the backward instead of recomputing it."""
+    if torch.compiler.is_compiling():
+        return torch.ops.samoyeds.moe_forward
+    return torch_ops.moe_forward_autograd if needs_grad(x, *tensors) else torch_ops.moe_forward_eager
 
 
 def run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
