@@ -162,8 +162,9 @@ class PackedWeight:
         Built once per mask (cached with the ``meta`` tensor, weakly: it goes with the
         weight) together with an index map from its values to this weight's; when
         ``values`` changed since (an optimizer step in place, a new tensor, another dtype)
-        the transposed values are refreshed by one gather through that map.  The cache
-        holds the transposed values and one int32 per transposed value.
+        the transposed values are refreshed by one scatter through that map.  The cache
+        holds the transposed values (``E * C * R / 2`` elements) and one int32 per value
+        of this weight.
 
         Raises a ValueError for a weight that is not :attr:`transposable`."""
         return transposed_arrays(self.values, self.meta, self.idx, self.fmt, self.shape3, self.glu)
@@ -238,11 +239,12 @@ def _windows_ok(n: int, m: int, half: int, halves: int) -> bool:
 class _Transposed:
     """The cached transpose of one packed weight (keyed by its meta tensor)."""
 
-    __slots__ = ("packed", "src", "stamp")
+    __slots__ = ("packed", "buf", "dst", "stamp")
 
-    def __init__(self, packed: "PackedWeight", src: Any) -> None:
-        self.packed = packed   # PackedWeight [E, C, R], plain 2:4; its values are refreshed in place
-        self.src = src         # int32/int64 [numel of packed.values]: flat index into values, -1 for none
+    def __init__(self, packed: "PackedWeight", buf: Any, dst: Any) -> None:
+        self.packed = packed   # PackedWeight [E, C, R], plain 2:4; its values (a view of buf) refreshed in place
+        self.buf = buf         # flat: the transposed values, then one scratch element
+        self.dst = dst         # int32/int64 [values.numel()]: where each value goes in buf (the scratch: none)
         self.stamp = None      # (data_ptr, _version, dtype) of the values last copied
 
 
@@ -265,19 +267,18 @@ def transposed_arrays(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFor
     if _TRANSPOSED is None:
         _TRANSPOSED = WeakIdKeyDictionary()
     entry = _TRANSPOSED.get(meta)
-    if entry is None or entry.packed.shape3 != (E, C, R) or entry.packed.values.device != values.device:
+    if entry is None or entry.packed.shape3 != (E, C, R) or entry.buf.device != values.device:
         entry = _build_transposed(values, meta, idx, fmt, shape3, glu)
         _TRANSPOSED[meta] = entry
     stamp = (values.data_ptr(), values._version, values.dtype)
     if entry.stamp != stamp:
         with torch.no_grad():
-            tv = entry.packed.values
-            if tv.dtype != values.dtype:
-                tv = entry.packed.values = torch.zeros(tv.shape, dtype=values.dtype, device=tv.device)
-            flat = values.detach().reshape(-1)
-            src = entry.src
-            got = flat.index_select(0, src.clamp(min=0))
-            tv.view(-1).copy_(torch.where(src >= 0, got, torch.zeros((), dtype=got.dtype, device=got.device)))
+            if entry.buf.dtype != values.dtype:
+                entry.buf = torch.zeros(entry.buf.shape, dtype=values.dtype, device=entry.buf.device)
+                entry.packed.values = entry.buf[:-1].view(entry.packed.values.shape)
+            # one scatter: every value to its transposed place (unique), padding to the scratch element;
+            # the transposed places no value reaches were zeroed once and are never written
+            entry.buf.index_put_((entry.dst,), values.detach().reshape(-1))
         entry.stamp = stamp
     return entry.packed
 
@@ -285,7 +286,7 @@ def transposed_arrays(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFor
 def _build_transposed(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat,
                       shape3: Tuple[int, int, int], glu: bool) -> _Transposed:
     """The transposed packing's meta and the index map, from the mask alone: every value
-    slot of the weight gets its flat index (+1, in two exact fp32 halves of 12 and 19+
+    slot of the weight gets its flat index (+1, in two exact fp32 parts of 12 and 19
     bits), unpacked, transposed and packed as 2:4 under the transposed mask."""
     import torch
     E, R, C = shape3
@@ -294,8 +295,8 @@ def _build_transposed(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFor
     tdims = PackedDims.of(SparseFormat.parse("2:4"), E, C, R, False)
     dev = values.device
     ntv = tdims.rp * (tdims.cp // 2)
-    big = E * nv >= 2**31 - 1
-    src = torch.empty((E, ntv), dtype=torch.int64 if big else torch.int32, device=dev)
+    itype = torch.int64 if max(E * nv, E * ntv) >= 2**31 - 1 else torch.int32
+    dst = torch.full((E * nv,), E * ntv, dtype=itype, device=dev)    # E * ntv: the scratch element
     tmeta = torch.empty((E, tdims.rp // 16, tdims.cp // 32, 16), dtype=torch.uint32, device=dev)
     coord = torch.arange(1, nv + 1, device=dev, dtype=torch.int64).reshape(1, dims.rp, dims.cp // 2)
     hi, lo = (coord >> 12).float(), (coord & 4095).float()
@@ -310,13 +311,16 @@ def _build_transposed(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFor
             dense.append(unpack(pw).transpose(1, 2).contiguous())
         m = (dense[0] != 0) | (dense[1] != 0)
         thi, tlo = (pack(d, "2:4", mask=m) for d in dense)
-        local = (thi.values.long() << 12) + tlo.values.long() - 1
-        base = torch.arange(e0, e1, device=dev, dtype=torch.int64).view(n, 1, 1) * nv
-        src[e0:e1] = torch.where(local >= 0, local + base, -1).reshape(n, ntv).to(src.dtype)
+        src = ((thi.values.long() << 12) + tlo.values.long() - 1).reshape(-1)   # value of each place, or -1
+        place = torch.arange(e0 * ntv, e1 * ntv, device=dev, dtype=torch.int64)
+        expert = place // ntv
+        live = src >= 0
+        dst[(src + expert * nv)[live]] = place[live].to(itype)
         tmeta[e0:e1] = thi.meta
-    tvalues = torch.zeros((E, tdims.rp, tdims.cp // 2), dtype=values.dtype, device=dev)
-    packed = PackedWeight(tvalues, tmeta, None, SparseFormat.parse("2:4"), (E, C, R), False)
-    return _Transposed(packed, src.reshape(-1))
+    buf = torch.zeros(E * ntv + 1, dtype=values.dtype, device=dev)
+    packed = PackedWeight(buf[:-1].view(E, tdims.rp, tdims.cp // 2), tmeta, None, SparseFormat.parse("2:4"),
+                          (E, C, R), False)
+    return _Transposed(packed, buf, dst)
 
 
 def _bytes(n: int) -> str:

@@ -21,6 +21,7 @@ import pytest
 import samoyeds as sm
 from samoyeds import _C
 from samoyeds.moe import moe_forward
+from samoyeds.ops import ssmm_dw
 
 CALLS, WARMUP = 10_000, 1_000
 RSS_TOL = 4 << 20
@@ -46,6 +47,7 @@ def _entry_points():
     y = rng.standard_normal((6, 16)).astype(np.float32)
     g = rng.standard_normal((3, 16)).astype(np.float32)
     dw = rng.standard_normal((8, 64)).astype(np.float32)
+    dy = rng.standard_normal((6, 16)).astype(np.float32)
     bad_idx = p.idx.copy()
     bad_idx[0, 0, [0, 1]] = bad_idx[0, 0, [1, 0]]
     bad = sm.PackedWeight(p.values, p.meta, bad_idx, p.fmt, p.shape)
@@ -64,6 +66,7 @@ def _entry_points():
         "pack": lambda: sm.pack(w, "3:8:32"),
         "unpack": lambda: sm.unpack(p),
         "ssmm": lambda: sm.ssmm(x, p, rt.offsets, rt.token_ids),
+        "ssmm_dw": lambda: ssmm_dw(dy, x, p, rt.offsets, rt.token_ids),
         "route": lambda: sm.route(topk, 2),
         "gather_weights": lambda: sm.gather_weights(tw, rt),
         "combine": lambda: sm.combine(y, rt.pos),
@@ -75,6 +78,8 @@ def _entry_points():
         "decode_meta": lambda: _C.decode_meta(p.meta[0, 0]),
         "unpack_bad_idx": raises(lambda: sm.unpack(bad)),
         "ssmm_bad_idx": raises(lambda: sm.ssmm(x, bad, rt.offsets, rt.token_ids)),
+        "ssmm_dw_bad_idx": raises(lambda: ssmm_dw(dy, x, bad, rt.offsets, rt.token_ids)),
+        "ssmm_dw_bad_dtype": raises(lambda: ssmm_dw(dy.astype(np.float16), x, p, rt.offsets, rt.token_ids)),
         "ssmm_bad_dtype": raises(lambda: sm.ssmm(x.astype(np.float16), p, rt.offsets, rt.token_ids)),
         "ssmm_bad_shape": raises(lambda: _C.ssmm(np.zeros((6, 16), np.float32), x, p.values, p.meta, p.idx,
                                                  rt.offsets[:-1], rt.token_ids, 16, 64, 3, 8, 32, False)),

@@ -1,0 +1,470 @@
+"""Training through samoyeds' own backward (docs/TRAINING.md): the gradients of
+``moe_forward`` against float64 autograd on the masked dense model, ``ssmm_dw`` against a
+torch oracle, ``PackedWeight.transposed``, torch.compile, an optimizer on packed values.
+
+CPU (the C reference) unless marked gpu; small shapes, the whole file in seconds.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import samoyeds as sm
+from samoyeds.ops import ssmm_dw
+from samoyeds.torch_ops import moe_forward_packed
+
+# ---- the oracle: the masked dense model in float64 torch autograd ------------------------------------------
+
+
+def dense_moe(x, ids, w, Wgu, Wdn, gub, dnb, act, alpha=1.702, limit=7.0):
+    """sum_k w[t,k] * (act(x[t] @ Wgu_e^T + b) @ Wdn_e^T + b), ids outside [0, E) skipped."""
+    E, I2, H = Wgu.shape
+    I = I2 // 2
+    out = torch.zeros(x.shape[0], H, dtype=x.dtype)
+    for e in range(E):
+        t, k = torch.nonzero(ids == e, as_tuple=True)
+        if t.numel() == 0:
+            continue
+        p = x[t] @ Wgu[e].T + (gub[e] if gub is not None else 0)
+        g, u = p[:, :I], p[:, I:]
+        if act == "swiglu":
+            h = F.silu(g) * u
+        else:
+            g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
+            h = (u + 1) * g * torch.sigmoid(alpha * g)
+        y = h @ Wdn[e].T + (dnb[e] if dnb is not None else 0)
+        out = out.index_add(0, t, w[t, k, None] * y)
+    return out
+
+
+def slot_grad(dense: torch.Tensor, pw: sm.PackedWeight) -> torch.Tensor:
+    """A dense [E, R, C] gradient at the value slots of pw, in its packed layout (float32)."""
+    ones = sm.PackedWeight(torch.ones(pw.values.shape), pw.meta, pw.idx, pw.fmt, pw.shape3, pw.glu)
+    return sm.pack(dense.float(), pw.fmt, mask=sm.unpack(ones) != 0, glu=pw.glu).values
+
+
+def make_case(T, K, E, H, I, fmt, dtype, bias, seed, ids=None, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=gen).to(dtype)
+    if ids is None:
+        ids = torch.randint(-1, E + 2, (T, K), generator=gen)   # -1, E, E+1: placeholders
+        ids[:, 0] = torch.randint(0, max(1, E - 1), (T,), generator=gen)  # expert E-1 often empty
+    w = torch.rand(T, K, generator=gen)
+    gu = sm.pack((torch.randn(E, 2 * I, H, generator=gen) / H ** 0.5).to(dtype), fmt, glu=True)
+    dn = sm.pack((torch.randn(E, H, I, generator=gen) / I ** 0.5).to(dtype), fmt)
+    gub = torch.randn(E, 2 * I, generator=gen).to(dtype) if bias else None
+    dnb = torch.randn(E, H, generator=gen).to(dtype) if bias else None
+    if device != "cpu":
+        x, ids, w = x.to(device), ids.to(device), w.to(device)
+        gu, dn = gu.to(device), dn.to(device)
+        gub = gub.to(device) if bias else None
+        dnb = dnb.to(device) if bias else None
+    return x, ids, w, gu, dn, gub, dnb
+
+
+def samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go, alpha=1.702, limit=7.0, via="moe_forward"):
+    """(out, {name: grad}) of samoyeds with every input a leaf requiring grad."""
+    gu = sm.PackedWeight(torch.nn.Parameter(gu.values.clone()), gu.meta, gu.idx, gu.fmt, gu.shape, gu.glu)
+    dn = sm.PackedWeight(torch.nn.Parameter(dn.values.clone()), dn.meta, dn.idx, dn.fmt, dn.shape, dn.glu)
+    leaves = {"x": x.clone().requires_grad_(), "w": w.clone().requires_grad_(), "gu": gu.values, "dn": dn.values}
+    if gub is not None:
+        leaves["gub"] = gub.clone().requires_grad_()
+        leaves["dnb"] = dnb.clone().requires_grad_()
+    kw = dict(act=act, gate_up_bias=leaves.get("gub"), down_bias=leaves.get("dnb"), alpha=alpha, limit=limit)
+    if via == "moe_forward":
+        out = sm.moe_forward(leaves["x"], ids, leaves["w"], gu, dn, **kw)
+    else:   # the op itself: no saved pre-activation, the backward recomputes it
+        n, m, v = gu.fmt.c_args()
+        out = torch.ops.samoyeds.moe_forward(
+            leaves["x"], ids, leaves["w"], gu.values, gu.meta, gu.idx, gu.rows, gu.cols, dn.values, dn.meta,
+            dn.idx, dn.rows, dn.cols, n, m, v, sm.torch_ops.act_id(act), kw["gate_up_bias"], kw["down_bias"],
+            alpha, limit)
+    out.backward(go)
+    return out, {k: t.grad for k, t in leaves.items()}
+
+
+def oracle_grads(x, ids, w, gu, dn, gub, dnb, act, go, alpha=1.702, limit=7.0):
+    d = lambda t: None if t is None else t.detach().double().cpu().requires_grad_()  # noqa: E731
+    leaves = {"x": d(x), "w": d(w), "gu": d(sm.unpack(gu)), "dn": d(sm.unpack(dn))}
+    if gub is not None:
+        leaves["gub"], leaves["dnb"] = d(gub), d(dnb)
+    out = dense_moe(leaves["x"], ids.cpu(), leaves["w"], leaves["gu"], leaves["dn"], leaves.get("gub"),
+                    leaves.get("dnb"), act, alpha, limit)
+    out.backward(go.double().cpu())
+    g = {k: t.grad for k, t in leaves.items()}
+    g["gu"], g["dn"] = slot_grad(g["gu"], gu), slot_grad(g["dn"], dn)
+    return out, g
+
+
+def assert_near(got, want, tol, name):
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert bool(torch.isfinite(got).all()), name
+    scale = want.abs().max().item() + 1e-12
+    err = (got - want).abs().max().item()
+    assert err <= tol * scale, f"{name}: max error {err:.3g} against a max of {scale:.3g} (tol {tol})"
+
+
+# ---- moe_forward's gradients against the oracle ----------------------------------------------------------
+
+GRAD_CASES = [  # fmt, act, bias, dtype
+    ("samoyeds-1:2:128", "swiglu", False, torch.float32),
+    ("samoyeds-1:2:128", "gptoss", True, torch.float32),
+    ("samoyeds-1:4:64", "swiglu", True, torch.float32),
+    ("samoyeds-1:4:64", "gptoss", False, torch.float32),
+    ("2:4", "swiglu", True, torch.float32),            # no 2:4 transpose: the masked dense fallback
+    ("2:4", "gptoss", True, torch.float32),
+    ("samoyeds-2:3:64", "swiglu", True, torch.float32),  # n/m > 1/2: fallback too
+    ("samoyeds-1:2:128", "swiglu", True, torch.bfloat16),
+    ("samoyeds-1:4:64", "gptoss", True, torch.bfloat16),
+    ("2:4", "swiglu", False, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("fmt,act,bias,dtype", GRAD_CASES)
+def test_gradients_match_the_masked_dense_model(fmt, act, bias, dtype):
+    I = 24 if "2:3" in fmt else 20
+    x, ids, w, gu, dn, gub, dnb = make_case(7, 3, 5, 72, I, fmt, dtype, bias, seed=len(fmt) + 7 * bias)
+    # a small limit so that GPT-OSS's clamps cut some pre-activations
+    alpha, limit = (1.3, 0.8) if act == "gptoss" else (1.702, 7.0)
+    go = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out, got = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go, alpha, limit)
+    ref, want = oracle_grads(x, ids, w, gu, dn, gub, dnb, act, go, alpha, limit)
+    tol = 2e-5 if dtype == torch.float32 else 4e-2
+    assert_near(out, ref, tol, "out")
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == {"x": x, "w": w, "gu": gu.values, "dn": dn.values,
+                                "gub": gub, "dnb": dnb}[k].dtype, k
+        assert_near(got[k], want[k], tol, k)
+
+
+def test_the_op_recomputes_the_pre_activation_to_the_same_gradients():
+    x, ids, w, gu, dn, gub, dnb = make_case(9, 2, 4, 64, 32, "samoyeds-1:2:64", torch.float32, True, seed=3)
+    go = torch.randn(x.shape)
+    _, a = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "swiglu", go)
+    _, b = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "swiglu", go, via="op")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_backward_is_deterministic():
+    x, ids, w, gu, dn, gub, dnb = make_case(16, 4, 4, 64, 32, "samoyeds-1:2:128", torch.bfloat16, True, seed=5)
+    go = torch.randn(x.shape).bfloat16()
+    _, a = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "gptoss", go)
+    _, b = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "gptoss", go)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_placeholder_ids_and_empty_experts_contribute_nothing():
+    E = 4
+    ids = torch.tensor([[0, E], [-1, 0], [E + 5, E], [0, 0]])
+    x, ids, w, gu, dn, gub, dnb = make_case(4, 2, E, 64, 16, "samoyeds-1:2:128", torch.float32, True, 11, ids=ids)
+    go = torch.randn(x.shape)
+    _, got = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "swiglu", go)
+    _, want = oracle_grads(x, ids, w, gu, dn, gub, dnb, "swiglu", go)
+    placeholder = (ids < 0) | (ids >= E)
+    assert torch.equal(got["w"][placeholder], torch.zeros(int(placeholder.sum())))
+    assert torch.equal(got["x"][2], torch.zeros(64))                   # token 2 routed nowhere
+    for name in ("gu", "dn"):
+        assert not got[name][1:].any(), name                            # experts 1-3 hold no rows
+    assert not got["gub"][1:].any() and not got["dnb"][1:].any()
+    for k in want:
+        assert_near(got[k], want[k], 2e-5, k)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_zero_tokens(bias):
+    x, ids, w, gu, dn, gub, dnb = make_case(0, 2, 3, 64, 16, "samoyeds-1:2:128", torch.float32, bias, seed=2)
+    out, got = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "swiglu", torch.zeros(0, 64))
+    assert out.shape == (0, 64) and got["x"].shape == (0, 64) and got["w"].shape == (0, 2)
+    for k in ("gu", "dn") + (("gub", "dnb") if bias else ()):
+        assert got[k] is not None and not got[k].any(), k
+
+
+def test_only_the_gradients_asked_for_are_computed():
+    """Frozen experts (LoRA elsewhere): only x requires grad; the weights get none."""
+    x, ids, w, gu, dn, gub, dnb = make_case(6, 2, 4, 64, 16, "samoyeds-1:2:128", torch.float32, True, seed=4)
+    xg = x.clone().requires_grad_()
+    out = sm.moe_forward(xg, ids, w, gu, dn, gate_up_bias=gub, down_bias=dnb)
+    out.square().sum().backward()
+    _, want = oracle_grads(x, ids, w, gu, dn, gub, dnb, "swiglu", 2 * out.detach())
+    assert_near(xg.grad, want["x"], 2e-5, "x")
+    assert gu.values.grad is None and not gu.values.requires_grad
+
+
+def test_finite_differences_in_fp32():
+    """The C reference has no float64: central differences in fp32 for x, the routing
+    weights and the biases (gradcheck), a directional derivative for both packed values."""
+    x, ids, w, gu, dn, gub, dnb = make_case(3, 2, 3, 64, 16, "samoyeds-1:2:64", torch.float32, True, seed=6)
+    ids = torch.tensor([[0, 2], [1, 3], [2, 0]])
+
+    def f(x_, w_, gub_, dnb_, act="gptoss"):
+        return sm.moe_forward(x_, ids, w_, gu, dn, act=act, gate_up_bias=gub_, down_bias=dnb_, limit=1.0)
+
+    inputs = tuple(t.clone().requires_grad_() for t in (x, w, gub, dnb))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Input #", UserWarning)   # (not float64: known, hence the tolerances)
+        assert torch.autograd.gradcheck(f, inputs, eps=2e-3, atol=2e-2, rtol=2e-2, fast_mode=True)
+
+    gen = torch.Generator().manual_seed(0)
+    go = torch.randn(3, 64, generator=gen)
+    for which in ("gu", "dn"):   # (SwiGLU: smooth, no clamp kink inside the step)
+        pw = gu if which == "gu" else dn
+        base = pw.values.clone()
+        pw.values = torch.nn.Parameter(base.clone())
+        (f(x, w, gub, dnb, "swiglu") * go).sum().backward()
+        analytic_dir = torch.randn(base.shape, generator=gen)
+        analytic = (pw.values.grad * analytic_dir).sum().item()
+        eps = 2e-3
+        with torch.no_grad():
+            pw.values = base + eps * analytic_dir
+            plus = (f(x, w, gub, dnb, "swiglu") * go).sum().item()
+            pw.values = base - eps * analytic_dir
+            minus = (f(x, w, gub, dnb, "swiglu") * go).sum().item()
+        pw.values = base
+        numeric = (plus - minus) / (2 * eps)
+        assert abs(numeric - analytic) <= 2e-3 * (abs(analytic) + 1), (which, numeric, analytic)
+
+
+# ---- torch.compile, optimizers ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_backward_matches_eager(backend):
+    x, ids, w, gu, dn, gub, dnb = make_case(6, 2, 4, 64, 32, "samoyeds-1:2:128", torch.float32, True, seed=8)
+    gu.values = torch.nn.Parameter(gu.values)
+    dn.values = torch.nn.Parameter(dn.values)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    params = (xg, wg, gu.values, dn.values)
+
+    def loss(x_, w_):
+        return moe_forward_packed(x_, ids, w_, gu, dn, act="gptoss", gate_up_bias=gub, down_bias=dnb).square().sum()
+
+    def grads(fn):
+        for p in params:
+            p.grad = None
+        fn(xg, wg).backward()
+        return [p.grad.clone() for p in params]
+
+    torch._dynamo.reset()
+    want = grads(loss)
+    got = grads(torch.compile(loss, backend=backend, fullgraph=True))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_opcheck_the_training_ops():
+    x, ids, w, gu, dn, gub, dnb = make_case(5, 2, 3, 64, 16, "samoyeds-1:2:128", torch.float32, True, seed=9)
+    n, m, v = gu.fmt.c_args()
+    args = (x.requires_grad_(), ids, w, gu.values, gu.meta, gu.idx, gu.rows, gu.cols, dn.values, dn.meta, dn.idx,
+            dn.rows, dn.cols, n, m, v, 1, gub, dnb, 1.702, 7.0)
+    torch.library.opcheck(torch.ops.samoyeds.moe_forward_train.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    bargs = (torch.randn(5, 64), *[a.detach() if isinstance(a, torch.Tensor) else a for a in args], None, None,
+             sm.torch_ops.NEED_X | sm.torch_ops.NEED_DOWN | sm.torch_ops.NEED_GATE_UP_BIAS)
+    torch.library.opcheck(torch.ops.samoyeds.moe_backward.default, bargs, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_adamw_steps_packed_parameters_and_the_transposed_cache_follows():
+    x, ids, w, gu, dn, _, _ = make_case(16, 2, 4, 64, 32, "samoyeds-1:2:128", torch.float32, False, seed=10)
+    gu.values = torch.nn.Parameter(gu.values)
+    dn.values = torch.nn.Parameter(dn.values)
+    target = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW([gu.values, dn.values], lr=3e-2, weight_decay=0.0)
+    before_gu, before_mask = gu.values.detach().clone(), sm.unpack(gu) != 0
+    losses = []
+    for _ in range(6):
+        opt.zero_grad()
+        loss = (sm.moe_forward(x, ids, w, gu, dn) - target).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    assert not torch.equal(gu.values.detach(), before_gu)
+    # the mask is fixed: no value leaves its slot, padding stays 0
+    assert not ((sm.unpack(gu) != 0) & ~before_mask).any()
+    for pw in (gu, dn):
+        assert torch.equal(sm.unpack(pw.transposed()), sm.unpack(pw).transpose(1, 2))
+
+
+# ---- PackedWeight.transposed ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt,glu,R,C", [("samoyeds-1:2:128", True, 40, 200), ("samoyeds-1:4:64", False, 12, 136),
+                                         ("samoyeds-2:4:64", False, 8, 96), ("samoyeds-1:8:32", True, 16, 64)])
+def test_transposed_is_the_2_4_packing_of_the_transpose(fmt, glu, R, C):
+    pw = sm.pack(torch.randn(3, R, C, dtype=torch.bfloat16), fmt, glu=glu)
+    assert pw.transposable
+    t = pw.transposed()
+    assert t.fmt == sm.SparseFormat.parse("2:4") and t.shape == (3, C, R) and not t.glu
+    dense = sm.unpack(pw)
+    assert torch.equal(sm.unpack(t), dense.transpose(1, 2))
+    # exactly what pack makes of the transpose (no kept value is 0 here)
+    assert torch.equal(t.values, sm.pack(dense.transpose(1, 2).contiguous(), "2:4").values)
+    assert pw.transposed() is t                      # cached
+    with torch.no_grad():
+        pw.values.mul_(-3)                           # in place: _version moves
+    assert pw.transposed() is t and torch.equal(sm.unpack(t), sm.unpack(pw).transpose(1, 2))
+    pw.values = pw.values.float()                    # a new tensor of another dtype
+    assert pw.transposed().values.dtype == torch.float32
+    assert torch.equal(sm.unpack(pw.transposed()), sm.unpack(pw).transpose(1, 2))
+
+
+@pytest.mark.parametrize("fmt,R", [("2:4", 8), ("samoyeds-3:4:64", 8), ("samoyeds-1:2:64", 6)])
+def test_transposed_refuses_formats_whose_transpose_is_not_2_4(fmt, R):
+    pw = sm.pack(torch.randn(R, 64), fmt)
+    assert not pw.transposable
+    with pytest.raises(ValueError, match=r"^fmt: expected a format whose transpose is 2:4"):
+        pw.transposed()
+
+
+# ---- ssmm_dw ---------------------------------------------------------------------------------------------------
+
+def ssmm_dw_oracle(dy, x, pw, offsets, token_ids, scale):
+    E, R, C = pw.shape3
+    g = torch.zeros(E, R, C, dtype=torch.float64)
+    off = offsets.tolist()
+    for e in range(E):
+        rows = torch.arange(off[e], off[e + 1])
+        xt = x[token_ids[rows].long()] if token_ids is not None else x[rows]
+        d = dy[rows].double() * (scale[rows].double()[:, None] if scale is not None else 1)
+        g[e] = d.T @ xt.double()
+    return slot_grad(g, pw)
+
+
+@pytest.mark.parametrize("fmt,glu,R,C", [("samoyeds-1:2:128", True, 16, 200), ("samoyeds-1:4:64", False, 12, 136),
+                                         ("2:4", False, 20, 64), ("samoyeds-1:2:64", True, 136, 72)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gathered", [False, True])
+def test_ssmm_dw_matches_a_torch_oracle_and_writes_every_entry(fmt, glu, R, C, dtype, gathered):
+    gen = torch.Generator().manual_seed(R + C)
+    E, T, K = 4, 9, 2
+    pw = sm.pack(torch.randn(E, R, C, generator=gen).to(dtype), fmt, glu=glu)
+    ids = torch.randint(0, E + 1, (T, K), generator=gen)
+    ids[ids == 2] = 1                                 # expert 2: no rows
+    r = sm.route(ids, E)
+    S = T * K
+    routed = int(r.offsets[-1])
+    dy = torch.randn(S, R, generator=gen).to(dtype)
+    dy[routed:] = float("nan")                        # rows past offsets[E] are never read
+    scale = torch.rand(S, generator=gen) if gathered else None
+    if gathered:
+        x, tok = torch.randn(T, C, generator=gen).to(dtype), r.token_ids
+    else:
+        x, tok = torch.randn(S, C, generator=gen).to(dtype), None
+    out = torch.full(pw.values.shape, float("nan"), dtype=dtype)
+    assert ssmm_dw(dy, x, pw, r.offsets, tok, scale, out=out) is out
+    assert not out.isnan().any(), "every entry written"
+    want = ssmm_dw_oracle(dy, x, pw, r.offsets, tok, scale)
+    torch.testing.assert_close(out.float(), want, rtol=1e-5 if dtype == torch.float32 else 1e-2,
+                               atol=1e-5 if dtype == torch.float32 else 2e-2)
+    assert not out[2].any()
+    again = ssmm_dw(dy, x, pw, r.offsets, tok, scale)
+    assert torch.equal(again, out)
+
+
+def test_ssmm_dw_reads_x_and_dy_with_a_row_stride():
+    pw = sm.pack(torch.randn(2, 16, 64), "samoyeds-1:2:64", glu=True)
+    off = torch.tensor([0, 3, 5], dtype=torch.int32)
+    big_x, big_dy = torch.randn(5, 80), torch.randn(5, 24)
+    got = ssmm_dw(big_dy[:, :16], big_x[:, :64], pw, off)
+    want = ssmm_dw(big_dy[:, :16].contiguous(), big_x[:, :64].contiguous(), pw, off)
+    assert torch.equal(got, want)
+
+
+def _dw_args(**over):
+    pw = sm.pack(torch.randn(2, 16, 64), "samoyeds-1:2:64", glu=True)
+    a = dict(out=torch.empty(pw.values.shape), dy=torch.randn(4, 16), x=torch.randn(3, 64), meta=pw.meta,
+             idx=pw.idx, offsets=torch.tensor([0, 2, 4], dtype=torch.int32),
+             token_ids=torch.tensor([0, 1, 2, 0], dtype=torch.int32), rows=16, cols=64, n=1, m=2, v=64, glu=True)
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("over,exc,pattern", [
+    (dict(dy=torch.randn(4, 16, dtype=torch.float64)), TypeError, r"^dy: expected dtype float32 \(that of x\)"),
+    (dict(x=torch.randn(3, 64, dtype=torch.float64)), TypeError, r"^x: expected dtype"),
+    (dict(out=torch.empty(2, 64, 16)), ValueError, r"^out: expected shape \(2, 128, 64\)"),
+    (dict(out=torch.empty(2, 64, 64, dtype=torch.bfloat16)), TypeError, r"^out: expected dtype float32"),
+    (dict(dy=torch.randn(4, 18)), ValueError, r"^dy: expected shape \(4, 16\)"),
+    (dict(x=torch.randn(3, 60)), ValueError, r"^x: expected shape \(3, 64\)"),
+    (dict(offsets=torch.tensor([0, 2, 4])), TypeError, r"^offsets: expected dtype int32"),
+    (dict(offsets=torch.tensor([0, 2], dtype=torch.int32)), ValueError, r"^offsets: expected shape \(3,\)"),
+    (dict(offsets=torch.tensor([0, 3, 2], dtype=torch.int32)), ValueError, r"^ssmm_dw: offsets: offsets\[2\]"),
+    (dict(offsets=torch.tensor([0, 2, 5], dtype=torch.int32)), ValueError, r"^ssmm_dw: offsets: offsets\[E\] = 5"),
+    (dict(token_ids=torch.tensor([0, 1, 3, 0], dtype=torch.int32)), ValueError, r"^ssmm_dw: token_ids: token_ids\[2\]"),
+    (dict(token_ids=torch.tensor([0, 1, 2], dtype=torch.int32)), ValueError, r"^token_ids: expected shape \(4,\)"),
+    (dict(scale=torch.ones(4, dtype=torch.float64)), TypeError, r"^scale: expected dtype float32"),
+    (dict(idx=None), TypeError, r"^idx: expected a tensor \(the format selects rows"),
+    (dict(rows=15), ValueError, r"^rows: expected an even row count"),
+    (dict(rows=-1), ValueError, r"^rows: expected 0 <= rows < 2\*\*31"),
+    (dict(cols=62), ValueError, r"^cols: expected a column count that is a multiple of 4"),
+    (dict(v=48), ValueError, r"^v: expected a positive multiple of 32"),
+    (dict(n=3), ValueError, r"^n, m: expected 1 <= n <= m"),
+    (dict(out="nope"), TypeError, r"^out: "),
+])
+def test_ssmm_dw_names_the_bad_argument(over, exc, pattern):
+    a = _dw_args(**over)
+    with pytest.raises(exc, match=pattern):
+        sm._C.ssmm_dw(**a)
+
+
+def test_ssmm_dw_refuses_an_output_that_overlaps_an_input():
+    a = _dw_args()
+    n = 2 * 128 * 64
+    big = torch.randn(n + 128)
+    a["out"] = big[:n].view(2, 128, 64)
+    a["x"] = big[n - 64:n + 128].view(3, 64)
+    with pytest.raises(ValueError, match=r"^out: expected an output that shares no memory with x"):
+        sm._C.ssmm_dw(**a)
+
+
+def test_ssmm_dw_wrapper_names_a_bad_weight():
+    with pytest.raises(TypeError, match=r"^w: expected a PackedWeight"):
+        ssmm_dw(torch.randn(2, 4), torch.randn(2, 4), torch.randn(4, 4), torch.zeros(2, dtype=torch.int32))
+
+
+def test_moe_forward_with_grad_refuses_out():
+    x, ids, w, gu, dn, _, _ = make_case(3, 2, 2, 64, 16, "samoyeds-1:2:128", torch.float32, False, seed=1)
+    with pytest.raises(ValueError, match=r"^out: expected None when an input requires grad"):
+        sm.moe_forward(x.requires_grad_(), ids, w, gu, dn, out=torch.empty(3, 64))
+
+
+# ---- on the GPU (the CUDA kernels; ssmm_dw's from cuda/ssmm_dw.cu) -----------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,act,bias", [("samoyeds-1:2:128", "swiglu", True), ("samoyeds-1:4:64", "gptoss", True),
+                                          ("2:4", "swiglu", False)])
+@pytest.mark.parametrize("device", ["cuda"])
+def test_gpu_gradients_match_the_oracle(fmt, act, bias, device):
+    x, ids, w, gu, dn, gub, dnb = make_case(37, 4, 8, 256, 128, fmt, torch.bfloat16, bias, seed=12, device=device)
+    go = torch.randn(x.shape, device=device).bfloat16()
+    _, got = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go, limit=1.0 if act == "gptoss" else 7.0)
+    _, want = oracle_grads(x, ids, w, gu, dn, gub, dnb, act, go, limit=1.0 if act == "gptoss" else 7.0)
+    for k in want:
+        assert got[k].device.type == "cuda", k
+        assert_near(got[k], want[k], 4e-2, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,glu", [("samoyeds-1:2:128", True), ("samoyeds-1:4:64", False), ("2:4", False)])
+@pytest.mark.parametrize("gathered", [False, True])
+def test_gpu_ssmm_dw_matches_the_c_reference(fmt, glu, gathered):
+    gen = torch.Generator().manual_seed(3)
+    E, T, K, R, C = 8, 300, 4, 256, 512
+    pw = sm.pack(torch.randn(E, R, C, generator=gen).bfloat16(), fmt, glu=glu)
+    r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen), E)
+    S = T * K
+    dy = torch.randn(S, R, generator=gen).bfloat16()
+    x = torch.randn(T if gathered else S, C, generator=gen).bfloat16()
+    tok = r.token_ids if gathered else None
+    scale = torch.rand(S, generator=gen)
+    want = ssmm_dw(dy, x, pw, r.offsets, tok, scale)
+    out = torch.full(pw.values.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    ssmm_dw(dy.cuda(), x.cuda(), pw.to("cuda"), r.offsets.cuda(), None if tok is None else tok.cuda(), scale.cuda(),
+            out=out)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.cpu().float(), want.float(), rtol=1e-2, atol=1e-2)
