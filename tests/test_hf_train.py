@@ -249,8 +249,8 @@ def test_inference_skips_autograd():
     with torch.inference_mode():
         assert moe_op(x, w) is torch_ops.moe_forward_eager
     assert moe_op(x.detach(), w.detach(), None) is torch_ops.moe_forward_eager
-    assert moe_op(x.detach(), w) is torch_ops.moe_forward_autograd
-    assert moe_op(x, None) is torch_ops.moe_forward_autograd
+    assert moe_op(x.detach(), w) is torch.ops.samoyeds.moe_forward            # eval: the inference output
+    assert moe_op(x, None, training=True) is not torch.ops.samoyeds.moe_forward   # train: keeps the pre-activation
 
     model = _model("qwen3_moe", seed=4)
     sm.patch_model(model, FMT, progress=False)
@@ -370,3 +370,25 @@ def test_transformers_trainer_fine_tunes_a_patched_model(tmp_path):
     assert len(losses) == 4 and losses[-1] < losses[0], losses
     assert all(not torch.equal(a, b) for a, b in zip(values, shf.experts_parameters(model)))
     assert shf.is_patched(model)
+
+
+def test_packed_shared_experts_train():
+    """shared_experts=True: the SamoyedsMLP's packed values train like the routed experts'; the
+    gradients match the unpatched model's (masked dense Linear weights) at the kept places."""
+    model = _model("deepseek_v2", seed=14)
+    sm.patch_model(model, FMT, progress=False, shared_experts=True)
+    ref = sm.unpatch_model(copy.deepcopy(model))
+    model.train(), ref.train()
+    ids = _ids(seed=15)
+    _, h = _backward(model, ids)
+    _, h_ref = _backward(ref, ids)
+    assert rel_err(h, h_ref) < TOL
+    mlps = [m for m in model.modules() if isinstance(m, shf.SamoyedsMLP)]
+    assert mlps and all(p.grad is not None for m in mlps for p in shf.experts_parameters(m))
+    (name, mlp), = [(n, m) for n, m in model.named_modules() if isinstance(m, shf.SamoyedsMLP)]
+    lin = ref.get_submodule(name)
+    I = mlp.intermediate
+    dense_g = torch.cat([lin.gate_proj.weight.grad, lin.up_proj.weight.grad])[None]
+    keep = sm.unpack(mlp._packed("gate_up")) != 0
+    pw = sm.pack(dense_g.contiguous(), FMT, mask=keep, glu=True)
+    assert dense_g.shape[1] == 2 * I and rel_err(mlp.samoyeds_gate_up_values.grad, pw.values) < TOL

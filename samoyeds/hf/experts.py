@@ -155,15 +155,24 @@ def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def moe_op(x: torch.Tensor, *tensors: Optional[torch.Tensor]) -> Callable[..., torch.Tensor]:
+def moe_op(x: torch.Tensor, *tensors: Optional[torch.Tensor], training: bool = False) -> Callable[..., torch.Tensor]:
     """The MoE forward to call on ``x`` and the op's other tensors (routing weights, packed
     values, biases): eager inference skips the dispatcher (host time per call is what
-    decode pays); compiled graphs go through the op; eager training (an input or a weight
-    that requires grad, with grad mode on) through ``moe_forward_train``, which keeps the
-    gate_up pre-activation for the backward instead of recomputing it."""
+    decode pays); compiled graphs go through the op.  With autograd (an input or a weight
+    that requires grad, with grad mode on) the op's autograd formula runs: for a module in
+    ``training`` mode through ``moe_forward_train``, which keeps the gate_up pre-activation
+    for the backward (one matmul fewer there; in bf16/fp16 it rounds the pre-activation
+    before the activation, docs/TRAINING.md), in eval mode through ``moe_forward``, whose
+    output is the inference output bit for bit (the backward recomputes the pre-activation)."""
     if torch.compiler.is_compiling():
         return torch.ops.samoyeds.moe_forward
-    return torch_ops.moe_forward_autograd if needs_grad(x, *tensors) else torch_ops.moe_forward_eager
+    if not needs_grad(x, *tensors):
+        return torch_ops.moe_forward_eager
+    return _train_forward if training else torch.ops.samoyeds.moe_forward
+
+
+def _train_forward(*args: Any) -> torch.Tensor:
+    return torch_ops.moe_forward_autograd(*args, save_preact=True)
 
 
 def run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
@@ -173,7 +182,7 @@ def run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
     H, I = p.hidden, p.intermediate
     down_bias = mod.down_proj_bias if p.bias else None
     gu, dn, gu_bias = mod.samoyeds_gate_up_values, mod.samoyeds_down_values, mod.samoyeds_gate_up_bias
-    return moe_op(x, top_k_weights, gu, dn, gu_bias, down_bias)(
+    return moe_op(x, top_k_weights, gu, dn, gu_bias, down_bias, training=mod.training)(
         x, top_k_index, top_k_weights,
         gu, mod.samoyeds_gate_up_meta, mod.samoyeds_gate_up_idx, 2 * I, H,
         dn, mod.samoyeds_down_meta, mod.samoyeds_down_idx, H, I,

@@ -122,10 +122,10 @@ class SamoyedsMLP(nn.Module):
         index = torch.zeros((T, 1), dtype=torch.int64, device=x2.device)
         weight = torch.ones((T, 1), dtype=torch.float32, device=x2.device)
         n, m, v = self.fmt.c_args()
-        y = moe_op(x2, self.samoyeds_gate_up_values, self.samoyeds_down_values)(x2, index, weight,
-                       self.samoyeds_gate_up_values, self.samoyeds_gate_up_meta, self.samoyeds_gate_up_idx, 2 * I, H,
-                       self.samoyeds_down_values, self.samoyeds_down_meta, self.samoyeds_down_idx, H, I,
-                       n, m, v, torch_ops.act_id("swiglu"))
+        gu, dn = self.samoyeds_gate_up_values, self.samoyeds_down_values
+        y = moe_op(x2, gu, dn, training=self.training)(
+            x2, index, weight, gu, self.samoyeds_gate_up_meta, self.samoyeds_gate_up_idx, 2 * I, H,
+            dn, self.samoyeds_down_meta, self.samoyeds_down_idx, H, I, n, m, v, torch_ops.act_id("swiglu"))
         return y.reshape(shape)
 
 
