@@ -56,7 +56,9 @@ def _checkpointing(model: nn.Module, on: Optional[bool] = None) -> bool:
         name = "enable" if on else "disable"
         fn = getattr(model, f"activation_checkpointing_{name}", None) or getattr(model, f"gradient_checkpointing_{name}")
         fn()
-    return bool(getattr(model, "is_activation_checkpointing", None) or getattr(model, "is_gradient_checkpointing", False))
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
+        else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
 
 
 def finetune(model: nn.Module, batches: Iterable[Any], *, steps: Optional[int] = None, lr: float = 1e-4,
