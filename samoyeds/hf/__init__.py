@@ -176,7 +176,8 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         shared_stream_min_rows: that row limit.
     Returns:
         ``model``, with ``gate_up_proj``/``down_proj`` (and GPT-OSS's
-        ``gate_up_proj_bias``) replaced by ``samoyeds_*`` buffers and the experts
+        ``gate_up_proj_bias``) replaced by the ``samoyeds_*`` arrays (values and bias:
+        Parameters with the dense weights' ``requires_grad``; meta, idx: buffers) and the experts
         implementation set to ``"samoyeds"``; with ``shared_experts``, each shared MLP
         replaced by a :class:`SamoyedsMLP`.
     Raises:
@@ -330,7 +331,7 @@ def experts_weight_nbytes(model: nn.Module, shared_experts: bool = False) -> int
     """Bytes held by the expert weight matrices (gate_up and down; biases excluded):
     the dense Parameters, or the packed values, metadata and row indices.  With
     ``shared_experts``, the MoE blocks' shared-experts MLPs too (their dense ``nn.Linear``
-    weights, or a :class:`SamoyedsMLP`'s packed buffers)."""
+    weights, or a :class:`SamoyedsMLP`'s packed arrays)."""
     packed_names = [f"samoyeds_{proj}_{a}" for proj in PROJS for a in ARRAYS]
     held = []
     targets = find_experts(model)

@@ -4,11 +4,11 @@
 A model patched by :func:`samoyeds.patch_model` carries ``model.hf_quantizer`` (a
 :class:`SamoyedsHfQuantizer`) and ``config.quantization_config`` (a :class:`SamoyedsConfig`,
 ``quant_method: "samoyeds"``), so ``model.save_pretrained(d)`` writes the packed arrays (the
-experts modules' ``samoyeds_*`` buffers, under their transformers names) and the config.
+experts modules' ``samoyeds_*`` arrays, under their transformers names) and the config.
 With the method registered (``import samoyeds`` arranges it), transformers' loader
 
 * on a saved samoyeds model (pre-quantized): builds the model on the meta device, replaces
-  every experts module's dense Parameters by meta buffers shaped like the packed arrays and
+  every experts module's dense Parameters by meta tensors shaped like the packed arrays and
   reads the file's arrays into them; no dense expert weight is ever created;
 * on a dense checkpoint with ``quantization_config=SamoyedsConfig(format=..., method=
   "magnitude")``: keeps the dense Parameters on the meta device and packs each one as the
@@ -175,7 +175,7 @@ class SamoyedsHfQuantizer(HfQuantizer):
         return attr in _DENSE and mod in self._layouts
 
     def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
-        """On the meta-device model: every experts module gets meta buffers shaped like
+        """On the meta-device model: every experts module gets meta tensors shaped like
         its packed arrays; a pre-quantized load drops the dense Parameters now, a packing
         load keeps them (on meta) for the loader to hand over."""
         _experts.register()

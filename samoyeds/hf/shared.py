@@ -102,7 +102,8 @@ class SamoyedsMLP(nn.Module):
         """Eager inference on the GPU: two matmuls on x's rows as they lie (no routing, no
         combine; on Hopper the rows come by TMA), the SwiGLU fused into the first; else None."""
         x2 = x.reshape(-1, self.hidden)
-        if not (x2.is_cuda and moe_op(x2) is torch_ops.moe_forward_eager):
+        direct = moe_op(x2, self.samoyeds_gate_up_values, self.samoyeds_down_values) is torch_ops.moe_forward_eager
+        if not (x2.is_cuda and direct):   # (with autograd, the op: its values may require grad)
             return None
         x2 = x2.contiguous()
         offsets = self._offsets(x2.shape[0], x2.device)
