@@ -93,7 +93,9 @@ def finetune(model: nn.Module, batches: Iterable[Any], *, steps: Optional[int] =
         The loss of every step, as Python floats (before that step's update).
     Raises:
         ValueError: no Parameter requires grad, ``steps`` is missing or not positive, a
-            loss is not finite (nothing learns from a NaN: the step is not taken).
+            loss is not finite (nothing learns from a NaN: the step is not taken),
+            ``router_aux_loss`` for a model without a router auxiliary loss (DeepSeek-V2/V3,
+            Llama 4 in transformers 5.24).
     The model is in train mode during the run and goes back to the mode it was in.
     """
     params = [p for p in model.parameters() if p.requires_grad]
@@ -131,9 +133,13 @@ def finetune(model: nn.Module, batches: Iterable[Any], *, steps: Optional[int] =
             kw = _inputs(batch, device)
             if router_aux_loss:
                 kw["output_router_logits"] = True
-            loss = model(**kw).loss
+            out = model(**kw)
+            loss = out.loss
             if loss is None:
                 raise ValueError(f"{type(model).__name__} returned no loss for labels; expected a causal LM")
+            if router_aux_loss and getattr(out, "aux_loss", None) is None:
+                raise ValueError(f"router_aux_loss: {type(model).__name__} returns no router auxiliary loss "
+                                 "(output_router_logits is not one of its inputs)")
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise ValueError(f"step {step}: the loss is {value}; lower lr or check the batches")
