@@ -35,17 +35,19 @@ _install_hf_hook()  # transformers finds quant_method "samoyeds" once it loads i
 
 __all__ = [
     "Config", "CudaError", "PRESETS", "PackedWeight", "PatchedModelError", "Routing", "SamoyedsConfig", "SparseFormat", "__version__", "build_info",
-    "combine", "config", "cuda_available", "dense_decode", "from_pretrained", "gather_weights", "get_config", "glu",
+    "combine", "config", "cuda_available", "dense_decode", "finetune", "freeze_experts", "from_pretrained",
+    "gather_weights", "get_config", "glu",
     "is_patched", "mask", "moe_forward", "pack", "patch_model", "route", "router", "save_pretrained", "sparsify_model",
     "ssmm", "to_dense", "token_rounding", "unpack", "unpatch_model",
 ]
 
 # Loaded on first use, so that ``import samoyeds`` imports neither torch nor transformers.
 _LAZY = {
-    "patch_model": "hf", "unpatch_model": "hf", "to_dense": "hf", "is_patched": "hf",
+    "patch_model": "hf", "unpatch_model": "hf", "to_dense": "hf", "is_patched": "hf", "freeze_experts": "hf",
+    "finetune": "finetuning",
     "sparsify_model": "sparsify", "save_pretrained": "checkpoint", "from_pretrained": "checkpoint",
     "moe_forward": "moe", "SamoyedsConfig": "hf.quantizer", "PatchedModelError": "hf",
-    "hf": None, "moe": None, "torch_ops": None, "sparsify": None, "checkpoint": None,
+    "hf": None, "moe": None, "torch_ops": None, "sparsify": None, "checkpoint": None, "finetuning": None,
 }
 
 

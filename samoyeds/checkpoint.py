@@ -555,8 +555,11 @@ def from_pretrained(path: PathLike, *, device: Union[str, torch.device, None] = 
             delattr(mod, f"{proj}_proj")
         if layout.bias:
             delattr(mod, "gate_up_proj_bias")
-        for attr, value in arrays[t.name].items():
-            mod.register_buffer(attr, value)
+        got = arrays[t.name]
+        for proj in _experts.PROJS:
+            _experts.set_arrays(mod, proj, *(got[f"samoyeds_{proj}_{a}"] for a in _experts.ARRAYS),
+                                layout.requires_grad)
+        _experts.set_bias(mod, got["samoyeds_gate_up_bias"], layout.requires_grad)
         mod._samoyeds = layout
         if t.block is not None:
             t.block.__class__ = _llama4.patched_class(type(t.block))

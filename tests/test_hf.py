@@ -463,14 +463,14 @@ def test_shared_experts_packed_match_masked_eager(family):
 
 def test_experts_weight_nbytes_counts_shared_experts_on_request():
     """experts_weight_nbytes(shared_experts=True) adds the shared MLPs: their Linear weights
-    when dense, their packed buffers when packed (fewer bytes); without it, routed experts only."""
+    when dense, their packed arrays when packed (fewer bytes); without it, routed experts only."""
     model = _model("deepseek_v2", seed=81)
 
     def shared_bytes(kind):
         mods = [m for m in model.modules() if isinstance(m, kind)]
         assert mods
         if kind is shf.SamoyedsMLP:
-            return sum(b.numel() * b.element_size() for m in mods for b in m.buffers())
+            return sum(b.numel() * b.element_size() for m in mods for b in (*m.parameters(), *m.buffers()))
         return sum(m.weight.numel() * m.weight.element_size()
                    for n, m in model.named_modules() if isinstance(m, kind) and ".shared_experts." in f".{n}.")
 

@@ -2,7 +2,7 @@
 for every family, ``model.save_pretrained`` of a patched model and plain
 ``AutoModelForCausalLM.from_pretrained`` give back the same logits bit for bit, with no dense
 expert weight created; packing a dense checkpoint while loading gives exactly what
-``patch_model`` gives on the same weights; switching implementation and backward raise
+``patch_model`` gives on the same weights; switching implementation raises
 samoyeds errors naming ``samoyeds.unpatch_model``."""
 from __future__ import annotations
 
@@ -281,12 +281,17 @@ def test_switching_after_loading_raises(tmp_path):
 
 
 @pytest.mark.parametrize("family", ["mixtral", "llama4"])
-def test_backward_raises_a_samoyeds_error(family):
+def test_a_loaded_model_trains(family, tmp_path):
+    """The packed values load as trainable Parameters; a backward reaches them (docs/HF.md, Training)."""
     model = build_model(family, SHAPE)
     sm.patch_model(model, FMT, progress=False)
-    out = model(_ids()).logits
-    with pytest.raises(shf.PatchedModelError, match=r"samoyeds\.unpatch_model"):
-        out.float().pow(2).mean().backward()
+    model.save_pretrained(tmp_path)
+    loaded = _load(tmp_path)
+    values = [p for n, p in loaded.named_parameters() if n.endswith("_values")]
+    assert values and all(p.requires_grad for p in values)
+    out = loaded(_ids()).logits
+    out.float().pow(2).mean().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in values)
 
 
 def test_import_hook_registers_without_importing_transformers(tmp_path):

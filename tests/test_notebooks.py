@@ -63,7 +63,7 @@ def _figures() -> set:
 
 def test_every_notebook_is_tested():
     assert set(NOTEBOOKS) >= {"kernel.ipynb", "moe_layer.ipynb", "end_to_end.ipynb", "memory.ipynb",
-                              "accuracy.ipynb", "quickstart.ipynb"}
+                              "accuracy.ipynb", "quickstart.ipynb", "finetune.ipynb"}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -73,7 +73,9 @@ def test_notebook_runs(name, kernel_env):
     assert _figures() == before, "a smoke run must not write into docs/figures"
     left = os.listdir(kernel_env / "tmp")
     assert not [d for d in left if d.startswith("samoyeds-")], f"temporary folders left behind: {left}"
-    if name not in ("quickstart.ipynb", "accuracy.ipynb"):
+    if name == "finetune.ipynb":
+        assert "identical logits True" in out and "the masks did not move" in out
+    if name not in ("quickstart.ipynb", "accuracy.ipynb", "finetune.ipynb"):
         assert "--tiny --device cpu" in out, "the smoke run re-runs the benchmark's CPU mode"
         assert "samoyeds-nb-" in out and "command:" in out, "and plots what it wrote"
 

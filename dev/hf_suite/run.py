@@ -1,6 +1,6 @@
 """transformers' own common model tests on samoyeds-patched models of the ten families.
 
-    python dev/hf_suite/run.py [--src DIR] [--families mixtral,...] [-k EXPR] [--json PATH] [--md PATH]
+    python dev/hf_suite/run.py [--src DIR] [--families mixtral,...] [-k EXPR | --training] [--json PATH] [--md PATH]
 
 ``--src``: transformers' ``tests/`` folder of the installed version.  Without it, the
 sdist of the installed version is fetched with ``pip download transformers==<version>
@@ -16,7 +16,9 @@ Every model of the families is patched at its first forward (plugin.py).  Each f
 in its own pytest process; the outcomes are classified as passed, failed, skipped, or
 expected (a failure whose reason EXPECTED names: samoyeds' documented limits).  Writes
 ``--json`` (default dev/hf_suite/results.json) and ``--md`` (the markdown table, default
-dev/hf_suite/results.md).  Needs ``parameterized`` and ``pytest`` besides transformers.
+dev/hf_suite/results.md).  ``--training`` runs only the tests that train (training, gradient
+checkpointing, retain_grad, enable_input_require_grads; :data:`TRAINING`) into
+dev/hf_suite/training.json and training.md.  Needs ``parameterized`` and ``pytest`` besides transformers.
 """
 from __future__ import annotations
 
@@ -49,12 +51,13 @@ def _samoyeds_parent() -> str:
 
 # (test-name regex, message regex, reason): failures that are samoyeds' documented limits.
 EXPECTED = [
-    (r"", r"PatchedModelError: a backward reached experts packed by samoyeds",
-     "inference only: a backward through packed experts raises (docs/HF.md)"),
     (r"", r"PatchedModelError: set_experts_implementation",
      "switching a patched model's experts implementation raises; unpatch_model first (docs/HF.md)"),
-    (r"", r"Trying to backward through samoyeds\.", "inference only: the op has no backward (docs/HF.md)"),
 ]
+
+#: ``--training``: the common tests that train (a backward through the patched experts).
+TRAINING = ("test_training or test_retain_grad_hidden_states_attentions or test_enable_input_require_grads or "
+            "gradient_checkpointing")
 
 _STUBS = {
     "exporters/test_export.py": "class ExportTesterMixin:\n    \"\"\"Absent from the sdist: no export tests.\"\"\"\n",
@@ -182,7 +185,8 @@ def _compact(r: dict) -> dict:
 def markdown(results: dict, meta: dict) -> str:
     lines = [f"transformers {meta['transformers']} common model tests (`ModelTesterMixin`, "
              f"`tests/test_modeling_common.py` of its sdist), torch {meta['torch']}, CPU, fp32, "
-             f"format {meta['format']}; every model patched at its first forward (`dev/hf_suite/`).", "",
+             f"format {meta['format']}; every model patched at its first forward (`dev/hf_suite/`)"
+             + (f"; the tests selected by `-k \"{meta['k']}\"`." if meta.get("k") else "."), "",
              "| family | run | passed | failed | expected | skipped | ran patched experts |",
              "|---|---|---|---|---|---|---|"]
     for fam, r in results.items():
@@ -214,12 +218,22 @@ def main(argv=None) -> int:
     ap.add_argument("--src", help="transformers' tests/ folder (default: the installed version's sdist)")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("-k", default="", help="pytest -k expression (a subset of the tests)")
+    ap.add_argument("--training", action="store_true",
+                    help=f"only the tests that train (-k {TRAINING!r}); writes training.json / training.md by default")
     ap.add_argument("--json", default=os.path.join(HERE, "results.json"))
     ap.add_argument("--md", default=os.path.join(HERE, "results.md"))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per family")
     ap.add_argument("--update", action="store_true", help="merge these families into an existing --json")
     ap.add_argument("--from-json", action="store_true", help="only rewrite --md from --json")
     args = ap.parse_args(argv)
+    if args.training:
+        if args.k:
+            ap.error("--training and -k: give one")
+        args.k = TRAINING
+        if args.json == os.path.join(HERE, "results.json"):
+            args.json = os.path.join(HERE, "training.json")
+        if args.md == os.path.join(HERE, "results.md"):
+            args.md = os.path.join(HERE, "training.md")
     if args.from_json:
         with open(args.json) as f:
             saved = json.load(f)

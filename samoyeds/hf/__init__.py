@@ -21,7 +21,8 @@ The package, one job per module (each imports only those listed before it):
 * ``parallel.py``: a model transformers distributed (expert parallel): local experts only;
 * this file: the public API and the class lookup for pickles.
 
-The op is inference only: a backward through a patched model raises.
+A patched model trains: the packed values are Parameters (trainable unless frozen, e.g. by
+:func:`freeze_experts`) and the op has a backward (docs/HF.md, "Training").
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ from . import router as _routers
 from . import shared as _shared
 from . import streams as _streams
 from .experts import (ARRAYS, IMPLEMENTATION, PROJS, SHARED_NAMES, ExpertsPatch, MaskFn, PatchedModelError, Target,
-                      UnsupportedModelError, experts_forward, experts_layout, find_experts, patch_experts,
-                      register, set_implementation, unpatch_experts)
+                      UnsupportedModelError, experts_forward, experts_layout, find_experts, packed_parameters,
+                      patch_experts, register, set_implementation, unpatch_experts)
 from .experts import progress as _progress
 from .router import RouterSpec
 from .shared import (MLP_PROJS, SamoyedsMLP, SharedTarget, find_shared, packed_shared, patch_shared, shared_dims,
@@ -48,7 +49,8 @@ from .shared import (MLP_PROJS, SamoyedsMLP, SharedTarget, find_shared, packed_s
 __all__ = [
     "IMPLEMENTATION", "ExpertsPatch", "MaskFn", "PatchedModelError", "RouterSpec", "SamoyedsConfig", "SamoyedsMLP",
     "UnsupportedModelError",
-    "experts_forward", "experts_weight_nbytes", "is_patched", "patch_model", "register", "to_dense", "unpatch_model",
+    "experts_forward", "experts_parameters", "experts_weight_nbytes", "freeze_experts", "is_patched", "patch_model",
+    "register", "to_dense", "unpatch_model",
 ]
 
 _PREVIOUS_ATTR = "_samoyeds_previous_experts_implementation"
@@ -174,7 +176,8 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         shared_stream_min_rows: that row limit.
     Returns:
         ``model``, with ``gate_up_proj``/``down_proj`` (and GPT-OSS's
-        ``gate_up_proj_bias``) replaced by ``samoyeds_*`` buffers and the experts
+        ``gate_up_proj_bias``) replaced by the ``samoyeds_*`` arrays (values and bias:
+        Parameters with the dense weights' ``requires_grad``; meta, idx: buffers) and the experts
         implementation set to ``"samoyeds"``; with ``shared_experts``, each shared MLP
         replaced by a :class:`SamoyedsMLP`.
     Raises:
@@ -328,7 +331,7 @@ def experts_weight_nbytes(model: nn.Module, shared_experts: bool = False) -> int
     """Bytes held by the expert weight matrices (gate_up and down; biases excluded):
     the dense Parameters, or the packed values, metadata and row indices.  With
     ``shared_experts``, the MoE blocks' shared-experts MLPs too (their dense ``nn.Linear``
-    weights, or a :class:`SamoyedsMLP`'s packed buffers)."""
+    weights, or a :class:`SamoyedsMLP`'s packed arrays)."""
     packed_names = [f"samoyeds_{proj}_{a}" for proj in PROJS for a in ARRAYS]
     held = []
     targets = find_experts(model)
@@ -342,3 +345,36 @@ def experts_weight_nbytes(model: nn.Module, shared_experts: bool = False) -> int
         else:
             held += [getattr(st.mlp._modules.get(k), "weight", None) for k in MLP_PROJS]
     return sum(x.numel() * x.element_size() for x in held if x is not None)
+
+
+def experts_parameters(model: nn.Module) -> List[nn.Parameter]:
+    """The Parameters samoyeds holds in ``model``: the packed values of every patched experts
+    module and :class:`SamoyedsMLP` (``samoyeds_{gate_up,down}_values``) and GPT-OSS's packed
+    ``samoyeds_gate_up_bias``, in module order.  Empty for a model that is not patched.  The
+    model's own Parameters of the experts modules (GPT-OSS's ``down_proj_bias``) are not among
+    them."""
+    out: List[nn.Parameter] = []
+    for mod in model.modules():
+        if getattr(mod, "_samoyeds", None) is not None or isinstance(mod, SamoyedsMLP):
+            out += packed_parameters(mod)
+    return out
+
+
+def freeze_experts(model: nn.Module, freeze: bool = True) -> nn.Module:
+    """Freezes (``requires_grad=False``) the packed expert weights of a patched model, or
+    unfreezes them with ``freeze=False``: the Parameters :func:`experts_parameters` lists, and
+    the expert biases of models that have them (GPT-OSS's ``down_proj_bias``).  Everything else
+    keeps its ``requires_grad`` (attention, routers, embeddings, shared experts left dense).
+    Same as ``p.requires_grad_(not freeze)`` on each; a frozen expert costs no gradient memory
+    and its backward computes only the gradient of its input.  Returns ``model``.
+
+    Raises ValueError for a model samoyeds has not patched (nothing would change)."""
+    params = experts_parameters(model)
+    if not params:
+        raise ValueError(f"{type(model).__name__} has no experts packed by samoyeds; call samoyeds.patch_model first")
+    for mod in model.modules():
+        if getattr(mod, "_samoyeds", None) is not None and mod._samoyeds.bias:
+            params.append(mod.down_proj_bias)
+    for p in params:
+        p.requires_grad_(not freeze)
+    return model

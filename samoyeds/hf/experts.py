@@ -2,18 +2,24 @@
 their layout, packing them in place and running them.
 
 :func:`patch_experts` packs the ``gate_up_proj``/``down_proj`` Parameters of one experts
-module into the Samoyeds format and replaces them by buffers (the dense tensors are
-released); the module then runs :func:`experts_forward`, registered in transformers'
+module into the Samoyeds format and replaces them by the packed arrays (the dense tensors
+are released); the module then runs :func:`experts_forward`, registered in transformers'
 ``ExpertsInterface`` as ``"samoyeds"``, which calls ``torch.ops.samoyeds.moe_forward`` (one
-opaque node for ``torch.compile``) on the module's buffers.
+opaque node for ``torch.compile``, with a backward) on the module's arrays.
 
-Buffers of a patched experts module (``E`` experts, hidden ``H``, expert width ``I``):
+Arrays of a patched experts module (``E`` experts, hidden ``H``, expert width ``I``):
 
-* ``samoyeds_gate_up_values/_meta/_idx``: the ``[E, 2I, H]`` gate_up weight packed with
-  ``glu=True`` (gate rows, then up rows; ``_idx`` is None for plain 2:4);
-* ``samoyeds_down_values/_meta/_idx``: the ``[E, H, I]`` down weight;
-* ``samoyeds_gate_up_bias``: ``[E, 2I]`` (gate, then up) for models with expert biases,
-  else None; ``down_proj_bias`` stays the model's Parameter.
+* ``samoyeds_gate_up_values`` (an ``nn.Parameter``), ``_meta``, ``_idx`` (buffers): the
+  ``[E, 2I, H]`` gate_up weight packed with ``glu=True`` (gate rows, then up rows; ``_idx``
+  is None for plain 2:4);
+* ``samoyeds_down_values`` (Parameter), ``_meta``, ``_idx`` (buffers): the ``[E, H, I]`` down weight;
+* ``samoyeds_gate_up_bias``: an ``[E, 2I]`` Parameter (gate, then up) for models with expert
+  biases, else a None buffer; ``down_proj_bias`` stays the model's Parameter.
+
+The values are Parameters so that ``model.parameters()``, optimizers, ``requires_grad_``,
+PEFT's freezing and ``save_pretrained`` see them; they keep the ``requires_grad`` of the
+dense weights they replace (trainable, as loaded).  The masks (meta, idx) never change: a
+gradient step moves only the kept weights.
 
 Layouts.  Most families store ``gate_up_proj [E, 2I, H]`` with the gate rows first.
 GPT-OSS stores it transposed, ``[E, H, 2I]``, with gate and up columns interleaved (gate
@@ -21,8 +27,6 @@ GPT-OSS stores it transposed, ``[E, H, 2I]``, with gate and up columns interleav
 transposed and de-interleaved at pack time (:func:`to_pack`), and its clamped SwiGLU runs
 with the module's ``alpha``/``limit``.  Llama 4 stores transposed weights without
 interleaving (its block: llama4.py).
-
-The op is inference only: a backward through a patched model raises.
 """
 from __future__ import annotations
 
@@ -55,25 +59,9 @@ class UnsupportedModelError(ValueError):
 
 
 class PatchedModelError(RuntimeError):
-    """An operation a samoyeds-patched model cannot do (another experts implementation, a
-    backward); the message names :func:`samoyeds.unpatch_model`, which gives the model its
-    dense (masked) experts back."""
-
-
-class _InferenceOnly(torch.autograd.Function):
-    """Passes the experts' output through; its backward raises :class:`PatchedModelError`
-    (the packed experts have no backward yet)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        raise PatchedModelError(
-            "a backward reached experts packed by samoyeds, which run inference only; call "
-            "samoyeds.unpatch_model(model) to train on the dense (masked) experts, or run the model under "
-            "torch.no_grad() / torch.inference_mode()")
+    """An operation a samoyeds-patched model cannot do (another experts implementation); the
+    message names :func:`samoyeds.unpatch_model`, which gives the model its dense (masked)
+    experts back."""
 
 
 @dataclass(frozen=True)
@@ -161,12 +149,30 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     return run_experts(self, hidden_states, top_k_index, top_k_weights)
 
 
-def moe_op(x: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """The MoE forward to call on ``x``: eager inference skips the dispatcher (host time
-    per call is what decode pays); compiled graphs and anything that may need a backward
-    go through the op."""
-    direct = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad)
-    return torch_ops.moe_forward_eager if direct else torch.ops.samoyeds.moe_forward
+def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
+    """True when autograd records a graph through ``tensors``: grad mode is on and one of
+    them (None skipped) requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def moe_op(x: torch.Tensor, *tensors: Optional[torch.Tensor], training: bool = False) -> Callable[..., torch.Tensor]:
+    """The MoE forward to call on ``x`` and the op's other tensors (routing weights, packed
+    values, biases): eager inference skips the dispatcher (host time per call is what
+    decode pays); compiled graphs go through the op.  With autograd (an input or a weight
+    that requires grad, with grad mode on) the op's autograd formula runs: for a module in
+    ``training`` mode through ``moe_forward_train``, which keeps the gate_up pre-activation
+    for the backward (one matmul fewer there; in bf16/fp16 it rounds the pre-activation
+    before the activation, docs/TRAINING.md), in eval mode through ``moe_forward``, whose
+    output is the inference output bit for bit (the backward recomputes the pre-activation)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.samoyeds.moe_forward
+    if not needs_grad(x, *tensors):
+        return torch_ops.moe_forward_eager
+    return _train_forward if training else torch.ops.samoyeds.moe_forward
+
+
+def _train_forward(*args: Any) -> torch.Tensor:
+    return torch_ops.moe_forward_autograd(*args, save_preact=True)
 
 
 def run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
@@ -175,16 +181,12 @@ def run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
     p = mod._samoyeds
     H, I = p.hidden, p.intermediate
     down_bias = mod.down_proj_bias if p.bias else None
-    if torch.is_grad_enabled() and x.requires_grad and not torch.compiler.is_compiling():
-        # a later backward raises a samoyeds error here, not the dispatcher's "no autograd formula"
-        with torch.no_grad():
-            out = run_experts(mod, x.detach(), top_k_index, top_k_weights)
-        return _InferenceOnly.apply(x, out)
-    return moe_op(x)(
+    gu, dn, gu_bias = mod.samoyeds_gate_up_values, mod.samoyeds_down_values, mod.samoyeds_gate_up_bias
+    return moe_op(x, top_k_weights, gu, dn, gu_bias, down_bias, training=mod.training)(
         x, top_k_index, top_k_weights,
-        mod.samoyeds_gate_up_values, mod.samoyeds_gate_up_meta, mod.samoyeds_gate_up_idx, 2 * I, H,
-        mod.samoyeds_down_values, mod.samoyeds_down_meta, mod.samoyeds_down_idx, H, I,
-        p.n, p.m, p.v, p.act_id, mod.samoyeds_gate_up_bias, down_bias, p.alpha, p.limit)
+        gu, mod.samoyeds_gate_up_meta, mod.samoyeds_gate_up_idx, 2 * I, H,
+        dn, mod.samoyeds_down_meta, mod.samoyeds_down_idx, H, I,
+        p.n, p.m, p.v, p.act_id, gu_bias, down_bias, p.alpha, p.limit)
 
 
 # --- finding and checking experts modules ---------------------------------------------------------
@@ -373,44 +375,93 @@ def _mask_for(t: Target, p: ExpertsPatch, proj: str, w: torch.Tensor, method: Un
     return method_mask(t.name, proj, w, p.fmt, method)
 
 
+def _drop(mod: nn.Module, name: str) -> None:
+    """Removes ``name`` from ``mod`` whether it is a Parameter, a buffer or neither."""
+    mod._parameters.pop(name, None)
+    mod._buffers.pop(name, None)
+    mod._non_persistent_buffers_set.discard(name)
+
+
+def set_arrays(mod: nn.Module, proj: str, values: torch.Tensor, meta: torch.Tensor, idx: Optional[torch.Tensor],
+               requires_grad: bool) -> None:
+    """Gives ``mod`` the packed arrays of ``proj`` (``"gate_up"`` or ``"down"``): the values
+    as the Parameter ``samoyeds_{proj}_values`` (``requires_grad`` as given; a Parameter
+    passed in is kept as it is), the metadata and row indices as buffers (the mask: never
+    trained).  patch_model, the transformers quantizer and samoyeds' checkpoint loader use it."""
+    name = f"samoyeds_{proj}_values"
+    _drop(mod, name)
+    if not isinstance(values, nn.Parameter):
+        values = nn.Parameter(values, requires_grad=requires_grad)
+    mod.register_parameter(name, values)
+    for a, t in (("meta", meta), ("idx", idx)):
+        _drop(mod, f"samoyeds_{proj}_{a}")
+        mod.register_buffer(f"samoyeds_{proj}_{a}", t)
+
+
+def set_bias(mod: nn.Module, bias: Optional[torch.Tensor], requires_grad: bool) -> None:
+    """``samoyeds_gate_up_bias``: a Parameter holding ``bias`` (gate, then up), or a None
+    buffer for experts without biases."""
+    _drop(mod, "samoyeds_gate_up_bias")
+    if bias is None:
+        mod.register_buffer("samoyeds_gate_up_bias", None)
+    else:
+        if not isinstance(bias, nn.Parameter):
+            bias = nn.Parameter(bias, requires_grad=requires_grad)
+        mod.register_parameter("samoyeds_gate_up_bias", bias)
+
+
+def packed_parameters(mod: nn.Module) -> List[nn.Parameter]:
+    """The trainable tensors samoyeds gave a patched experts module (or a SamoyedsMLP): the
+    packed values of both projections and the gate_up bias, where there is one."""
+    names = [f"samoyeds_{proj}_values" for proj in PROJS] + ["samoyeds_gate_up_bias"]
+    return [mod._parameters[n] for n in names if mod._parameters.get(n) is not None]
+
+
 def patch_experts(t: Target, method: Union[str, MaskFn], given: Optional[Mapping[str, torch.Tensor]]) -> None:
     """Packs one experts module by ``t.layout``; it changes only once both weights are packed
-    (Llama 4's block gets its class from the caller: llama4.py)."""
+    (Llama 4's block gets its class from the caller: llama4.py).  The packed values become
+    Parameters with the ``requires_grad`` of the dense weights."""
     mod, p = t.experts, t.layout
     packed = {}
     for proj in PROJS:
         w = to_pack(mod._parameters[f"{proj}_proj"], p, proj)
         packed[proj] = pack(w, p.fmt, mask=_mask_for(t, p, proj, w, method, given), glu=proj == "gate_up")
         del w
-    gate_up_bias = None
+    gate_up_bias, bias_grad = None, False
     if p.bias:
-        b = mod._parameters["gate_up_proj_bias"].detach()
+        b = mod._parameters["gate_up_proj_bias"]
+        bias_grad = b.requires_grad
+        b = b.detach()
         gate_up_bias = (split_gate_up(b, 1) if p.interleaved else b).contiguous()
         delattr(mod, "gate_up_proj_bias")
     for proj in PROJS:
         delattr(mod, f"{proj}_proj")
-        for a in ARRAYS:
-            mod.register_buffer(f"samoyeds_{proj}_{a}", getattr(packed[proj], a))
-    mod.register_buffer("samoyeds_gate_up_bias", gate_up_bias)
+        pw = packed[proj]
+        set_arrays(mod, proj, pw.values, pw.meta, pw.idx, p.requires_grad)
+    set_bias(mod, gate_up_bias, bias_grad)
     mod._samoyeds = p
 
 
 def unpatch_experts(mod: nn.Module) -> None:
-    """Gives a patched experts module dense Parameters again (the masked weights)."""
+    """Gives a patched experts module dense Parameters again (the masked weights), with the
+    ``requires_grad`` its packed values have now."""
     p: ExpertsPatch = mod._samoyeds
     shapes = {"gate_up": (p.num_experts, 2 * p.intermediate, p.hidden),
               "down": (p.num_experts, p.hidden, p.intermediate)}
     for proj in PROJS:
         arrays = [getattr(mod, f"samoyeds_{proj}_{a}") for a in ARRAYS]
-        dense = unpack(PackedWeight(*arrays, p.fmt, shapes[proj], glu=proj == "gate_up"))
+        rg = arrays[0].requires_grad
+        dense = unpack(PackedWeight(arrays[0].detach(), *arrays[1:], p.fmt, shapes[proj], glu=proj == "gate_up"))
         for a in ARRAYS:
-            delattr(mod, f"samoyeds_{proj}_{a}")
-        setattr(mod, f"{proj}_proj", nn.Parameter(from_pack(dense, p, proj), requires_grad=p.requires_grad))
+            _drop(mod, f"samoyeds_{proj}_{a}")
+        setattr(mod, f"{proj}_proj", nn.Parameter(from_pack(dense, p, proj), requires_grad=rg))
     b = mod.samoyeds_gate_up_bias
-    delattr(mod, "samoyeds_gate_up_bias")
+    _drop(mod, "samoyeds_gate_up_bias")
     if p.bias:
+        rg = b.requires_grad
+        b = b.detach()
         b = merge_gate_up(b, 1) if p.interleaved else b
-        mod.gate_up_proj_bias = nn.Parameter(b.contiguous(), requires_grad=p.requires_grad)
+        mod.gate_up_proj_bias = nn.Parameter(b.contiguous(), requires_grad=rg)
     del mod._samoyeds
 
 

@@ -4,11 +4,11 @@
 A model patched by :func:`samoyeds.patch_model` carries ``model.hf_quantizer`` (a
 :class:`SamoyedsHfQuantizer`) and ``config.quantization_config`` (a :class:`SamoyedsConfig`,
 ``quant_method: "samoyeds"``), so ``model.save_pretrained(d)`` writes the packed arrays (the
-experts modules' ``samoyeds_*`` buffers, under their transformers names) and the config.
+experts modules' ``samoyeds_*`` arrays, under their transformers names) and the config.
 With the method registered (``import samoyeds`` arranges it), transformers' loader
 
 * on a saved samoyeds model (pre-quantized): builds the model on the meta device, replaces
-  every experts module's dense Parameters by meta buffers shaped like the packed arrays and
+  every experts module's dense Parameters by meta tensors shaped like the packed arrays and
   reads the file's arrays into them; no dense expert weight is ever created;
 * on a dense checkpoint with ``quantization_config=SamoyedsConfig(format=..., method=
   "magnitude")``: keeps the dense Parameters on the meta device and packs each one as the
@@ -140,13 +140,15 @@ class SamoyedsHfQuantizer(HfQuantizer):
     def update_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return dtype
 
+    # The packed values are Parameters with a backward (docs/HF.md, "Training"): transformers'
+    # Trainer may fine-tune a samoyeds model whole, or with adapters.
     @property
     def is_trainable(self) -> bool:
-        return False
+        return True
 
     @property
     def is_qat_trainable(self) -> bool:
-        return False
+        return True
 
     @property
     def is_compileable(self) -> bool:
@@ -173,7 +175,7 @@ class SamoyedsHfQuantizer(HfQuantizer):
         return attr in _DENSE and mod in self._layouts
 
     def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
-        """On the meta-device model: every experts module gets meta buffers shaped like
+        """On the meta-device model: every experts module gets meta tensors shaped like
         its packed arrays; a pre-quantized load drops the dense Parameters now, a packing
         load keeps them (on meta) for the loader to hand over."""
         _experts.register()
@@ -185,16 +187,15 @@ class SamoyedsHfQuantizer(HfQuantizer):
             dtype = t.experts._parameters["gate_up_proj"].dtype
             device = t.experts._parameters["gate_up_proj"].device
             for proj, shapes in _packed_shapes(layout).items():
-                for a, shape in shapes.items():
-                    buf = torch.empty(shape, dtype=_ARRAY_DTYPES.get(a, dtype), device=device)
-                    t.experts.register_buffer(f"samoyeds_{proj}_{a}", buf)
-            if not fmt.selects_rows:
-                for proj in _experts.PROJS:
-                    t.experts.register_buffer(f"samoyeds_{proj}_idx", None)
+                arrays = {a: torch.empty(shape, dtype=_ARRAY_DTYPES.get(a, dtype), device=device)
+                          for a, shape in shapes.items()}
+                # values: a Parameter (the loader keeps it one), meta and idx: buffers
+                _experts.set_arrays(t.experts, proj, arrays["values"], arrays["meta"], arrays.get("idx"),
+                                    layout.requires_grad)
             bias = None
             if layout.bias:
                 bias = torch.empty((layout.num_experts, 2 * layout.intermediate), dtype=dtype, device=device)
-            t.experts.register_buffer("samoyeds_gate_up_bias", bias)
+            _experts.set_bias(t.experts, bias, layout.requires_grad)
             if self.pre_quantized:
                 _drop_dense(t.experts, layout)
             # transformers' weight init must not touch a module whose Parameters are gone

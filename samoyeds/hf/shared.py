@@ -36,7 +36,7 @@ from ..ops import ssmm
 from ..packed import PackedDims, PackedWeight, pack, unpack
 from . import streams
 from .experts import (ARRAYS, PROJS, SHARED_NAMES, SUPPORTED_DTYPES, MaskFn, Target, UnsupportedModelError, blocks,
-                      is_silu, method_mask, moe_op)
+                      is_silu, method_mask, moe_op, set_arrays)
 from .swap import swapped_class
 
 DENSE_PREFIX = "SamoyedsDense<"
@@ -51,19 +51,20 @@ class SamoyedsMLP(nn.Module):
     :func:`samoyeds.patch_model` (``shared_experts=True``); :func:`samoyeds.unpatch_model`
     puts the original module back with its (masked) dense weights.
 
-    Buffers: ``samoyeds_gate_up_values/_meta/_idx`` (``[1, 2I, H]``, gate rows then up
-    rows, packed with ``glu=True``) and ``samoyeds_down_values/_meta/_idx`` (``[1, H, I]``).
+    Arrays: ``samoyeds_gate_up_values/_meta/_idx`` (``[1, 2I, H]``, gate rows then up
+    rows, packed with ``glu=True``) and ``samoyeds_down_values/_meta/_idx`` (``[1, H, I]``);
+    the values are Parameters (trainable like the Linear weights they replace), metadata and
+    row indices buffers.
     """
 
     _samoyeds_shared = True
 
     def __init__(self, fmt: SparseFormat, hidden: int, intermediate: int, gate_up: PackedWeight,
-                 down: PackedWeight, original: nn.Module):
+                 down: PackedWeight, original: nn.Module, requires_grad: bool = False):
         super().__init__()
         self.fmt, self.hidden, self.intermediate = fmt, hidden, intermediate
         for proj, pw in (("gate_up", gate_up), ("down", down)):
-            for a in ARRAYS:
-                self.register_buffer(f"samoyeds_{proj}_{a}", getattr(pw, a))
+            set_arrays(self, proj, pw.values, pw.meta, pw.idx, requires_grad)
         # the module it replaces, without its weights (not a submodule: no state, no parameters)
         self.__dict__["_original"] = original
 
@@ -101,7 +102,8 @@ class SamoyedsMLP(nn.Module):
         """Eager inference on the GPU: two matmuls on x's rows as they lie (no routing, no
         combine; on Hopper the rows come by TMA), the SwiGLU fused into the first; else None."""
         x2 = x.reshape(-1, self.hidden)
-        if not (x2.is_cuda and moe_op(x2) is torch_ops.moe_forward_eager):
+        direct = moe_op(x2, self.samoyeds_gate_up_values, self.samoyeds_down_values) is torch_ops.moe_forward_eager
+        if not (x2.is_cuda and direct):   # (with autograd, the op: its values may require grad)
             return None
         x2 = x2.contiguous()
         offsets = self._offsets(x2.shape[0], x2.device)
@@ -121,10 +123,10 @@ class SamoyedsMLP(nn.Module):
         index = torch.zeros((T, 1), dtype=torch.int64, device=x2.device)
         weight = torch.ones((T, 1), dtype=torch.float32, device=x2.device)
         n, m, v = self.fmt.c_args()
-        y = moe_op(x2)(x2, index, weight,
-                       self.samoyeds_gate_up_values, self.samoyeds_gate_up_meta, self.samoyeds_gate_up_idx, 2 * I, H,
-                       self.samoyeds_down_values, self.samoyeds_down_meta, self.samoyeds_down_idx, H, I,
-                       n, m, v, torch_ops.act_id("swiglu"))
+        gu, dn = self.samoyeds_gate_up_values, self.samoyeds_down_values
+        y = moe_op(x2, gu, dn, training=self.training)(
+            x2, index, weight, gu, self.samoyeds_gate_up_meta, self.samoyeds_gate_up_idx, 2 * I, H,
+            dn, self.samoyeds_down_meta, self.samoyeds_down_idx, H, I, n, m, v, torch_ops.act_id("swiglu"))
         return y.reshape(shape)
 
 
@@ -283,8 +285,7 @@ def patch_shared(st: SharedTarget, fmt: SparseFormat, dims: Tuple[int, int], met
     requires_grad = bool(mod.gate_proj.weight.requires_grad)
     for k in MLP_PROJS:
         delattr(mod, k)
-    mod.__dict__["_samoyeds_requires_grad"] = requires_grad
-    setattr(st.parent, st.attr, SamoyedsMLP(fmt, H, I, packed["gate_up"], packed["down"], mod))
+    setattr(st.parent, st.attr, SamoyedsMLP(fmt, H, I, packed["gate_up"], packed["down"], mod, requires_grad))
 
 
 def unpatch_shared(parent: nn.Module, attr: str) -> None:
@@ -293,7 +294,7 @@ def unpatch_shared(parent: nn.Module, attr: str) -> None:
     I = sm_mod.intermediate
     dense = {proj: unpack(sm_mod._packed(proj))[0] for proj in PROJS}
     original = sm_mod._original
-    rg = original.__dict__.pop("_samoyeds_requires_grad", False)
+    rg = bool(sm_mod.samoyeds_gate_up_values.requires_grad)
     for k, w in (("gate_proj", dense["gate_up"][:I]), ("up_proj", dense["gate_up"][I:]), ("down_proj", dense["down"])):
         lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
         lin.weight = nn.Parameter(w.contiguous(), requires_grad=rg)
