@@ -86,6 +86,7 @@ PyObject *sam_py_router(PyObject *module, PyObject *args, PyObject *kw)
     PyObject *o[A_COUNT] = {NULL}, *o_stream = Py_None, *o_k, *o_mode = NULL, *o_ng = NULL, *o_tg = NULL;
     router_ctx x = {.p = {.n_group = 1, .topk_group = 1, .scale = 1.0f}};
     sam_router_params *p = &x.p;
+    int mode = 0;
     o[A_BIAS] = o[A_CHOICE] = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOOpfOO:router", kwlist, &o[A_LOGITS], &o[A_WEIGHTS],
                                      &o[A_IDS], &o[A_X], &o[A_W], &o_k, &o[A_BIAS], &o_mode, &o_ng, &o_tg,
@@ -93,10 +94,12 @@ PyObject *sam_py_router(PyObject *module, PyObject *args, PyObject *kw)
         return NULL;
     /* (the ints are range-checked against the shapes later; here only what an int holds) */
     if (sam_arg_int(o_k, "k", INT32_MIN, INT32_MAX, "a 32-bit int", &p->k) < 0 ||
-        (o_mode && sam_arg_int(o_mode, "mode", INT32_MIN, INT32_MAX, "0, 1 or 2", &p->mode) < 0) ||
+        (o_mode && sam_arg_int(o_mode, "mode", INT32_MIN, INT32_MAX, "0, 1 or 2", &mode) < 0) ||
         (o_ng && sam_arg_int(o_ng, "n_group", INT32_MIN, INT32_MAX, "a 32-bit int", &p->n_group) < 0) ||
         (o_tg && sam_arg_int(o_tg, "topk_group", INT32_MIN, INT32_MAX, "a 32-bit int", &p->topk_group) < 0))
         return NULL;
+    if (o_mode)
+        p->mode = (sam_router_mode)mode;
     if (sam_arg_range("mode", p->mode, SAM_ROUTER_SOFTMAX_TOPK, SAM_ROUTER_SIGMOID_TOPK,
                       "0 (softmax, then top-k), 1 (top-k, then softmax) or 2 (sigmoid, top-k by score + "
                       "choice_bias)") < 0)
