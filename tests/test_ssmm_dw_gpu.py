@@ -70,7 +70,9 @@ def make_inputs(case, fmt, dtype, glu, with_ids, with_scale, seed):
     p = sm.pack(torch.randn(E, R, C, generator=gen).to(dtype), fmt, glu=glu)
     r = sm.route(random_topk(T, K, E, pattern, gen), E)
     S, n = T * K, int(r.offsets[-1])
-    dy = torch.randn(S, R, generator=gen).to(dtype)
+    # rows padded to 8 elements (the GPU takes 16-byte row strides): R not a multiple of 8
+    # still reaches the kernel's element-wise reads of dy
+    dy = torch.randn(S, (R + 7) // 8 * 8, generator=gen).to(dtype)[:, :R]
     dy[n:] = float("nan")  # rows past offsets[E] are never read
     if with_ids:
         x, tok = torch.randn(T, C, generator=gen).to(dtype), r.token_ids
