@@ -19,6 +19,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dev" / "peak"))
 import peak  # noqa: E402  (dev/peak: the fill-rate probes, built with nvcc on first use)
 
 
+def train_cases(gen: torch.Generator) -> None:
+    """The training kernels (issue 40) alone: ``python benchmarks/sanitize_cases.py train``."""
+    # the packed weight gradient (ssmm_dw): every row-group size, slices of 64 (four A tiles per
+    # CTA), 128 and 192 (slices straddling a CTA's columns), plain and GLU layouts, rows per half
+    # not a multiple of 8 (dy read by elements), token ids and routing scales, empty experts,
+    # a row block of 64 storage rows, column tails, rows past offsets[E] never read
+    from samoyeds.ops import ssmm_dw
+    for fmt, glu, R, C, T in [("samoyeds-1:2:128", True, 272, 200, 77), ("1:4:64", False, 136, 584, 40),
+                              ("samoyeds-1:2:64", True, 40, 264, 33), ("2:4", False, 96, 128, 50),
+                              ("2:4", True, 200, 72, 9), ("samoyeds-1:2:192", False, 144, 456, 61)]:
+        E, K = 5, 2
+        p = sm.pack(torch.randn(E, R, C, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=glu)
+        r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)  # E: placeholder id
+        dy = torch.randn(T * K, R, generator=gen).to(torch.bfloat16).cuda()
+        sc = torch.rand(T * K, generator=gen).cuda()
+        ssmm_dw(dy, torch.randn(T, C, generator=gen).to(torch.bfloat16).cuda(), p, r.offsets, r.token_ids)
+        ssmm_dw(dy, torch.randn(T * K, C, generator=gen).to(torch.bfloat16).cuda(), p, r.offsets, None, sc)
+    # the backward of the whole layer (issue 40): the transposed packings, dX by ssmm on them,
+    # ssmm_dw for both packed weights, the routing weights' and the biases' gradients
+    for fmt, act in (("samoyeds-1:2:128", "swiglu"), ("1:4:64", "gptoss"), ("2:4", "swiglu")):
+        T, K, E, H, I = 333, 2, 5, 128, 136
+        gu = sm.pack(torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=True)
+        dn = sm.pack(torch.randn(E, H, I, generator=gen).to(torch.bfloat16).cuda(), fmt)
+        gu.values, dn.values = torch.nn.Parameter(gu.values), torch.nn.Parameter(dn.values)
+        x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda().requires_grad_()
+        w = torch.rand(T, K, generator=gen).cuda().requires_grad_()
+        idx = torch.randint(0, E + 1, (T, K), generator=gen).cuda()
+        gub = torch.randn(E, 2 * I, generator=gen).cuda().requires_grad_()
+        sm.moe_forward(x, idx, w, gu, dn, act=act, gate_up_bias=gub).float().square().sum().backward()
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     gen = torch.Generator().manual_seed(0)
     # on sm_90 "auto" runs the wgmma.sp kernel for 2:4 and 1:2:128, mma.sp for the others
@@ -93,21 +125,6 @@ def main() -> None:
                     glu=True)
         r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
         sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", impl="decode")
-    # the packed weight gradient (ssmm_dw): every row-group size, slices of 64 (four A tiles per
-    # CTA), 128 and 192 (slices straddling a CTA's columns), plain and GLU layouts, rows per half
-    # not a multiple of 8 (dy read by elements), token ids and routing scales, empty experts,
-    # a row block of 64 storage rows, column tails, rows past offsets[E] never read
-    from samoyeds.ops import ssmm_dw
-    for fmt, glu, R, C, T in [("samoyeds-1:2:128", True, 272, 200, 77), ("1:4:64", False, 136, 584, 40),
-                              ("samoyeds-1:2:64", True, 40, 264, 33), ("2:4", False, 96, 128, 50),
-                              ("2:4", True, 200, 72, 9), ("samoyeds-1:2:192", False, 144, 456, 61)]:
-        E, K = 5, 2
-        p = sm.pack(torch.randn(E, R, C, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=glu)
-        r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)  # E: placeholder id
-        dy = torch.randn(T * K, R, generator=gen).to(torch.bfloat16).cuda()
-        sc = torch.rand(T * K, generator=gen).cuda()
-        ssmm_dw(dy, torch.randn(T, C, generator=gen).to(torch.bfloat16).cuda(), p, r.offsets, r.token_ids)
-        ssmm_dw(dy, torch.randn(T * K, C, generator=gen).to(torch.bfloat16).cuda(), p, r.offsets, None, sc)
     # routing of more pairs than one CTA takes (counts, scan, rows in blocks)
     r = sm.route(torch.randint(0, 9, (3001, 2), generator=gen).cuda(), 8)
     sm.gather_weights(torch.rand(3001, 2, generator=gen).cuda(), r)
@@ -123,6 +140,7 @@ def main() -> None:
         sm.moe_forward(x, idx, torch.rand(T, K, generator=gen).cuda(), gu, dn, act="gptoss",
                        gate_up_bias=torch.randn(E, 2 * I, generator=gen).cuda(),
                        down_bias=torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda())
+    train_cases(gen)
     # dense weights at a few tokens: every token-tile width, one and several token passes, row
     # and column tails, every activation, the down projection's early weight reads
     for T, R, C, act in [(1, 17, 72, "swiglu"), (9, 33, 200, "none"), (20, 40, 136, "gptoss"), (70, 50, 264, "swiglu")]:
@@ -210,4 +228,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["train"]:
+        train_cases(torch.Generator().manual_seed(0))
+        print("sanitize cases done (train)")
+    else:
+        main()

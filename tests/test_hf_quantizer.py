@@ -372,6 +372,7 @@ def test_gpu_load_time_packing_bf16(family, tmp_path):
     sm.patch_model(dense, FMT, progress=False)
     ids = _ids(8).cuda()
     want = _logits(dense, ids)
+    sd = {k: v.clone() for k, v in dense.state_dict().items()}
     del dense
     torch.cuda.empty_cache()
 
@@ -380,6 +381,11 @@ def test_gpu_load_time_packing_bf16(family, tmp_path):
     loaded = _load(tmp_path / "dense", quantization_config=shq.SamoyedsConfig(format=FMT), device_map="cuda",
                    dtype=torch.bfloat16)
     peak = torch.cuda.max_memory_allocated() - base
+    sd2 = loaded.state_dict()
+    assert sorted(sd) == sorted(sd2)
+    for k in sd:   # the packed arrays first: a difference in the logits has a cause here
+        assert sd[k].dtype == sd2[k].dtype and torch.equal(sd[k], sd2[k].to(sd[k].device)), \
+            (k, sd[k].dtype, sd2[k].dtype, sd2[k].device)
     assert torch.equal(_logits(loaded, ids), want)
     non_expert = sum(p.numel() * p.element_size() for n, p in loaded.named_parameters())
     assert peak < non_expert + expert_bytes, (peak, non_expert, expert_bytes)

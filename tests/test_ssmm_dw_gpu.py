@@ -83,10 +83,19 @@ def make_inputs(case, fmt, dtype, glu, with_ids, with_scale, seed):
     return p, r, dy, x, tok, sc
 
 
+def on(t, device):
+    """t on device with its row stride kept (``.to`` makes a sliced tensor contiguous)."""
+    if t.dim() != 2 or t.stride(0) == t.shape[1] or t.stride(1) != 1:
+        return t.to(device)
+    buf = torch.empty(t.shape[0], t.stride(0), dtype=t.dtype, device=device)
+    buf[:, :t.shape[1]] = t.to(device)
+    return buf[:, :t.shape[1]]
+
+
 def run_dw(p, r, dy, x, tok, sc, device):
     pd = p.to(device)
     out = torch.full(p.values.shape, float("nan"), dtype=dy.dtype, device=device)
-    to = (lambda t: None if t is None else t.to(device))
+    to = (lambda t: None if t is None else on(t, device))
     got = ssmm_dw(to(dy), to(x), pd, to(r.offsets), to(tok), to(sc), out=out)
     assert got is out
     if device != "cpu":

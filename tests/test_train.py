@@ -443,8 +443,11 @@ def test_moe_forward_with_grad_refuses_out():
 def test_gpu_gradients_match_the_oracle(fmt, act, bias, device):
     x, ids, w, gu, dn, gub, dnb = make_case(37, 4, 8, 256, 128, fmt, torch.bfloat16, bias, seed=12, device=device)
     go = torch.randn(x.shape, device=device).bfloat16()
-    _, got = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go, limit=1.0 if act == "gptoss" else 7.0)
-    _, want = oracle_grads(x, ids, w, gu, dn, gub, dnb, act, go, limit=1.0 if act == "gptoss" else 7.0)
+    # GPT-OSS's own limit (7): a clamp as small as the values here would flip on the bf16
+    # rounding of the pre-activation against the float64 oracle's (a derivative jumping from
+    # 1 to 0); the clamps' gradients are checked in fp32 on the CPU (the same torch code)
+    _, got = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go, limit=7.0)
+    _, want = oracle_grads(x, ids, w, gu, dn, gub, dnb, act, go, limit=7.0)
     for k in want:
         assert got[k].device.type == "cuda", k
         assert_near(got[k], want[k], 4e-2, k)
@@ -468,7 +471,11 @@ def test_gpu_ssmm_dw_matches_the_c_reference(fmt, glu, gathered):
     ssmm_dw(dy.cuda(), x.cuda(), pw.to("cuda"), r.offsets.cuda(), None if tok is None else tok.cuda(), scale.cuda(),
             out=out)
     assert not out.isnan().any()
-    torch.testing.assert_close(out.cpu().float(), want.float(), rtol=1e-2, atol=1e-2)
+    # the kernel rounds dy * scale to bf16 before the tensor cores (the C reference keeps it in
+    # fp32): up to one output ulp apart, so the bound is relative to the largest value
+    got, want = out.cpu().double(), want.double()
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    assert err <= 2 ** -7, err
 
 
 # ---- shared_mlp: a dense backward ----------------------------------------------------------------------------
