@@ -54,7 +54,8 @@ for step in $steps; do
       for tool in ${RELIABILITY_TOOLS:-memcheck racecheck synccheck initcheck}; do
         # (no --leak-check: torch's caching allocator keeps its blocks to exit)
         SAMOYEDS_SANITIZE_TOOL=$tool timeout "${STEP_TIMEOUT:-0}" compute-sanitizer --tool $tool \
-          --error-exitcode 9 $PY benchmarks/sanitize_cases.py > "$OUT/reliability_$tool.log" 2>&1
+          --error-exitcode 9 $PY benchmarks/sanitize_cases.py $([ $tool = initcheck ] && echo ours) \
+          > "$OUT/reliability_$tool.log" 2>&1
         summary+=("reliability $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
           "$OUT/reliability_$tool.log" | tail -1)")
       done

@@ -356,31 +356,31 @@ def test_load_time_packing_peak_memory_is_below_dense(tmp_path):
     assert packed < expert_bytes / 2 < dense
 
 
-@pytest.mark.gpu
-@pytest.mark.xfail(tuple(int(v) for v in transformers.__version__.split(".")[:2]) < (5, 24), strict=False,
-                   reason="failed for all three families on transformers 5.17 (H100, 2026-11-27), not yet "
-                          "diagnosed; written and passing against 5.24 on the CPU")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "llama4"])
-def test_gpu_load_time_packing_bf16(family, tmp_path):
-    """On the GPU in bf16: packing while loading with device_map="cuda" equals patch_model of
-    the same dense weights on the GPU, a save -> load round trip is bit-identical, and the
-    loads allocate less GPU memory than the dense experts."""
+def test_load_time_packing_bf16(family, device, tmp_path):
+    """In bf16 (on the GPU with device_map="cuda"): packing while loading equals patch_model of
+    the same checkpoint loaded dense, a save -> load round trip is bit-identical, and (GPU) the
+    loads allocate less memory than the dense experts.  The reference is loaded, not the
+    built model: a model built and cast to bf16 keeps its rotary frequencies in bf16, a loaded
+    one in fp32, and their logits differ (what this test once compared, H100 2026-11-27)."""
+    gpu = device == "cuda"
     dense = build_model(family, SHAPE, seed=15, dtype=torch.bfloat16)
     expert_bytes = sum(p.numel() * p.element_size() for n, p in dense.named_parameters() if ".experts." in n)
     dense.save_pretrained(tmp_path / "dense")
-    dense.cuda()
-    sm.patch_model(dense, FMT, progress=False)
-    ids = _ids(8).cuda()
-    want = _logits(dense, ids)
-    sd = {k: v.clone() for k, v in dense.state_dict().items()}
     del dense
-    torch.cuda.empty_cache()
-
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    loaded = _load(tmp_path / "dense", quantization_config=shq.SamoyedsConfig(format=FMT), device_map="cuda",
+    ref = _load(tmp_path / "dense", device_map=device, dtype=torch.bfloat16)
+    sm.patch_model(ref, FMT, progress=False)
+    ids = _ids(8).to(device)
+    want = _logits(ref, ids)
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    del ref
+    if gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    loaded = _load(tmp_path / "dense", quantization_config=shq.SamoyedsConfig(format=FMT), device_map=device,
                    dtype=torch.bfloat16)
-    peak = torch.cuda.max_memory_allocated() - base
     sd2 = loaded.state_dict()
     assert sorted(sd) == sorted(sd2)
     for k in sd:   # the packed arrays first: a difference in the logits has a cause here
@@ -388,13 +388,17 @@ def test_gpu_load_time_packing_bf16(family, tmp_path):
             (k, sd[k].dtype, sd2[k].dtype, sd2[k].device)
     assert torch.equal(_logits(loaded, ids), want)
     non_expert = sum(p.numel() * p.element_size() for n, p in loaded.named_parameters())
-    assert peak < non_expert + expert_bytes, (peak, non_expert, expert_bytes)
+    if gpu:
+        peak = torch.cuda.max_memory_allocated() - base
+        assert peak < non_expert + expert_bytes, (peak, non_expert, expert_bytes)
 
     loaded.save_pretrained(tmp_path / "packed")
     del loaded
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    again = _load(tmp_path / "packed", device_map="cuda")
-    assert torch.cuda.max_memory_allocated() - base < non_expert + expert_bytes / 2
+    if gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    again = _load(tmp_path / "packed", device_map=device)
+    if gpu:
+        assert torch.cuda.max_memory_allocated() - base < non_expert + expert_bytes / 2
     assert torch.equal(_logits(again, ids), want)
