@@ -586,6 +586,28 @@ def merge_moe(out: str, parts: list) -> None:
 
 # (file, table, section title, what it shows): the order of docs/RESULTS.md; root "" for the
 # results of record (benchmarks/results), LAB for the lab's (dev/lab/results)
+def train_table(d: dict) -> str:
+    """bench_train.py: forward + backward of the MoE block against grouped_mm autograd."""
+    out = ["| model | T | grouped_mm fwd+bwd | samoyeds fwd+bwd | vs grouped_mm | forward alone | "
+           "activations (MiB) gmm / samoyeds | peak in fwd+bwd (MiB) gmm / samoyeds | roofline gmm / samoyeds |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in d.get("cases", []):
+        g, s = c["methods"].get("grouped_mm", {}), c["methods"].get("samoyeds", {})
+        out.append(f"| {c['model']} | {c['T']} | {_f(g.get('ms_fwd_bwd'), '.2f')} ms | {_f(s.get('ms_fwd_bwd'), '.2f')} ms | "
+                   f"{_x(c['speedup_fwd_bwd']) if c.get('speedup_fwd_bwd') else '-'} | "
+                   f"{_x(c['speedup_fwd']) if c.get('speedup_fwd') else '-'} | "
+                   f"{_f(g.get('activation_mib'), ',.0f')} / {_f(s.get('activation_mib'), ',.0f')} | "
+                   f"{_f(g.get('peak_fwd_bwd_mib'), ',.0f')} / {_f(s.get('peak_fwd_bwd_mib'), ',.0f')} | "
+                   f"{_f(g.get('frac_roofline'), '.0%')} / {_f(s.get('frac_roofline'), '.0%')} |")
+    dw = d.get("dw_kernel") or []
+    if dw:
+        out += ["", "| model | T | projection | ssmm_dw | dense dW (grouped mm) | ratio |", "|---|---:|---|---:|---:|---:|"]
+        for r in dw:
+            out.append(f"| {r.get('model')} | {r.get('T')} | {r.get('projection')} | {_f(r.get('ms_ssmm_dw'), '.3f')} ms | "
+                       f"{_f(r.get('ms_dense'), '.3f')} ms | {_x(r['speedup']) if r.get('speedup') else '-'} |")
+    return "\n".join(out)
+
+
 def _ep_dirs() -> list:
     """The results folders holding an expert-parallel run (two GPUs of one host)."""
     root = os.path.join(HERE, "results")
@@ -654,6 +676,10 @@ TABLES = [
     ("", "shared_mlp.json", shared_mlp_table, "Shared MLP at prefill sizes",
      "Unpruned shared experts: cuBLAS's matmuls with `samoyeds.glu` against the transformers MLP "
      "(dev/lab/bench_shared_mlp.py)."),
+    ("", "train.json", train_table, "Training: forward + backward of the MoE block",
+     "`samoyeds.moe_forward` with its backward (packed values as parameters) against transformers' experts with "
+     "`grouped_mm` under autograd, bf16, same inputs; activations: memory the forward keeps for the backward "
+     "(benchmarks/bench_train.py)."),
     ("", "ep.json", ep_table, "Expert parallelism: two GPUs of one host",
      "Full-depth models (random weights) under transformers' own plan, `DistributedConfig(tp_size=EP, "
      "ep_size=EP)` (experts sharded by expert, all-reduced; attention tensor-parallel), samoyeds against "
@@ -804,6 +830,13 @@ def readme_table(gpu: str = "h100") -> str:
                 rows.append(f"| {c['model']}, full depth ({c['params'] / 1e9:.1f} B parameters, "
                             f"{c['dense_bytes'] / 2**30:.0f} GiB dense), on one GPU | runs | "
                             f"{_f(c.get('allocated_after_build_gib'), '.1f')} GiB resident | {link('memory.json')} |")
+    tr, _ = _load(gpu, "train.json")
+    if tr and tr.get("cases"):
+        sp = [c.get("speedup_fwd_bwd") for c in tr["cases"] if c.get("speedup_fwd_bwd")]
+        act = [c.get("activation_ratio") for c in tr["cases"] if c.get("activation_ratio")]
+        rows.append(f"| MoE block forward + backward vs `grouped_mm` autograd ({len({c['model'] for c in tr['cases']})} "
+                    f"models, T = {', '.join(str(t) for t in sorted({c['T'] for c in tr['cases']}))}) | {_span(sp)} | "
+                    f"activations {_range(act, '{:.1f}x')} smaller | {link('train.json')} |")
     for g in _ep_dirs():
         ep, _ = _load(g, "ep.json")
         keyed = {}
