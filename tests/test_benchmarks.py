@@ -117,6 +117,35 @@ def test_memory_jobs_in_their_own_process(tmp_path):
     assert case["methods"]["grouped_mm"]["first_failure"] == 6 and "--isolate yes" in d["env"]["command"]
 
 
+def test_e2e_dynamic_and_static_cache(tmp_path):
+    """bench_e2e --tiny on the CPU: decode rows for both KV caches and both methods; the static
+    rows compiled (generate told to compile on the CPU, backend eager) with no graph break,
+    their compile time apart from the timed calls, the same greedy tokens as grouped_mm; the
+    report's table and headline name both caches."""
+    import report
+
+    p = _run([os.path.join(BENCH, "bench_e2e.py"), "--tiny", "--device", "cpu", "--models", "olmoe-1b-7b",
+              "--prefill-batches", "1", "--decode-batches", "1,4", "--decode-reps", "1", "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    d = json.loads((tmp_path / "e2e.json").read_text())
+    assert d["settings"]["cache"] == ["dynamic", "static"] and d["settings"]["compile_backend"] == "eager"
+    (case,) = d["cases"]
+    for method in ("grouped_mm", "samoyeds"):
+        rows = case["methods"][method]["decode"]
+        assert [(r["cache"], r["batch"]) for r in rows] == [("dynamic", 1), ("dynamic", 4), ("static", 1),
+                                                             ("static", 4)]
+        for r in rows:
+            assert "tokens_per_s" in r and r["prefill_tokens_per_s"] > 0, r
+            if r["cache"] == "static":
+                assert r["graphs"] >= 1 and r["graph_breaks"] == 0 and r["compile_s"] >= 0, r
+                assert r["fresh_cache_tokens_identical"], r
+    for r in case["methods"]["samoyeds"]["decode"]:
+        assert r["greedy_tokens_identical"] == "4/4" and r["speedup_vs_grouped_mm"] > 0
+    table = report.e2e_table(d)
+    assert table.count("static cache (compiled)") == 2 and table.count("decode, dynamic cache") == 2
+    assert "decode-sta" in p.stdout and "decode-dyn" in p.stdout
+
+
 def test_run_all(tmp_path):
     p = _run([os.path.join(BENCH, "run_all.py"), "--only", "sweep", "--tiny", "--device", "cpu",
               "--out", str(tmp_path)])
