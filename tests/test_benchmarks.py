@@ -364,3 +364,72 @@ def test_readme_snippets_run():
     for b in blocks:
         p = _run(["-c", b], timeout=600)
         assert p.returncode == 0, (b, p.stderr[-2000:])
+
+
+def test_load_plan_spreads_shards_and_refuses_what_does_not_fit(monkeypatch, tmp_path):
+    """bench_load's storage plan: shards fill the folders in order (one filesystem counted once,
+    memory-backed folders no further than the memory available less the reserve); too little
+    room in all stops it before anything is written, saying what it needs and found."""
+    import collections
+    import bench_load
+
+    a, b, c = (tmp_path / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir()
+    Usage = collections.namedtuple("Usage", "total used free")
+    free = {str(a): 10 * 2**30, str(b): 10 * 2**30, str(c): 100 * 2**30}
+    monkeypatch.setattr(bench_load.shutil, "disk_usage", lambda p: Usage(0, 0, free[str(p)]))
+    monkeypatch.setattr(bench_load, "fs_id", lambda p: {str(a): 1, str(b): 1, str(c): 2}[str(p)])
+    monkeypatch.setattr(bench_load, "is_ram_fs", lambda p: str(p) == str(c))
+    monkeypatch.setattr(bench_load, "mem_available", lambda: 30 * 2**30)
+    sizes = [4 * 2**30] * 6
+    usable, placement = bench_load.plan_storage(sizes, [str(a), str(b), str(c)], 2**30, 10 * 2**30)
+    assert [u["root"] for u in usable] == [str(a), str(c)]          # b shares a's filesystem
+    assert usable[1]["capacity"] == 20 * 2**30 and usable[1]["ram"]  # memory 30 GiB less the reserve
+    assert placement == [0, 0, 1, 1, 1, 1]
+    with pytest.raises(SystemExit, match=r"needs 32\.0 GiB .*--layers N"):
+        bench_load.plan_storage(sizes + [4 * 2**30] * 2, [str(a), str(c)], 2**30, 10 * 2**30)
+
+
+def test_load_packs_a_sharded_hub_checkpoint(monkeypatch, tmp_path):
+    """bench_load --tiny on the CPU, in process: the Hub-layout checkpoint (Mixtral's per-expert
+    w1/w2/w3) spread over two folders (shards linked into the first) loads packed, gives finite
+    logits and tokens, and equals the dense load packed by patch_model; the folders are removed;
+    the report's table shows the row."""
+    import bench_load
+    import report
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+
+    def plan(sizes, roots, margin, reserve):
+        return ([{"root": str(a), "capacity": 1 << 40, "ram": False}, {"root": str(b), "capacity": 1 << 40,
+                                                                        "ram": True}],
+                [i % 2 for i in range(len(sizes))])
+    monkeypatch.setattr(bench_load, "plan_storage", plan)
+    seen = {}
+    real_load = bench_load.load
+
+    def spy(path, *args, **kw):
+        seen.setdefault("files", sorted(os.listdir(path)))
+        seen.setdefault("links", sorted(f for f in os.listdir(path) if os.path.islink(os.path.join(path, f))))
+        with open(os.path.join(path, "model.safetensors.index.json")) as fh:
+            seen.setdefault("keys", set(json.load(fh)["weight_map"]))
+        return real_load(path, *args, **kw)
+    monkeypatch.setattr(bench_load, "load", spy)
+    args = bench_load.parse_args(["--tiny", "--device", "cpu", "--model", "mixtral-8x7b"])
+    try:
+        r = bench_load.run(args)
+    finally:
+        bench_load._cleanup()
+    assert not os.listdir(a) and not os.listdir(b)
+    assert seen["links"] == ["model-00002-of-00003.safetensors"] and "config.json" in seen["files"]
+    assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in seen["keys"]
+    assert not any("gate_up_proj" in k for k in seen["keys"])
+    assert r["patched"] and r["sanity"]["logits_finite"] and len(r["sanity"]["tokens"]) == 4
+    assert r["dense"]["packed_logits_equal_patch_model"], r["dense"]
+    assert r["expert_bytes_packed"] < r["dense_bytes"]
+    r.update(seconds=1.0)
+    table = report.load_table({"cases": [r]})
+    assert "mixtral-8x7b | 2/2" in table and "finite logits, 4 tokens" in table
