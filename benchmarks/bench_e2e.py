@@ -345,6 +345,25 @@ def _print_table(rows) -> None:
                       f"{(f'{sp:.2f}x' if sp else '-'):>10}{comp:>17}{brk:>14}")
 
 
+def merge_results(path: str, new: dict) -> dict:
+    """--update: the results file at ``path`` with the cases of the models run now replaced (or
+    added), the others kept; "runs" lists every run's environment and settings, newest first
+    (one model per command keeps each command short)."""
+    if not os.path.exists(path):
+        return new
+    with open(path) as fh:
+        old = json.load(fh)
+    ran = {c.get("model") for c in new["cases"]}
+    kept = [c for c in old.get("cases", []) if c.get("model") not in ran]
+    order = [c.get("model") for c in old.get("cases", [])]
+    cases = sorted(kept + new["cases"], key=lambda c: order.index(c.get("model")) if c.get("model") in order
+                   else len(order))
+    runs = old.get("runs") or [dict(old.get("env", {}), settings=old.get("settings"),
+                                    models=[c.get("model") for c in old.get("cases", [])])]
+    runs = [dict(new["env"], settings=new["settings"], models=sorted(ran))] + runs
+    return dict(new, cases=cases, runs=runs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=MODELS)
@@ -372,6 +391,8 @@ def main() -> None:
     ap.add_argument("--hf-decode-switch", action="store_true",
                     help="keep transformers' swap of grouped_mm for batched_mm in generate's decode steps "
                          "(on a GPU); default: each method runs its own implementation in decode too")
+    ap.add_argument("--update", action="store_true",
+                    help="merge into an existing e2e.json: replace the cases of the models run now, keep the others")
     add_job_args(ap, "model")
     add_run_args(ap)
     args = ap.parse_args()
@@ -409,10 +430,13 @@ def main() -> None:
         rows.append(res)
     path = result_path(args, "e2e.json")
     if path:
-        write_json(path, {"env": environment(), "settings": {
+        payload = {"env": environment(), "settings": {
             k: getattr(args, k) for k in ("format", "seq", "prefill_batches", "decode_batches", "prompt", "new_tokens",
                                           "reps", "decode_reps", "methods", "hf_decode_switch", "cache",
-                                          "compile_backend", "compile_mode")}, "cases": rows})
+                                          "compile_backend", "compile_mode")}, "cases": rows}
+        if args.update:
+            payload = merge_results(path, payload)
+        write_json(path, payload)
     _print_table(rows)
 
 

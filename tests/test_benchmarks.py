@@ -433,3 +433,22 @@ def test_load_packs_a_sharded_hub_checkpoint(monkeypatch, tmp_path):
     r.update(seconds=1.0)
     table = report.load_table({"cases": [r]})
     assert "mixtral-8x7b | 2/2" in table and "finite logits, 4 tokens" in table
+
+
+def test_e2e_update_merges_by_model(tmp_path):
+    """bench_e2e --update: the models run now replace their cases in e2e.json, the others stay in
+    their place, and "runs" records each run (newest first) for the provenance line."""
+    import bench_e2e
+    import report
+
+    path = tmp_path / "e2e.json"
+    old = {"env": {"commit": "aaa", "device": "X"}, "settings": {"cache": ["dynamic"]},
+           "cases": [{"model": "a", "v": 1}, {"model": "b", "v": 1}, {"model": "c", "v": 1}]}
+    path.write_text(json.dumps(old))
+    new = {"env": {"commit": "bbb", "device": "X"}, "settings": {"cache": ["dynamic", "static"]},
+           "cases": [{"model": "b", "v": 2}, {"model": "d", "v": 2}]}
+    m = bench_e2e.merge_results(str(path), new)
+    assert [(c["model"], c["v"]) for c in m["cases"]] == [("a", 1), ("b", 2), ("c", 1), ("d", 2)]
+    assert [r["commit"] for r in m["runs"]] == ["bbb", "aaa"] and m["runs"][0]["models"] == ["b", "d"]
+    assert m["env"]["commit"] == "bbb" and "commit aaa" in report.provenance(m)
+    assert bench_e2e.merge_results(str(tmp_path / "none.json"), new) is new
