@@ -224,13 +224,22 @@ def measure_decode(model, args, device: str, gen: torch.Generator, cache: str, B
     return row
 
 
+START = [time.perf_counter()]  # when the method now measured began (--time-budget)
+
+
 def measure(model, args, device: str, gen: torch.Generator) -> dict:
     """Prefill and decode throughput of ``model`` as it is now (one experts implementation)."""
+    START[0] = time.perf_counter()
     res = {"prefill": [], "decode": []}
     with torch.inference_mode():
         res["prefill"] = measure_prefill(model, args, device, gen)
         for cache in args.cache:
             for B in args.decode_batches:
+                if args.time_budget and time.perf_counter() - START[0] > args.time_budget:
+                    res["decode"].append({"cache": cache, "batch": B, "error": f"skipped (--time-budget "
+                                                                            f"{args.time_budget:g} s spent)"})
+                    print(f"    decode {cache} batch {B}: {res['decode'][-1]['error']}", flush=True)
+                    continue
                 res["decode"].append(measure_decode(model, args, device, gen, cache, B))
     return res
 
@@ -391,6 +400,9 @@ def main() -> None:
     ap.add_argument("--hf-decode-switch", action="store_true",
                     help="keep transformers' swap of grouped_mm for batched_mm in generate's decode steps "
                          "(on a GPU); default: each method runs its own implementation in decode too")
+    ap.add_argument("--time-budget", type=float, default=0,
+                    help="seconds per method of a model: its decode rows not started by then are recorded as skipped "
+                         "(0: no limit); keeps one model's run inside a command's time limit with its JSON written")
     ap.add_argument("--update", action="store_true",
                     help="merge into an existing e2e.json: replace the cases of the models run now, keep the others")
     add_job_args(ap, "model")
@@ -398,7 +410,7 @@ def main() -> None:
     args = ap.parse_args()
     setup_run(args)
     if args.tiny:
-        args.seq, args.prompt, args.new_tokens = min(args.seq, 64), min(args.prompt, 16), min(args.new_tokens, 4)
+        args.seq, args.prompt, args.new_tokens = min(args.seq, 64), min(args.prompt, 16), min(args.new_tokens, 8)
     args.prefill_batches = [int(b) for b in str(args.prefill_batches).split(",")]
     args.decode_batches = [int(b) for b in str(args.decode_batches).split(",")]
     args.methods = args.methods.split(",")
