@@ -557,7 +557,8 @@ def prune_model(model: torch.nn.Module, pattern_: PatternLike = "samoyeds-1:2:12
     patched = [t.name for t in targets if getattr(t.experts, "_samoyeds", None) is not None]
     if patched:
         raise ValueError(f"{type(model).__name__} is already patched ({patched[0]!r}, ...); prune the dense model")
-    check_fmt = pat.fmt or SparseFormat(*PRESETS["2:4"])
+    # a pattern whose fmt is a row-selection spec but no SparseFormat (mask only) fits the 2:4 layout checks
+    check_fmt = pat.fmt if isinstance(pat.fmt, SparseFormat) else SparseFormat(*PRESETS["2:4"])
     for t in targets:
         t.layout = _experts.experts_layout(t, model, check_fmt)
     was_training = model.training
