@@ -414,6 +414,7 @@ def evaluate(model: torch.nn.Module, ev: Dict[str, torch.Tensor], tb: torch.Tens
     return out
 
 
+@torch.no_grad()
 def experts_output_error(pruned: torch.nn.Module, dense: torch.nn.Module, windows: torch.Tensor, device: str) -> float:
     """Relative L2 error of the experts modules' outputs on the dense model's inputs, averaged."""
     from samoyeds.hf.experts import find_experts
@@ -1001,8 +1002,14 @@ def plan(ctx: Ctx, log: Callable[[str], None] = print) -> dict:
         rows.append({"model": name, "pretrain_s": pre, "quarter_s": quarter, "variants_s": var,
                      "per_seed_s": per_seed, "tokens_per_s": tps, "measured": bool(measured),
                      "fine_tunes_masked": n_ft_masked, "fine_tunes_samoyeds": n_ft_sam})
+        q_cap = ""
+        if ctx.corpus is not None:
+            cap = s.max_epoch_frac * (ctx.train_tokens().size)
+            if q_tok > cap:
+                quarter *= cap / q_tok
+                q_tok, q_cap = cap, " (capped below one epoch: less than equal compute, recorded)"
         log(f"  {name:12s} pretrain {tok / 1e6:6.1f} M tokens ~{pre / 60:5.1f} min ({tps / 1e3:.0f} k tok/s"
-            f"{' measured' if measured else ' assumed'}); quarter-width {q_tok / 1e6:5.1f} M tokens ~{quarter / 60:4.1f} min; "
+            f"{' measured' if measured else ' assumed'}); quarter-width {q_tok / 1e6:5.1f} M tokens ~{quarter / 60:4.1f} min{q_cap}; "
             f"variants ({n_pat} prunings, {n_ft_masked} + {n_ft_sam} fine-tunes masked + samoyeds, "
             f"ft matrix {ctx.ft_matrix}) ~{var / 60:5.1f} min; per seed ~{per_seed / 60:5.1f} min")
         total += per_seed * (len(s.seeds) + len(s.heldout_seeds))
