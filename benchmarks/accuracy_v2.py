@@ -587,7 +587,7 @@ def variants(ctx: Ctx, model_name: str, seed: int, heldout: bool) -> dict:
     dense, meta = pretrain(ctx, model_name, seed)
     qmeta = _load(os.path.join(ctx.ckpt_dir(model_name, seed), "quarter.json"))
     part.update({"study": STUDY, "size": ctx.size_name, "model": model_name, "seed": seed, "heldout_seed": heldout,
-                 "corpus_key": c.info["key"], "environment": ctx.env, "pretrain": meta, "quarter": qmeta,
+                 "corpus_key": c.info["key"], "corpus": c.info, "environment": ctx.env, "pretrain": meta, "quarter": qmeta,
                  "ft_matrix": ctx.ft_matrix})
     rows: Dict[str, dict] = part.setdefault("variants", {})
     ev = ctx.eval_sets()
@@ -887,10 +887,12 @@ def merge(ctx: Ctx, plot: bool = False) -> dict:
     parts = [p for p in (_load(f) for f in files) if p]
     if not parts:
         raise SystemExit(f"merge: no parts in {os.path.join(ctx.out, STUDY + '_parts')}")
-    corpus = ctx.load_corpus().info if ctx.corpus is not None or parts else None
+    corpus = parts[0].get("corpus")           # merge needs no corpus on this machine: the parts carry it
+    keys = sorted({p.get("corpus_key") for p in parts})
     result: Dict[str, Any] = {
         "study": STUDY, "size": ctx.size_name, "config": _size_json(ctx.size), "environment": ctx.env,
         "corpus": corpus, "tokenizer": (corpus or {}).get("tokenizer"),
+        "corpus_keys": keys, "corpus_consistent": len(keys) == 1,
         "seeds": sorted({p["seed"] for p in parts}), "heldout_seeds": sorted({p["seed"] for p in parts if p.get("heldout_seed")}),
         "heldout_seed_note": "held-out seeds were not run while the study was developed; a target is met only when "
                              "its 2-sigma bound holds over all seeds and the held-out seed is on the same side",
@@ -1073,7 +1075,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ctx.env.setdefault("device", args.device if args.device == "cpu" else torch.cuda.get_device_name(0))
     ctx.env["versions"] = {d: data._version(d) for d in ("torch", "transformers", "tokenizers", "numpy")}
     ctx.log(f"accuracy study v2, size {size_name}, device {ctx.env.get('device')}, out {out}, cache {cache}")
-    ctx.load_corpus()
+    if args.stage != "merge":
+        ctx.load_corpus()
     models = [m for m, _ in size.models] if args.model == "all" else args.model.split(",")
     held = [int(x) for x in args.heldout_seeds.split(",")] if args.heldout_seeds else list(size.heldout_seeds)
     seeds = [int(x) for x in args.seed.split(",")] if args.seed else list(size.seeds) + held

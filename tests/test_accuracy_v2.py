@@ -57,7 +57,7 @@ def tiny(tmp_path_factory):
 def test_tiny_study_structure(tiny):
     out, r = tiny
     assert r["study"] == "accuracy_v2" and r["size"] == "tiny"
-    assert r["seeds"] == [0, 1] and r["heldout_seeds"] == [1]
+    assert r["seeds"] == [0, 1] and r["heldout_seeds"] == [1] and r["corpus_consistent"]
     assert "commit" in r["environment"] and r["environment"]["versions"]["torch"]
     assert len(r["corpus"]["sha256"]["code_train"]) == 64 and len(r["tokenizer"]["sha256"]) == 64
     assert {p["model"] for p in r["parts"]} == {"mixtral", "finegrained"}
