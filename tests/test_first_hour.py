@@ -252,6 +252,15 @@ def test_moe_forward_with_an_input_that_requires_grad_gives_a_gradient(fresh_war
     assert y.requires_grad and x.grad is not None and x.grad.shape == x.shape
 
 
+def test_a_low_level_op_warns_once_that_it_has_no_backward(fresh_warning):
+    gate, up = torch.randn(3, 8, requires_grad=True), torch.randn(3, 8)
+    with pytest.warns(UserWarning, match=r"this low-level op has no backward.*moe_forward") as seen:
+        out = sm.glu(gate, up)
+        sm.glu(gate, up)
+    assert len([w for w in seen if "no backward" in str(w.message)]) == 1
+    assert not out.requires_grad
+
+
 def test_the_torch_op_backward_gives_gradients(fresh_warning):
     from samoyeds.torch_ops import moe_forward_packed
 
