@@ -22,7 +22,7 @@ Measured on every rank, the slowest rank's time reported:
 A model whose dense weights do not fit one GPU (Mixtral-8x7B in bf16 at EP = 1 on an
 80 GB H100) is recorded as out of memory for grouped_mm; samoyeds builds it packed.
 
-Writes benchmarks/results/h100x2/ep.json (``--out`` another folder) with the command,
+Writes benchmarks/results/<gpu>x<EP>/ep.json (h100x2 on two H100s; ``--out`` another folder) with the command,
 commit and devices.  ``--tiny --device cpu`` runs the same code on toy configs with gloo
 (2 processes; nothing written unless ``--out``): tests/test_ep.py's CPU companion.
 
@@ -361,7 +361,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         for ep in args.ep:
             rows += launch(ep, args, forward, tmp)
     rows = merge(rows)
-    out_dir = args.out or (None if args.tiny else os.path.join(HERE, "results", "h100x2"))
+    out_dir = args.out
+    if out_dir is None and not args.tiny:   # results/<gpu>x<count>: the card the run got (h100x2, h200x2)
+        gpu = os.path.basename(common.gpu_dir(None))
+        out_dir = os.path.join(HERE, "results", f"{gpu}x{max(args.ep)}")
     path = os.path.join(out_dir, "ep.json") if out_dir else None
     if args.merge and path and os.path.exists(path):
         with open(path) as fh:
