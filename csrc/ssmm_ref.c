@@ -53,6 +53,32 @@ static sam_status check_rows(const int32_t *offsets, const int32_t *token_ids, i
     return SAM_STATUS_OK;
 }
 
+/* Expert e's mask, decoded: rowof[q * nslices + j] the original row storage row q holds in
+ * slice j (-1 for padding), cols[q * cp/2 + k] the column of value slot k of row q. */
+static void decode_mask(const uint32_t *meta, const uint8_t *idx, sam_format f, const sam_dims *d, int64_t e,
+                        int64_t nslices, int64_t *rowof, int32_t *cols)
+{
+    const int sel = sam_format_has_selection(f);
+    const int64_t rp = d->rp, cp = d->cp, half = cp / 2;
+    const int64_t mb = e * sam_meta_per_expert(d); /* this expert's first meta word */
+    const uint8_t *ie = sel ? idx + e * sam_idx_per_expert(d) : NULL;
+    for (int64_t q = 0; q < rp; q++) {
+        int h;
+        int64_t qq;
+        const int live = sam_storage_row(d, f.glu, q, &h, &qq);
+        for (int64_t j = 0; j < nslices; j++) {
+            const int s = sel ? ie[j * rp + q] : 0;
+            rowof[q * nslices + j] = live ? sam_original_row(f, d, h, qq, s) : -1;
+        }
+        for (int64_t c = 0; c < cp; c += 4) {
+            const uint32_t nib = (sam_ld_u32(meta, mb + sam_meta_word(d, q, c)) >> sam_meta_shift(q, c)) & 0xfu;
+            const int64_t k = q * half + c / 2;
+            cols[k] = (int32_t)(c + (nib & 3u));
+            cols[k + 1] = (int32_t)(c + (nib >> 2));
+        }
+    }
+}
+
 sam_status sam_ssmm_ref(const sam_ssmm_params *p)
 {
     const sam_format f = p->f;
@@ -84,7 +110,7 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
         return SAM_STATUS_INVALID_ARGUMENT;
     }
     const size_t es = p->dtype == SAM_F32 ? 4 : 2;
-    const int64_t nv = sam_values_per_expert(d), nm = sam_meta_per_expert(d), ni = sam_idx_per_expert(d);
+    const int64_t nv = sam_values_per_expert(d);
     const int64_t out_cols = p->act == SAM_ACT_NONE ? R : R / 2;
     sam_status status = SAM_STATUS_OK;
 
@@ -92,26 +118,8 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
         const int64_t s0 = sam_ld_i32(p->offsets, e), s1 = sam_ld_i32(p->offsets, e + 1);
         if (s0 == s1) continue;
         const char *ve = (const char *)p->values + e * nv * (int64_t)es;
-        const int64_t mb = e * nm; /* this expert's first meta word */
-        const uint8_t *ie = sel ? p->idx + e * ni : NULL;
-        /* decode the expert */
-        for (int64_t q = 0; q < rp; q++) {
-            int h;
-            int64_t qq;
-            int live = sam_storage_row(d, f.glu, q, &h, &qq);
-            for (int64_t j = 0; j < nslices; j++) {
-                int s = sel ? ie[j * rp + q] : 0;
-                rowof[q * nslices + j] = live ? sam_original_row(f, d, h, qq, s) : -1;
-            }
-            for (int64_t c = 0; c < cp; c += 4) {
-                uint32_t nib = (sam_ld_u32(p->meta, mb + sam_meta_word(d, q, c)) >> sam_meta_shift(q, c)) & 0xfu;
-                int64_t k = q * half + c / 2;
-                cols[k] = (int32_t)(c + (nib & 3u));
-                cols[k + 1] = (int32_t)(c + (nib >> 2));
-                vals[k] = sam_load_f32(ve, p->dtype, k);
-                vals[k + 1] = sam_load_f32(ve, p->dtype, k + 1);
-            }
-        }
+        decode_mask(p->meta, p->idx, f, d, e, nslices, rowof, cols);
+        for (int64_t k = 0; k < rp * half; k++) vals[k] = sam_load_f32(ve, p->dtype, k);
         for (int64_t s = s0; s < s1; s++) {
             const int64_t t = p->token_ids ? sam_ld_i32(p->token_ids, s) : s;
             for (int64_t c = 0; c < C; c++) xf[c] = sam_load_f32(p->x, p->dtype, t * p->ldx + c);
@@ -171,7 +179,7 @@ sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p)
         if (valid != SAM_STATUS_OK) return valid;
     }
 
-    const int64_t nv = sam_values_per_expert(d), nm = sam_meta_per_expert(d), ni = sam_idx_per_expert(d);
+    const int64_t nv = sam_values_per_expert(d);
     float *acc = (float *)malloc(sizeof(float) * (size_t)(nv + 1));
     int32_t *cols = (int32_t *)malloc(sizeof(int32_t) * (size_t)(nv + 1));
     int64_t *rowof = (int64_t *)malloc(sizeof(int64_t) * (size_t)(rp * nslices + 1));
@@ -188,24 +196,7 @@ sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p)
         const int64_t s0 = sam_ld_i32(p->offsets, e), s1 = sam_ld_i32(p->offsets, e + 1);
         for (int64_t k = 0; k < nv; k++) acc[k] = 0.0f;
         if (s1 > s0) {
-            const int64_t mb = e * nm;
-            const uint8_t *ie = sel ? p->idx + e * ni : NULL;
-            for (int64_t q = 0; q < rp; q++) {
-                int h;
-                int64_t qq;
-                const int live = sam_storage_row(d, f.glu, q, &h, &qq);
-                for (int64_t j = 0; j < nslices; j++) {
-                    const int s = sel ? ie[j * rp + q] : 0;
-                    rowof[q * nslices + j] = live ? sam_original_row(f, d, h, qq, s) : -1;
-                }
-                for (int64_t c = 0; c < cp; c += 4) {
-                    const uint32_t nib =
-                        (sam_ld_u32(p->meta, mb + sam_meta_word(d, q, c)) >> sam_meta_shift(q, c)) & 0xfu;
-                    const int64_t k = q * half + c / 2;
-                    cols[k] = (int32_t)(c + (nib & 3u));
-                    cols[k + 1] = (int32_t)(c + (nib >> 2));
-                }
-            }
+            decode_mask(p->meta, p->idx, f, d, e, nslices, rowof, cols);
             for (int64_t s = s0; s < s1; s++) {
                 const int64_t t = p->token_ids ? sam_ld_i32(p->token_ids, s) : s;
                 const float sc = p->scale ? sam_ld_f32(p->scale, s) : 1.0f;
