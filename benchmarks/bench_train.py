@@ -20,7 +20,15 @@ inputs gathered and scaled outside the timing), per projection (gate_up: rows ga
 token id; down: sorted rows with the routing scale).
 
   python benchmarks/bench_train.py [--models a,b] [--tokens 4096,16384] [--format samoyeds-1:2:128]
+                                   [--breakdown | --only-breakdown] [--no-kernel]
                                    [--out DIR] [--tiny --device cpu]   (a CPU smoke run, seconds)
+
+--breakdown (--only-breakdown: nothing else but the dW kernel timing unless --no-kernel) times
+every stage of samoyeds' layer forward and backward separately on the same inputs
+(breakdown_stages: routing, the unglued gate_up refresh, each ssmm, glu, combine; in the backward
+the routing recompute, the transposed-packing refreshes, each ssmm for dX, each ssmm_dw, the
+GLU backward, the bias and routing-weight gradients, combine), the composed ops' totals
+(op_total) and the autograd forward + backward, one table per case and rows under "breakdown".
 
 Writes train.json (command, commit, device, versions in "env").
 """
@@ -251,6 +259,160 @@ def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
     return rows
 
 
+# --- --breakdown: where the time of one layer's forward and backward goes -----------------------
+
+def _force_refresh(values) -> None:
+    """Forget the cached relayouts' stamps of one packed weight (its transposed and unglued
+    copies), so that the next transposed() / unglued() refreshes them as after an optimizer step."""
+    from samoyeds import packed as _packed
+    for per_meta in (list(_packed._RELAYOUTS.values()) if _packed._RELAYOUTS is not None else []):
+        for entry in per_meta.values():
+            if entry.stamp is not None and entry.stamp[0] == values.data_ptr():
+                entry.stamp = None
+
+
+def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
+    """(group, stage, fn) for every step of samoyeds' layer forward (moe_forward_train_eager)
+    and backward (moe_backward_eager, every gradient needed, the pre-activation saved), each
+    fn running only its own step on inputs prepared once (untimed) by the steps before: the
+    same ops, arguments and shapes as the composed op, so the stages add up to it (host
+    overheads of the composed op apart)."""
+    from samoyeds import torch_ops as to
+    from samoyeds.ops import ssmm_dw as _ssmm_dw
+    gu, dn = m.gu, m.dn
+    act = to.ACT_IDS[m.act]
+    alpha, limit = 1.702, 7.0
+    E = gu.num_experts
+    T, H = x.shape
+    K = idx.shape[1]
+    S, I = T * K, gu.rows // 2
+    xd = x.detach()
+    gub = m.gub.detach() if m.gub is not None else None
+    dnb = m.dnb.detach() if m.dnb is not None else None
+    xdt = to._dtype_name(xd.dtype)
+    # the intermediates, computed once
+    r = sm.route(idx.contiguous(), E)
+    ws = sm.gather_weights(w.detach().contiguous(), r)
+    preact = to._gate_up_preact(xd, gu, r, to._opt(gub))
+    h = sm.glu(preact[:, :I], preact[:, I:], act=m.act, alpha=alpha, limit=limit)
+    y = sm.ssmm(h, dn, r.offsets, None, bias=to._opt(dnb), scale=ws, check=False)
+    dout = gout.detach().to(xd.dtype).contiguous()
+    g = dout.index_select(0, r.token_ids)
+    dh_u = to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S).float()
+    dh = dh_u * ws[:, None]
+    dpre = to._glu_backward(dh, preact, act, alpha, limit)
+    dpre_x = dpre.to(xd.dtype)
+    dxs = to._matmul_w(dpre_x, gu, r.offsets, None, None, S)
+    pos = r.pos.to(torch.int64)
+
+    def refresh(values, get):
+        def fn():
+            _force_refresh(values)
+            return get()
+        return fn
+
+    def dweights():
+        dws = (dh_u * h.float()).sum(1)
+        if dnb is not None:
+            eid = torch.searchsorted(r.offsets[1:].to(torch.int64), torch.arange(S, device=xd.device),
+                                     right=True).clamp(max=dn.num_experts - 1)
+            dws = dws + (g.float() * dnb.float().index_select(0, eid)).sum(1)
+        return torch.where(pos >= 0, dws[pos.clamp(min=0)], 0.0).to(w.dtype).reshape(w.shape)
+
+    fwd = [
+        ("route", lambda: sm.gather_weights(w.detach().contiguous(), sm.route(idx.contiguous(), E))),
+        ("unglued_refresh", refresh(gu.values, gu.unglued) if to._plain_gate_up(xd) else None),
+        ("ssmm_gate_up", lambda: to._gate_up_preact(xd, gu, r, to._opt(gub))),
+        ("glu", lambda: sm.glu(preact[:, :I], preact[:, I:], act=m.act, alpha=alpha, limit=limit)),
+        ("ssmm_down", lambda: sm.ssmm(h, dn, r.offsets, None, bias=to._opt(dnb), scale=ws, check=False)),
+        ("combine", lambda: sm.combine(y, r.pos, dtype=xdt)),
+    ]
+    bwd = [
+        ("route", lambda: sm.gather_weights(w.detach().contiguous(), sm.route(idx.contiguous(), E))),
+        ("glu_recompute", lambda: sm.glu(preact[:, :I], preact[:, I:], act=m.act, alpha=alpha, limit=limit)),
+        ("gather_dout", lambda: dout.index_select(0, r.token_ids)),
+        ("transposed_refresh_down", refresh(dn.values, dn.transposed) if dn.transposable else None),
+        ("transposed_refresh_gate_up", refresh(gu.values, gu.transposed) if gu.transposable else None),
+        ("ssmm_dw_down", lambda: _ssmm_dw(g, h, dn, r.offsets, None, ws)),
+        ("down_bias_sum", (lambda: to._segment_sum(g.float() * ws[:, None], r.offsets)) if dnb is not None else None),
+        ("ssmm_dx_down", lambda: to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)),
+        ("dweights", dweights),
+        ("scale_dh", lambda: dh_u * ws[:, None]),
+        ("glu_backward", lambda: to._glu_backward(dh, preact, act, alpha, limit)),
+        ("gate_up_bias_sum", (lambda: to._segment_sum(dpre, r.offsets)) if gub is not None else None),
+        ("cast_dpre", lambda: dpre.to(xd.dtype)),
+        ("ssmm_dw_gate_up", lambda: _ssmm_dw(dpre_x, xd, gu, r.offsets, r.token_ids)),
+        ("ssmm_dx_gate_up", lambda: to._matmul_w(dpre_x, gu, r.offsets, None, None, S)),
+        ("combine", lambda: sm.combine(dxs, r.pos, dtype=xdt)),
+    ]
+    n, mm, v = gu.fmt.c_args()
+    _, gr, gc = gu.shape3
+    _, dr, dc = dn.shape3
+    fargs = (xd, idx, w.detach(), gu.values.detach(), gu.meta, gu.idx, gr, gc, dn.values.detach(), dn.meta, dn.idx,
+             dr, dc, n, mm, v, act, gub, dnb, alpha, limit)
+    total = [
+        ("fwd", "op_total", lambda: torch.ops.samoyeds.moe_forward_train(*fargs)),
+        ("bwd", "op_total", lambda: torch.ops.samoyeds.moe_backward(
+            dout, xd, idx, w.detach(), gu.values.detach(), gu.meta, gu.idx, gr, gc, dn.values.detach(), dn.meta,
+            dn.idx, dr, dc, n, mm, v, act, gub, dnb, alpha, limit, preact, None, (1 << 6) - 1)),
+        ("fwd_bwd", "autograd", lambda: fwd_bwd(m, x, idx, w, gout)),
+    ]
+    return ([("fwd", s, f) for s, f in fwd if f is not None] + [("bwd", s, f) for s, f in bwd if f is not None]
+            + total)
+
+
+def bench_breakdown(name, tokens, fmt, device, dtype, tiny, seed) -> list:
+    """Per model and T: median ms of every stage of breakdown_stages (CUDA events around each
+    call, from an idle GPU), its share of its group's stage sum, and the composed ops' totals."""
+    import bench_moe
+    _, cfg = bench_moe._block(name, tiny)
+    H, I, E, K = dims(cfg)
+    gptoss = name.startswith("gpt-oss")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    m = SamoyedsExperts(E, H, I, fmt, "gptoss" if gptoss else "swiglu", gptoss, device, dtype, gen)
+    rows = []
+    for T in tokens:
+        x = torch.randn(T, H, device=device, generator=gen).to(dtype).requires_grad_(True)
+        idx, w = routing(T, E, K, device, dtype, gen)
+        w.requires_grad_(True)
+        gout = torch.randn(T, H, device=device, generator=gen).to(dtype)
+        fwd_bwd(m, x, idx, w, gout)  # builds the cached relayouts
+        case = []
+        for group, stage, fn in breakdown_stages(m, x, idx, w, gout):
+            row = {"model": name, "T": T, "format": fmt, "H": H, "I": I, "E": E, "K": K, "group": group,
+                   "stage": stage}
+            try:
+                t = call_times(fn, device, budget_s=BUDGET_S / 4, min_iters=3, max_iters=30)
+                row.update(ms=statistics.median(t), min_ms=min(t), calls=len(t))
+            except Exception as exc:
+                row["error"] = error_text(exc)
+            case.append(row)
+        for group in ("fwd", "bwd"):
+            parts = [r for r in case if r["group"] == group and r["stage"] != "op_total" and "ms" in r]
+            total = sum(r["ms"] for r in parts)
+            for r in parts:
+                r["share"] = r["ms"] / total if total > 0 else float("nan")
+            case.append({"model": name, "T": T, "format": fmt, "H": H, "I": I, "E": E, "K": K, "group": group,
+                         "stage": "stage_sum", "ms": total})
+        _print_breakdown(case)
+        rows += case
+        del x, idx, w, gout
+        free_memory(device)
+    free_memory(device)
+    return rows
+
+
+def _print_breakdown(case) -> None:
+    r0 = case[0]
+    print(f"\n{r0['model']} T={r0['T']} (H={r0['H']} I={r0['I']} E={r0['E']} K={r0['K']} {r0['format']})")
+    print(f"  {'group':<8} {'stage':<28} {'ms':>9} {'share':>7}")
+    for r in case:
+        ms = f"{r['ms']:9.3f}" if "ms" in r else f"{'-':>9}"
+        share = f"{100 * r['share']:6.1f}%" if "share" in r else f"{'':>7}"
+        print(f"  {r['group']:<8} {r['stage']:<28} {ms} {share}" + (f"  [{r['error']}]" if "error" in r else ""),
+              flush=True)
+
+
 def _print_case(r) -> None:
     s, g = r["methods"].get("samoyeds", {}), r["methods"].get("grouped_mm", {})
     nan = float("nan")
@@ -268,6 +430,11 @@ def main() -> None:
     ap.add_argument("--tokens", default="4096,16384")
     ap.add_argument("--format", default="samoyeds-1:2:128")
     ap.add_argument("--no-kernel", action="store_true", help="skip the ssmm_dw kernel-level timing")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time every stage of samoyeds' layer forward and backward separately "
+                         "(rows under 'breakdown' in the JSON)")
+    ap.add_argument("--only-breakdown", action="store_true",
+                    help="the stage breakdown alone (implies --breakdown; writes train_breakdown.json)")
     args = ap.parse_args()
     setup_run(args)
     global BUDGET_S
@@ -276,17 +443,21 @@ def main() -> None:
     if args.tiny:
         tokens = sorted({min(t, 64) for t in tokens})
         BUDGET_S = 0.02
-    path = result_path(args, "train.json")
+    only = args.only_breakdown
+    path = result_path(args, "train_breakdown.json" if only else "train.json")
     env = environment()
-    dense = dense_rate_tflops(args.device)
-    cases, dw = [], []
+    dense = dense_rate_tflops(args.device) if not only else float("nan")
+    cases, dw, parts = [], [], []
 
     def save(complete: bool) -> None:  # after every model: a run cut short keeps what it measured
         if path:
             write_json(path, {"env": env, "complete": complete, "format": args.format, "tokens": tokens,
-                              "dense_bf16_tflops": dense, "cases": cases, "dw_kernel": dw})
+                              "dense_bf16_tflops": dense, "cases": cases, "dw_kernel": dw, "breakdown": parts})
     for name in args.models.split(","):
-        cases += bench_block(name, tokens, args.format, args.device, dtype, args.tiny, args.seed, dense)
+        if not only:
+            cases += bench_block(name, tokens, args.format, args.device, dtype, args.tiny, args.seed, dense)
+        if args.breakdown or only:
+            parts += bench_breakdown(name, tokens, args.format, args.device, dtype, args.tiny, args.seed)
         if not args.no_kernel:
             dw += bench_dw(name, tokens, args.format, args.device, dtype, args.tiny, args.seed)
         save(False)

@@ -32,3 +32,27 @@ def test_bench_train_tiny(tmp_path):
     assert {(r["model"], r["projection"]) for r in d["dw_kernel"]} == {
         (m, p) for m in ("olmoe", "gpt-oss-20b") for p in ("gate_up", "down")}
     assert all(r["ms_ssmm_dw"] > 0 and r["ms_dense"] > 0 for r in d["dw_kernel"])
+
+
+def test_bench_train_breakdown_tiny(tmp_path):
+    """--only-breakdown: every stage of the layer forward and backward timed, shares of each
+    group summing to 1, the composed ops' totals present, nothing else measured."""
+    p = run_python([os.path.join(ROOT, "benchmarks", "bench_train.py"), "--tiny", "--device", "cpu",
+                    "--models", "gpt-oss-20b", "--only-breakdown", "--no-kernel", "--out", str(tmp_path)],
+                   timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    d = json.loads((tmp_path / "train_breakdown.json").read_text())
+    assert d["complete"] and d["cases"] == [] and d["dw_kernel"] == []
+    rows = d["breakdown"]
+    assert all("error" not in r for r in rows), [r for r in rows if "error" in r]
+    stages = {(r["group"], r["stage"]) for r in rows}
+    for want in (("bwd", "route"), ("bwd", "ssmm_dw_down"), ("bwd", "ssmm_dw_gate_up"), ("bwd", "ssmm_dx_down"),
+                 ("bwd", "ssmm_dx_gate_up"), ("bwd", "glu_backward"), ("bwd", "combine"),
+                 ("bwd", "transposed_refresh_down"), ("bwd", "down_bias_sum"), ("bwd", "gate_up_bias_sum"),
+                 ("bwd", "dweights"), ("fwd", "ssmm_gate_up"), ("fwd", "ssmm_down"), ("fwd", "op_total"),
+                 ("bwd", "op_total"), ("fwd_bwd", "autograd")):
+        assert want in stages, want
+    for g in ("fwd", "bwd"):
+        share = sum(r.get("share", 0.0) for r in rows if r["group"] == g)
+        assert abs(share - 1.0) < 1e-6
+    assert all(r["ms"] > 0 for r in rows if "ms" in r)
