@@ -391,12 +391,6 @@ template <typename T> sam_status launch_dtype(const DwArgs &a, int m, bool direc
     }
 }
 
-// SAMOYEDS_SSMM_DW_IMPL: "mma" forces the mma.sync kernel, "wgmma" (or unset, "auto")
-// leaves the rule's choice; read at every call (a getenv), so that a test can switch it.
-int dw_forced_kernel() {
-    const char *v = getenv("SAMOYEDS_SSMM_DW_IMPL");
-    return v && strcmp(v, "mma") == 0 ? (int)DW_MMA : v && strcmp(v, "wgmma") == 0 ? (int)DW_WGMMA : -1;
-}
 
 }  // namespace
 }  // namespace sam
@@ -476,7 +470,7 @@ extern "C" sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *ps, void *strea
     }
     cudaStream_t s = (cudaStream_t)stream;
     // the one place that picks the kernel (dw_choose_kernel, ssmm_dw.cuh)
-    if (dw_choose_kernel(ssmm_dw_wgmma_available(), dw_forced_kernel()) == DW_WGMMA)
+    if (dw_choose_kernel(ssmm_dw_wgmma_available(), ps->impl == 1 ? (int)DW_MMA : -1) == DW_WGMMA)
         return ssmm_dw_wgmma_launch(a, ps->dtype, f.m, s);
     const bool direct = f.m == 1 && ps->scale == nullptr && a.dy_vec;
     if (ps->dtype == SAM_BF16) return launch_dtype<__nv_bfloat16>(a, f.m, direct, grid, s);

@@ -102,9 +102,9 @@ enum DwKernel { DW_MMA = 0, DW_WGMMA = 1 };
 // The selection rule, a pure function of what the launcher knows: the wgmma kernel
 // (ssmm_dw_wgmma.cu) wherever it runs (an sm_90 device with the sm_90a build:
 // `wgmma_ok`), else the mma.sync kernel (ssmm_dw.cu), which takes every format, dtype and
-// alignment the launcher accepts.  `force`: SAMOYEDS_SSMM_DW_IMPL ("mma" / "wgmma" / unset),
-// read by the launcher, so that the tests run both kernels on an H100; "wgmma" where it
-// cannot run falls back (the result is the same).
+// alignment the launcher accepts.  `force`: DW_MMA when the call asks for the mma.sync
+// kernel (sam_ssmm_dw_params.impl = 1, `ssmm_dw(..., impl="mma")`), so that the tests run
+// both kernels on an H100; -1 leaves the rule's choice.
 inline DwKernel dw_choose_kernel(bool wgmma_ok, int force) {
     if (force == DW_MMA) return DW_MMA;
     return wgmma_ok ? DW_WGMMA : DW_MMA;

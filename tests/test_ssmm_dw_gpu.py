@@ -3,10 +3,9 @@ same inputs) and a float64 torch oracle, on fresh random inputs per case, the ou
 poisoned with NaN first: every entry written, padding entries and experts without rows
 exactly 0, rows past offsets[E] never read (NaN there), bit-identical run to run.
 On sm_90 the default runs the wgmma kernel (ssmm_dw_wgmma.cu); the tests marked `impl`
-also run the mma.sync kernel through SAMOYEDS_SSMM_DW_IMPL=mma (elsewhere both are it)."""
+also run the mma.sync kernel through ssmm_dw(..., impl="mma") (elsewhere both are it)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -100,7 +99,7 @@ def run_dw(p, r, dy, x, tok, sc, device):
     pd = p.to(device)
     out = torch.full(p.values.shape, float("nan"), dtype=dy.dtype, device=device)
     to = (lambda t: None if t is None else on(t, device))
-    got = ssmm_dw(to(dy), to(x), pd, to(r.offsets), to(tok), to(sc), out=out)
+    got = ssmm_dw(to(dy), to(x), pd, to(r.offsets), to(tok), to(sc), out=out, impl=IMPL["impl"])
     assert got is out
     if device != "cpu":
         torch.cuda.synchronize()
@@ -208,15 +207,15 @@ WGMMA_CASES = [  # T, K, E, (R plain, R glu), C, pattern
 ]
 
 
+IMPL = {"impl": "auto"}   # run_dw's ssmm_dw(impl=...), set by the fixture below
+
+
 @pytest.fixture(params=["auto", "mma"])
-def impl(request, monkeypatch):
+def impl(request):
     """Which ssmm_dw kernel: the rule's (the wgmma one on sm_90a) or the mma.sync one."""
-    if request.param == "auto":
-        monkeypatch.delenv("SAMOYEDS_SSMM_DW_IMPL", raising=False)
-    else:
-        monkeypatch.setenv("SAMOYEDS_SSMM_DW_IMPL", request.param)
-    assert os.environ.get("SAMOYEDS_SSMM_DW_IMPL") in (None, "mma")
-    return request.param
+    IMPL["impl"] = request.param
+    yield request.param
+    IMPL["impl"] = "auto"
 
 
 @pytest.mark.gpu
@@ -241,16 +240,18 @@ def test_cuda_wgmma_float16_deterministic(fmt, glu, impl):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,glu", [("samoyeds-1:2:128", True), ("samoyeds-1:2:192", False), ("1:4:64", True),
                                      ("2:4", False)])
-def test_cuda_kernels_agree(fmt, glu, monkeypatch):
+def test_cuda_kernels_agree(fmt, glu):
     """The wgmma and the mma.sync kernel on the same inputs: both within the reference's error
     of the oracle, and close to each other (fp32 sums in different orders: not bitwise)."""
     case = WGMMA_CASES[1]
     seed = 11
     p, r, dy, x, tok, sc = make_inputs(case, fmt, torch.bfloat16, glu, True, True, seed)
-    monkeypatch.delenv("SAMOYEDS_SSMM_DW_IMPL", raising=False)
     a = run_dw(p, r, dy, x, tok, sc, "cuda")
-    monkeypatch.setenv("SAMOYEDS_SSMM_DW_IMPL", "mma")
-    b = run_dw(p, r, dy, x, tok, sc, "cuda")
+    IMPL["impl"] = "mma"
+    try:
+        b = run_dw(p, r, dy, x, tok, sc, "cuda")
+    finally:
+        IMPL["impl"] = "auto"
     want, _ = oracle_dw(dy, x, p, r.offsets, tok, sc)
     assert rel_err(a, want) < 2e-2 and rel_err(b, want) < 2e-2
     assert rel_err(a, b.double()) < 2e-2
