@@ -10,8 +10,27 @@ masked dense weights back and ``grouped_mm`` is measured on exactly those.
 
   prefill   forward of batch x seq tokens (no KV cache, last-position logits only,
             as generate's prefill), tokens/s = batch * seq / median time;
-  decode    greedy ``generate`` with a KV cache from a prompt of --prompt tokens:
-            tokens/s = batch * (N - 1) / (time(N new tokens) - time(1 new token)).
+  decode    greedy ``generate`` from a prompt of --prompt tokens, per KV cache (--cache):
+            tokens/s = batch * (N - 1) / (time(N new tokens) - time(1 new token));
+            the row's prefill_tokens_per_s = batch * prompt / time(1 new token).
+
+Caches (--cache dynamic,static):
+  dynamic   transformers' default DynamicCache; every decode step runs eagerly (host-bound
+            at small batches);
+  static    a StaticCache, with which ``generate`` compiles the decode step
+            (``torch.compile(model.__call__, **CompileConfig())``: inductor, mode
+            "reduce-overhead", i.e. CUDA graphs) as ``generate(..., cache_implementation=
+            "static")`` does.  One StaticCache of prompt + N positions is made per (method,
+            batch) and reset before each call (``generate(..., cache=...)``): a fresh cache per
+            call would give the CUDA graphs new static addresses and re-record them in every
+            timed call.  Dynamo is reset before each (method, batch), so compile_s (the
+            warm-up call's time beyond a timed one: tracing, inductor, graph recording) is
+            that configuration's own; the warm-up is never timed.  fresh_cache_generate_s: one
+            call of ``generate(..., cache_implementation="static")`` as a user writes it
+            (fresh cache; graphs re-recorded), for reference.  graph_breaks and graphs: what
+            dynamo counted while compiling (0 breaks expected for both methods).
+            On the CPU (--device cpu) generate compiles only when told to
+            (CompileConfig._compile_all_devices) and the backend is "eager" by default.
 
 Each method runs its own experts implementation in decode too: on a GPU,
 transformers' ``generate`` swaps ``grouped_mm`` for ``batched_mm`` during decoding
@@ -24,8 +43,8 @@ grouped_mm,batched_mm,samoyeds`` measures batched_mm as a method of its own.
 On the GPU each model runs in its own process (a failure ends that model only).
 
   python benchmarks/bench_e2e.py [--models a,b] [--prefill-batches 1,4] [--seq 4096]
-                                 [--decode-batches 1,16] [--new-tokens 32] [--out DIR]
-                                 [--tiny --device cpu]   (a CPU smoke run)
+                                 [--decode-batches 1,32] [--cache dynamic,static] [--new-tokens 32]
+                                 [--out DIR] [--tiny --device cpu]   (a CPU smoke run)
 """
 from __future__ import annotations
 
@@ -87,57 +106,141 @@ def _wall(fn, device: str) -> float:
     return time.perf_counter() - t0
 
 
+def compile_config(args):
+    """The CompileConfig generate compiles the decode step with (--compile-backend, --compile-mode;
+    transformers' defaults on the GPU); on the CPU it tells generate to compile there too."""
+    from transformers import CompileConfig
+    mode = args.compile_mode if args.compile_backend == "inductor" else None
+    cc = CompileConfig(backend=args.compile_backend, mode=mode or None)
+    if args.device != "cuda":
+        cc._compile_all_devices = True
+    return cc
+
+
+def reset_compiled(model) -> None:
+    """Forgets every compiled graph (dynamo's caches, the CUDA graphs, the model's compiled call):
+    the next static-cache generate compiles anew."""
+    torch._dynamo.reset()
+    try:
+        from torch._inductor import cudagraph_trees
+        cudagraph_trees.reset_cudagraph_trees()
+    except Exception:  # noqa: BLE001 - older/newer torch without it: dynamo's reset is enough
+        pass
+    model.__dict__.pop("_compiled_call", None)
+    model.__dict__.pop("_last_compile_config", None)
+
+
+def _dynamo_counts() -> dict:
+    from torch._dynamo.utils import counters
+    return {"graph_breaks": sum(counters["graph_break"].values()),
+            "graphs": counters["stats"].get("unique_graphs", 0)}
+
+
+def measure_prefill(model, args, device: str, gen: torch.Generator) -> list:
+    V = model.config.vocab_size
+    rows = []
+    for B in args.prefill_batches:
+        ids = torch.randint(3, V, (B, args.seq), generator=gen, device=device)
+        row = {"batch": B, "seq": args.seq}
+        try:
+            fn = lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1)  # noqa: E731
+            t = time_ms(fn, device, warmup=1, min_iters=args.reps, max_iters=args.reps, budget_s=0)
+            row.update(ms=t["ms"], min_ms=t["min_ms"], tokens_per_s=B * args.seq / (t["ms"] * 1e-3),
+                       peak_mib=peak_mib(fn, device))
+        except Exception as exc:  # noqa: BLE001 - reported per row
+            row["error"] = "out of memory" if is_oom(exc) else error_text(exc)
+        del ids
+        free_memory(device)
+        rows.append(row)
+        print(f"    prefill {B}x{args.seq}: " + (f"{row['ms']:.1f} ms, {row['tokens_per_s']:,.0f} tokens/s, "
+              f"peak {row['peak_mib']:.0f} MiB" if "ms" in row else row["error"]), flush=True)
+    return rows
+
+
+def measure_decode(model, args, device: str, gen: torch.Generator, cache: str, B: int) -> dict:
+    """One decode row: greedy generate at batch B with the ``cache`` KV cache (module docstring)."""
+    from transformers import StaticCache
+    V = model.config.vocab_size
+    ids = torch.randint(3, V, (B, args.prompt), generator=gen, device=device)
+    mask = torch.ones_like(ids)
+    row = {"cache": cache, "batch": B, "prompt": args.prompt, "new_tokens": args.new_tokens}
+    extra, sc = {}, None
+    if cache == "static":
+        reset_compiled(model)
+        cc = compile_config(args)
+        # the length generate gives a fresh static cache (the last token is never fed back)
+        sc = StaticCache(config=model.config, max_cache_len=args.prompt + args.new_tokens - 1)
+        extra = {"cache": sc, "compile_config": cc}
+        row["compile"] = {"backend": cc.backend, "mode": cc.mode, "fullgraph": cc.fullgraph, "dynamic": cc.dynamic}
+
+    def generate(n):
+        if sc is not None:
+            sc.reset()
+        return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=0, **extra)
+    try:
+        before = _dynamo_counts()
+        # warm-up at full length, never timed: the first generate calls of a freshly patched model pay
+        # one-time costs (allocator growth, kernel loading; with the static cache: compiling the decode
+        # step and recording its CUDA graphs), which a single timed call would charge to the method
+        warm = _wall(lambda: generate(args.new_tokens), device)
+        t1 = statistics.median(_wall(lambda: generate(1), device) for _ in range(3))
+        outs = []
+        tn = statistics.median(_wall(lambda: outs.append(generate(args.new_tokens)), device)
+                               for _ in range(args.decode_reps))
+        out = outs[-1][:, args.prompt:]
+        row.update(first_token_s=t1, generate_s=tn, warmup_s=warm, tokens=out[0].tolist(),
+                   prefill_tokens_per_s=B * args.prompt / t1)
+        if cache == "static":
+            after = _dynamo_counts()
+            row.update(compile_s=max(0.0, warm - tn), graph_breaks=after["graph_breaks"] - before["graph_breaks"],
+                       graphs=after["graphs"] - before["graphs"])
+            if args.fresh_static:
+                try:
+                    fresh = []
+                    row["fresh_cache_generate_s"] = _wall(lambda: fresh.append(model.generate(
+                        ids, attention_mask=mask, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                        do_sample=False, pad_token_id=0, cache_implementation="static",
+                        compile_config=extra["compile_config"])), device)
+                    row["fresh_cache_tokens_identical"] = bool(torch.equal(fresh[0][:, args.prompt:], out))
+                except Exception as exc:  # noqa: BLE001 - a note, the row stands
+                    row["fresh_cache_error"] = error_text(exc)
+        if tn > t1:
+            row.update(tokens_per_s=B * (args.new_tokens - 1) / (tn - t1),
+                       ms_per_step=(tn - t1) / (args.new_tokens - 1) * 1e3)
+        else:
+            row["error"] = "N tokens took no longer than 1 (timer noise; use more --new-tokens)"
+    except Exception as exc:  # noqa: BLE001
+        row["error"] = "out of memory" if is_oom(exc) else error_text(exc)
+    del ids, mask, sc, extra
+    if cache == "static":
+        reset_compiled(model)
+    free_memory(device)
+    msg = (f"{row['ms_per_step']:.2f} ms/step, {row['tokens_per_s']:,.1f} tokens/s"
+           if "tokens_per_s" in row else row["error"])
+    if "compile_s" in row:
+        msg += f" (compile {row['compile_s']:.1f} s, {row['graph_breaks']} graph breaks, {row['graphs']} graphs)"
+    print(f"    decode {cache} batch {B}: {msg}", flush=True)
+    return row
+
+
+START = [time.perf_counter()]  # when the method now measured began (--time-budget)
+
+
 def measure(model, args, device: str, gen: torch.Generator) -> dict:
     """Prefill and decode throughput of ``model`` as it is now (one experts implementation)."""
-    V = model.config.vocab_size
+    START[0] = time.perf_counter()
     res = {"prefill": [], "decode": []}
     with torch.inference_mode():
-        for B in args.prefill_batches:
-            ids = torch.randint(3, V, (B, args.seq), generator=gen, device=device)
-            row = {"batch": B, "seq": args.seq}
-            try:
-                fn = lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1)  # noqa: E731
-                t = time_ms(fn, device, warmup=1, min_iters=args.reps, max_iters=args.reps, budget_s=0)
-                row.update(ms=t["ms"], min_ms=t["min_ms"], tokens_per_s=B * args.seq / (t["ms"] * 1e-3),
-                           peak_mib=peak_mib(fn, device))
-            except Exception as exc:  # noqa: BLE001 - reported per row
-                row["error"] = "out of memory" if is_oom(exc) else error_text(exc)
-            del ids
-            free_memory(device)
-            res["prefill"].append(row)
-            print(f"    prefill {B}x{args.seq}: " + (f"{row['ms']:.1f} ms, {row['tokens_per_s']:,.0f} tokens/s, "
-                  f"peak {row['peak_mib']:.0f} MiB" if "ms" in row else row["error"]), flush=True)
-        for B in args.decode_batches:
-            ids = torch.randint(3, V, (B, args.prompt), generator=gen, device=device)
-            mask = torch.ones_like(ids)
-            row = {"batch": B, "prompt": args.prompt, "new_tokens": args.new_tokens}
-
-            def generate(n):
-                return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                      do_sample=False, pad_token_id=0)
-            try:
-                # warm-up at full length: the first generate calls of a freshly patched model pay
-                # one-time costs (allocator growth, kernel loading) of up to seconds, which a
-                # single timed call would charge to whichever method is measured first
-                generate(args.new_tokens)
-                t1 = statistics.median(_wall(lambda: generate(1), device) for _ in range(3))
-                outs = []
-                tn = statistics.median(_wall(lambda: outs.append(generate(args.new_tokens)), device)
-                                       for _ in range(args.decode_reps))
-                out = outs[-1][:, args.prompt:]
-                row.update(first_token_s=t1, generate_s=tn, tokens=out[0].tolist())
-                if tn > t1:
-                    row.update(tokens_per_s=B * (args.new_tokens - 1) / (tn - t1),
-                               ms_per_step=(tn - t1) / (args.new_tokens - 1) * 1e3)
-                else:
-                    row["error"] = "N tokens took no longer than 1 (timer noise; use more --new-tokens)"
-            except Exception as exc:  # noqa: BLE001
-                row["error"] = "out of memory" if is_oom(exc) else error_text(exc)
-            del ids, mask
-            free_memory(device)
-            res["decode"].append(row)
-            print(f"    decode batch {B}: " + (f"{row['ms_per_step']:.1f} ms/step, {row['tokens_per_s']:,.1f} "
-                  "tokens/s" if "tokens_per_s" in row else row["error"]), flush=True)
+        res["prefill"] = measure_prefill(model, args, device, gen)
+        for cache in args.cache:
+            for B in args.decode_batches:
+                if args.time_budget and time.perf_counter() - START[0] > args.time_budget:
+                    res["decode"].append({"cache": cache, "batch": B, "error": f"skipped (--time-budget "
+                                                                            f"{args.time_budget:g} s spent)"})
+                    print(f"    decode {cache} batch {B}: {res['decode'][-1]['error']}", flush=True)
+                    continue
+                res["decode"].append(measure_decode(model, args, device, gen, cache, B))
     return res
 
 
@@ -195,20 +298,34 @@ def run_model(name: str, args) -> dict:
     return res
 
 
+def _key(phase: str, r: dict) -> tuple:
+    """A row's key within a method: prefill by batch, decode by (cache, batch); rows written
+    before the static cache existed are dynamic-cache rows."""
+    return (r.get("batch"),) if phase == "prefill" else (r.get("cache", "dynamic"), r.get("batch"))
+
+
 def _ratios(res: dict) -> None:
     s, g = res["methods"].get("samoyeds", {}), res["methods"].get("grouped_mm", {})
     for phase in ("prefill", "decode"):
-        for rs, rg in zip(s.get(phase, []), g.get(phase, [])):
+        peer = {_key(phase, r): r for r in g.get(phase, [])}
+        for rs in s.get(phase, []):
+            rg = peer.get(_key(phase, rs), {})
             if "tokens_per_s" in rs and "tokens_per_s" in rg:
                 rs["speedup_vs_grouped_mm"] = rs["tokens_per_s"] / rg["tokens_per_s"]
+            if phase == "decode" and "prefill_tokens_per_s" in rs and "prefill_tokens_per_s" in rg:
+                rs["prefill_speedup_vs_grouped_mm"] = rs["prefill_tokens_per_s"] / rg["prefill_tokens_per_s"]
             if phase == "decode" and "tokens" in rs and "tokens" in rg:
                 same = sum(x == y for x, y in zip(rs["tokens"], rg["tokens"]))
                 rs["greedy_tokens_identical"] = f"{same}/{len(rg['tokens'])}"
 
 
+def _phase_name(phase: str, r: dict) -> str:
+    return phase if phase == "prefill" else f"decode-{r.get('cache', 'dynamic')[:3]}"
+
+
 def _print_table(rows) -> None:
-    print(f"\n{'model':<18}{'layers':>8}  {'phase':<8}{'batch':>6}{'grouped_mm tok/s':>18}{'samoyeds tok/s':>16}"
-          f"{'speed-up':>10}")
+    print(f"\n{'model':<18}{'layers':>8}  {'phase':<11}{'batch':>6}{'grouped_mm tok/s':>18}{'samoyeds tok/s':>16}"
+          f"{'speed-up':>10}{'compile s (g/s)':>17}{'breaks (g/s)':>14}")
 
     def cell(d):
         return f"{d['tokens_per_s']:,.0f}" if "tokens_per_s" in d else d.get("error", "-")[:14]
@@ -219,14 +336,41 @@ def _print_table(rows) -> None:
             continue
         s, g = r["methods"].get("samoyeds", {}), r["methods"].get("grouped_mm", {})
         for phase in ("prefill", "decode"):
-            ls, lg = s.get(phase, []), g.get(phase, [])
-            for i in range(max(len(ls), len(lg))):
-                rs = ls[i] if i < len(ls) else {}
-                rg = lg[i] if i < len(lg) else {}
+            keys = []
+            for x in g.get(phase, []) + s.get(phase, []):
+                if _key(phase, x) not in keys:
+                    keys.append(_key(phase, x))
+            bs = {_key(phase, x): x for x in s.get(phase, [])}
+            bg = {_key(phase, x): x for x in g.get(phase, [])}
+            for k in keys:
+                rs, rg = bs.get(k, {}), bg.get(k, {})
                 sp = rs.get("speedup_vs_grouped_mm")
-                print(f"{r['model']:<18}{r['depth']:>4}/{r['full_depth']:<3}  {phase:<8}"
+                comp = brk = ""
+                if "compile_s" in rs or "compile_s" in rg:
+                    comp = "/".join(f"{x['compile_s']:.0f}" if "compile_s" in x else "-" for x in (rg, rs))
+                    brk = f"{rg.get('graph_breaks', '-')}/{rs.get('graph_breaks', '-')}"
+                print(f"{r['model']:<18}{r['depth']:>4}/{r['full_depth']:<3}  {_phase_name(phase, rs or rg):<11}"
                       f"{rs.get('batch', rg.get('batch', 0)):>6}{cell(rg):>18}{cell(rs):>16}"
-                      f"{(f'{sp:.2f}x' if sp else '-'):>10}")
+                      f"{(f'{sp:.2f}x' if sp else '-'):>10}{comp:>17}{brk:>14}")
+
+
+def merge_results(path: str, new: dict) -> dict:
+    """--update: the results file at ``path`` with the cases of the models run now replaced (or
+    added), the others kept; "runs" lists every run's environment and settings, newest first
+    (one model per command keeps each command short)."""
+    if not os.path.exists(path):
+        return new
+    with open(path) as fh:
+        old = json.load(fh)
+    ran = {c.get("model") for c in new["cases"]}
+    kept = [c for c in old.get("cases", []) if c.get("model") not in ran]
+    order = [c.get("model") for c in old.get("cases", [])]
+    cases = sorted(kept + new["cases"], key=lambda c: order.index(c.get("model")) if c.get("model") in order
+                   else len(order))
+    runs = old.get("runs") or [dict(old.get("env", {}), settings=old.get("settings"),
+                                    models=[c.get("model") for c in old.get("cases", [])])]
+    runs = [dict(new["env"], settings=new["settings"], models=sorted(ran))] + runs
+    return dict(new, cases=cases, runs=runs)
 
 
 def main() -> None:
@@ -236,7 +380,17 @@ def main() -> None:
     ap.add_argument("--format", default="samoyeds-1:2:128")
     ap.add_argument("--prefill-batches", default="1,4")
     ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--decode-batches", default="1,16")
+    ap.add_argument("--decode-batches", default="1,32")
+    ap.add_argument("--cache", default="dynamic,static",
+                    help="KV caches of the decode rows: dynamic (eager steps), static (generate compiles the step)")
+    ap.add_argument("--compile-backend", default=None,
+                    help="static cache: torch.compile backend (default: inductor on the GPU, as transformers' "
+                         "CompileConfig; eager on the CPU)")
+    ap.add_argument("--compile-mode", default="reduce-overhead",
+                    help="static cache, inductor: torch.compile mode (transformers' default: reduce-overhead, "
+                         "CUDA graphs)")
+    ap.add_argument("--no-fresh-static", dest="fresh_static", action="store_false",
+                    help="static cache: skip the one reference call with a fresh cache per call")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3, help="timed prefill forwards (median)")
@@ -246,15 +400,25 @@ def main() -> None:
     ap.add_argument("--hf-decode-switch", action="store_true",
                     help="keep transformers' swap of grouped_mm for batched_mm in generate's decode steps "
                          "(on a GPU); default: each method runs its own implementation in decode too")
+    ap.add_argument("--time-budget", type=float, default=0,
+                    help="seconds per method of a model: its decode rows not started by then are recorded as skipped "
+                         "(0: no limit); keeps one model's run inside a command's time limit with its JSON written")
+    ap.add_argument("--update", action="store_true",
+                    help="merge into an existing e2e.json: replace the cases of the models run now, keep the others")
     add_job_args(ap, "model")
     add_run_args(ap)
     args = ap.parse_args()
     setup_run(args)
     if args.tiny:
-        args.seq, args.prompt, args.new_tokens = min(args.seq, 64), min(args.prompt, 16), min(args.new_tokens, 4)
+        args.seq, args.prompt, args.new_tokens = min(args.seq, 64), min(args.prompt, 16), min(args.new_tokens, 8)
     args.prefill_batches = [int(b) for b in str(args.prefill_batches).split(",")]
     args.decode_batches = [int(b) for b in str(args.decode_batches).split(",")]
     args.methods = args.methods.split(",")
+    args.cache = [c for c in str(args.cache).split(",") if c]
+    if not set(args.cache) <= {"dynamic", "static"}:
+        ap.error(f"--cache: dynamic and/or static, got {args.cache}")
+    if args.compile_backend is None:
+        args.compile_backend = "inductor" if args.device == "cuda" else "eager"
     if args.new_tokens < 2:
         ap.error("--new-tokens: at least 2 (decode rate = (N - 1) tokens between the first and the last)")
     if args.job:
@@ -278,9 +442,13 @@ def main() -> None:
         rows.append(res)
     path = result_path(args, "e2e.json")
     if path:
-        write_json(path, {"env": environment(), "settings": {
+        payload = {"env": environment(), "settings": {
             k: getattr(args, k) for k in ("format", "seq", "prefill_batches", "decode_batches", "prompt", "new_tokens",
-                                          "reps", "decode_reps", "methods", "hf_decode_switch")}, "cases": rows})
+                                          "reps", "decode_reps", "methods", "hf_decode_switch", "cache",
+                                          "compile_backend", "compile_mode")}, "cases": rows}
+        if args.update:
+            payload = merge_results(path, payload)
+        write_json(path, payload)
     _print_table(rows)
 
 

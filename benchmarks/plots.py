@@ -362,6 +362,57 @@ def accuracy(d: dict):
 
 # --- all figures --------------------------------------------------------------------------------------
 
+def accuracy_v2(d: dict):
+    """Accuracy study v2: held-out code perplexity per variant, mean +- std over seeds, one-shot
+    and after the 1 % experts-only fine-tune (masked dense path; samoyeds' own backward where
+    the format packs), one panel per model."""
+    plt = _plt()
+    models = d.get("models") or {}
+    n = max(1, len(models))
+    rows_max = max((len(m.get("variants") or {}) for m in models.values()), default=1)
+    fig, axes = plt.subplots(1, n, figsize=(7.5 * n, 0.28 * rows_max + 1.8), squeeze=False)
+    for ax, (name, m) in zip(axes[0], models.items()):
+        v = m.get("variants") or {}
+        names = [k for k in v if k != "dense"]
+        ys = range(len(names))
+
+        def bar(off, getter, label, color):
+            pts = [(y, getter(v[k])) for y, k in zip(ys, names)]
+            pts = [(y, st) for y, st in pts if st and st.get("mean") is not None]
+            if pts:
+                ax.barh([y + off for y, _ in pts], [st["mean"] for _, st in pts], 0.28,
+                        xerr=[st.get("std") or 0 for _, st in pts], label=label, color=color, error_kw={"lw": 0.8})
+
+        bar(-0.3, lambda x: x["oneshot"]["code_ppl"], "one-shot", "#9ecae1")
+        bar(0.0, lambda x: ((x.get("ft") or {}).get("experts-1%") or {}).get("masked", {}).get("code_ppl"),
+            "+ 1 % experts-only fine-tune (masked dense)", COLORS["samoyeds"])
+        bar(0.3, lambda x: ((x.get("ft") or {}).get("experts-1%") or {}).get("samoyeds", {}).get("code_ppl"),
+            "+ the same through samoyeds' backward", "#08306b")
+        dense = v.get("dense")
+        if dense:
+            ax.axvline(dense["oneshot"]["code_ppl"]["mean"], color="k", lw=1, label="dense")
+            ft = ((dense.get("ft") or {}).get("experts-1%") or {}).get("masked")
+            if ft:
+                ax.axvline(ft["code_ppl"]["mean"], color="k", ls="--", lw=1, label="dense + same fine-tune")
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels(names, fontsize=7)
+        ax.invert_yaxis()
+        vals = [x["oneshot"]["code_ppl"]["mean"] for x in v.values() if x["oneshot"]["code_ppl"].get("mean")]
+        floor = (v.get("floor (experts removed)") or {}).get("oneshot", {}).get("code_ppl", {}).get("mean")
+        body = [x for x in vals if floor is None or x < floor] or vals
+        if body:
+            lo, hi = min(body), max(body)
+            ax.set_xlim(lo - 0.1 * (hi - lo + 1e-9), hi + 0.15 * (hi - lo + 1e-9))
+        ax.set_title(f"{name}: {m.get('parameters', 0) / 1e6:.1f} M parameters, seeds {m.get('seeds')}", fontsize=9)
+        ax.set_xlabel("held-out code perplexity (tokens; lower is better)")
+        ax.legend(fontsize=7, loc="lower right")
+    env = d.get("environment") or {}
+    fig.suptitle(f"Accuracy study v2 ({d.get('size', '?')} size, {env.get('device', '')}): 75 % of the expert weights "
+                 "pruned, mean +- std over seeds", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def dense_decode(d: dict):
     """Unpruned shared experts at decode sizes: samoyeds.dense_decode against the transformers MLP
     by token count (left), and the weight stream against the device copy rate (right)."""
@@ -439,6 +490,7 @@ FIGURES = [  # (png name, JSON file, function)
     ("e2e", "e2e.json", e2e),
     ("memory", "memory.json", memory),
     ("accuracy", "accuracy.json", accuracy),
+    ("accuracy_v2", "accuracy_v2.json", accuracy_v2),
     ("dense_decode", "dense_decode.json", dense_decode),
     ("decode", "bench_decode.json", decode),
 ]

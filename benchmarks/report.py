@@ -149,22 +149,60 @@ def sweep_table(d: dict) -> str:
     return "\n".join(rows)
 
 
+def _decode_cache(r: dict) -> str:
+    """A bench_e2e decode row's KV cache (rows from before the static cache: dynamic)."""
+    return r.get("cache", "dynamic")
+
+
+def e2e_decode_speedups(d: dict, cache: str) -> list:
+    """samoyeds' decode speed-ups over grouped_mm in an e2e.json, rows of one KV cache."""
+    return [r.get("speedup_vs_grouped_mm") for c in d["cases"] if "methods" in c
+            for r in c["methods"].get("samoyeds", {}).get("decode", []) if _decode_cache(r) == cache]
+
+
 def e2e_table(d: dict) -> str:
-    rows = ["| model | layers | phase | batch | grouped_mm tokens/s | samoyeds tokens/s | speed-up |",
-            "|---|---:|---|---:|---:|---:|---:|"]
+    rows = ["| model | layers | phase | batch | grouped_mm tokens/s | samoyeds tokens/s | speed-up | "
+            "compile s, grouped_mm / samoyeds |",
+            "|---|---:|---|---:|---:|---:|---:|---:|"]
+    label = {"dynamic": "decode, dynamic cache", "static": "decode, static cache (compiled)"}
     for c in d["cases"]:
         if "methods" not in c:
-            rows.append(f"| {c.get('model')} | | error: {c.get('error', '')[:80]} | | | | |")
+            rows.append(f"| {c.get('model')} | | error: {c.get('error', '')[:80]} | | | | | |")
             continue
         s, g = c["methods"].get("samoyeds", {}), c["methods"].get("grouped_mm", {})
         for phase in ("prefill", "decode"):
-            for i, rs in enumerate(s.get(phase, [])):
-                rg = g.get(phase, [{}] * (i + 1))[i] if i < len(g.get(phase, [])) else {}
+            key = (lambda r: (r.get("batch"),)) if phase == "prefill" else (lambda r: (_decode_cache(r), r.get("batch")))
+            peer = {key(r): r for r in g.get(phase, [])}
+            for rs in s.get(phase, []):
+                rg = peer.get(key(rs), {})
                 cell = lambda r: f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else r.get("error", "-")  # noqa: E731
                 sp = rs.get("speedup_vs_grouped_mm")
                 batch = f"{rs['batch']} x {rs['seq']}" if phase == "prefill" else str(rs["batch"])
-                rows.append(f"| {c['model']} | {c['depth']}/{c['full_depth']} | {phase} | {batch} | {cell(rg)} | "
-                            f"{cell(rs)} | {_x(sp) if sp else '-'} |")
+                name = phase if phase == "prefill" else label.get(_decode_cache(rs), _decode_cache(rs))
+                comp = ""
+                if "compile_s" in rs or "compile_s" in rg:
+                    comp = f"{_f(rg.get('compile_s'), '.0f')} / {_f(rs.get('compile_s'), '.0f')}"
+                rows.append(f"| {c['model']} | {c['depth']}/{c['full_depth']} | {name} | {batch} | {cell(rg)} | "
+                            f"{cell(rs)} | {_x(sp) if sp else '-'} | {comp} |")
+    return "\n".join(rows)
+
+
+def load_table(d: dict) -> str:
+    """load.json (benchmarks/bench_load.py): a dense checkpoint loaded packed by from_pretrained."""
+    GiB = 2**30
+    rows = ["| model | layers | dense checkpoint | load | peak GPU memory | resident | device | dense load | "
+            "sanity |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for c in d["cases"]:
+        if "load_s" not in c:
+            rows.append(f"| {c.get('model')} | {c.get('layers', '')} | error: {str(c.get('error', ''))[:80]} | | | | | | |")
+            continue
+        sane = c.get("sanity", {})
+        ok = "finite logits, " + f"{len(sane.get('tokens', []))} tokens" if sane.get("logits_finite") else \
+            str(sane.get("error", "not finite"))[:60]
+        rows.append(f"| {c['model']} | {c['layers']}/{c['full_layers']} | {c['checkpoint_bytes'] / GiB:.1f} GiB | "
+                    f"{c['load_s']:.0f} s | {_f(c.get('peak_allocated_bytes', float('nan')) / GiB, '.1f')} GiB | "
+                    f"{_f(c.get('allocated_bytes', float('nan')) / GiB, '.1f')} GiB | "
+                    f"{_f(c.get('device_bytes', float('nan')) / GiB, '.1f')} GiB | {c.get('dense_load', '-')} | {ok} |")
     return "\n".join(rows)
 
 
@@ -482,10 +520,14 @@ def headline(gpu: str, prefix: str = "") -> str:
                     f"{link('sweep.json')} |")
     d, _ = _load(gpu, "e2e.json")
     if d:
-        for phase in ("prefill", "decode"):
-            sp = [r.get("speedup_vs_grouped_mm") for c in d["cases"] if "methods" in c
-                  for r in c["methods"].get("samoyeds", {}).get(phase, [])]
-            rows.append(f"| whole model {phase} tokens/s vs grouped_mm | {_range(sp, bold=True)} | {link('e2e.json')} |")
+        sp = [r.get("speedup_vs_grouped_mm") for c in d["cases"] if "methods" in c
+              for r in c["methods"].get("samoyeds", {}).get("prefill", [])]
+        rows.append(f"| whole model prefill tokens/s vs grouped_mm | {_range(sp, bold=True)} | {link('e2e.json')} |")
+        for cache, what in (("static", "static cache (compiled)"), ("dynamic", "dynamic cache")):
+            sp = e2e_decode_speedups(d, cache)
+            if sp:
+                rows.append(f"| whole model decode tokens/s vs grouped_mm, {what} | {_range(sp, bold=True)} | "
+                            f"{link('e2e.json')} |")
     d, _ = _load(gpu, "memory.json")
     if d:
         for c in d["cases"]:
@@ -497,6 +539,12 @@ def headline(gpu: str, prefix: str = "") -> str:
                 rows.append(f"| {c['model']} full depth ({c['params'] / 1e9:.1f} B parameters, "
                             f"{c['dense_bytes'] / 2**30:.0f} GiB dense) on one GPU | runs, "
                             f"{_f(c.get('allocated_after_build_gib'), '.1f')} GiB resident | {link('memory.json')} |")
+    d, _ = _load(gpu, "load.json")
+    for c in (d or {}).get("cases", []):
+        if "load_s" in c:
+            rows.append(f"| {c['model']} ({c['layers']}/{c['full_layers']} layers) loaded packed from a "
+                        f"{c['checkpoint_bytes'] / 2**30:.0f} GiB dense checkpoint | {c['load_s']:.0f} s, peak "
+                        f"{_f(c.get('peak_allocated_bytes', float('nan')) / 2**30, '.1f')} GiB | {link('load.json')} |")
     d, _ = _load(gpu, "breakdown.json")
     if d:
         for c in d["cases"]:
@@ -586,6 +634,28 @@ def merge_moe(out: str, parts: list) -> None:
 
 # (file, table, section title, what it shows): the order of docs/RESULTS.md; root "" for the
 # results of record (benchmarks/results), LAB for the lab's (dev/lab/results)
+def train_table(d: dict) -> str:
+    """bench_train.py: forward + backward of the MoE block against grouped_mm autograd."""
+    out = ["| model | T | grouped_mm fwd+bwd | samoyeds fwd+bwd | vs grouped_mm | forward alone | "
+           "activations (MiB) gmm / samoyeds | peak in fwd+bwd (MiB) gmm / samoyeds | roofline gmm / samoyeds |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in d.get("cases", []):
+        g, s = c["methods"].get("grouped_mm", {}), c["methods"].get("samoyeds", {})
+        out.append(f"| {c['model']} | {c['T']} | {_f(g.get('ms_fwd_bwd'), '.2f')} ms | {_f(s.get('ms_fwd_bwd'), '.2f')} ms | "
+                   f"{_x(c['speedup_fwd_bwd']) if c.get('speedup_fwd_bwd') else '-'} | "
+                   f"{_x(c['speedup_fwd']) if c.get('speedup_fwd') else '-'} | "
+                   f"{_f(g.get('activation_mib'), ',.0f')} / {_f(s.get('activation_mib'), ',.0f')} | "
+                   f"{_f(g.get('peak_fwd_bwd_mib'), ',.0f')} / {_f(s.get('peak_fwd_bwd_mib'), ',.0f')} | "
+                   f"{_f(g.get('frac_roofline'), '.0%')} / {_f(s.get('frac_roofline'), '.0%')} |")
+    dw = d.get("dw_kernel") or []
+    if dw:
+        out += ["", "| model | T | projection | ssmm_dw | dense dW (grouped mm) | ratio |", "|---|---:|---|---:|---:|---:|"]
+        for r in dw:
+            out.append(f"| {r.get('model')} | {r.get('T')} | {r.get('projection')} | {_f(r.get('ms_ssmm_dw'), '.3f')} ms | "
+                       f"{_f(r.get('ms_dense'), '.3f')} ms | {_x(r['speedup']) if r.get('speedup') else '-'} |")
+    return "\n".join(out)
+
+
 def _ep_dirs() -> list:
     """The results folders holding an expert-parallel run (two GPUs of one host)."""
     root = os.path.join(HERE, "results")
@@ -643,6 +713,10 @@ TABLES = [
      "samoyeds, tokens per second."),
     ("", "memory.json", memory_table, "Memory",
      "The largest batch each method runs before running out of memory, and a full-depth model packed on one GPU."),
+    ("", "load.json", load_table, "Loading a dense checkpoint packed",
+     "A random-weight dense checkpoint of the real config in the Hub's layout (sharded safetensors) loaded by "
+     "`from_pretrained(..., quantization_config=samoyeds.SamoyedsConfig(), device_map=\"cuda\")`, which packs "
+     "layer by layer while loading (benchmarks/bench_load.py); the dense load only where the dense weights fit."),
     ("", "breakdown.json", breakdown_table, "Breakdown (paper Fig. 17)",
      "The samoyeds layer composed from its ops with parts turned off: what each part adds."),
     ("", "layer_trace.json", layer_trace_table, "Where a block's GPU time goes",
@@ -654,6 +728,10 @@ TABLES = [
     ("", "shared_mlp.json", shared_mlp_table, "Shared MLP at prefill sizes",
      "Unpruned shared experts: cuBLAS's matmuls with `samoyeds.glu` against the transformers MLP "
      "(dev/lab/bench_shared_mlp.py)."),
+    ("", "train.json", train_table, "Training: forward + backward of the MoE block",
+     "`samoyeds.moe_forward` with its backward (packed values as parameters) against transformers' experts with "
+     "`grouped_mm` under autograd, bf16, same inputs; activations: memory the forward keeps for the backward "
+     "(benchmarks/bench_train.py)."),
     ("", "ep.json", ep_table, "Expert parallelism: two GPUs of one host",
      "Full-depth models (random weights) under transformers' own plan, `DistributedConfig(tp_size=EP, "
      "ep_size=EP)` (experts sharded by expert, all-reduced; attention tensor-parallel), samoyeds against "
@@ -793,17 +871,36 @@ def readme_table(gpu: str = "h100") -> str:
                     f"{link('sweep.json')} |")
     e2e, _ = _load(gpu, "e2e.json")
     if e2e:
-        for phase in ("prefill", "decode"):
-            sp = [r.get("speedup_vs_grouped_mm") for c in e2e["cases"] if "methods" in c
-                  for r in c["methods"].get("samoyeds", {}).get(phase, [])]
-            rows.append(f"| whole model {phase}, tokens/s vs `grouped_mm` | {_span(sp)} | | {link('e2e.json')} |")
+        sp = [r.get("speedup_vs_grouped_mm") for c in e2e["cases"] if "methods" in c
+              for r in c["methods"].get("samoyeds", {}).get("prefill", [])]
+        rows.append(f"| whole model prefill, tokens/s vs `grouped_mm` | {_span(sp)} | | {link('e2e.json')} |")
+        st, dy = e2e_decode_speedups(e2e, "static"), e2e_decode_speedups(e2e, "dynamic")
+        if st:
+            rows.append(f"| whole model decode, tokens/s vs `grouped_mm`, static cache (compiled) | {_span(st)} | "
+                        f"dynamic cache: {_span(dy)} | {link('e2e.json')} |")
+        else:
+            rows.append(f"| whole model decode, tokens/s vs `grouped_mm` | {_span(dy)} | | {link('e2e.json')} |")
     mem, _ = _load(gpu, "memory.json")
-    if mem:
+    ld, _ = _load(gpu, "load.json")
+    loaded = [c for c in (ld or {}).get("cases", []) if "load_s" in c and c.get("layers") == c.get("full_layers")]
+    for c in loaded:
+        rows.append(f"| {c['model']}, full depth ({c['checkpoint_bytes'] / 2**30:.0f} GiB dense checkpoint), "
+                    f"loaded packed on one GPU | peak {_f(c.get('peak_allocated_bytes', float('nan')) / 2**30, '.1f')}"
+                    f" GiB | {_f(c.get('allocated_bytes', float('nan')) / 2**30, '.1f')} GiB resident, "
+                    f"{c['load_s']:.0f} s | {link('load.json')} |")
+    if mem and not loaded:
         for c in mem["cases"]:
             if c.get("scope") == "packed" and c.get("prefill"):
                 rows.append(f"| {c['model']}, full depth ({c['params'] / 1e9:.1f} B parameters, "
                             f"{c['dense_bytes'] / 2**30:.0f} GiB dense), on one GPU | runs | "
                             f"{_f(c.get('allocated_after_build_gib'), '.1f')} GiB resident | {link('memory.json')} |")
+    tr, _ = _load(gpu, "train.json")
+    if tr and tr.get("cases"):
+        sp = [c.get("speedup_fwd_bwd") for c in tr["cases"] if c.get("speedup_fwd_bwd")]
+        act = [c.get("activation_ratio") for c in tr["cases"] if c.get("activation_ratio")]
+        rows.append(f"| MoE block forward + backward vs `grouped_mm` autograd ({len({c['model'] for c in tr['cases']})} "
+                    f"models, T = {', '.join(str(t) for t in sorted({c['T'] for c in tr['cases']}))}) | {_span(sp)} | "
+                    f"activations {_range(act, '{:.1f}x')} smaller | {link('train.json')} |")
     for g in _ep_dirs():
         ep, _ = _load(g, "ep.json")
         keyed = {}
@@ -827,7 +924,7 @@ def readme_table(gpu: str = "h100") -> str:
     rows = rows[:12]
     dev = (moe or k or {}).get("env", {}).get("device", gpu)
     commits = sorted({str((d.get("env") or d.get("environment") or {}).get("commit", "?"))[:7]
-                      for d in (moe, k, sw, e2e, mem, acc) if d})
+                      for d in (moe, k, sw, e2e, mem, ld, acc) if d})
     return "\n".join([f"{dev}, bf16, results at commits {', '.join(commits)} (each file names its own); "
                       f"**bold** marks where samoyeds loses. Ranges run over the models; MoE block times are whole "
                       f"calls from an idle GPU (the host's enqueue inside), \"GPU time only\" leaves the host out.", "",

@@ -18,6 +18,41 @@
 
 #include <stdlib.h>
 
+/* The sorted rows' offsets (non-decreasing, from >= 0, ending within the S rows of `what`)
+ * and their token ids (inside x's T rows): checked before anything is written.  Sets
+ * *first and *last (offsets[0], offsets[E]). */
+static sam_status check_rows(const int32_t *offsets, const int32_t *token_ids, int64_t E, int64_t S, int64_t T,
+                             const char *what, int32_t *first, int32_t *last)
+{
+    *first = sam_ld_i32(offsets, 0);
+    *last = sam_ld_i32(offsets, E);
+    if (*first < 0) {
+        sam_ref_set_error("offsets: offsets[0] is %d; expected >= 0", *first);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    for (int64_t e = 0; e < E; e++) {
+        const int32_t a = sam_ld_i32(offsets, e), b = sam_ld_i32(offsets, e + 1);
+        if (b < a) {
+            sam_ref_set_error("offsets: offsets[%lld] = %d is below offsets[%lld] = %d; expected "
+                              "non-decreasing", (long long)(e + 1), b, (long long)e, a);
+            return SAM_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    if (*last > S) {
+        sam_ref_set_error("offsets: offsets[E] = %d exceeds the %lld rows of %s", *last, (long long)S, what);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    for (int64_t s = *first; s < *last; s++) {
+        int64_t t = token_ids ? sam_ld_i32(token_ids, s) : s;
+        if (t < 0 || t >= T) {
+            sam_ref_set_error("token_ids: token_ids[%lld] = %lld is outside x's %lld rows",
+                              (long long)s, (long long)t, (long long)T);
+            return SAM_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    return SAM_STATUS_OK;
+}
+
 sam_status sam_ssmm_ref(const sam_ssmm_params *p)
 {
     const sam_format f = p->f;
@@ -29,31 +64,9 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
     const int64_t half = cp / 2;
 
     /* offsets and token ids first: nothing is written unless all are valid */
-    const int32_t first = sam_ld_i32(p->offsets, 0), last = sam_ld_i32(p->offsets, E);
-    if (first < 0) {
-        sam_ref_set_error("offsets: offsets[0] is %d; expected >= 0", first);
-        return SAM_STATUS_INVALID_ARGUMENT;
-    }
-    for (int64_t e = 0; e < E; e++) {
-        const int32_t a = sam_ld_i32(p->offsets, e), b = sam_ld_i32(p->offsets, e + 1);
-        if (b < a) {
-            sam_ref_set_error("offsets: offsets[%lld] = %d is below offsets[%lld] = %d; expected "
-                              "non-decreasing", (long long)(e + 1), b, (long long)e, a);
-            return SAM_STATUS_INVALID_ARGUMENT;
-        }
-    }
-    if (last > p->S) {
-        sam_ref_set_error("offsets: offsets[E] = %d exceeds the %lld rows of out", last, (long long)p->S);
-        return SAM_STATUS_INVALID_ARGUMENT;
-    }
-    for (int64_t s = first; s < last; s++) {
-        int64_t t = p->token_ids ? sam_ld_i32(p->token_ids, s) : s;
-        if (t < 0 || t >= p->T) {
-            sam_ref_set_error("token_ids: token_ids[%lld] = %lld is outside x's %lld rows",
-                              (long long)s, (long long)t, (long long)p->T);
-            return SAM_STATUS_INVALID_ARGUMENT;
-        }
-    }
+    int32_t first, last;
+    const sam_status rows_ok = check_rows(p->offsets, p->token_ids, E, p->S, p->T, "out", &first, &last);
+    if (rows_ok != SAM_STATUS_OK) return rows_ok;
     if (last == first) return SAM_STATUS_OK;
     /* the packed arrays as unpack takes them: out-of-range or unordered row indices and
      * invalid 2:4 codes are refused, never read as some other weight */
@@ -150,31 +163,9 @@ sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p)
     const int64_t nslices = sel ? d->slices : 1;
     const int64_t half = cp / 2;
 
-    const int32_t first = sam_ld_i32(p->offsets, 0), last = sam_ld_i32(p->offsets, E);
-    if (first < 0) {
-        sam_ref_set_error("offsets: offsets[0] is %d; expected >= 0", first);
-        return SAM_STATUS_INVALID_ARGUMENT;
-    }
-    for (int64_t e = 0; e < E; e++) {
-        const int32_t a = sam_ld_i32(p->offsets, e), b = sam_ld_i32(p->offsets, e + 1);
-        if (b < a) {
-            sam_ref_set_error("offsets: offsets[%lld] = %d is below offsets[%lld] = %d; expected "
-                              "non-decreasing", (long long)(e + 1), b, (long long)e, a);
-            return SAM_STATUS_INVALID_ARGUMENT;
-        }
-    }
-    if (last > p->S) {
-        sam_ref_set_error("offsets: offsets[E] = %d exceeds the %lld rows of dy", last, (long long)p->S);
-        return SAM_STATUS_INVALID_ARGUMENT;
-    }
-    for (int64_t s = first; s < last; s++) {
-        int64_t t = p->token_ids ? sam_ld_i32(p->token_ids, s) : s;
-        if (t < 0 || t >= p->T) {
-            sam_ref_set_error("token_ids: token_ids[%lld] = %lld is outside x's %lld rows",
-                              (long long)s, (long long)t, (long long)p->T);
-            return SAM_STATUS_INVALID_ARGUMENT;
-        }
-    }
+    int32_t first, last;
+    const sam_status rows_ok = check_rows(p->offsets, p->token_ids, E, p->S, p->T, "dy", &first, &last);
+    if (rows_ok != SAM_STATUS_OK) return rows_ok;
     if (last > first) {
         const sam_status valid = sam_format_check_ref(p->meta, p->idx, f, d);
         if (valid != SAM_STATUS_OK) return valid;

@@ -70,8 +70,9 @@ _warned_no_backward = False
 
 
 def warn_no_backward() -> None:
-    """Warns once per process that a tensor requiring grad went into samoyeds, which
-    has no backward yet: the result carries no gradient."""
+    """Warns once per process that a tensor requiring grad went into one of samoyeds'
+    low-level ops (ssmm, glu, router, ...), which have no backward: the result carries no
+    gradient.  (samoyeds.moe_forward and patched models train: docs/TRAINING.md.)"""
     global _warned_no_backward
     if _warned_no_backward:
         return
@@ -84,9 +85,10 @@ def warn_no_backward() -> None:
     level, frame = 1, sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(inside):
         frame, level = frame.f_back, level + 1
-    warnings.warn("samoyeds: an input requires grad, but samoyeds has no backward yet (inference only): no "
-                  "gradient flows through it. Run under torch.no_grad() or torch.inference_mode(), or pass "
-                  "detached tensors, to silence this warning (shown once).", UserWarning, stacklevel=level + 1)
+    warnings.warn("samoyeds: an input requires grad, but this low-level op has no backward: no gradient "
+                  "flows through it (samoyeds.moe_forward and patched models have one; see docs/TRAINING.md). "
+                  "Run under torch.no_grad() or torch.inference_mode(), or pass detached tensors, to silence "
+                  "this warning (shown once).", UserWarning, stacklevel=level + 1)
 
 
 def for_c(t: Any) -> Any:

@@ -160,6 +160,50 @@ def _row_selection(W: torch.Tensor, Hinv: torch.Tensor, fmt: SparseFormat, glu: 
     return keep
 
 
+def _venom_columns(W: torch.Tensor, Hinv: torch.Tensor, pat: Venom) -> torch.Tensor:
+    """VENOM's column choice by group-OBS cost, the counterpart of :func:`_row_selection`
+    (bool ``[E, R, C]``, True on the 4 kept columns of every ``v``-row block and
+    ``m``-column group).
+
+    Dropping the other ``m - 4`` columns ``D`` of a group in a row costs, with the rest of
+    the row re-fitted, ``w_D [(H^-1)_DD]^-1 w_D^T`` (the cost the Samoyeds row selection
+    takes for a row's slice); for every block of rows and every group of columns, of the
+    C(m, 4) subsets the one with the least total cost over the block's rows is kept."""
+    E, R, C = W.shape
+    m = pat.m
+    subsets = pat._subsets.to(W.device)                                          # [S, 4]
+    allc = torch.arange(m, device=W.device)
+    comp = torch.stack([allc[~torch.isin(allc, s)] for s in subsets])           # [S, m - 4]
+    keep = torch.zeros(E, R, C, dtype=torch.bool, device=W.device)
+    for c0 in range(0, C, m):
+        Hg = Hinv[:, c0:c0 + m, c0:c0 + m]
+        Hdd = Hg[:, comp[:, :, None], comp[:, None, :]]                          # [E, S, d, d]
+        L, info = torch.linalg.cholesky_ex(Hdd)
+        if bool((info > 0).any()):
+            eye = torch.eye(comp.shape[1], dtype=Hdd.dtype, device=Hdd.device)
+            L = torch.linalg.cholesky(Hdd + 1e-6 * Hdd.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None] * eye)
+        Wd = W[:, :, c0 + comp]                                                  # [E, R, S, d]
+        sol = torch.cholesky_solve(Wd.permute(0, 2, 3, 1), L)                    # [E, S, d, R]
+        cost = (Wd.permute(0, 2, 3, 1) * sol).sum(2)                             # [E, S, R]
+        for r0 in range(0, R, pat.v):
+            r1 = min(r0 + pat.v, R)
+            best = cost[:, :, r0:r1].sum(-1).argmin(-1)                          # [E]
+            cols = c0 + subsets[best]                                            # [E, 4]
+            blk = torch.zeros(E, C, dtype=torch.bool, device=W.device)
+            blk.scatter_(1, cols, True)
+            keep[:, r0:r1, c0:c0 + m] = blk[:, None, c0:c0 + m]
+    return keep
+
+
+def _top2_within(scores: torch.Tensor, allowed: torch.Tensor, m: int) -> torch.Tensor:
+    """In every row and group of ``m`` columns, the 2 largest scores among the allowed places."""
+    E, R, C = scores.shape
+    s = scores.float().masked_fill(~allowed, float("-inf")).reshape(E, R, C // m, m)
+    keep = torch.zeros_like(s, dtype=torch.bool)
+    keep.scatter_(-1, s.topk(2, dim=-1).indices, True)
+    return keep.reshape(E, R, C) & allowed
+
+
 def _obs_prune(W: torch.Tensor, H: torch.Tensor, pat: Pattern, damp: float,
                glu: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """SparseGPT on a stack ``W [E, R, C]`` (float32) with Hessians ``H [E, C, C]``.
@@ -169,13 +213,18 @@ def _obs_prune(W: torch.Tensor, H: torch.Tensor, pat: Pattern, damp: float,
     with the updated weights; the error of every pruned weight is spread over the
     row's columns not yet visited.  For a format with row selection, the rows of
     every slice are chosen first, by group-OBS cost (:func:`_row_selection`), and
-    the 2:4 inside them as the columns are visited.  Returns the updated weights
+    the 2:4 inside them as the columns are visited; likewise VENOM's kept columns with
+    ``Venom(..., columns="obs")`` (:func:`_venom_columns`).  Returns the updated weights
     (zero where pruned) and the bool mask."""
     E, R, C = W.shape
     Hinv = _inverse(H, damp)
     fixed = None
+    refine = pat.refine
     if pat.fmt is not None and pat.fmt.selects_rows:
         fixed = _row_selection(W, Hinv, pat.fmt, glu)
+    elif isinstance(pat, Venom) and pat.columns == "obs":
+        fixed = _venom_columns(W, Hinv, pat)
+        refine = lambda s, allowed: _top2_within(s, allowed, pat.m)  # noqa: E731
     W = W.clone()
     U = _upper(Hinv)
     del Hinv
@@ -192,7 +241,7 @@ def _obs_prune(W: torch.Tensor, H: torch.Tensor, pat: Pattern, damp: float,
         M1 = fixed[:, :, i1:i2].clone() if fixed is not None else pat.block_mask(W1 ** 2 / d[:, None, :] ** 2, glu)
         for i in range(cnt):
             if g and i % g == 0 and i + g <= cnt:
-                M1[:, :, i:i + g] = pat.refine(W1[:, :, i:i + g] ** 2 / d[:, None, i:i + g] ** 2, M1[:, :, i:i + g])
+                M1[:, :, i:i + g] = refine(W1[:, :, i:i + g] ** 2 / d[:, None, i:i + g] ** 2, M1[:, :, i:i + g])
             w = W1[:, :, i]
             err = (w - w * M1[:, :, i]) / d[:, None, i]
             W1[:, :, i:] -= err[:, :, None] * U1[:, None, i, i:]
@@ -230,7 +279,7 @@ def _refit(W: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, H: torch.T
 def prune_weight(w: torch.Tensor, pat: PatternLike, method: str = "magnitude", *,
                  inputs: Optional[Sequence[Optional[torch.Tensor]]] = None, damp: float = 0.01,
                  glu: bool = False, dense_inputs: Optional[Sequence[Optional[torch.Tensor]]] = None,
-                 refit_iters: int = 30) -> Tuple[torch.Tensor, torch.Tensor]:
+                 refit_iters: int = 30, reconstruct: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """Prunes a stack of expert weights ``w [E, R, C]`` (output rows, input columns).
 
     Args:
@@ -251,6 +300,9 @@ def prune_weight(w: torch.Tensor, pat: PatternLike, method: str = "magnitude", *
         refit_iters: sparsegpt only: conjugate-gradient steps that then re-fit the
             kept weights of every row exactly to the (re-fitted) dense ones under
             the calibration Hessian, mask fixed (0: SparseGPT's weights as they come).
+        reconstruct: sparsegpt only: False keeps SparseGPT's mask and returns the
+            original weights under it (``w * mask``: no error compensation, no
+            ``dense_inputs`` or ``refit_iters`` re-fit), the mask-only variant.
     Returns:
         ``(pruned, mask)``: ``pruned [E, R, C]`` in w's dtype (``w * mask`` except for
         sparsegpt, whose kept weights are updated) and the bool ``mask``.
@@ -280,6 +332,9 @@ def prune_weight(w: torch.Tensor, pat: PatternLike, method: str = "magnitude", *
         return (wf * keep).to(w.dtype), keep
     Hs = torch.stack([x.float().T @ x.float() if h else torch.eye(C, device=w.device)
                       for x, h in zip(inputs, has)])                                   # [E, C, C]
+    if not reconstruct:
+        _, keep = _obs_prune(wf, Hs, pat, damp, glu)
+        return (wf * keep).to(w.dtype), keep
     if dense_inputs is not None and any(has):
         Hinv = _inverse(Hs, damp)
         wf = wf.clone()
@@ -404,7 +459,7 @@ def _chunks(E: int, C: int, method: str, budget: int) -> Iterable[Tuple[int, int
 
 def _prune_module(model: torch.nn.Module, t: "_experts.Target", pat: Pattern, method: str,
                   calibration: Optional[Sequence[Any]], weighted: bool, damp: float,
-                  budget: int, glu_joint: bool, refit_iters: int) -> Dict[str, torch.Tensor]:
+                  budget: int, glu_joint: bool, refit_iters: int, reconstruct: bool = True) -> Dict[str, torch.Tensor]:
     p = t.layout
     mod = t.experts
     E = p.num_experts
@@ -425,11 +480,11 @@ def _prune_module(model: torch.nn.Module, t: "_experts.Target", pat: Pattern, me
         if proj == "down" and per is not None:
             wgu = _experts.to_pack(mod._parameters["gate_up_proj"], p, "gate_up")   # already pruned
             bias = (lambda e: None) if gu_bias is None else (lambda e: gu_bias[e])
-            if method == "sparsegpt":
+            if method == "sparsegpt" and reconstruct:
                 dense_in = [_gated(x, wgu_dense[e], bias(e), p) for e, (x, r) in enumerate(per)]
                 del wgu_dense
             per = [(_gated(x, wgu[e], bias(e), p), r) for e, (x, r) in enumerate(per)]
-        elif proj == "gate_up" and method == "sparsegpt":
+        elif proj == "gate_up" and method == "sparsegpt" and reconstruct:
             wgu_dense = w.clone()      # the dense activations are the down_proj's target
         new = torch.empty_like(w)
         keep = torch.empty(w.shape, dtype=torch.bool, device=w.device)
@@ -441,7 +496,7 @@ def _prune_module(model: torch.nn.Module, t: "_experts.Target", pat: Pattern, me
                 dense = [xd * r[:, None] for xd, (x, r) in zip(dense_in[e0:e1], per[e0:e1])]
             new[e0:e1], keep[e0:e1] = prune_weight(w[e0:e1], pat, method, inputs=inputs, damp=damp,
                                                    glu=glu_joint and proj == "gate_up", dense_inputs=dense,
-                                                   refit_iters=refit_iters)
+                                                   refit_iters=refit_iters, reconstruct=reconstruct)
             del inputs, dense
         del dense_in
         with torch.no_grad():
@@ -454,7 +509,8 @@ def _prune_module(model: torch.nn.Module, t: "_experts.Target", pat: Pattern, me
 def prune_model(model: torch.nn.Module, pattern_: PatternLike = "samoyeds-1:2:128", method: str = "activation",
                 calibration: Optional[Iterable[Any]] = None, *, progress: bool = True,
                 routing_weighted: bool = True, damp: float = 0.01, glu_joint: bool = True,
-                refit_iters: int = 30, memory_budget: int = 1 << 30) -> Dict[str, Dict[str, torch.Tensor]]:
+                refit_iters: int = 30, memory_budget: int = 1 << 30,
+                reconstruct: bool = True) -> Dict[str, Dict[str, torch.Tensor]]:
     """Prunes the experts of a transformers MoE model in place, as masked dense weights.
 
     Every experts module's ``gate_up_proj``/``down_proj`` Parameter then holds its
@@ -479,6 +535,8 @@ def prune_model(model: torch.nn.Module, pattern_: PatternLike = "samoyeds-1:2:12
         refit_iters: sparsegpt's exact re-fit of the kept weights (see :func:`prune_weight`).
         memory_budget: bytes of Hessians (sparsegpt) held at once; experts are
             processed in chunks that fit.
+        reconstruct: sparsegpt only: False keeps the original weights under SparseGPT's
+            masks (the mask-only variant; later layers are calibrated on it).
     Returns:
         Bool masks ``{experts module name: {"gate_up_proj": m, "down_proj": m}}``, each
         shaped like the module's Parameter (:func:`samoyeds.patch_model`'s ``masks``).
@@ -499,7 +557,8 @@ def prune_model(model: torch.nn.Module, pattern_: PatternLike = "samoyeds-1:2:12
     patched = [t.name for t in targets if getattr(t.experts, "_samoyeds", None) is not None]
     if patched:
         raise ValueError(f"{type(model).__name__} is already patched ({patched[0]!r}, ...); prune the dense model")
-    check_fmt = pat.fmt or SparseFormat(*PRESETS["2:4"])
+    # a pattern whose fmt is a row-selection spec but no SparseFormat (mask only) fits the 2:4 layout checks
+    check_fmt = pat.fmt if isinstance(pat.fmt, SparseFormat) else SparseFormat(*PRESETS["2:4"])
     for t in targets:
         t.layout = _experts.experts_layout(t, model, check_fmt)
     was_training = model.training
@@ -510,7 +569,7 @@ def prune_model(model: torch.nn.Module, pattern_: PatternLike = "samoyeds-1:2:12
     try:
         for t in _experts.progress(targets, progress, f"samoyeds: pruning experts ({pat.name}, {method})"):
             masks[t.name] = _prune_module(model, t, pat, method, calibration, routing_weighted, damp,
-                                          memory_budget, glu_joint, refit_iters)
+                                          memory_budget, glu_joint, refit_iters, reconstruct)
     finally:
         model.train(was_training)
         torch.set_float32_matmul_precision(precision)

@@ -158,16 +158,23 @@ class Venom(Pattern):
     columns, the same 4 columns are kept for all rows of the block, and ``n`` = 2 of
     those 4 in each row.  Density ``2 / m``.  The choice is exact: for each block, of
     the C(m, 4) column subsets the one with the largest sum of every row's two largest
-    scores.  A last block of fewer than ``v`` rows is a smaller block."""
+    scores.  A last block of fewer than ``v`` rows is a smaller block.
 
-    def __init__(self, v: int = 128, n: int = 2, m: int = 8) -> None:
+    ``columns="obs"``: the second-order method (sparsegpt) chooses each block's columns by
+    group-OBS cost, as it chooses the Samoyeds format's rows (``samoyeds.sparsify``); the
+    default ``"saliency"`` takes them from the per-weight OBS saliency of the block."""
+
+    def __init__(self, v: int = 128, n: int = 2, m: int = 8, columns: str = "saliency") -> None:
         if n != 2:
             raise ValueError(f"Venom: n must be 2 (2:4 inside the kept columns), got {n}")
         if m < 4 or m % 4 or m > 16:
             raise ValueError(f"Venom: m must be a multiple of 4 in [4, 16], got {m}")
         if v < 1:
             raise ValueError(f"Venom: v must be positive, got {v}")
+        if columns not in ("saliency", "obs"):
+            raise ValueError(f"Venom: columns must be 'saliency' or 'obs', got {columns!r}")
         self.v, self.n, self.m = int(v), int(n), int(m)
+        self.columns = columns
         self.name = f"venom-{v}:{n}:{m}"
         self.density = 2.0 / m
         self.block = 128 // m * m or m

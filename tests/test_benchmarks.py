@@ -117,6 +117,35 @@ def test_memory_jobs_in_their_own_process(tmp_path):
     assert case["methods"]["grouped_mm"]["first_failure"] == 6 and "--isolate yes" in d["env"]["command"]
 
 
+def test_e2e_dynamic_and_static_cache(tmp_path):
+    """bench_e2e --tiny on the CPU: decode rows for both KV caches and both methods; the static
+    rows compiled (generate told to compile on the CPU, backend eager) with no graph break,
+    their compile time apart from the timed calls, the same greedy tokens as grouped_mm; the
+    report's table and headline name both caches."""
+    import report
+
+    p = _run([os.path.join(BENCH, "bench_e2e.py"), "--tiny", "--device", "cpu", "--models", "olmoe-1b-7b",
+              "--prefill-batches", "1", "--decode-batches", "1,4", "--out", str(tmp_path)])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    d = json.loads((tmp_path / "e2e.json").read_text())
+    assert d["settings"]["cache"] == ["dynamic", "static"] and d["settings"]["compile_backend"] == "eager"
+    (case,) = d["cases"]
+    for method in ("grouped_mm", "samoyeds"):
+        rows = case["methods"][method]["decode"]
+        assert [(r["cache"], r["batch"]) for r in rows] == [("dynamic", 1), ("dynamic", 4), ("static", 1),
+                                                             ("static", 4)]
+        for r in rows:
+            assert "tokens_per_s" in r and r["prefill_tokens_per_s"] > 0, r
+            if r["cache"] == "static":
+                assert r["graphs"] >= 1 and r["graph_breaks"] == 0 and r["compile_s"] >= 0, r
+                assert r["fresh_cache_tokens_identical"], r
+    for r in case["methods"]["samoyeds"]["decode"]:
+        assert r["greedy_tokens_identical"] == "8/8" and r["speedup_vs_grouped_mm"] > 0
+    table = report.e2e_table(d)
+    assert table.count("static cache (compiled)") == 2 and table.count("decode, dynamic cache") == 2
+    assert "decode-sta" in p.stdout and "decode-dyn" in p.stdout
+
+
 def test_run_all(tmp_path):
     p = _run([os.path.join(BENCH, "run_all.py"), "--only", "sweep", "--tiny", "--device", "cpu",
               "--out", str(tmp_path)])
@@ -335,3 +364,91 @@ def test_readme_snippets_run():
     for b in blocks:
         p = _run(["-c", b], timeout=600)
         assert p.returncode == 0, (b, p.stderr[-2000:])
+
+
+def test_load_plan_spreads_shards_and_refuses_what_does_not_fit(monkeypatch, tmp_path):
+    """bench_load's storage plan: shards fill the folders in order (one filesystem counted once,
+    memory-backed folders no further than the memory available less the reserve); too little
+    room in all stops it before anything is written, saying what it needs and found."""
+    import collections
+    import bench_load
+
+    a, b, c = (tmp_path / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir()
+    Usage = collections.namedtuple("Usage", "total used free")
+    free = {str(a): 10 * 2**30, str(b): 10 * 2**30, str(c): 100 * 2**30}
+    monkeypatch.setattr(bench_load.shutil, "disk_usage", lambda p: Usage(0, 0, free[str(p)]))
+    monkeypatch.setattr(bench_load, "fs_id", lambda p: {str(a): 1, str(b): 1, str(c): 2}[str(p)])
+    monkeypatch.setattr(bench_load, "is_ram_fs", lambda p: str(p) == str(c))
+    monkeypatch.setattr(bench_load, "mem_available", lambda: 30 * 2**30)
+    sizes = [4 * 2**30] * 6
+    usable, placement = bench_load.plan_storage(sizes, [str(a), str(b), str(c)], 2**30, 10 * 2**30)
+    assert [u["root"] for u in usable] == [str(a), str(c)]          # b shares a's filesystem
+    assert usable[1]["capacity"] == 20 * 2**30 and usable[1]["ram"]  # memory 30 GiB less the reserve
+    assert placement == [0, 0, 1, 1, 1, 1]
+    with pytest.raises(SystemExit, match=r"needs 32\.0 GiB .*--layers N"):
+        bench_load.plan_storage(sizes + [4 * 2**30] * 2, [str(a), str(c)], 2**30, 10 * 2**30)
+
+
+def test_load_packs_a_sharded_hub_checkpoint(monkeypatch, tmp_path):
+    """bench_load --tiny on the CPU, in process: the Hub-layout checkpoint (Mixtral's per-expert
+    w1/w2/w3) spread over two folders (shards linked into the first) loads packed, gives finite
+    logits and tokens, and equals the dense load packed by patch_model; the folders are removed;
+    the report's table shows the row."""
+    import bench_load
+    import report
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+
+    def plan(sizes, roots, margin, reserve):
+        return ([{"root": str(a), "capacity": 1 << 40, "ram": False}, {"root": str(b), "capacity": 1 << 40,
+                                                                        "ram": True}],
+                [i % 2 for i in range(len(sizes))])
+    monkeypatch.setattr(bench_load, "plan_storage", plan)
+    seen = {}
+    real_load = bench_load.load
+
+    def spy(path, *args, **kw):
+        seen.setdefault("files", sorted(os.listdir(path)))
+        seen.setdefault("links", sorted(f for f in os.listdir(path) if os.path.islink(os.path.join(path, f))))
+        with open(os.path.join(path, "model.safetensors.index.json")) as fh:
+            seen.setdefault("keys", set(json.load(fh)["weight_map"]))
+        return real_load(path, *args, **kw)
+    monkeypatch.setattr(bench_load, "load", spy)
+    args = bench_load.parse_args(["--tiny", "--device", "cpu", "--model", "mixtral-8x7b"])
+    try:
+        r = bench_load.run(args)
+    finally:
+        bench_load._cleanup()
+    assert not os.listdir(a) and not os.listdir(b)
+    assert seen["links"] == ["model-00002-of-00003.safetensors"] and "config.json" in seen["files"]
+    assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in seen["keys"]
+    assert not any("gate_up_proj" in k for k in seen["keys"])
+    assert r["patched"] and r["sanity"]["logits_finite"] and len(r["sanity"]["tokens"]) == 4
+    assert r["dense"]["packed_logits_equal_patch_model"], r["dense"]
+    assert r["expert_bytes_packed"] < r["dense_bytes"]
+    r.update(seconds=1.0)
+    table = report.load_table({"cases": [r]})
+    assert "mixtral-8x7b | 2/2" in table and "finite logits, 4 tokens" in table
+
+
+def test_e2e_update_merges_by_model(tmp_path):
+    """bench_e2e --update: the models run now replace their cases in e2e.json, the others stay in
+    their place, and "runs" records each run (newest first) for the provenance line."""
+    import bench_e2e
+    import report
+
+    path = tmp_path / "e2e.json"
+    old = {"env": {"commit": "aaa", "device": "X"}, "settings": {"cache": ["dynamic"]},
+           "cases": [{"model": "a", "v": 1}, {"model": "b", "v": 1}, {"model": "c", "v": 1}]}
+    path.write_text(json.dumps(old))
+    new = {"env": {"commit": "bbb", "device": "X"}, "settings": {"cache": ["dynamic", "static"]},
+           "cases": [{"model": "b", "v": 2}, {"model": "d", "v": 2}]}
+    m = bench_e2e.merge_results(str(path), new)
+    assert [(c["model"], c["v"]) for c in m["cases"]] == [("a", 1), ("b", 2), ("c", 1), ("d", 2)]
+    assert [r["commit"] for r in m["runs"]] == ["bbb", "aaa"] and m["runs"][0]["models"] == ["b", "d"]
+    assert m["env"]["commit"] == "bbb" and "commit aaa" in report.provenance(m)
+    assert bench_e2e.merge_results(str(tmp_path / "none.json"), new) is new

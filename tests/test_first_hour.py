@@ -25,6 +25,9 @@ import samoyeds as sm
 from samoyeds import _array
 from samoyeds.moe import moe_forward
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import run_python  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -252,6 +255,15 @@ def test_moe_forward_with_an_input_that_requires_grad_gives_a_gradient(fresh_war
     assert y.requires_grad and x.grad is not None and x.grad.shape == x.shape
 
 
+def test_a_low_level_op_warns_once_that_it_has_no_backward(fresh_warning):
+    gate, up = torch.randn(3, 8, requires_grad=True), torch.randn(3, 8)
+    with pytest.warns(UserWarning, match=r"this low-level op has no backward.*moe_forward") as seen:
+        out = sm.glu(gate, up)
+        sm.glu(gate, up)
+    assert len([w for w in seen if "no backward" in str(w.message)]) == 1
+    assert not out.requires_grad
+
+
 def test_the_torch_op_backward_gives_gradients(fresh_warning):
     from samoyeds.torch_ops import moe_forward_packed
 
@@ -297,20 +309,33 @@ def test_packed_weight_pickles_and_copies(fmt):
     assert back.meta.dtype == np.uint32 and np.array_equal(sm.unpack(back), sm.unpack(a))
 
 
-@pytest.mark.xfail(strict=True, reason="a patched experts module holds the uint32 metadata as a plain buffer, "
-                   "which torch pickles but cannot unpickle; samoyeds/hf must hold a picklable form (lead)")
-def test_a_patched_model_pickles():
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_patched_model_pickles(shared, tmp_path):
     pytest.importorskip("transformers")
     from samoyeds.hf.families import Shape, build_model
 
-    model = build_model("qwen3_moe", Shape(vocab=64, hidden=64, layers=1, experts=4, top_k=2, intermediate=32,
-                                           heads=2, kv_heads=1, head_dim=32), seed=4)
-    sm.patch_model(model, "samoyeds-1:2:64", progress=False)
+    family = "deepseek_v2" if shared else "qwen3_moe"   # packed shared experts: a SamoyedsMLP
+    model = build_model(family, Shape(vocab=64, hidden=64, layers=1, experts=4, top_k=2, intermediate=32,
+                                      heads=2, kv_heads=1, head_dim=32), seed=4)
+    sm.patch_model(model, "samoyeds-1:2:64", progress=False, shared_experts=shared)
     ids = torch.randint(3, 64, (1, 6))
     with torch.no_grad():
         want = model(ids).logits
         back = pickle.loads(pickle.dumps(model))
         assert torch.equal(back(ids).logits, want)
+        again = copy.deepcopy(back)
+        assert torch.equal(again(ids).logits, want)
+    for m in (model, back, again):
+        metas = [b for n, b in m.named_buffers() if n.endswith("_meta")]
+        assert len(metas) >= 2 and all(b.dtype == torch.uint32 for b in metas)
+    assert sm.is_patched(back) and sm.is_patched(again)
+    # a fresh process unpickles it (the classes and the uint32 metadata found again)
+    path = tmp_path / "model.pkl"
+    path.write_bytes(pickle.dumps(model))
+    code = ("import pickle, sys, torch, samoyeds; m = pickle.loads(open(sys.argv[1], 'rb').read()); "
+            "print(samoyeds.is_patched(m), m(torch.tensor([[5, 6, 7]])).logits.shape)")
+    proc = run_python(["-c", code, str(path)])
+    assert proc.returncode == 0 and proc.stdout.split()[0] == "True", proc.stderr[-2000:]
 
 
 # ---- notebooks' temporary folders ---------------------------------------------------------------------

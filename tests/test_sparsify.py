@@ -423,3 +423,24 @@ def test_many_slices_choose_per_slice():
     pruned, keep = sp.prune_weight(w, fmt, "sparsegpt", inputs=xs)
     assert _fits(keep, w, fmt)
     assert _recon_err(w, pruned, xs) < _recon_err(w, *sp.prune_weight(w, fmt, "activation", inputs=xs)[:1], xs)
+
+
+def test_venom_obs_columns_and_mask_only_sparsegpt():
+    """Venom(columns="obs"): sparsegpt picks each block's 4 columns by group-OBS cost (the
+    structure holds); reconstruct=False returns the original weights under SparseGPT's mask."""
+    torch.manual_seed(0)
+    E, R, C, N = 2, 96, 32, 256
+    w = torch.randn(E, R, C)
+    x = [torch.randn(N, C) @ torch.randn(C, C) * 0.3 + torch.randn(N, C) for _ in range(E)]
+    with pytest.raises(ValueError, match="columns"):
+        sp.Venom(64, 2, 8, columns="greedy")
+    for pat in (sp.Venom(64, 2, 8, columns="obs"), sp.Venom(64, 2, 8), FMT):
+        pruned, keep = sp.prune_weight(w, pat, "sparsegpt", inputs=x)
+        only, keep2 = sp.prune_weight(w, pat, "sparsegpt", inputs=x, reconstruct=False)
+        assert torch.equal(only, w * keep2) and not torch.equal(pruned, w * keep)
+        assert keep.float().mean() == pytest.approx(0.25) and keep2.float().mean() == pytest.approx(0.25)
+        if isinstance(pat, sp.Venom):
+            for k in (keep, keep2):
+                blocks = [k[:, r0:r0 + 64].reshape(E, -1, C // 8, 8) for r0 in (0, 64)]
+                for b in blocks:
+                    assert (b.sum(-1) == 2).all() and (b.any(1).sum(-1) == 4).all()

@@ -30,6 +30,7 @@ interleaving (its block: llama4.py).
 """
 from __future__ import annotations
 
+import copyreg
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Union
 
@@ -382,6 +383,45 @@ def _drop(mod: nn.Module, name: str) -> None:
     mod._non_persistent_buffers_set.discard(name)
 
 
+#: What a packed module keeps in its ``__dict__`` that is made again on use (hf/shared.py).
+DERIVED_CACHES = frozenset({"_packed_cache", "_offsets_cache"})
+
+
+class _Uint32:
+    """A uint32 tensor in a pickle: torch pickles a uint32 tensor but cannot unpickle it (its
+    untyped storage has no dtype), so it travels as an int32 view of the same bytes."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+    def __reduce__(self) -> tuple:
+        return (_as_uint32, (self.t.view(torch.int32),))
+
+
+def _as_uint32(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint32)
+
+
+def _reduce_module(mod: nn.Module) -> tuple:
+    """pickle's (and deepcopy's) reduction of a module class holding packed arrays: the
+    default one, with the uint32 buffers (the 2:4 metadata) as :class:`_Uint32` and
+    samoyeds' derived caches (:data:`DERIVED_CACHES`, made again on use) left out."""
+    state = {k: v for k, v in mod.__dict__.items() if k not in DERIVED_CACHES}
+    bufs = state.get("_buffers")
+    if bufs and any(v is not None and v.dtype == torch.uint32 for v in bufs.values()):
+        state["_buffers"] = type(bufs)((k, _Uint32(v) if v is not None and v.dtype == torch.uint32 else v)
+                                       for k, v in bufs.items())
+    return (copyreg.__newobj__, (type(mod),), state, None, None)
+
+
+def _picklable(cls: type) -> None:
+    """Registers :func:`_reduce_module` for ``cls`` (once; not over another reduction)."""
+    if cls not in copyreg.dispatch_table:
+        copyreg.pickle(cls, _reduce_module)
+
+
 def set_arrays(mod: nn.Module, proj: str, values: torch.Tensor, meta: torch.Tensor, idx: Optional[torch.Tensor],
                requires_grad: bool) -> None:
     """Gives ``mod`` the packed arrays of ``proj`` (``"gate_up"`` or ``"down"``): the values
@@ -396,6 +436,7 @@ def set_arrays(mod: nn.Module, proj: str, values: torch.Tensor, meta: torch.Tens
     for a, t in (("meta", meta), ("idx", idx)):
         _drop(mod, f"samoyeds_{proj}_{a}")
         mod.register_buffer(f"samoyeds_{proj}_{a}", t)
+    _picklable(type(mod))
 
 
 def set_bias(mod: nn.Module, bias: Optional[torch.Tensor], requires_grad: bool) -> None:
