@@ -87,17 +87,13 @@ template <int NSL> struct DwgCfg {
     static constexpr int ST = NSL == 1 ? 4 : 2;
     static constexpr int PIPE = ST * STAGE;
     static_assert(PIPE >= 8 * DWG_STG_BYTES, "the epilogue's staging reuses the ring");
-    static_assert(STAGE % 1024 == 0, "1024-byte aligned tiles (128-byte swizzle atoms)");
+    static_assert(STAGE % 1024 == 0 && DWG_XBYTES % 1024 == 0 && DWG_GBLOCK % 1024 == 0,
+                  "1024-byte aligned tiles (128-byte swizzle atoms; descriptors with base offset 0)");
+    static_assert((DWG_GBLOCK >> 4) < (1 << 14), "LBO fits its 14-bit descriptor field");
     static constexpr int BAR_OFF = PIPE;                      // full[ST], empty[ST]
     static constexpr int SMEM = BAR_OFF + 2 * ST * 8 + 1024;  // + alignment slack
     static_assert(SMEM <= 227 * 1024, "shared memory");
 };
-
-#ifdef SAM_HAS_WGMMA
-__device__ __forceinline__ void fence_view_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-#endif
 
 // T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2).
 template <typename T, int M, int NSL>
@@ -261,9 +257,12 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
                 }
             }
             // the stores above are read by wgmma (the async proxy): fence, then arrive
-            fence_view_async_shared();
+            fence_proxy_async();
             mbar_arrive(full_bar(st));
         }
+        // every copy of this thread has landed before it exits (wait_group alone covers only
+        // committed groups, and these copies complete on the mbarrier, not in a group)
+        cp_async_commit();
         cp_async_wait<0>();
         return;
     }
@@ -275,10 +274,11 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+    fence_regs(acc);  // the zeros are written before the first wgmma.fence
     for (int kt = 0; kt < KT; kt++) {
         const int st = kt % ST;
         mbar_wait(full_bar(st), (kt / ST) & 1);
-        fence_view_async_shared();  // x came through cp.async (the generic proxy)
+        fence_proxy_async();  // x came through cp.async (the generic proxy)
         const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
         const uint32_t a0 = stage + wg * DWG_BK * 128, b0 = stage + DWG_XBYTES + slot * DWG_GBYTES;
         wgmma_fence();
@@ -294,6 +294,9 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
     }
     wgmma_wait<0>();
     fence_regs(acc);
+    // the ring's last reads were wgmma's (the async proxy); the staging below writes it
+    // through the generic proxy
+    fence_proxy_async();
     // both consumers are past their last wgmma, the producer has nothing in flight (every
     // stage it filled was waited for): the ring becomes the staging area
     named_barrier_sync(1, 256);
