@@ -246,6 +246,11 @@ def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
                 dyt = dys.t()
                 t_d = statistics.median(call_times(lambda: dense_dw(dyt, xg, r.offsets), device,
                                                    budget_s=BUDGET_S / 2, min_iters=3))
+                if device == "cuda":   # the mma.sync kernel too: the baseline of the wgmma one
+                    t_m = statistics.median(call_times(
+                        lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out, impl="mma"),
+                        device, budget_s=BUDGET_S / 2, min_iters=3))
+                    res.update(ms_ssmm_dw_mma=t_m, speedup_mma=t_d / t_m)
                 res.update(ms_ssmm_dw=t_s, ms_dense=t_d, speedup=t_d / t_s,
                            tflops_dense_equiv_ssmm_dw=res["flop_dense"] / (t_s * 1e-3) / 1e12,
                            tflops_kept_ssmm_dw=res["flop_dense"] * density / (t_s * 1e-3) / 1e12,
@@ -254,7 +259,8 @@ def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
                 res["error"] = error_text(exc)
             rows.append(res)
             print(f"  dW {name:<16} T={T:>6} {proj:<8} ssmm_dw {res.get('ms_ssmm_dw', float('nan')):8.3f} ms  "
-                  f"dense {res.get('ms_dense', float('nan')):8.3f} ms  {res.get('speedup', float('nan')):5.2f}x", flush=True)
+                  f"dense {res.get('ms_dense', float('nan')):8.3f} ms  {res.get('speedup', float('nan')):5.2f}x  "
+                  f"(mma.sync kernel {res.get('ms_ssmm_dw_mma', float('nan')):8.3f} ms)", flush=True)
             free_memory(device)
     return rows
 

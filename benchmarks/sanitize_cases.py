@@ -36,6 +36,22 @@ def train_cases(gen: torch.Generator) -> None:
         sc = torch.rand(T * K, generator=gen).cuda()
         ssmm_dw(dy, torch.randn(T, C, generator=gen).to(torch.bfloat16).cuda(), p, r.offsets, r.token_ids)
         ssmm_dw(dy, torch.randn(T * K, C, generator=gen).to(torch.bfloat16).cuda(), p, r.offsets, None, sc)
+    # both ssmm_dw kernels (impl: the wgmma one of ssmm_dw_wgmma.cu is what "auto"
+    # runs on sm_90; "mma" forces the mma.sync one): several 256-row and 128-column blocks with
+    # tails (rp = 320 / 640, C = 392), two G tiles per stage (V = 192, 320: halves in one slice or
+    # two), 1:4 gathers, k-loops past the ring (more than 4 k-tiles), fp16, dy rows by elements
+    for impl in ("auto", "mma"):
+        for fmt, glu, R, C, T, dt in [("samoyeds-1:2:192", True, 1152, 392, 700, torch.bfloat16),
+                                      ("samoyeds-1:4:320", False, 1280, 392, 300, torch.float16),
+                                      ("samoyeds-1:2:128", False, 640, 264, 90, torch.bfloat16),
+                                      ("2:4", True, 136, 200, 400, torch.float16)]:
+            E, K = 3, 2
+            p = sm.pack(torch.randn(E, R, C, generator=gen).to(dt).cuda(), fmt, glu=glu)
+            r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
+            dy = torch.randn(T * K, R, generator=gen).to(dt).cuda()
+            sc = torch.rand(T * K, generator=gen).cuda()
+            ssmm_dw(dy, torch.randn(T, C, generator=gen).to(dt).cuda(), p, r.offsets, r.token_ids, impl=impl)
+            ssmm_dw(dy, torch.randn(T * K, C, generator=gen).to(dt).cuda(), p, r.offsets, None, sc, impl=impl)
     # the backward of the whole layer (issue 40): the transposed packings, dX by ssmm on them,
     # ssmm_dw for both packed weights, the routing weights' and the biases' gradients
     for fmt, act in (("samoyeds-1:2:128", "swiglu"), ("1:4:64", "gptoss"), ("2:4", "swiglu")):

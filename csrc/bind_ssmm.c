@@ -198,23 +198,25 @@ static const sam_op ssmm_dw_op = {"ssmm_dw", ssmm_dw_args, D_COUNT, ssmm_dw_deri
 PyObject *sam_py_ssmm_dw(PyObject *module, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"out", "dy", "x", "meta", "idx", "offsets", "token_ids", "rows", "cols",
-                             "n", "m", "v", "glu", "scale", "stream", NULL};
+                             "n", "m", "v", "glu", "scale", "stream", "impl", NULL};
     PyObject *o[D_COUNT] = {NULL}, *o_stream = Py_None;
     long long rows, cols;
-    int n, m, v, glu;
+    int n, m, v, glu, impl = 0;
     ssmm_dw_ctx x;
     memset(&x, 0, sizeof x);
     o[D_SCALE] = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|OO:ssmm_dw", kwlist, &o[D_OUT], &o[D_DY], &o[D_X],
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|OOi:ssmm_dw", kwlist, &o[D_OUT], &o[D_DY], &o[D_X],
                                      &o[D_META], &o[D_IDX], &o[D_OFFSETS], &o[D_TOKEN_IDS], &rows, &cols, &n, &m,
-                                     &v, &glu, &o[D_SCALE], &o_stream))
+                                     &v, &glu, &o[D_SCALE], &o_stream, &impl))
         return NULL;
-    if (sam_arg_range("rows", rows, 0, INT32_MAX, "0 <= rows < 2**31") < 0 ||
+    if (sam_arg_range("impl", impl, 0, 1, "0 (the rule) or 1 (the mma.sync kernel)") < 0 ||
+        sam_arg_range("rows", rows, 0, INT32_MAX, "0 <= rows < 2**31") < 0 ||
         sam_arg_range("cols", cols, 0, INT32_MAX, "0 <= cols < 2**31") < 0 ||
         sam_arg_format(n, m, v, glu, &x.f) < 0)
         return NULL;
     x.rows = rows;
     x.cols = cols;
+    x.p.impl = impl;
     return sam_run_op(&ssmm_dw_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
 }
 

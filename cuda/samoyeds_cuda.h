@@ -229,6 +229,9 @@ typedef struct sam_ssmm_dw_params {
     const float *scale;      /* [S] multiplies dy's rows (the down projection's routing weights), or NULL */
     /* output: the gradient of the packed values, out[E][Rp][Cp/2] contiguous */
     void *out;
+    /* which GPU kernel: 0 the rule (the wgmma kernel where it runs, else mma.sync),
+     * 1 the mma.sync kernel (cuda/ssmm_dw.cu); the C reference ignores it */
+    int impl;
 } sam_ssmm_dw_params;
 
 /* The CUDA launcher (cuda/ssmm_dw.cu): same status and error convention as

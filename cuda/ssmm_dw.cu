@@ -1,4 +1,6 @@
 // ssmm_dw.cu -- the weight gradient of an ssmm in the packed layout (sam_ssmm_dw_cuda):
+// the launcher (checks, then dw_choose_kernel of ssmm_dw.cuh: the wgmma kernel of
+// ssmm_dw_wgmma.cu on sm_90a, else the mma.sync kernel below) and the mma.sync kernel,
 // an SDDMM that computes only the kept entries.  For every expert e, storage row p and
 // packed column j (the k-th kept value of the 4-column group c4) -- csrc/ssmm_ref.c,
 // sam_ssmm_dw_ref, is the definition:
@@ -34,8 +36,12 @@
 // lane that then holds the whole group picks its two kept columns from the meta nibble,
 // rounds once and packs them; a warp stages its 64 x 32 packed values in shared memory
 // and writes whole 16-byte pieces.  Padding rows (q >= rc) and columns (>= C) are 0.
+#include <stdlib.h>
+#include <string.h>
+
 #include "common.cuh"
 #include "ptx_mma.cuh"
+#include "ssmm_dw.cuh"
 
 namespace sam {
 namespace {
@@ -53,87 +59,6 @@ constexpr int DW_ATILE = 2 * DW_ABLOCK;    // the CTA's A for one slice
 constexpr int DW_MAX_SLOTS = DW_BN / 64;   // distinct slices in a CTA's columns (V >= 64)
 constexpr int DW_STG_WORDS = 20;           // epilogue staging: row stride in 32-bit words
 constexpr int DW_STG_BYTES = 64 * DW_STG_WORDS * 4;  // one warp's staging area
-
-struct DwArgs {
-    const void *dy;
-    int64_t lddy, S;
-    const void *x;
-    int64_t T, ldx;
-    const uint32_t *meta;
-    const uint8_t *idx;
-    const int32_t *offsets, *token_ids;
-    const float *scale;
-    void *out;
-    int64_t C, cp, rp, rc, half_rows, slices;
-    int E, glu, v, nrb, ncb, nslot, dy_vec;
-};
-
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
-                                              uint32_t &r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void sts_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
-                 : "memory");
-}
-
-// The two 16-bit elements of a word as floats (low half first) and back (one rounding each).
-template <typename T> __device__ __forceinline__ void unpack2(uint32_t w, float &a, float &b);
-template <> __device__ __forceinline__ void unpack2<__nv_bfloat16>(uint32_t w, float &a, float &b) {
-    a = __uint_as_float(w << 16);
-    b = __uint_as_float(w & 0xffff0000u);
-}
-template <> __device__ __forceinline__ void unpack2<__half>(uint32_t w, float &a, float &b) {
-    a = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
-    b = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
-}
-template <typename T> __device__ __forceinline__ uint32_t scale2(uint32_t w, float sc) {
-    float a, b;
-    unpack2<T>(w, a, b);
-    return Elem<T>::pack2(a * sc, b * sc);
-}
-
-__device__ __forceinline__ float pick4(float v0, float v1, float v2, float v3, uint32_t i) {
-    return i == 0 ? v0 : i == 1 ? v1 : i == 2 ? v2 : v3;
-}
-
-// The byte-permute selectors that gather storage rows 8*P8 .. +7 of a block from their
-// 8 M candidate elements (16-bit, in registers) for one slice, two 32-bit words holding
-// one 16-bit selector per output word o (rows 2o, 2o+1):
-//   M = 2: rows 2o and 2o+1 have their candidates in words 2o and 2o+1; one permute of
-//          that pair takes element idx of each;
-//   M = 4: row 2o's four candidates are words 4o, 4o+1, row 2o+1's words 4o+2, 4o+3; the
-//          low byte of the selector picks row 2o's element from its pair, the high byte
-//          row 2o+1's from its pair, and a third permute joins the two halves.
-template <int M> __device__ __forceinline__ void make_selectors(uint2 idx8, uint32_t (&sel)[2]) {
-    uint32_t s[4];
-#pragma unroll
-    for (int o = 0; o < 4; o++) {
-        const uint32_t w = o < 2 ? idx8.x : idx8.y;
-        const uint32_t ia = (w >> (16 * (o & 1))) & (M - 1), ib = (w >> (16 * (o & 1) + 8)) & (M - 1);
-        if (M == 2) {
-            s[o] = (2 * ia) | ((2 * ia + 1) << 4) | ((4 + 2 * ib) << 8) | ((5 + 2 * ib) << 12);
-        } else {
-            s[o] = (2 * ia) | ((2 * ia + 1) << 4) | (((2 * ib) | ((2 * ib + 1) << 4)) << 8);
-        }
-    }
-    sel[0] = s[0] | (s[1] << 16);
-    sel[1] = s[2] | (s[3] << 16);
-}
-
-// Output word o of a gathered 16-byte piece from the candidates w[0 .. 4M).
-template <int M>
-__device__ __forceinline__ uint32_t gather_word(const uint32_t (&w)[4 * M], const uint32_t (&sel)[2], int o) {
-    if (M == 1) return w[o];
-    const uint32_t s = (sel[o >> 1] >> (16 * (o & 1))) & 0xffffu;
-    if (M == 2) return __byte_perm(w[(2 * o) % (4 * M)], w[(2 * o + 1) % (4 * M)], s);
-    const uint32_t lo = __byte_perm(w[(4 * o) % (4 * M)], w[(4 * o + 1) % (4 * M)], s & 0xffu);
-    const uint32_t hi = __byte_perm(w[(4 * o + 2) % (4 * M)], w[(4 * o + 3) % (4 * M)], s >> 8);
-    return __byte_perm(lo, hi, 0x5410);
-}
 
 // The kernel.  M: rows per group (1, 2, 4).  DIRECT (M == 1, no scale, 16-byte dy pieces):
 // the A blocks come by cp.async in the ring; else through registers (gather, scale).
@@ -466,6 +391,7 @@ template <typename T> sam_status launch_dtype(const DwArgs &a, int m, bool direc
     }
 }
 
+
 }  // namespace
 }  // namespace sam
 
@@ -542,8 +468,11 @@ extern "C" sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *ps, void *strea
         set_error("ssmm_dw: problem too large for one launch (%lld CTAs)", (long long)grid);
         return SAM_STATUS_UNSUPPORTED;
     }
-    const bool direct = f.m == 1 && ps->scale == nullptr && a.dy_vec;
     cudaStream_t s = (cudaStream_t)stream;
+    // the one place that picks the kernel (dw_choose_kernel, ssmm_dw.cuh)
+    if (dw_choose_kernel(ssmm_dw_wgmma_available(), ps->impl == 1 ? (int)DW_MMA : -1) == DW_WGMMA)
+        return ssmm_dw_wgmma_launch(a, ps->dtype, f.m, s);
+    const bool direct = f.m == 1 && ps->scale == nullptr && a.dy_vec;
     if (ps->dtype == SAM_BF16) return launch_dtype<__nv_bfloat16>(a, f.m, direct, grid, s);
     return launch_dtype<__half>(a, f.m, direct, grid, s);
 }

@@ -49,6 +49,8 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
            expert with more rows than one pass holds (8-32, chosen from the rows per
            expert on average) reads its weights once more per further pass).
         stream: CUDA stream; None uses the producer's current stream.
+        impl: ``"auto"`` (on sm_90a the wgmma kernel, else the mma.sync one) or ``"mma"``
+            (the mma.sync kernel everywhere: for comparisons); the CPU ignores it.
         check: validate ``expert_offsets`` and ``token_ids`` against ``x`` and
            ``out`` before a GPU launch (one host sync).  None: check unless the
            stream is being captured into a CUDA graph.  On the CPU the C
@@ -78,7 +80,8 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
 
 
 def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
-            scale: Optional[Any] = None, out: Optional[Any] = None, *, stream: Optional[int] = None) -> Any:
+            scale: Optional[Any] = None, out: Optional[Any] = None, *, stream: Optional[int] = None,
+            impl: str = "auto") -> Any:
     """The gradient of :func:`ssmm` (``act="none"``) with respect to ``w.values``, in their
     packed layout.
 
@@ -110,8 +113,10 @@ def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Op
     E, R, C = w.shape3
     if out is None:
         out = empty(x, tuple(w.values.shape), dtype_name(x))
+    if impl not in ("auto", "mma"):
+        raise ValueError(f"impl: expected 'auto' or 'mma', got {impl!r}")
     _C.ssmm_dw(out, dy, x, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(), scale=scale,
-               stream=stream if stream is not None else current_stream(x))
+               stream=stream if stream is not None else current_stream(x), impl=int(impl == "mma"))
     return out
 
 

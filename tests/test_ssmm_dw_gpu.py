@@ -1,8 +1,11 @@
-"""ssmm_dw on the GPU (cuda/ssmm_dw.cu): the CUDA kernel against the C reference (CPU,
+"""ssmm_dw on the GPU (cuda/ssmm_dw.cu, cuda/ssmm_dw_wgmma.cu): the CUDA kernels against the C reference (CPU,
 same inputs) and a float64 torch oracle, on fresh random inputs per case, the output
 poisoned with NaN first: every entry written, padding entries and experts without rows
-exactly 0, rows past offsets[E] never read (NaN there), bit-identical run to run."""
+exactly 0, rows past offsets[E] never read (NaN there), bit-identical run to run.
+On sm_90 the default runs the wgmma kernel (ssmm_dw_wgmma.cu); the tests marked `impl`
+also run the mma.sync kernel through ssmm_dw(..., impl="mma") (elsewhere both are it)."""
 from __future__ import annotations
+
 
 import pytest
 import torch
@@ -96,7 +99,7 @@ def run_dw(p, r, dy, x, tok, sc, device):
     pd = p.to(device)
     out = torch.full(p.values.shape, float("nan"), dtype=dy.dtype, device=device)
     to = (lambda t: None if t is None else on(t, device))
-    got = ssmm_dw(to(dy), to(x), pd, to(r.offsets), to(tok), to(sc), out=out)
+    got = ssmm_dw(to(dy), to(x), pd, to(r.offsets), to(tok), to(sc), out=out, impl=IMPL["impl"])
     assert got is out
     if device != "cpu":
         torch.cuda.synchronize()
@@ -190,3 +193,65 @@ def test_oracle_agrees_with_the_c_reference(fmt):
     ref = run_dw(p, r, dy, x, tok, sc, "cpu")
     assert rel_err(ref, want) < 1e-5
     assert not ref[~covered].any()
+
+
+# ---- the wgmma kernel's tiles (ssmm_dw_wgmma.cu: 256 storage rows x 128 columns, 64-token
+# k-tiles in a ring of 4 (2 with two G tiles), G tiles per slice of a CTA's two 64-column halves)
+WGMMA_FORMATS = FORMATS + ["samoyeds-1:4:128", "samoyeds-1:4:320", "samoyeds-1:2:320"]
+WGMMA_CASES = [  # T, K, E, (R plain, R glu), C, pattern
+    (700, 2, 3, (640, 1152), 392, "one"),        # rp 320 / 640: partial last row block; 4 column blocks,
+                                                 # the last partial; 11+ k-tiles (past the ring)
+    (260, 3, 5, (512, 1024), 520, "skewed"),     # k-tiles 4 / 5 per expert, empty experts; C % 64 == 8
+    (90, 2, 4, (264, 528), 136, "placeholder"),  # rc not a multiple of 64: padding rows inside a block
+    (33, 2, 2, (72, 88), 64, "uniform"),         # C < 128: a column block half past C; rows by elements
+]
+
+
+IMPL = {"impl": "auto"}   # run_dw's ssmm_dw(impl=...), set by the fixture below
+
+
+@pytest.fixture(params=["auto", "mma"])
+def impl(request):
+    """Which ssmm_dw kernel: the rule's (the wgmma one on sm_90a) or the mma.sync one."""
+    IMPL["impl"] = request.param
+    yield request.param
+    IMPL["impl"] = "auto"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", WGMMA_CASES)
+@pytest.mark.parametrize("fmt", WGMMA_FORMATS)
+@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize("with_ids,with_scale", [(True, False), (False, True)])
+def test_cuda_wgmma_tiles(case, fmt, glu, with_ids, with_scale, impl):
+    check(case, fmt, torch.bfloat16, glu, with_ids, with_scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", WGMMA_FORMATS)
+@pytest.mark.parametrize("glu", [False, True])
+def test_cuda_wgmma_float16_deterministic(fmt, glu, impl):
+    case = WGMMA_CASES[0]
+    p, r, dy, x, tok, sc, got = check(case, fmt, torch.float16, glu, True, True)
+    again = run_dw(p, r, dy, x, tok, sc, "cuda")
+    assert torch.equal(got, again), "two runs differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,glu", [("samoyeds-1:2:128", True), ("samoyeds-1:2:192", False), ("1:4:64", True),
+                                     ("2:4", False)])
+def test_cuda_kernels_agree(fmt, glu):
+    """The wgmma and the mma.sync kernel on the same inputs: both within the reference's error
+    of the oracle, and close to each other (fp32 sums in different orders: not bitwise)."""
+    case = WGMMA_CASES[1]
+    seed = 11
+    p, r, dy, x, tok, sc = make_inputs(case, fmt, torch.bfloat16, glu, True, True, seed)
+    a = run_dw(p, r, dy, x, tok, sc, "cuda")
+    IMPL["impl"] = "mma"
+    try:
+        b = run_dw(p, r, dy, x, tok, sc, "cuda")
+    finally:
+        IMPL["impl"] = "auto"
+    want, _ = oracle_dw(dy, x, p, r.offsets, tok, sc)
+    assert rel_err(a, want) < 2e-2 and rel_err(b, want) < 2e-2
+    assert rel_err(a, b.double()) < 2e-2

@@ -1,0 +1,412 @@
+// ssmm_dw_wgmma.cu -- the weight gradient of an ssmm in the packed layout on Hopper
+// (dense wgmma.mma_async m64n256k16, sm_90a): what sam_ssmm_dw_cuda runs on sm_90 devices
+// (dw_choose_kernel, ssmm_dw.cuh).  Same definition as the mma.sync kernel (ssmm_dw.cu,
+// csrc/ssmm_ref.c sam_ssmm_dw_ref):
+//     out[e][p][j] = sum over sorted rows s of e of dy[s][r] * scale[s] * x[tok(s)][col]
+// for storage row p (original row r in the slice of col) and the kept column col of slot j.
+//
+// ---- the product, transposed --------------------------------------------------------------
+// D^T[c][p] = sum_s X[s][c] G_j[s][p], c = columns of x (wgmma M), p = storage rows (wgmma
+// N), K = the expert's sorted rows; G_j[s][p] = dy[s][row of p in slice j] * scale[s]
+// ("dy gathered for slice j").  Both operands arrive token-major: per token, x's columns and
+// dy's rows are contiguous, i.e. M-contiguous for wgmma's A and N-contiguous for its B:
+// both are MN-major shared-memory tiles read with the transpose bits set (16-bit types).
+// Columns on M makes the slice a property of the A operand's 64-row block: V % 64 == 0,
+// so the 64 columns of one wgmma (m64) lie in one slice and each consumer warpgroup's B is
+// the dy gathered for that one slice, with all 256 storage rows in one m64n256k16.
+//
+// ---- gather or select (the arithmetic) ----------------------------------------------------
+// Either (a) gather: a producer picks each storage row's kept row of dy per slice into the B
+// tile (MMA work R/M x C per token: the kept entries' share of dense), or (b) compute all M
+// candidate rows of every group densely (B = dy's R rows as they are) and keep the selected
+// one in the epilogue (MMA work R x C per token, as cuBLAS's dense dW).  At an equal MMA
+// rate (b) is at best cuBLAS's time (1.0x), below the 1.5x target for every M > 1; (a)
+// bounds at M x (2x for 1:2:V, 4x for 1:4:V) and pays the gather: per token and CTA tile
+// (128 columns x 256 storage rows) it loads 256 M x 2 bytes of dy into registers (M
+// candidates per kept row), permutes bytes and stores 512 bytes per slice into shared
+// memory, against 32K MMA multiply-adds; at 1:2:128 that is 1 KB of L2 reads and 512 B
+// of st.shared per 32K MACs (plus 256 B of x by cp.async), next to the 10 KB per k16 per
+// warpgroup that wgmma itself reads from shared memory: the gather adds ~20 % to the
+// shared-memory traffic, the selection in the epilogue would add 100 % (M = 2) to 300 %
+// (M = 4) to the tensor-core time.  So (a), the gather, by one producer warpgroup.
+//
+// ---- the CTA ---------------------------------------------------------------------------
+// One CTA per (expert, 256 storage rows, 128 columns): the grid is known on the host, every
+// output entry is written by exactly one CTA (experts without rows: zeros), no atomics, a
+// fixed order per entry (k-tiles in order, wgmma's fp32 accumulation): deterministic.
+// 384 threads = 3 warpgroups:
+//   WG 0, producer: per k-tile of 64 sorted rows, into a ring of ST stages:
+//     X: the 64 tokens' rows of x, columns c0 .. c0 + 127, gathered by token id with
+//        cp.async (16-byte pieces, zero-filled past the expert's rows, for invalid tokens and
+//        past C): TMA cannot gather rows on sm_90, and even with the identity row map (the
+//        down projection) a TMA box would read the next expert's rows into the last k-tile,
+//        which must be zero here (they would be summed), so one cp.async path serves both;
+//        completes on the stage's `full` barrier by cp.async.mbarrier.arrive.noinc.
+//     G: per distinct slice of the CTA's two 64-column halves (NSL = 1 or 2), dy gathered:
+//        each thread owns 8 storage rows (one 16-byte piece) of one 64-row block and loads
+//        their M candidates per token (16-byte loads, 8 M consecutive rows of dy), picks with
+//        byte permutes (selectors from idx, once per CTA), scales, and stores the piece
+//        (st.shared), then fences the generic proxy against the async one and arrives.
+//   WG 1, 2, consumers: columns c0 + 64 (wg - 1) .. + 63, all 256 storage rows: per k-tile 4
+//     wgmma m64n256k16 (128 fp32 accumulators per thread), one k-tile of wgmmas in flight,
+//     the stage released (`empty`) when the wgmmas that read it are done.
+// Shared memory per stage: X 2 x [64 tokens][128 B], G NSL x 4 x [64 tokens][128 B]; all
+// tiles in the 128-byte swizzle (16-byte chunk ^ token % 8), 1024-byte aligned blocks.
+//   NSL = 1 (V % 128 == 0, or M == 1): 48 KB, 4 stages; NSL = 2: 80 KB, 2 stages.
+//
+// ---- epilogue ------------------------------------------------------------------------------
+// After both consumers' last wgmma (a named barrier of the 256 consumer threads; the
+// producer has nothing in flight then), the ring is reused as staging: each warp writes its
+// 16 columns x 256 storage rows of fp32 sums transposed, [p][20 words] (no bank conflicts
+// for the fragment's writes), then each lane finishes storage rows lane + 32 i: reads its 16
+// sums, picks the 2 kept of every 4 columns from the meta nibbles, rounds once and stores the
+// 8 packed values as one 16-byte store.  Padding rows (q >= rc) and columns (>= C) get 0;
+// rows past rp belong to no CTA's output and are not stored.
+#include <string.h>
+
+#include "ptx_wgmma.cuh"
+#include "ssmm_dw.cuh"
+#include "ssmm_work.cuh"
+#include "tma.cuh"
+
+namespace sam {
+namespace {
+
+constexpr int DWG_BN = 256;        // storage rows per CTA (wgmma N)
+constexpr int DWG_BC = 128;        // columns per CTA (two consumer warpgroups x m64)
+constexpr int DWG_BK = 64;         // tokens per k-tile (4 x k16)
+constexpr int DWG_THREADS = 384;   // producer + 2 consumer warpgroups
+constexpr int DWG_XBYTES = 2 * DWG_BK * 128;      // X tile: 2 column blocks
+constexpr int DWG_GBLOCK = DWG_BK * 128;          // one 64-row block of a G tile (LBO)
+constexpr int DWG_GBYTES = 4 * DWG_GBLOCK;        // one G tile: 256 storage rows
+constexpr int DWG_STG_WORDS = 20;                 // epilogue staging: row stride in 32-bit words
+constexpr int DWG_STG_BYTES = DWG_BN * DWG_STG_WORDS * 4;  // one warp's staging area (20 KB)
+
+template <int NSL> struct DwgCfg {
+    static constexpr int STAGE = DWG_XBYTES + NSL * DWG_GBYTES;
+    static constexpr int ST = NSL == 1 ? 4 : 2;
+    static constexpr int PIPE = ST * STAGE;
+    static_assert(PIPE >= 8 * DWG_STG_BYTES, "the epilogue's staging reuses the ring");
+    static_assert(STAGE % 1024 == 0 && DWG_XBYTES % 1024 == 0 && DWG_GBLOCK % 1024 == 0,
+                  "1024-byte aligned tiles (128-byte swizzle atoms; descriptors with base offset 0)");
+    static_assert((DWG_GBLOCK >> 4) < (1 << 14), "LBO fits its 14-bit descriptor field");
+    static constexpr int BAR_OFF = PIPE;                      // full[ST], empty[ST]
+    static constexpr int SMEM = BAR_OFF + 2 * ST * 8 + 1024;  // + alignment slack
+    static_assert(SMEM <= 227 * 1024, "shared memory");
+};
+
+// T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2).
+template <typename T, int M, int NSL>
+__global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwArgs p) {
+#ifdef SAM_HAS_WGMMA
+    using C = DwgCfg<NSL>;
+    constexpr int ST = C::ST;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char *smem = align_smem(smem_raw);
+    const uint32_t sbase = smem_u32(smem);
+    const uint32_t bar0 = sbase + C::BAR_OFF;
+    auto full_bar = [&](int s) { return bar0 + 8u * s; };
+    auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
+    const int tid = threadIdx.x;
+
+    // ---- the work item: (expert, row block, column block), column blocks fastest
+    int64_t item = blockIdx.x;
+    const int cb = (int)(item % p.ncb);
+    item /= p.ncb;
+    const int rb = (int)(item % p.nrb);
+    const int e = (int)(item / p.nrb);
+    const int64_t row0 = (int64_t)rb * DWG_BN, c0 = (int64_t)cb * DWG_BC;
+    const int64_t s_begin = max(0, p.offsets[e]);
+    const int64_t s_end = min((int64_t)p.offsets[e + 1], p.S);
+    const int n_e = (int)max((int64_t)0, s_end - s_begin);
+    const int KT = (n_e + DWG_BK - 1) / DWG_BK;
+    // slices: half h (columns c0 + 64 h ..) lies in slice (c0 + 64 h) / V; G tile slot of half h
+    const int64_t j0 = M > 1 ? c0 / p.v : 0;
+    const int slot1 = (NSL == 2 && M > 1) ? (int)((c0 + 64) / p.v - j0) : 0;  // 0 or 1
+
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(full_bar(s), 2 * 128);  // every producer thread: its cp.asyncs (noinc) + its stores
+            mbar_init(empty_bar(s), 2 * 128);  // every consumer thread
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 128) {
+        // ================= producer =================
+        const int ptid = tid;
+        const T *x = static_cast<const T *>(p.x);
+        const T *dy = static_cast<const T *>(p.dy);
+        // X: chunk xc (16 bytes; column block xc / 8, chunk xc % 8) of token rows xr + 8 i
+        const int xc = ptid & 15, xr = ptid >> 4;
+        const int64_t xcol = c0 + 8 * xc;
+        const bool x_colok = xcol < p.C;
+        const uint32_t x_dst = (uint32_t)((xc >> 3) * DWG_BK * 128);  // + row * 128 + swizzled chunk
+        // G: 8-row piece P8 of 64-row block ub, token rows kr + 4 i (i < 16)
+        const int P8 = ptid & 7, ub = (ptid >> 3) & 3, kr = ptid >> 5;
+        const int64_t pb = row0 + 64 * ub;  // first storage row of the block
+        const bool ub_live = pb < p.rp;
+        int uh = 0;
+        int64_t uq0 = pb;
+        if (p.glu) {
+            uh = (int)((pb / 64) & 1);
+            uq0 = (pb / 64 >> 1) * 64;
+        }
+        const int64_t u_local = (uq0 + 8 * P8) * M;                  // first candidate row in the half
+        const int64_t u_base = (int64_t)uh * p.half_rows + u_local;  // ... in dy's columns
+        unsigned u_rowok = 0;  // 16-byte candidate pieces c < M inside the half
+#pragma unroll
+        for (int c = 0; c < M; c++) u_rowok |= (unsigned)(ub_live && u_local + 8 * c < p.half_rows) << c;
+        uint32_t sel[NSL][2];
+#pragma unroll
+        for (int s = 0; s < NSL; s++) {
+            sel[s][0] = sel[s][1] = 0u;
+            // slot s's slice: j0 + s (NSL == 2: a second slice only where the halves differ)
+            if (M > 1 && ub_live && (s == 0 || slot1 == 1) && j0 + s < p.slices) {
+                const uint8_t *ip = p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + pb + 8 * P8;
+                make_selectors<M>(*reinterpret_cast<const uint2 *>(ip), sel[s]);
+            }
+        }
+        const int nsl_cta = (NSL == 2 && slot1 == 1) ? 2 : 1;
+        const uint32_t g_dst = (uint32_t)(DWG_XBYTES + ub * DWG_GBLOCK);  // + slot, row, swizzled chunk
+
+        constexpr int GB = M == 4 ? 2 : 8;  // token rows per batch of loads (GB * M 16-byte loads; M = 4: 8, no spills)
+        for (int kt = 0; kt < KT; kt++) {
+            const int st = kt % ST;
+            if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
+            const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
+            // X by cp.async
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 8; i++) {
+                const int r = xr + 8 * i;
+                const int kk = kt * DWG_BK + r;
+                int64_t t = -1;
+                if (kk < n_e) {
+                    const int64_t s = s_begin + kk;
+                    t = p.token_ids ? (int64_t)p.token_ids[s] : s;
+                    if (t >= p.T) t = -1;
+                }
+                const bool ok = x_colok && t >= 0;
+                const T *src = ok ? x + t * p.ldx + xcol : x;
+                cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), src, ok);
+            }
+            cp_async_mbar_arrive(full_bar(st));
+            // G by registers: GB token rows at a time
+#pragma unroll 1
+            for (int b0 = 0; b0 < DWG_BK / 4; b0 += GB) {
+                uint4 raw[GB][M];
+                float rsc[GB];
+#pragma unroll
+                for (int b = 0; b < GB; b++) {
+                    const int r = kr + 4 * (b0 + b);
+                    const int kk = kt * DWG_BK + r;
+                    const bool tv = kk < n_e;
+                    const int64_t s = s_begin + kk;
+                    rsc[b] = p.scale ? (tv ? __ldg(p.scale + s) : 0.0f) : 1.0f;
+                    const T *row = dy + (tv ? s : 0) * p.lddy;
+                    if (p.dy_vec) {
+#pragma unroll
+                        for (int c = 0; c < M; c++) {
+                            raw[b][c] = make_uint4(0, 0, 0, 0);
+                            if (tv && ((u_rowok >> c) & 1u))
+                                raw[b][c] = __ldg(reinterpret_cast<const uint4 *>(row + u_base + 8 * c));
+                        }
+                    } else {
+                        // rows not in 16-byte pieces (the half's rows or dy's row start not a multiple of 8)
+                        const unsigned short *r16 = reinterpret_cast<const unsigned short *>(row);
+#pragma unroll
+                        for (int c = 0; c < M; c++) {
+                            uint32_t w[4];
+#pragma unroll
+                            for (int q = 0; q < 4; q++) {
+                                uint32_t lo = 0, hi = 0;
+                                const int64_t l0 = u_local + 8 * c + 2 * q;
+                                if (tv && ub_live && l0 < p.half_rows) lo = __ldg(r16 + u_base + 8 * c + 2 * q);
+                                if (tv && ub_live && l0 + 1 < p.half_rows) hi = __ldg(r16 + u_base + 8 * c + 2 * q + 1);
+                                w[q] = lo | (hi << 16);
+                            }
+                            raw[b][c] = make_uint4(w[0], w[1], w[2], w[3]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int b = 0; b < GB; b++) {
+                    const int r = kr + 4 * (b0 + b);
+                    uint32_t w[4 * M];
+#pragma unroll
+                    for (int c = 0; c < M; c++) {
+                        w[4 * c] = raw[b][c].x;
+                        w[4 * c + 1] = raw[b][c].y;
+                        w[4 * c + 2] = raw[b][c].z;
+                        w[4 * c + 3] = raw[b][c].w;
+                    }
+                    const uint32_t dst = stage + g_dst + r * 128 + ((P8 ^ (r & 7)) << 4);
+#pragma unroll
+                    for (int s = 0; s < NSL; s++) {
+                        if (s < nsl_cta) {
+                            uint32_t o[4];
+#pragma unroll
+                            for (int k = 0; k < 4; k++) {
+                                o[k] = gather_word<M>(w, sel[s], k);
+                                if (p.scale) o[k] = scale2<T>(o[k], rsc[b]);
+                            }
+                            sts_v4(dst + s * DWG_GBYTES, o[0], o[1], o[2], o[3]);
+                        }
+                    }
+                }
+            }
+            // the stores above are read by wgmma (the async proxy): fence, then arrive
+            fence_proxy_async();
+            mbar_arrive(full_bar(st));
+        }
+        // every copy of this thread has landed before it exits (wait_group alone covers only
+        // committed groups, and these copies complete on the mbarrier, not in a group)
+        cp_async_commit();
+        cp_async_wait<0>();
+        return;
+    }
+
+    // ================= consumers =================
+    const int wg = (tid >> 7) - 1;  // 0, 1: columns c0 + 64 wg ..
+    const int wt = tid & 127, warp = wt >> 5, lane = tid & 31;
+    const int slot = wg == 0 ? 0 : slot1;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+    fence_regs(acc);  // the zeros are written before the first wgmma.fence
+    for (int kt = 0; kt < KT; kt++) {
+        const int st = kt % ST;
+        mbar_wait(full_bar(st), (kt / ST) & 1);
+        fence_proxy_async();  // x came through cp.async (the generic proxy)
+        const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
+        const uint32_t a0 = stage + wg * DWG_BK * 128, b0 = stage + DWG_XBYTES + slot * DWG_GBYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < DWG_BK / 16; ks++)
+            WgmmaDenseMN256<T>::run(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
+                                    smem_desc_mn_sw128(b0 + ks * 2048, DWG_GBLOCK), 1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(acc);
+        // the wgmmas of k-tile kt - 1 are done: release its stage
+        if (kt > 0) mbar_arrive(empty_bar((kt - 1) % ST));
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    // the ring's last reads were wgmma's (the async proxy); the staging below writes it
+    // through the generic proxy
+    fence_proxy_async();
+    // both consumers are past their last wgmma, the producer has nothing in flight (every
+    // stage it filled was waited for): the ring becomes the staging area
+    named_barrier_sync(1, 256);
+
+    // ---- epilogue: D^T fragment -> staging [p][c] (fp32) -> kept columns, one rounding
+    const int g = lane >> 2, q = lane & 3;
+    float *stg = reinterpret_cast<float *>(smem + (wg * 4 + warp) * DWG_STG_BYTES);
+    // fragment: acc[4 j + 2 h + k] = D^T[16 warp + g + 8 h][8 j + 2 q + k]
+#pragma unroll
+    for (int j = 0; j < DWG_BN / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int k = 0; k < 2; k++) stg[(8 * j + 2 * q + k) * DWG_STG_WORDS + g + 8 * h] = acc[4 * j + 2 * h + k];
+    __syncwarp();
+    const int64_t cw = c0 + 64 * wg + 16 * warp;  // the warp's first column (16-aligned)
+    const int64_t mtiles = p.cp / 32;
+    const uint32_t *meta = p.meta + (int64_t)e * (p.rp / 16) * mtiles * 16;
+    T *outp = static_cast<T *>(p.out) + (int64_t)e * p.rp * (p.cp / 2) + cw / 2;
+#pragma unroll 1
+    for (int i = 0; i < DWG_BN / 32; i++) {
+        const int pl = lane + 32 * i;
+        const int64_t P = row0 + pl;
+        if (P >= p.rp) break;  // (uniform across the warp per i: rp % 64 == 0)
+        int64_t qq = P;
+        if (p.glu) qq = (P / 64 >> 1) * 64 + P % 64;
+        const bool row_live = qq < p.rc;
+        const float4 *src = reinterpret_cast<const float4 *>(stg + pl * DWG_STG_WORDS);
+        float v[16];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 f = src[k];
+            v[4 * k] = f.x;
+            v[4 * k + 1] = f.y;
+            v[4 * k + 2] = f.z;
+            v[4 * k + 3] = f.w;
+        }
+        // meta word: tile (P / 16, cw / 32), word 2 (P % 8) + (cw % 32) / 16, half (P % 16) / 8
+        uint32_t half = 0;
+        if (n_e > 0 && row_live) {
+            const uint32_t mw = __ldg(meta + ((P / 16) * mtiles + cw / 32) * 16 + 2 * (P % 8) + (cw % 32) / 16);
+            half = (mw >> (16 * ((P % 16) / 8))) & 0xffffu;
+        }
+        uint32_t o[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t nib = (half >> (4 * k)) & 0xfu;
+            const float a = pick4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3], nib & 3u);
+            const float b = pick4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3], nib >> 2);
+            const bool ok = row_live && cw + 4 * k < p.C;
+            o[k] = ok ? Elem<T>::pack2(a, b) : 0u;
+        }
+        st_global_v4(outp + P * (p.cp / 2), make_uint4(o[0], o[1], o[2], o[3]));
+    }
+#else
+    (void)p;
+    __trap();
+#endif
+}
+
+template <typename T, int M, int NSL> sam_status launch(const DwArgs &a, int64_t grid, cudaStream_t stream) {
+    using C = DwgCfg<NSL>;
+    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_dw_wgmma_kernel<T, M, NSL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      C::SMEM),
+                 "ssmm_dw");
+    ssmm_dw_wgmma_kernel<T, M, NSL><<<(unsigned)grid, DWG_THREADS, C::SMEM, stream>>>(a);
+    return launch_status("ssmm_dw");
+}
+
+template <typename T> sam_status launch_m(const DwArgs &a, int m, bool two, int64_t grid, cudaStream_t s) {
+    switch (m) {
+    case 1: return launch<T, 1, 1>(a, grid, s);
+    case 2: return two ? launch<T, 2, 2>(a, grid, s) : launch<T, 2, 1>(a, grid, s);
+    default: return two ? launch<T, 4, 2>(a, grid, s) : launch<T, 4, 1>(a, grid, s);
+    }
+}
+
+}  // namespace
+
+bool ssmm_dw_wgmma_available() {
+    static int cache[64];  // 0: not asked yet, 1: no, 2: yes
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return false;
+    }
+    if (cache[dev] == 0) {
+        int major = 0, minor = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        cudaGetLastError();
+        cache[dev] = major == 9 && minor == 0 && strstr(sam_cuda_archs(), "sm_90a") != nullptr ? 2 : 1;
+    }
+    return cache[dev] == 2;
+}
+
+sam_status ssmm_dw_wgmma_launch(const DwArgs &in, sam_dtype dtype, int m, cudaStream_t stream) {
+    DwArgs a = in;
+    a.nrb = (int)ceil_div(a.rp, DWG_BN);
+    a.ncb = (int)ceil_div(a.cp, DWG_BC);  // cp % 128 == 0: whole blocks
+    const int64_t grid = (int64_t)a.E * a.nrb * a.ncb;
+    if (grid > INT32_MAX) {
+        set_error("ssmm_dw: problem too large for one launch (%lld CTAs)", (long long)grid);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (grid == 0) return SAM_STATUS_OK;
+    // two G tiles per stage where a CTA's two 64-column halves can lie in different slices
+    const bool two = m > 1 && a.v % 128 != 0;
+    if (dtype == SAM_BF16) return launch_m<__nv_bfloat16>(a, m, two, grid, stream);
+    return launch_m<__half>(a, m, two, grid, stream);
+}
+
+}  // namespace sam
