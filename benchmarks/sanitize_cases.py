@@ -29,6 +29,7 @@ def train_cases(gen: torch.Generator) -> None:
     for fmt, glu, R, C, T in [("samoyeds-1:2:128", True, 272, 200, 77), ("1:4:64", False, 136, 584, 40),
                               ("samoyeds-1:2:64", True, 40, 264, 33), ("2:4", False, 96, 128, 50),
                               ("2:4", True, 200, 72, 9), ("samoyeds-1:2:192", False, 144, 456, 61)]:
+        print("case ssmm_dw", fmt, glu, R, C, T, flush=True)
         E, K = 5, 2
         p = sm.pack(torch.randn(E, R, C, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=glu)
         r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)  # E: placeholder id
@@ -55,6 +56,7 @@ def train_cases(gen: torch.Generator) -> None:
     # the backward of the whole layer (issue 40): the transposed packings, dX by ssmm on them,
     # ssmm_dw for both packed weights, the routing weights' and the biases' gradients
     for fmt, act in (("samoyeds-1:2:128", "swiglu"), ("1:4:64", "gptoss"), ("2:4", "swiglu")):
+        print("case layer backward", fmt, act, flush=True)
         T, K, E, H, I = 333, 2, 5, 128, 136
         gu = sm.pack(torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=True)
         dn = sm.pack(torch.randn(E, H, I, generator=gen).to(torch.bfloat16).cuda(), fmt)
@@ -83,6 +85,7 @@ def main(cublas: bool = True) -> None:
                                   ("samoyeds-1:2:128", "swiglu", torch.bfloat16, "decode"),
                                   ("1:4:64", "none", torch.float16, "decode"),
                                   ("2:4", "gptoss", torch.bfloat16, "decode")]:
+        print("case ssmm", fmt, act, impl, flush=True)
         T, K, E, H, I = 77, 2, 5, 200, 136
         x = torch.randn(T, H, generator=gen).to(dtype).cuda()
         glu = act != "none"
@@ -160,7 +163,9 @@ def main(cublas: bool = True) -> None:
         sm.moe_forward(x, idx, torch.rand(T, K, generator=gen).cuda(), gu, dn, act="gptoss",
                        gate_up_bias=torch.randn(E, 2 * I, generator=gen).cuda(),
                        down_bias=torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda())
+    print("case train", flush=True)
     train_cases(gen)
+    print("case rest", flush=True)
     # dense weights at a few tokens: every token-tile width, one and several token passes, row
     # and column tails, every activation, the down projection's early weight reads
     for T, R, C, act in [(1, 17, 72, "swiglu"), (9, 33, 200, "none"), (20, 40, 136, "gptoss"), (70, 50, 264, "swiglu")]:
@@ -215,6 +220,7 @@ def main(cublas: bool = True) -> None:
     # call), so row indices out of range or out of order and invalid 2:4 codes must stay inside the
     # arrays; unpack refuses them; ids at the int32 extremes; empty and single-row problems
     for fmt, glu in (("3:8:32", True), ("samoyeds-1:2:128", False), ("2:4", True)):
+        print("case hostile", fmt, flush=True)
         E, I, H, T = 3, 96, 128, 37
         R = 2 * I if glu else I
         p = sm.pack(torch.randn(E, R, H, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=glu)

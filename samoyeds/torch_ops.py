@@ -287,11 +287,13 @@ def _segment_sum(rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
 def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_ids: Optional[torch.Tensor],
               scale: Optional[torch.Tensor], rows: int) -> torch.Tensor:
     """``out[s] = (dy[token_ids[s]] @ W_e) * scale[s]`` for the sorted rows s of every expert
-    e (``[rows, C]``, dy's dtype; rows past offsets[E] 0 or not written): the gradient with
+    e (``[rows, C]``, dy's dtype; rows past offsets[E] 0): the gradient with
     respect to an ssmm's input.  :func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed`
     where the transpose is 2:4; else the masked dense weight in torch (fp32, one host sync)."""
     if w.transposable:
-        return ssmm(dy, w.transposed(), offsets, token_ids, scale=scale, check=False)
+        # zeros first: the rows past offsets[E] are read by the elementwise steps after this
+        out = dy.new_zeros((rows, w.shape3[2]))
+        return ssmm(dy, w.transposed(), offsets, token_ids, out, scale=scale, check=False)
     E, R, C = w.shape3
     dense = w.unpack().reshape(E, R, C)
     out = dy.new_zeros((rows, C))
