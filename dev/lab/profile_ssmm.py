@@ -1,5 +1,7 @@
-"""One ssmm launch at a realistic size, for a profiler (ncu) to look at.
-  python dev/lab/profile_ssmm.py [--model mixtral-8x7b] [--T 4096] [--proj gate_up] [--fmt samoyeds-1:2:128]"""
+"""One ssmm launch at a realistic size, for a profiler (ncu) to look at; --dw: the weight
+gradient (ssmm_dw, --impl auto | mma) of the same projection instead.
+  python dev/lab/profile_ssmm.py [--model mixtral-8x7b] [--T 4096] [--proj gate_up] [--fmt samoyeds-1:2:128]
+                                 [--dw [--impl mma]]"""
 import argparse
 import os
 import sys
@@ -16,6 +18,8 @@ ap.add_argument("--T", type=int, default=4096)
 ap.add_argument("--proj", default="gate_up")
 ap.add_argument("--fmt", default="samoyeds-1:2:128")
 ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--dw", action="store_true", help="time ssmm_dw (dy [S, R], x as ssmm reads it)")
+ap.add_argument("--impl", default="auto", help="--dw: ssmm_dw's kernel, auto or mma")
 a = ap.parse_args()
 s = SHAPES[a.model]
 gen = torch.Generator(device="cuda").manual_seed(0)
@@ -28,12 +32,21 @@ p = sm.pack(w, a.fmt, glu=a.proj == "gate_up")
 del w
 act = "swiglu" if a.proj == "gate_up" else "none"
 tok = r.token_ids if a.proj == "gate_up" else None
+if a.dw:
+    from samoyeds.ops import ssmm_dw
+    dy = torch.randn(r.token_ids.shape[0], R, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    def call():
+        ssmm_dw(dy, x, p, r.offsets, tok, impl=a.impl)
+else:
+    def call():
+        sm.ssmm(x, p, r.offsets, tok, act=act)
 for _ in range(a.reps):
-    sm.ssmm(x, p, r.offsets, tok, act=act)
+    call()
 torch.cuda.synchronize()
 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 start.record()
-sm.ssmm(x, p, r.offsets, tok, act=act)
+call()
 end.record()
 end.synchronize()
-print(f"{a.model} T={a.T} {a.proj} {a.fmt}: {start.elapsed_time(end):.3f} ms")
+print(f"{a.model} T={a.T} {a.proj} {a.fmt}{' dw ' + a.impl if a.dw else ''}: {start.elapsed_time(end):.3f} ms")
