@@ -193,7 +193,10 @@ template <typename T, typename Cf> struct DPlan {
             const uint32_t m_dst = base + Cf::META_OFF + (lane >> 3) * 128 + (lane & 7) * 16;
             cp_async16_l2_256(m_dst, m_src + (int64_t)kt * 32);
         }
-        if (M > 1 && lane < MT && fresh) cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)slice * p.rp, true);
+        // (columns are padded to 128: with V = 64 a last k-tile past the last slice holds only
+        // zero values and keeps the last slice's indices, never reading past idx)
+        if (M > 1 && lane < MT && fresh)
+            cp_async16(base + Cf::IDX_OFF + lane * 16, i_src + (int64_t)min(slice, (int)p.slices - 1) * p.rp, true);
     }
     // the token rows of k-tile kt
     __device__ __forceinline__ void issue_b(const DParams &p, uint32_t base, int kt, int lane) const {

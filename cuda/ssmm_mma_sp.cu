@@ -86,7 +86,7 @@ template <typename T, typename C> struct Loader {
     uint32_t a_dst, b_dst, m_dst, i_dst;
     uint32_t b_off[B_CH];
     unsigned a_ok, b_ok;
-    int b_ch, kt_per_slice;
+    int b_ch, kt_per_slice, last_slice;
     bool m_load, m_ok, i_load, i_ok;
 
     __device__ __forceinline__ Loader(const PrefillArgs &p, int e, int64_t row0, const int32_t *tok_s, int tid) {
@@ -130,6 +130,9 @@ template <typename T, typename C> struct Loader {
         i_src = M > 1 ? idxg + (i_ok ? row0 + i_chunk * 16 : 0) : nullptr;
         i_dst = C::A_BYTES + C::B_BYTES + C::META_BYTES + i_chunk * 16;
         kt_per_slice = M > 1 ? p.V / BK : 1;
+        // columns are padded to 128: with V = 64 the last k-tile can lie past the last slice
+        // (all-zero values); it keeps the last slice's indices, never reads past idx
+        last_slice = M > 1 ? (int)p.slices - 1 : 0;
     }
 
     // Issues the copies of k-tile kt into the stage at shared address base.
@@ -149,7 +152,7 @@ template <typename T, typename C> struct Loader {
             cp_async16(base + b_dst + i * B_STEP * C::B_ROW, ok ? xs + (int64_t)b_off[i] * 8 : x, ok);
         }
         if (m_load) cp_async16(base + m_dst, m_src + (int64_t)kt * KS * 16, m_ok);
-        if (i_load) cp_async16(base + i_dst, i_src + (int64_t)(kt / kt_per_slice) * rp, i_ok);
+        if (i_load) cp_async16(base + i_dst, i_src + (int64_t)min(kt / kt_per_slice, last_slice) * rp, i_ok);
     }
 };
 

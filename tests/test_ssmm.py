@@ -624,3 +624,29 @@ def test_unrouted_experts_reach_no_output(T, fmt, act, glu):
         tiles = ("auto",) if fmt == "2:4" else ("128x128", "256x64", "256x96")
         ways += [("cuda", "wgmma_sp", {"tile": tile}) for tile in tiles]
     _unrouted_outputs(T, fmt, act, glu, ways)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["mma_sp", "decode"])
+@pytest.mark.parametrize("fmt", ["1:4:64", "samoyeds-1:2:64"])
+def test_cuda_last_padded_ktile_reads_no_index_past_idx(impl, fmt):
+    """Columns are padded to 128, so with V = 64 and C = 136 the last 64-column k-tile lies
+    past the last slice.  Its row-selection indices must be the last slice's, never the bytes
+    after idx: here idx is the front of a buffer whose remaining bytes are 255 (an invalid
+    row), so a read past it would select no valid row (initcheck found the read)."""
+    gen = torch.Generator().manual_seed(5)
+    E, R, C, T, K = 3, 128, 136, 40 if impl == "mma_sp" else 6, 2
+    w = torch.randn(E, R, C, generator=gen).to(torch.bfloat16)
+    p = sm.pack(w, fmt).to("cuda")
+    buf = torch.full((p.idx.numel() + 4096,), 255, dtype=torch.uint8, device="cuda")
+    buf[:p.idx.numel()] = p.idx.reshape(-1)
+    bad_tail = sm.PackedWeight(p.values, p.meta, buf[:p.idx.numel()].view(p.idx.shape), p.fmt, p.shape, p.glu)
+    x = torch.randn(T, C, generator=gen).to(torch.bfloat16)
+    r = sm.route(random_topk(T, K, E, "uniform", gen), E)
+    dense = sm.unpack(p.to("cpu"))
+    out = torch.full((r.token_ids.shape[0], R), float("nan"), dtype=torch.bfloat16, device="cuda")
+    sm.ssmm(x.cuda(), bad_tail, r.offsets.cuda(), r.token_ids.cuda(), out=out, impl=impl)
+    n = int(r.offsets[-1])
+    oracle = oracle_ssmm(x, dense, r.offsets, r.token_ids, "none", None, None)[:n]
+    assert torch.isfinite(out[:n]).all()
+    assert rel_err(out[:n].cpu(), oracle) < 1e-2
