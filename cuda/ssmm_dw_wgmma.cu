@@ -172,21 +172,34 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
         const uint32_t g_dst = (uint32_t)(DWG_XBYTES + ub * DWG_GBLOCK);  // + slot, row, swizzled chunk
 
         constexpr int GB = M == 4 ? 2 : 8;  // token rows per batch of loads (GB * M 16-byte loads; M = 4: 8, no spills)
+        // X's token ids of k-tile kt (-1: none), all loads issued before any is used: one
+        // id load after another, each waited for by its copy, was most of the producer's
+        // time (ncu: 8 serialised L2 round trips per k-tile); the next k-tile's are loaded
+        // one k-tile ahead, in flight during this one's dy gather
+        int32_t tok_next[DWG_BK / 8];
+        auto load_ids = [&](int kt, int32_t (&ids)[DWG_BK / 8]) {
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 8; i++) {
+                const int kk = kt * DWG_BK + xr + 8 * i;
+                const int64_t s = s_begin + kk;
+                ids[i] = kk >= n_e ? -1 : p.token_ids ? __ldg(p.token_ids + s) : (int32_t)s;
+            }
+        };
+        if (KT > 0) load_ids(0, tok_next);
         for (int kt = 0; kt < KT; kt++) {
             const int st = kt % ST;
+            int32_t tok[DWG_BK / 8];
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 8; i++) tok[i] = tok_next[i];
+            if (kt + 1 < KT) load_ids(kt + 1, tok_next);
             if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
             const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
             // X by cp.async
 #pragma unroll
             for (int i = 0; i < DWG_BK / 8; i++) {
                 const int r = xr + 8 * i;
-                const int kk = kt * DWG_BK + r;
-                int64_t t = -1;
-                if (kk < n_e) {
-                    const int64_t s = s_begin + kk;
-                    t = p.token_ids ? (int64_t)p.token_ids[s] : s;
-                    if (t >= p.T) t = -1;
-                }
+                int64_t t = tok[i];
+                if (t >= p.T) t = -1;
                 const bool ok = x_colok && t >= 0;
                 const T *src = ok ? x + t * p.ldx + xcol : x;
                 cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), src, ok);
