@@ -284,7 +284,7 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
     same ops, arguments and shapes as the composed op, so the stages add up to it (host
     overheads of the composed op apart)."""
     from samoyeds import torch_ops as to
-    from samoyeds.ops import ssmm_dw as _ssmm_dw
+    from samoyeds.ops import glu_backward, ssmm_dw as _ssmm_dw
     gu, dn = m.gu, m.dn
     act = to.ACT_IDS[m.act]
     alpha, limit = 1.702, 7.0
@@ -304,9 +304,13 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
     y = sm.ssmm(h, dn, r.offsets, None, bias=to._opt(dnb), scale=ws, check=False)
     dout = gout.detach().to(xd.dtype).contiguous()
     g = dout.index_select(0, r.token_ids)
-    dh_u = to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S).float()
-    dh = dh_u * ws[:, None]
-    dpre = to._glu_backward(dh, preact, act, alpha, limit)
+    dh_u = to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)
+    dpre_dt = "float32" if gub is not None else xdt   # as moe_backward_eager: fp32 for the bias sum
+
+    def glu_bwd():
+        return glu_backward(dh_u, preact, scale=ws, offsets=r.offsets, act=m.act, alpha=alpha, limit=limit,
+                            dtype=dpre_dt)
+    dpre = glu_bwd()
     dpre_x = dpre.to(xd.dtype)
     dxs = to._matmul_w(dpre_x, gu, r.offsets, None, None, S)
     pos = r.pos.to(torch.int64)
@@ -318,7 +322,7 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         return fn
 
     def dweights():
-        dws = (dh_u * h.float()).sum(1)
+        dws = (dh_u.float() * h.float()).sum(1)
         if dnb is not None:
             eid = torch.searchsorted(r.offsets[1:].to(torch.int64), torch.arange(S, device=xd.device),
                                      right=True).clamp(max=dn.num_experts - 1)
@@ -343,10 +347,9 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         ("down_bias_sum", (lambda: to._segment_sum(g.float() * ws[:, None], r.offsets)) if dnb is not None else None),
         ("ssmm_dx_down", lambda: to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)),
         ("dweights", dweights),
-        ("scale_dh", lambda: dh_u * ws[:, None]),
-        ("glu_backward", lambda: to._glu_backward(dh, preact, act, alpha, limit)),
+        ("glu_backward", glu_bwd),
         ("gate_up_bias_sum", (lambda: to._segment_sum(dpre, r.offsets)) if gub is not None else None),
-        ("cast_dpre", lambda: dpre.to(xd.dtype)),
+        ("cast_dpre", (lambda: dpre.to(xd.dtype)) if gub is not None else None),
         ("ssmm_dw_gate_up", lambda: _ssmm_dw(dpre_x, xd, gu, r.offsets, r.token_ids)),
         ("ssmm_dx_gate_up", lambda: to._matmul_w(dpre_x, gu, r.offsets, None, None, S)),
         ("combine", lambda: sm.combine(dxs, r.pos, dtype=xdt)),

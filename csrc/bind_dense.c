@@ -1,7 +1,7 @@
 /*
  * bind_dense.c -- the dense ops: dense_decode (dense weights at a few tokens,
- * csrc/dense_ref.c, cuda/dense_decode.cu) and glu (a gated activation of two
- * matrices, cuda/glu.cu).
+ * csrc/dense_ref.c, cuda/dense_decode.cu), glu (a gated activation of two
+ * matrices, cuda/glu.cu) and glu_backward (its gradient, same files).
  */
 #include "sam_args.h"
 #include "sam_ref.h"
@@ -131,4 +131,81 @@ PyObject *sam_py_glu(PyObject *module, PyObject *args, PyObject *kw)
     if (sam_arg_range("act", act, SAM_ACT_SWIGLU, SAM_ACT_GPTOSS, "1 (swiglu) or 2 (gptoss)") < 0) return NULL;
     x.p.act = (sam_act)act;
     return sam_run_op(&glu_op, module, o, o_stream, 0, &x);
+}
+
+/* ---- glu_backward(out, dh, preact, scale=None, offsets=None, act=1, alpha=1.702, limit=7.0, stream=None) ---- */
+
+enum { B_PRE, B_DH, B_SCALE, B_OFFSETS, B_OUT, B_COUNT };
+enum { V_BS, V_BI, V_B2I, V_BE1 };
+
+static const sam_arg_spec glu_backward_args[] = {
+    [B_PRE] = {"preact", SAM_DT_FLOAT, 2, {SAM_VAR(V_BS), SAM_VAR(V_B2I)}, SAM_ARG_ROWS, -1, 0, 0},
+    [B_DH] = {"dh", 0, 2, {SAM_VAR(V_BS), SAM_VAR(V_BI)}, SAM_ARG_ROWS | SAM_ARG_F32_OR_LIKE, B_PRE, 0, 0},
+    [B_SCALE] = {"scale", SAM_DT(SAM_F32), 1, {SAM_VAR(V_BS)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
+    [B_OFFSETS] = {"offsets", SAM_DT(SAM_I32), 1, {SAM_VAR(V_BE1)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
+    [B_OUT] = {"out", 0, 2, {SAM_VAR(V_BS), SAM_VAR(V_B2I)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_F32_OR_LIKE, B_PRE,
+               0, 0},
+};
+
+typedef struct glu_backward_ctx {
+    sam_glu_backward_params p;
+} glu_backward_ctx;
+
+static int glu_backward_derive(sam_op_call *c, void *vctx)
+{
+    (void)vctx;
+    const sam_tensor *pre = &c->t[B_PRE], *off = &c->t[B_OFFSETS];
+    if (pre->shape[1] % 2 != 0) {
+        PyErr_Format(PyExc_ValueError, "preact: expected an even column count (gate columns, then up columns), got "
+                     "%lld", (long long)pre->shape[1]);
+        return -1;
+    }
+    if (off->present && (off->shape[0] < 2 || off->shape[0] > INT32_MAX)) {
+        PyErr_Format(PyExc_ValueError, "offsets: expected shape (E + 1,) with 1 <= E < 2**31 - 1, got (%lld,)",
+                     (long long)off->shape[0]);
+        return -1;
+    }
+    sam_op_bind(c, V_BI, pre->shape[1] / 2);
+    return 0;
+}
+
+static int glu_backward_check(sam_op_call *c, void *vctx)
+{
+    sam_glu_backward_params *p = &((glu_backward_ctx *)vctx)->p;
+    const sam_tensor *t = c->t;
+    p->pre = t[B_PRE].data;
+    p->ldp = c->ld[B_PRE];
+    p->dtype = t[B_PRE].dtype;
+    p->dh = t[B_DH].data;
+    p->lddh = c->ld[B_DH];
+    p->dh_dtype = t[B_DH].dtype;
+    p->scale = t[B_SCALE].present ? (const float *)t[B_SCALE].data : NULL;
+    p->offsets = t[B_OFFSETS].present ? (const int32_t *)t[B_OFFSETS].data : NULL;
+    p->E = t[B_OFFSETS].present ? t[B_OFFSETS].shape[0] - 1 : 0;
+    p->out = t[B_OUT].data;
+    p->ldo = c->ld[B_OUT];
+    p->out_dtype = t[B_OUT].dtype;
+    p->S = t[B_PRE].shape[0];
+    p->I = t[B_PRE].shape[1] / 2;
+    return 0;
+}
+
+SAM_OP_RUN_PARAMS(glu_backward_run, glu_backward_ctx, sam_glu_backward_ref, sam_glu_backward_cuda)
+
+static const sam_op glu_backward_op = {"glu_backward", glu_backward_args, B_COUNT, glu_backward_derive,
+                                       glu_backward_check, glu_backward_run};
+
+PyObject *sam_py_glu_backward(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"out", "dh", "preact", "scale", "offsets", "act", "alpha", "limit", "stream", NULL};
+    PyObject *o[B_COUNT], *o_stream = Py_None;
+    int act = SAM_ACT_SWIGLU;
+    glu_backward_ctx x = {.p = {.alpha = 1.702f, .limit = 7.0f}};
+    o[B_SCALE] = o[B_OFFSETS] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiffO:glu_backward", kwlist, &o[B_OUT], &o[B_DH], &o[B_PRE],
+                                     &o[B_SCALE], &o[B_OFFSETS], &act, &x.p.alpha, &x.p.limit, &o_stream))
+        return NULL;
+    if (sam_arg_range("act", act, SAM_ACT_SWIGLU, SAM_ACT_GPTOSS, "1 (swiglu) or 2 (gptoss)") < 0) return NULL;
+    x.p.act = (sam_act)act;
+    return sam_run_op(&glu_backward_op, module, o, o_stream, 0, &x);
 }

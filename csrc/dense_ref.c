@@ -6,6 +6,9 @@
  *     g = sum_c x[t][c] * w[r][c]          fp32, in column order
  *     u = sum_c x[t][c] * up[r][c]         (a gated act only)
  *     out[t][r] = act(g, u)                (none: g), rounded once to out's dtype.
+ *
+ * Also the gated activation of two matrices (glu, cuda/glu.cu) and its backward
+ * (glu_backward: the formulas are in cuda/samoyeds_cuda.h).
  */
 #include "sam_ref.h"
 
@@ -53,5 +56,51 @@ sam_status sam_glu_ref(const sam_glu_params *p)
             const float u = sam_load_f32(p->u, p->dtype, t * p->ldu + i);
             sam_store_f32(p->out, p->dtype, t * p->ldo + i, sam_act_glu(p->act, g, u, p->alpha, p->limit));
         }
+    return SAM_STATUS_OK;
+}
+
+/* The gradients of one gate/up pair from d (dh times the row's scale), in the order of
+ * _glu_backward in samoyeds/torch_ops.py; the clamps are written so that a NaN stays NaN,
+ * as in torch's clamp. */
+static inline void glu_backward_pair(sam_act act, float alpha, float limit, float d, float g, float u, float *dg,
+                                     float *du)
+{
+    if (act == SAM_ACT_SWIGLU) {
+        const float sg = 1.0f / (1.0f + expf(-g));
+        *dg = (d * u) * (sg * (1.0f + g * (1.0f - sg)));
+        *du = d * (g * sg);
+        return;
+    }
+    const float gc = g > limit ? limit : g;
+    const float uc = u > limit ? limit : (u < -limit ? -limit : u);
+    const float sg = 1.0f / (1.0f + expf(-(alpha * gc)));
+    *dg = g <= limit ? (d * (uc + 1.0f)) * (sg + ((alpha * gc) * sg) * (1.0f - sg)) : 0.0f;
+    *du = (u >= -limit && u <= limit) ? d * (gc * sg) : 0.0f;
+}
+
+/* out[s] = (dgate, dup) of row s, zeros for the rows past offsets[E] (never read). */
+sam_status sam_glu_backward_ref(const sam_glu_backward_params *p)
+{
+    if (p->act != SAM_ACT_SWIGLU && p->act != SAM_ACT_GPTOSS) {
+        sam_ref_set_error("glu_backward: act %d is not a gated activation", (int)p->act);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    const int64_t I = p->I, live = p->offsets != NULL ? (int64_t)sam_ld_i32(p->offsets, p->E) : p->S;
+    for (int64_t s = 0; s < p->S; s++) {
+        if (s >= live) {
+            for (int64_t i = 0; i < 2 * I; i++) sam_store_f32(p->out, p->out_dtype, s * p->ldo + i, 0.0f);
+            continue;
+        }
+        const float sc = p->scale != NULL ? sam_ld_f32(p->scale, s) : 1.0f;
+        for (int64_t i = 0; i < I; i++) {
+            float d = sam_load_f32(p->dh, p->dh_dtype, s * p->lddh + i), dg, du;
+            if (p->scale != NULL) d *= sc;
+            const float g = sam_load_f32(p->pre, p->dtype, s * p->ldp + i);
+            const float u = sam_load_f32(p->pre, p->dtype, s * p->ldp + I + i);
+            glu_backward_pair(p->act, p->alpha, p->limit, d, g, u, &dg, &du);
+            sam_store_f32(p->out, p->out_dtype, s * p->ldo + i, dg);
+            sam_store_f32(p->out, p->out_dtype, s * p->ldo + I + i, du);
+        }
+    }
     return SAM_STATUS_OK;
 }

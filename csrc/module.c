@@ -236,6 +236,9 @@ static PyMethodDef sam_methods[] = {
      "dense_decode(out, x, w, up=None, act=0, alpha=1.702, limit=7.0, weights_ready=False, stream=None)."},
     {"glu", (PyCFunction)(void (*)(void))sam_py_glu, METH_VARARGS | METH_KEYWORDS,
      "glu(out, gate, up, act=1, alpha=1.702, limit=7.0, stream=None): out = act(gate, up) elementwise."},
+    {"glu_backward", (PyCFunction)(void (*)(void))sam_py_glu_backward, METH_VARARGS | METH_KEYWORDS,
+     "glu_backward(out, dh, preact, scale=None, offsets=None, act=1, alpha=1.702, limit=7.0, stream=None): "
+     "out = (d gate, d up) of act(gate, up) = preact's halves from dh (times scale), rows past offsets[E] 0."},
     {"router", (PyCFunction)(void (*)(void))sam_py_router, METH_VARARGS | METH_KEYWORDS,
      "router(logits, weights, ids, x, w, k, bias=None, mode=0, n_group=1, topk_group=1, renorm=False, scale=1.0, "
      "choice_bias=None, stream=None): router logits, weights and top-k expert ids."},

@@ -34,6 +34,7 @@ PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw);          
 PyObject *sam_py_ssmm_dw(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_dense_decode(PyObject *module, PyObject *args, PyObject *kw);   /* bind_dense.c */
 PyObject *sam_py_glu(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *sam_py_glu_backward(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_router(PyObject *module, PyObject *args, PyObject *kw);         /* bind_router.c */
 PyObject *sam_py_moe_route(PyObject *module, PyObject *args, PyObject *kw);      /* bind_moe.c */
 PyObject *sam_py_moe_gather_weights(PyObject *module, PyObject *args, PyObject *kw);

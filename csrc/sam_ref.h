@@ -174,6 +174,7 @@ sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p);
 sam_status sam_dense_ref(const sam_dense_params *p);
 sam_status sam_router_ref(const sam_router_params *p);
 sam_status sam_glu_ref(const sam_glu_params *p);
+sam_status sam_glu_backward_ref(const sam_glu_backward_params *p);
 
 /* ---- MoE routing and combine (csrc/moe_ref.c) ------------------------------------ */
 

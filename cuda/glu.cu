@@ -7,6 +7,14 @@
 // row strides and the pointers allow; else one element at a time), a grid-stride loop
 // over rows x 8-column pieces.  Programmatic dependent launch: waits for the kernel
 // before on the stream before reading, lets the next one start at once.
+//
+// Its backward (sam_glu_backward_ref in csrc/dense_ref.c; the formulas are in
+// samoyeds_cuda.h), the training step's d pre-activation from d act: the same pass, each
+// thread reading 8 columns of the gate, the up and dh (one or two 16-byte loads each) and
+// writing 8 of dgate and of dup.  The fp32 operations are rounded one by one (no fused
+// multiply-adds) in the order torch's elementwise backward takes, so that the two agree
+// up to the final rounding.  Rows past offsets[E] (placeholder rows of an MoE's sorted
+// rows, uninitialised) are written as zeros without reading them.
 #include "common.cuh"
 
 namespace sam {
@@ -59,6 +67,128 @@ template <typename T> sam_status glu_launch(const GluArgs &a, bool vec, cudaStre
     return launch_status("glu");
 }
 
+
+// ---- glu_backward ----------------------------------------------------------------------
+
+struct GluBackwardArgs {
+    const void *dh;
+    int64_t lddh;
+    const void *pre;
+    int64_t ldp;
+    const float *scale;
+    const int32_t *offsets;
+    int64_t E;
+    void *out;
+    int64_t ldo, S, I;
+    sam_act act;
+    float alpha, limit;
+};
+
+// W consecutive elements as fp32: W = 8 as 16-byte loads (one, two for fp32), W = 1 one element.
+template <int W, typename T> __device__ __forceinline__ void load_cols(const T *p, float (&f)[W]) {
+    if constexpr (W == 1) {
+        f[0] = Elem<T>::to_f(*p);
+    } else if constexpr (std::is_same<T, float>::value) {
+        const float4 a = reinterpret_cast<const float4 *>(p)[0], b = reinterpret_cast<const float4 *>(p)[1];
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+    } else {
+        const uint4 v = *reinterpret_cast<const uint4 *>(p);
+        const T *e = reinterpret_cast<const T *>(&v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) f[j] = Elem<T>::to_f(e[j]);
+    }
+}
+
+template <int W, typename T> __device__ __forceinline__ void store_cols(T *p, const float (&f)[W]) {
+    if constexpr (W == 1) {
+        *p = Elem<T>::from_f(f[0]);
+    } else if constexpr (std::is_same<T, float>::value) {
+        reinterpret_cast<float4 *>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4 *>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+    } else {
+        uint4 v;
+        uint32_t *w = reinterpret_cast<uint32_t *>(&v);
+#pragma unroll
+        for (int j = 0; j < 4; j++) w[j] = Elem<T>::pack2(f[2 * j], f[2 * j + 1]);
+        *reinterpret_cast<uint4 *>(p) = v;
+    }
+}
+
+// One gate/up pair, each operation rounded as torch's separate elementwise kernels round it
+// (sigmoid: 1 / (1 + exp(-x)) with the accurate expf); the clamps keep a NaN.
+__device__ __forceinline__ void glu_backward_pair(sam_act act, float alpha, float limit, float d, float g, float u,
+                                                  float &dg, float &du) {
+    if (act == SAM_ACT_SWIGLU) {
+        const float sg = 1.0f / __fadd_rn(1.0f, expf(-g));
+        dg = __fmul_rn(__fmul_rn(d, u), __fmul_rn(sg, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sg)))));
+        du = __fmul_rn(d, __fmul_rn(g, sg));
+        return;
+    }
+    const float gc = g > limit ? limit : g;
+    const float uc = u > limit ? limit : (u < -limit ? -limit : u);
+    const float ag = __fmul_rn(alpha, gc);
+    const float sg = 1.0f / __fadd_rn(1.0f, expf(-ag));
+    dg = g <= limit ? __fmul_rn(__fmul_rn(d, __fadd_rn(uc, 1.0f)),
+                                __fadd_rn(sg, __fmul_rn(__fmul_rn(ag, sg), __fsub_rn(1.0f, sg))))
+                    : 0.0f;
+    du = (u >= -limit && u <= limit) ? __fmul_rn(d, __fmul_rn(gc, sg)) : 0.0f;
+}
+
+template <typename T, typename TD, typename TO, int W>
+__global__ void __launch_bounds__(256) glu_backward_kernel(const GluBackwardArgs p) {
+    pdl_wait();
+    pdl_trigger();
+    // rows from `live` on are placeholders: written, never read
+    const int64_t live = p.offsets != nullptr ? (int64_t)p.offsets[p.E] : p.S;
+    const int64_t per = p.I / W;  // pieces of a row
+    const int64_t n = p.S * per;
+    for (int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; id < n; id += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t s = id / per, c = (id - s * per) * W;
+        float dg[W], du[W];
+        if (s < live) {
+            float d[W], g[W], u[W];
+            load_cols<W>(static_cast<const TD *>(p.dh) + s * p.lddh + c, d);
+            load_cols<W>(static_cast<const T *>(p.pre) + s * p.ldp + c, g);
+            load_cols<W>(static_cast<const T *>(p.pre) + s * p.ldp + p.I + c, u);
+            const float sc = p.scale != nullptr ? p.scale[s] : 1.0f;
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                glu_backward_pair(p.act, p.alpha, p.limit, p.scale != nullptr ? __fmul_rn(d[j], sc) : d[j], g[j],
+                                  u[j], dg[j], du[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < W; j++) dg[j] = du[j] = 0.0f;
+        }
+        TO *o = static_cast<TO *>(p.out) + s * p.ldo + c;
+        store_cols<W>(o, dg);
+        store_cols<W>(o + p.I, du);
+    }
+}
+
+template <typename T, typename TD, typename TO>
+sam_status glu_backward_launch(const GluBackwardArgs &a, bool vec, cudaStream_t stream) {
+    const int64_t n = a.S * (vec ? a.I / 8 : a.I);
+    const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+    const unsigned grid = (unsigned)std::min<int64_t>((n + 255) / 256, (int64_t)sms * 8);
+    if (vec)
+        SAM_CUDA_TRY(launch_kernel(glu_backward_kernel<T, TD, TO, 8>, dim3(grid), dim3(256), 0, stream,
+                                   pdl_enabled(), a), "glu_backward");
+    else
+        SAM_CUDA_TRY(launch_kernel(glu_backward_kernel<T, TD, TO, 1>, dim3(grid), dim3(256), 0, stream,
+                                   pdl_enabled(), a), "glu_backward");
+    return launch_status("glu_backward");
+}
+
+// f(T{}) for T the element type of a float dtype (bfloat16, float16, float32).
+template <typename F> sam_status with_float_dtype(sam_dtype dt, F &&f) {
+    switch (dt) {
+    case SAM_BF16: return f(__nv_bfloat16());
+    case SAM_F16: return f(__half());
+    case SAM_F32: return f(float());
+    default: set_error("glu_backward: the GPU kernel takes bfloat16, float16 or float32"); return SAM_STATUS_UNSUPPORTED;
+    }
+}
+
 }  // namespace
 }  // namespace sam
 
@@ -91,4 +221,49 @@ extern "C" sam_status sam_glu_cuda(const sam_glu_params *p, void *stream) {
     const bool vec = mis == 0 && p->I % 8 == 0 && p->ldg % 8 == 0 && p->ldu % 8 == 0 && p->ldo % 8 == 0;
     cudaStream_t s = (cudaStream_t)stream;
     return with_tc_dtype(p->dtype, [&](auto t) { return glu_launch<decltype(t)>(a, vec, s); });
+}
+
+extern "C" sam_status sam_glu_backward_cuda(const sam_glu_backward_params *p, void *stream) {
+    using namespace sam;
+    if (p->act != SAM_ACT_SWIGLU && p->act != SAM_ACT_GPTOSS) {
+        set_error("glu_backward: act %d is not a gated activation", (int)p->act);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    if (p->S < 0 || p->I < 0 || (p->offsets != NULL && p->E < 1)) {
+        set_error("glu_backward: sizes S = %lld, I = %lld, E = %lld out of range", (long long)p->S, (long long)p->I,
+                  (long long)p->E);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    if ((p->dh_dtype != SAM_F32 && p->dh_dtype != p->dtype) || (p->out_dtype != SAM_F32 && p->out_dtype != p->dtype)) {
+        set_error("glu_backward: dh and out take float32 or the pre-activation's dtype");
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    if (p->S == 0 || p->I == 0) return SAM_STATUS_OK;
+    GluBackwardArgs a;
+    a.dh = p->dh;
+    a.lddh = p->lddh;
+    a.pre = p->pre;
+    a.ldp = p->ldp;
+    a.scale = p->scale;
+    a.offsets = p->offsets;
+    a.E = p->E;
+    a.out = p->out;
+    a.ldo = p->ldo;
+    a.S = p->S;
+    a.I = p->I;
+    a.act = p->act;
+    a.alpha = p->alpha;
+    a.limit = p->limit;
+    const uintptr_t mis = (reinterpret_cast<uintptr_t>(p->dh) | reinterpret_cast<uintptr_t>(p->pre) |
+                           reinterpret_cast<uintptr_t>(p->out)) & 15u;
+    const bool vec = mis == 0 && p->I % 8 == 0 && p->lddh % 8 == 0 && p->ldp % 8 == 0 && p->ldo % 8 == 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    const bool dh32 = p->dh_dtype == SAM_F32, out32 = p->out_dtype == SAM_F32;
+    return with_float_dtype(p->dtype, [&](auto t) {
+        using T = decltype(t);
+        if (dh32 && out32) return glu_backward_launch<T, float, float>(a, vec, s);
+        if (dh32) return glu_backward_launch<T, float, T>(a, vec, s);
+        if (out32) return glu_backward_launch<T, T, float>(a, vec, s);
+        return glu_backward_launch<T, T, T>(a, vec, s);
+    });
 }

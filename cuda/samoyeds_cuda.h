@@ -284,6 +284,39 @@ typedef struct sam_glu_params {
 
 sam_status sam_glu_cuda(const sam_glu_params *p, void *stream);
 
+/* The backward of a gated activation, for the sorted rows s < S of an MoE (cuda/glu.cu):
+ * from d = dh[s][i] * scale[s] (scale NULL: d = dh[s][i]), g = pre[s][i], u = pre[s][I + i],
+ * in fp32, in the order _glu_backward (samoyeds/torch_ops.py) writes it:
+ *   SAM_ACT_SWIGLU: sg = 1 / (1 + exp(-g))
+ *                   dg = (d * u) * (sg * (1 + g * (1 - sg))),  du = d * (g * sg)
+ *   SAM_ACT_GPTOSS: gc = min(g, limit), uc = clamp(u, -limit, limit), sg = 1 / (1 + exp(-alpha gc))
+ *                   dg = g <= limit ? (d * (uc + 1)) * (sg + ((alpha gc) sg) (1 - sg)) : 0
+ *                   du = -limit <= u <= limit ? d * (gc * sg) : 0
+ *                   (the clamps pass the gradient at their ends, as torch's clamp; NaN: 0)
+ * out[s][i] = dg, out[s][I + i] = du, each rounded once to out_dtype.  With offsets
+ * (else NULL), rows s >= offsets[E] (placeholders, read on the device: no host sync) are
+ * written as 0 and their dh, pre and scale are never read. */
+typedef struct sam_glu_backward_params {
+    const void *dh;          /* [S][lddh], I columns used */
+    int64_t lddh;
+    sam_dtype dh_dtype;      /* SAM_F32 or dtype */
+    const void *pre;         /* [S][ldp]: gate columns [0, I), up columns [I, 2I) */
+    int64_t ldp;
+    sam_dtype dtype;         /* SAM_BF16, SAM_F16 or SAM_F32 */
+    const float *scale;      /* [S] or NULL */
+    const int32_t *offsets;  /* [E+1] or NULL (every row live) */
+    int64_t E;
+    void *out;               /* [S][ldo], 2I columns */
+    int64_t ldo;
+    sam_dtype out_dtype;     /* SAM_F32 or dtype */
+    int64_t S, I;
+    sam_act act;             /* SAM_ACT_SWIGLU or SAM_ACT_GPTOSS */
+    float alpha, limit;
+} sam_glu_backward_params;
+
+/* GPU: 16-byte accesses of 8 columns where I, the row strides and the pointers allow. */
+sam_status sam_glu_backward_cuda(const sam_glu_backward_params *p, void *stream);
+
 /* ---- the router: logits, scores and top-k experts (cuda/router.cu) ------------- */
 
 typedef enum sam_router_mode {

@@ -180,6 +180,41 @@ def glu(gate: Any, up: Any, out: Optional[Any] = None, *, act: str = "swiglu", a
     return out
 
 
+def glu_backward(dh: Any, preact: Any, out: Optional[Any] = None, *, scale: Optional[Any] = None,
+                 offsets: Optional[Any] = None, act: str = "swiglu", alpha: float = 1.702, limit: float = 7.0,
+                 dtype: Optional[str] = None, stream: Optional[int] = None) -> Any:
+    """The backward of :func:`glu` on the halves of a pre-activation: ``out = [dgate, dup]``
+    for ``h = act(preact[:, :I], preact[:, I:])`` and ``dh = dL/dh`` (times ``scale[s]``
+    per row), in fp32 with one rounding, one pass.  SwiGLU and GPT-OSS's clamped variant;
+    the clamps pass the gradient at their ends (as torch's clamp).  What an MoE backward
+    runs between the down projection's dX and the gate_up projection's gradients.
+
+    Args:
+        dh: ``[S, I]``, float32 or preact's dtype, rows of unit column stride.
+        preact: ``[S, 2I]`` (bf16/fp16/fp32): gate columns ``[0, I)``, up columns ``[I, 2I)``,
+           rows of unit column stride.
+        out: ``[S, 2I]``, float32 or preact's dtype; allocated if None (in ``dtype``,
+           default preact's).
+        scale: ``[S]`` float32 multiplying dh's rows (e.g. routing weights), or None.
+        offsets: ``[E+1]`` int32 MoE expert offsets, or None: rows ``s >= offsets[E]``
+           (placeholders) are written as 0 and never read; read on the device (no sync).
+        act: ``"swiglu"`` or ``"gptoss"`` (with ``alpha``, ``limit``).
+        stream: CUDA stream; None uses the producer's current stream.
+    """
+    if act not in ("swiglu", "silu", "gptoss"):
+        raise ValueError(f"act: expected 'swiglu' or 'gptoss', got {act!r}")
+    dh, preact = tensor_arg(dh, "dh"), tensor_arg(preact, "preact")
+    scale, offsets = tensor_arg(scale, "scale", optional=True), tensor_arg(offsets, "offsets", optional=True)
+    if out is None:
+        check_ndim(preact, "preact", 2)
+        if dtype is not None and dtype not in ("float32", dtype_name(preact)):
+            raise TypeError(f"dtype: expected 'float32' or preact's {dtype_name(preact)!r}, got {dtype!r}")
+        out = empty(preact, tuple(preact.shape), dtype or dtype_name(preact))
+    _C.glu_backward(out, dh, preact, scale, offsets, act=ACTS[act], alpha=alpha, limit=limit,
+                    stream=stream if stream is not None else current_stream(preact))
+    return out
+
+
 ROUTER_MODES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_topk": 2}
 
 

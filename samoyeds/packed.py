@@ -162,9 +162,9 @@ class PackedWeight:
         Built once per mask (cached with the ``meta`` tensor, weakly: it goes with the
         weight) together with an index map from its values to this weight's; when
         ``values`` changed since (an optimizer step in place, a new tensor, another dtype)
-        the transposed values are refreshed by one scatter through that map.  The cache
-        holds the transposed values (``E * C * R / 2`` elements) and one int32 per value
-        of this weight.
+        the transposed values are refreshed by one gather through that map.  The cache
+        holds the transposed values (``E * C * R / 2`` elements) and one int32 per
+        transposed value (the index of its source, or of a zero for a padding place).
 
         Raises a ValueError for a weight that is not :attr:`transposable`."""
         return transposed_arrays(self.values, self.meta, self.idx, self.fmt, self.shape3, self.glu)
@@ -249,12 +249,13 @@ class _Relayout:
     """A cached repacking of one packed weight's values in another layout (keyed by its
     meta tensor and the layout's name)."""
 
-    __slots__ = ("packed", "buf", "dst", "stamp")
+    __slots__ = ("packed", "buf", "src", "stamp")
 
-    def __init__(self, packed: "PackedWeight", buf: Any, dst: Any) -> None:
+    def __init__(self, packed: "PackedWeight", buf: Any, src: Any) -> None:
         self.packed = packed   # the repacked PackedWeight; its values (a view of buf) refreshed in place
-        self.buf = buf         # flat: the repacked values, then one scratch element
-        self.dst = dst         # int32/int64 [values.numel()]: where each value goes in buf (the scratch: none)
+        self.buf = buf         # flat: the repacked values
+        self.src = src         # int32/int64 [buf.numel()]: the flat index in values of each place's value,
+        #                        values.numel() for a padding place (the zero appended to the values)
         self.stamp = None      # (data_ptr, _version, dtype) of the values last copied
 
 
@@ -301,10 +302,12 @@ def _relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, sha
         with torch.no_grad():
             if entry.buf.dtype != values.dtype:
                 entry.buf = torch.zeros(entry.buf.shape, dtype=values.dtype, device=entry.buf.device)
-                entry.packed.values = entry.buf[:-1].view(entry.packed.values.shape)
-            # one scatter: every value to its new place (unique), padding to the scratch element;
-            # the places no value reaches were zeroed once and are never written
-            entry.buf.index_put_((entry.dst,), values.detach().reshape(-1))
+                entry.packed.values = entry.buf.view(entry.packed.values.shape)
+            # one gather: every place reads its value (padding: the appended zero) and the
+            # places are written in order (coalesced, each once; a scatter wrote at random
+            # and sent every padding value to one element)
+            flat = torch.cat((values.detach().reshape(-1), values.new_zeros(1)))
+            torch.index_select(flat, 0, entry.src, out=entry.buf)
         entry.stamp = stamp
     return entry.packed
 
@@ -326,7 +329,7 @@ def _build_relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseForma
     dev = values.device
     ntv = tdims.rp * (tdims.cp // 2)
     itype = torch.int64 if max(E * nv, E * ntv) >= 2**31 - 1 else torch.int32
-    dst = torch.full((E * nv,), E * ntv, dtype=itype, device=dev)    # E * ntv: the scratch element
+    src_of_place = torch.full((E * ntv,), E * nv, dtype=itype, device=dev)   # E * nv: the appended zero
     tmeta = torch.empty((E, tdims.rp // 16, tdims.cp // 32, 16), dtype=torch.uint32, device=dev)
     tidx = torch.empty((E, tdims.slices, tdims.rp), dtype=torch.uint8, device=dev) if tfmt.selects_rows else None
     coord = torch.arange(1, nv + 1, device=dev, dtype=torch.int64).reshape(1, dims.rp, dims.cp // 2)
@@ -344,16 +347,15 @@ def _build_relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseForma
         m = (dense[0] != 0) | (dense[1] != 0)
         thi, tlo = (pack(d, tfmt, mask=m, glu=tglu) for d in dense)
         src = ((thi.values.long() << 12) + tlo.values.long() - 1).reshape(-1)   # value of each place, or -1
-        place = torch.arange(e0 * ntv, e1 * ntv, device=dev, dtype=torch.int64)
-        expert = place // ntv
+        expert = torch.arange(e0, e1, device=dev, dtype=torch.int64).repeat_interleave(ntv)
         live = src >= 0
-        dst[(src + expert * nv)[live]] = place[live].to(itype)
+        src_of_place[e0 * ntv:e1 * ntv][live] = (src + expert * nv)[live].to(itype)
         tmeta[e0:e1] = thi.meta
         if tidx is not None:
             tidx[e0:e1] = thi.idx
-    buf = torch.zeros(E * ntv + 1, dtype=values.dtype, device=dev)
-    packed = PackedWeight(buf[:-1].view(E, tdims.rp, tdims.cp // 2), tmeta, tidx, tfmt, tshape, tglu)
-    return _Relayout(packed, buf, dst)
+    buf = torch.zeros(E * ntv, dtype=values.dtype, device=dev)
+    packed = PackedWeight(buf.view(E, tdims.rp, tdims.cp // 2), tmeta, tidx, tfmt, tshape, tglu)
+    return _Relayout(packed, buf, src_of_place)
 
 
 def _bytes(n: int) -> str:

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from . import moe as _moe
 from ._array import check_ndim, check_shape
-from .ops import ACTS, dense_decode, glu
+from .ops import ACTS, dense_decode, glu, glu_backward
 from .format import SparseFormat
 from .ops import combine, gather_weights, route, ssmm, ssmm_dw
 from .packed import PackedWeight
@@ -350,8 +350,8 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             res[5] = _segment_sum(g.float() * ws[:, None], r.offsets).to(down_bias.dtype)
         if needs & NEED_WEIGHTS:
             # d w[t, k] = <dout[t], h_s @ W_e^T + b_e> = <dout[t] @ W_e, h_s> + <dout[t], b_e>
-            dh_u = _matmul_w(dout, dn, r.offsets, r.token_ids, None, S).float()
-            dws = (dh_u * h.float()).sum(1)
+            dh_u = _matmul_w(dout, dn, r.offsets, r.token_ids, None, S)   # x's dtype; rows past offsets[E] garbage
+            dws = (dh_u.float() * h.float()).sum(1)
             if down_bias is not None:
                 eid = torch.searchsorted(r.offsets[1:].to(torch.int64),
                                          torch.arange(S, device=x.device), right=True).clamp(max=dn.num_experts - 1)
@@ -359,17 +359,23 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             pos = r.pos.to(torch.int64)
             res[1] = torch.where(pos >= 0, dws[pos.clamp(min=0)], 0.0).to(top_k_weights.dtype).reshape(
                 top_k_weights.shape)
-            dh = dh_u * ws[:, None] if need_pre else None
+            dh, dh_scale = dh_u, ws
         elif need_pre:
-            dh = _matmul_w(dout, dn, r.offsets, r.token_ids, ws, S).float()
+            dh, dh_scale = _matmul_w(dout, dn, r.offsets, r.token_ids, ws, S), None
         if need_pre:
-            dpre = _glu_backward(dh, preact, act, alpha, limit)
+            # one pass (samoyeds.ops.glu_backward: _glu_backward's arithmetic, the routing weights
+            # applied first, the rows past offsets[E] 0); fp32 where more is added or summed
+            keep32 = bool(needs & NEED_GATE_UP_BIAS) or grad_preact is not None
+            if dh.dtype != preact.dtype:
+                dh = dh.float()
+            dpre = glu_backward(dh, preact, scale=dh_scale, offsets=r.offsets, act=_ACT_NAMES[act], alpha=alpha,
+                                limit=limit, dtype="float32" if keep32 else _dtype_name(preact.dtype))
     if need_pre and grad_preact is not None:
         dpre = grad_preact.detach().float() if dpre is None else dpre + grad_preact.detach().float()
     if dpre is not None:
         if needs & NEED_GATE_UP_BIAS:
             res[4] = _segment_sum(dpre, r.offsets).to(gate_up_bias.dtype)
-        dpre_x = dpre.to(x.dtype)
+        dpre_x = dpre.to(x.dtype)   # (no copy where glu_backward wrote x's dtype)
         if needs & NEED_GATE_UP:
             res[2] = ssmm_dw(dpre_x, x, gu, r.offsets, r.token_ids)
         if needs & NEED_X:

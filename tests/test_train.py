@@ -314,6 +314,34 @@ def test_transposed_is_the_2_4_packing_of_the_transpose(fmt, glu, R, C):
     assert torch.equal(sm.unpack(pw.transposed()), sm.unpack(pw).transpose(1, 2))
 
 
+@pytest.mark.parametrize("layout", ["transposed", "unglued"])
+@pytest.mark.parametrize("fmt,R,C", [("samoyeds-1:2:128", 40, 200), ("samoyeds-1:4:64", 24, 136),
+                                     ("samoyeds-1:2:64", 16, 64)])
+def test_refreshed_cache_equals_a_fresh_build(layout, fmt, R, C):
+    """After in-place updates of the values (padding entries of the packed layout included,
+    which no place reads), the cached relayout (refreshed by a gather) equals one built
+    anew from the updated weight: every place, padding places 0, the metadata too."""
+    pw = sm.pack(torch.randn(3, R, C, dtype=torch.bfloat16), fmt, glu=True)
+    get = (lambda p: p.transposed()) if layout == "transposed" else (lambda p: p.unglued())
+    cached = get(pw)
+    for step in range(2):
+        with torch.no_grad():
+            pw.values.copy_(torch.randn_like(pw.values))    # every entry, padding included
+        assert get(pw) is cached
+        fresh = get(sm.PackedWeight(pw.values.clone(), pw.meta.clone(), None if pw.idx is None else pw.idx.clone(),
+                                    pw.fmt, pw.shape, pw.glu))
+        assert fresh is not cached
+        assert torch.equal(cached.values, fresh.values)
+        assert torch.equal(cached.meta, fresh.meta)
+        dense = sm.unpack(pw)
+        assert torch.equal(sm.unpack(cached), dense.transpose(1, 2) if layout == "transposed" else dense)
+        # the places no value of the weight reaches hold 0
+        want = sm.pack(dense.transpose(1, 2).contiguous(), "2:4", mask=sm.unpack(cached) != 0) \
+            if layout == "transposed" else None
+        if want is not None:
+            assert torch.equal(cached.values, want.values)
+
+
 @pytest.mark.parametrize("fmt,R", [("2:4", 8), ("samoyeds-3:4:64", 8), ("samoyeds-1:2:64", 6)])
 def test_transposed_refuses_formats_whose_transpose_is_not_2_4(fmt, R):
     pw = sm.pack(torch.randn(R, 64), fmt)

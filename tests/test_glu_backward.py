@@ -1,0 +1,246 @@
+"""glu_backward (csrc/dense_ref.c, cuda/glu.cu): the C reference against _glu_backward
+(samoyeds/torch_ops.py, the torch definition) and a float64 oracle on the CPU; the CUDA
+kernel against the C reference and the oracle, outputs poisoned with NaN first, rows past
+offsets[E] poisoned too (never read: written as 0).  Fresh random inputs per case."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from samoyeds.ops import glu_backward
+from samoyeds.torch_ops import ACT_IDS, _glu_backward
+
+ALPHA, LIMIT = 1.702, 7.0
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SHAPES = [(7, 13), (1, 1), (0, 5), (33, 64), (5, 8)]   # odd S and I, S = 0, whole 8-column pieces
+
+
+def _inputs(S, I, dtype, scale=True, gen=None):
+    # a spread that reaches past GPT-OSS's limit (7), both signs
+    pre = (torch.randn(S, 2 * I, generator=gen) * 5.0).to(dtype)
+    dh = torch.randn(S, I, generator=gen)
+    sc = torch.rand(S, generator=gen) + 0.25 if scale else None
+    return pre, dh, sc
+
+
+def oracle(dh, pre, act, scale=None, alpha=ALPHA, limit=LIMIT):
+    """float64 d preact [S, 2I] of the same inputs (the clamps' ends pass the gradient)."""
+    I = pre.shape[1] // 2
+    d = dh.double() * (scale.double()[:, None] if scale is not None else 1.0)
+    g, u = pre[:, :I].double(), pre[:, I:].double()
+    if act == "swiglu":
+        sg = torch.sigmoid(g)
+        return torch.cat((d * u * sg * (1 + g * (1 - sg)), d * g * sg), 1)
+    gc, uc = g.clamp(max=limit), u.clamp(-limit, limit)
+    sg = torch.sigmoid(alpha * gc)
+    dg = torch.where(g <= limit, d * (uc + 1) * (sg + alpha * gc * sg * (1 - sg)), 0.0)
+    du = torch.where((u >= -limit) & (u <= limit), d * gc * sg, 0.0)
+    return torch.cat((dg, du), 1)
+
+
+def torch_ref(dh, pre, act, scale=None, alpha=ALPHA, limit=LIMIT):
+    d = dh.float() * scale[:, None] if scale is not None else dh.float()
+    return _glu_backward(d, pre, ACT_IDS[act], alpha, limit)
+
+
+def close32(a, b):
+    """Equal up to a few ulps of a differently rounded exp, which GPT-OSS's gate derivative
+    (sg + alpha g sg (1 - sg), cancelling for negative g) scales: relative to the tensor."""
+    scale = b.abs().max().item() if b.numel() else 0.0
+    torch.testing.assert_close(a, b, rtol=4e-6, atol=1e-6 * scale + 1e-30)
+
+
+def _ulps(dtype):
+    """Relative size of one ulp of dtype at most (a differently rounded exp may flip one), at
+    least the fp32 slack of the comparisons above."""
+    return {torch.float32: 4e-6, torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}[dtype]
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+@pytest.mark.parametrize("S,I", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_scale", [False, True])
+def test_ref_matches_torch_definition(act, S, I, dtype, with_scale):
+    pre, dh, sc = _inputs(S, I, dtype, with_scale)
+    want = torch_ref(dh, pre, act, sc)
+    out = torch.full((S, 2 * I), float("nan"))
+    glu_backward(dh, pre, out, scale=sc, act=act)
+    # the same fp32 arithmetic: at most the ulps of a differently rounded exp apart
+    close32(out, want)
+    if S:
+        o64 = oracle(dh, pre, act, sc)
+        err, base = (out.double() - o64).abs().max().item(), (want.double() - o64).abs().max().item()
+        assert err <= 2 * base + 1e-6 * o64.abs().max().item()
+    # dh in preact's dtype, out in preact's dtype: one rounding of the same fp32 values
+    dh_t = dh.to(dtype)
+    got = glu_backward(dh_t, pre, scale=sc, act=act)
+    assert got.dtype == dtype
+    want_t = torch_ref(dh_t, pre, act, sc)
+    scale = want_t.abs().max().item() if want_t.numel() else 0.0
+    torch.testing.assert_close(got.float(), want_t.to(dtype).float(), rtol=_ulps(dtype), atol=1e-6 * scale + 1e-30)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ref_clamp_edges(dtype):
+    """GPT-OSS at the clamps' ends: the gate passes its gradient up to limit included, the
+    up inside [-limit, limit] both ends included; beyond, exactly 0 (as torch's clamp)."""
+    edges = torch.tensor([-7.5, -7.0, -6.5, 0.5, 6.5, 7.0, 7.5, 8.0])   # (no 0: d up = d * 0 there)
+    g = edges.repeat_interleave(len(edges))
+    u = edges.repeat(len(edges))
+    pre = torch.cat((g[None], u[None]), 1).to(dtype)            # [1, 2I]: gate, then up
+    I = g.numel()
+    dh = torch.randn(1, I) + 2.0
+    out = glu_backward(dh, pre, act="gptoss", alpha=ALPHA, limit=LIMIT, dtype="float32")
+    want = torch_ref(dh, pre, "gptoss")
+    close32(out, want)
+    dg, du = out[0, :I], out[0, I:]
+    assert torch.equal(dg == 0, g > LIMIT)
+    assert torch.equal(du == 0, (u > LIMIT) | (u < -LIMIT))
+    # at the other limits too
+    out2 = glu_backward(dh, pre, act="gptoss", alpha=1.0, limit=6.5, dtype="float32")
+    close32(out2, torch_ref(dh, pre, "gptoss", alpha=1.0, limit=6.5))
+    assert torch.equal(out2[0, :I] == 0, g > 6.5)
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+@pytest.mark.parametrize("live", [0, 5, 11])
+def test_ref_offsets_tail_rows_zero(act, live):
+    """Rows past offsets[E] come out as exact zeros whatever dh and preact hold there (NaN)."""
+    S, I, E = 11, 9, 3
+    pre, dh, sc = _inputs(S, I, torch.bfloat16)
+    pre[live:] = float("nan")
+    dh[live:] = float("nan")
+    sc[live:] = float("nan")
+    cuts = sorted(torch.randint(0, live + 1, (E - 1,)).tolist())
+    offsets = torch.tensor([0] + cuts + [live], dtype=torch.int32)
+    out = torch.full((S, 2 * I), float("nan"))
+    glu_backward(dh, pre, out, scale=sc, offsets=offsets, act=act)
+    assert torch.equal(out[live:], torch.zeros(S - live, 2 * I))
+    close32(out[:live], torch_ref(dh[:live], pre[:live], act, sc[:live]))
+
+
+def test_ref_row_strides():
+    S, I = 6, 10
+    wide = torch.randn(S, 2 * I + 6).to(torch.bfloat16) * 4
+    pre = wide[:, 3:3 + 2 * I]
+    dhw = torch.randn(S, I + 5)
+    dh = dhw[:, 2:2 + I]
+    outw = torch.full((S, 2 * I + 4), float("nan"), dtype=torch.bfloat16)
+    out = outw[:, 1:1 + 2 * I]
+    glu_backward(dh, pre, out, act="swiglu")
+    assert torch.equal(out, glu_backward(dh.contiguous(), pre.contiguous(), act="swiglu"))
+    assert torch.isnan(outw[:, 0].float()).all() and torch.isnan(outw[:, 2 * I + 1:].float()).all()
+
+
+def test_errors_name_the_argument():
+    pre = torch.randn(4, 6, dtype=torch.bfloat16)
+    dh = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="^preact:"):
+        glu_backward(dh, torch.randn(4, 5, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="^dh:"):
+        glu_backward(torch.randn(4, 4), pre)
+    with pytest.raises(ValueError, match="^dh:"):
+        glu_backward(torch.randn(3, 3), pre)
+    with pytest.raises(TypeError, match="^dh:"):
+        glu_backward(dh.half(), pre)
+    with pytest.raises(TypeError, match="^out:"):
+        glu_backward(dh, pre, torch.empty(4, 6, dtype=torch.float16))
+    with pytest.raises(ValueError, match="^out:"):
+        glu_backward(dh, pre, torch.empty(4, 4, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="^preact:"):
+        glu_backward(dh, pre.to(torch.int32))
+    with pytest.raises(ValueError, match="^scale:"):
+        glu_backward(dh, pre, scale=torch.ones(5))
+    with pytest.raises(TypeError, match="^scale:"):
+        glu_backward(dh, pre, scale=torch.ones(4, dtype=torch.float16))
+    with pytest.raises(TypeError, match="^offsets:"):
+        glu_backward(dh, pre, offsets=torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match="^offsets:"):
+        glu_backward(dh, pre, offsets=torch.tensor([4], dtype=torch.int32))
+    with pytest.raises(ValueError, match="^act:"):
+        glu_backward(dh, pre, act="relu")
+    with pytest.raises(TypeError, match="^dtype:"):
+        glu_backward(dh, pre, dtype="float16")
+    with pytest.raises(TypeError, match="^dh:"):
+        glu_backward([1.0], pre)
+
+
+# ---- the CUDA kernel ---------------------------------------------------------------------------
+
+GPU_SHAPES = [(37, 13), (64, 128), (0, 8), (5, 8), (300, 1000), (3, 4)]   # scalar and 16-byte paths
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+@pytest.mark.parametrize("S,I", GPU_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dh32,out32", [(True, True), (True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("with_scale,with_offsets", [(False, False), (True, True), (True, False)])
+def test_cuda_matches_ref_and_oracle(act, S, I, dtype, dh32, out32, with_scale, with_offsets):
+    pre, dh, sc = _inputs(S, I, dtype, with_scale)
+    dh = dh if dh32 else dh.to(dtype)
+    live = S
+    offsets = None
+    if with_offsets:
+        live = S * 2 // 3
+        pre[live:] = float("nan")
+        dh[live:] = float("nan")
+        if sc is not None:
+            sc[live:] = float("nan")
+        offsets = torch.tensor([0, live // 2, live], dtype=torch.int32)
+    odt = torch.float32 if out32 else dtype
+    ref = torch.full((S, 2 * I), float("nan"), dtype=odt)
+    glu_backward(dh, pre, ref, scale=sc, offsets=offsets, act=act)
+    out = torch.full((S, 2 * I), float("nan"), dtype=odt, device="cuda")
+    glu_backward(dh.cuda(), pre.cuda(), out, scale=None if sc is None else sc.cuda(),
+                 offsets=None if offsets is None else offsets.cuda(), act=act)
+    got = out.cpu()
+    assert not torch.isnan(got).any()
+    assert torch.equal(got[live:], torch.zeros(S - live, 2 * I, dtype=odt))
+    if live == 0:
+        return
+    # the kernel's expf may differ from the host's by an ulp or two: the flash-attention rule
+    o64 = oracle(dh[:live], pre[:live], act, None if sc is None else sc[:live])
+    err = (got[:live].double() - o64).abs().max().item()
+    base = (ref[:live].double() - o64).abs().max().item()
+    assert err <= 2 * base + 4e-6 * o64.abs().max().item() + 1e-30
+    # and the torch definition on the GPU (same formulas, same expf): fp32 within an ulp or two
+    if out32:
+        want = torch_ref(dh[:live].cuda(), pre[:live].cuda(), act, None if sc is None else sc[:live].cuda())
+        close32(got[:live], want.cpu())
+
+
+@pytest.mark.gpu
+def test_cuda_unaligned_and_strided():
+    """Row strides and addresses that rule out 16-byte accesses take the element path."""
+    S, I = 40, 64
+    wide = (torch.randn(S, 2 * I + 2, device="cuda") * 4).to(torch.bfloat16)
+    pre = wide[:, 1:1 + 2 * I]                       # 2-byte offset: not 16-byte aligned
+    dh = torch.randn(S, I, device="cuda")
+    outw = torch.full((S, 2 * I + 8), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = outw[:, 8:]
+    for o in (out, None):
+        got = glu_backward(dh, pre, o, act="gptoss")
+        ref = glu_backward(dh.cpu(), pre.cpu(), act="gptoss")
+        o64 = oracle(dh.cpu(), pre.cpu(), "gptoss")
+        assert (got.cpu().double() - o64).abs().max() <= 2 * (ref.double() - o64).abs().max() + 1e-6
+    assert torch.isnan(outw[:, :8].float()).all()
+
+
+@pytest.mark.gpu
+def test_cuda_tail_rows_uninitialised():
+    """The rows past offsets[E] are fresh device memory never written: run under
+    `compute-sanitizer --tool initcheck` (PYTORCH_NO_CUDA_MEMORY_CACHING=1), which reports
+    any read of them; the result there is 0 and the rest deterministic."""
+    S, I, live = 96, 256, 50
+    pre = torch.empty(S, 2 * I, dtype=torch.bfloat16, device="cuda")
+    dh = torch.empty(S, I, dtype=torch.bfloat16, device="cuda")
+    sc = torch.empty(S, device="cuda")
+    pre[:live] = (torch.randn(live, 2 * I, device="cuda") * 5).to(torch.bfloat16)
+    dh[:live] = torch.randn(live, I, device="cuda").to(torch.bfloat16)
+    sc[:live] = torch.rand(live, device="cuda")
+    offsets = torch.tensor([0, 20, 20, live], dtype=torch.int32, device="cuda")
+    a = glu_backward(dh, pre, scale=sc, offsets=offsets, act="swiglu")
+    b = glu_backward(dh, pre, scale=sc, offsets=offsets, act="swiglu")
+    assert torch.equal(a, b)
+    assert torch.equal(a[live:].cpu(), torch.zeros(S - live, 2 * I, dtype=torch.bfloat16))
