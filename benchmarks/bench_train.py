@@ -25,7 +25,7 @@ token id; down: sorted rows with the routing scale).
 
 --breakdown (--only-breakdown: nothing else but the dW kernel timing unless --no-kernel) times
 every stage of samoyeds' layer forward and backward separately on the same inputs
-(breakdown_stages: routing, the unglued gate_up refresh, each ssmm, glu, combine; in the backward
+(breakdown_stages: routing, each ssmm (gate_up writes h and the pre-activation), combine; in the backward
 the routing recompute, the transposed-packing refreshes, each ssmm for dX, each ssmm_dw, the
 GLU backward, the bias and routing-weight gradients, combine), the composed ops' totals
 (op_total) and the autograd forward + backward, one table per case and rows under "breakdown".
@@ -299,8 +299,7 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
     # the intermediates, computed once
     r = sm.route(idx.contiguous(), E)
     ws = sm.gather_weights(w.detach().contiguous(), r)
-    preact = to._gate_up_preact(xd, gu, r, to._opt(gub))
-    h = sm.glu(preact[:, :I], preact[:, I:], act=m.act, alpha=alpha, limit=limit)
+    h, preact = to._gate_up(xd, gu, r, to._opt(gub), m.act, alpha, limit)
     y = sm.ssmm(h, dn, r.offsets, None, bias=to._opt(dnb), scale=ws, check=False)
     dout = gout.detach().to(xd.dtype).contiguous()
     g = dout.index_select(0, r.token_ids)
@@ -331,9 +330,7 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
 
     fwd = [
         ("route", lambda: sm.gather_weights(w.detach().contiguous(), sm.route(idx.contiguous(), E))),
-        ("unglued_refresh", refresh(gu.values, gu.unglued) if to._plain_gate_up(xd) else None),
-        ("ssmm_gate_up", lambda: to._gate_up_preact(xd, gu, r, to._opt(gub))),
-        ("glu", lambda: sm.glu(preact[:, :I], preact[:, I:], act=m.act, alpha=alpha, limit=limit)),
+        ("ssmm_gate_up", lambda: to._gate_up(xd, gu, r, to._opt(gub), m.act, alpha, limit)),  # h and preact
         ("ssmm_down", lambda: sm.ssmm(h, dn, r.offsets, None, bias=to._opt(dnb), scale=ws, check=False)),
         ("combine", lambda: sm.combine(y, r.pos, dtype=xdt)),
     ]

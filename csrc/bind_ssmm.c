@@ -11,7 +11,7 @@
 #include "sam_ref.h"
 
 enum { V_E, V_RP, V_CP2, V_MR, V_MC, V_SL, V_T, V_C, V_R, V_E1, V_S, V_OC };
-enum { A_VALUES, A_META, A_IDX, A_X, A_OFFSETS, A_OUT, A_TOKEN_IDS, A_BIAS, A_SCALE, A_COUNT };
+enum { A_VALUES, A_META, A_IDX, A_X, A_OFFSETS, A_OUT, A_TOKEN_IDS, A_BIAS, A_SCALE, A_PREACT, A_COUNT };
 
 static const sam_arg_spec ssmm_args[] = {
     SAM_PACKED_SPECS("", SAM_ARG_HALF_GPU, -1, 0, V_E, V_RP, V_CP2, V_MR, V_MC, V_SL),
@@ -21,6 +21,8 @@ static const sam_arg_spec ssmm_args[] = {
     [A_TOKEN_IDS] = {"token_ids", SAM_DT(SAM_I32), 1, {SAM_VAR(V_S)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
     [A_BIAS] = {"bias", SAM_DT_FLOAT, 2, {SAM_VAR(V_E), SAM_VAR(V_R)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
     [A_SCALE] = {"scale", SAM_DT(SAM_F32), 1, {SAM_VAR(V_S)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
+    [A_PREACT] = {"preact", 0, 2, {SAM_VAR(V_S), SAM_VAR(V_R)},
+                  SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_LIKE | SAM_ARG_OPTIONAL, A_X, 4, 2},
 };
 
 typedef struct ssmm_ctx {
@@ -68,6 +70,13 @@ static int ssmm_check(sam_op_call *c, void *vctx)
     p->limit = x->limit;
     p->out = t[A_OUT].data;
     p->ldo = c->ld[A_OUT];
+    if (t[A_PREACT].present && x->act == SAM_ACT_NONE) {
+        PyErr_SetString(PyExc_ValueError, "preact: the pre-activation is written only with a gated act "
+                                          "(swiglu or gptoss); with act none it is out itself");
+        return -1;
+    }
+    p->preact = t[A_PREACT].present ? t[A_PREACT].data : NULL;
+    p->ldp = t[A_PREACT].present ? c->ld[A_PREACT] : 0;
     p->impl = x->impl;
     p->cfg = c->st->cfg;
     return 0;
@@ -78,21 +87,21 @@ SAM_OP_RUN_PARAMS(ssmm_run, ssmm_ctx, sam_ssmm_ref, sam_ssmm_cuda)
 static const sam_op ssmm_op = {"ssmm", ssmm_args, A_COUNT, ssmm_derive, ssmm_check, ssmm_run};
 
 /* ssmm(out, x, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, act=0, bias=None,
- *      scale=None, alpha=1.702, limit=7.0, impl=0, stream=None) */
+ *      scale=None, alpha=1.702, limit=7.0, impl=0, stream=None, preact=None) */
 PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"out", "x", "values", "meta", "idx", "offsets", "token_ids", "rows", "cols",
                              "n", "m", "v", "glu", "act", "bias", "scale", "alpha", "limit", "impl",
-                             "stream", NULL};
+                             "stream", "preact", NULL};
     PyObject *o[A_COUNT] = {NULL}, *o_stream = Py_None;
     long long rows, cols;
     int n, m, v, glu, act = 0, impl = 0;
     ssmm_ctx x = {.alpha = 1.702f, .limit = 7.0f};
-    o[A_BIAS] = o[A_SCALE] = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|iOOffiO:ssmm", kwlist, &o[A_OUT], &o[A_X],
+    o[A_BIAS] = o[A_SCALE] = o[A_PREACT] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|iOOffiOO:ssmm", kwlist, &o[A_OUT], &o[A_X],
                                      &o[A_VALUES], &o[A_META], &o[A_IDX], &o[A_OFFSETS], &o[A_TOKEN_IDS], &rows,
                                      &cols, &n, &m, &v, &glu, &act, &o[A_BIAS], &o[A_SCALE], &x.alpha, &x.limit,
-                                     &impl, &o_stream))
+                                     &impl, &o_stream, &o[A_PREACT]))
         return NULL;
     if (sam_arg_range("act", act, SAM_ACT_NONE, glu ? SAM_ACT_GPTOSS : SAM_ACT_NONE,
                       glu ? "0 (none), 1 (swiglu) or 2 (gptoss)"

@@ -139,6 +139,8 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
             if (p->bias)
                 for (int64_t r = 0; r < R; r++) acc[r] += sam_load_f32(p->bias, p->bias_dtype, e * R + r);
             const float sc = p->scale ? sam_ld_f32(p->scale, s) : 1.0f;
+            if (p->preact && p->act != SAM_ACT_NONE)
+                for (int64_t r = 0; r < R; r++) sam_store_f32(p->preact, p->dtype, s * p->ldp + r, acc[r]);
             for (int64_t i = 0; i < out_cols; i++) {
                 float y = p->act == SAM_ACT_NONE
                               ? acc[i]

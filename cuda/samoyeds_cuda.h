@@ -161,6 +161,11 @@ typedef struct sam_ssmm_params {
     /* output: out[S][ldo], R columns (R/2 with an activation) */
     void *out;
     int64_t ldo;
+    /* with a gated act, or NULL: the pre-activation too, preact[S][ldp] with R columns, the
+     * gate rows' y + bias, then the up rows' (logical order: the GLU interleave undone),
+     * rounded once, for the rows out gets (the backward's saved input) */
+    void *preact;
+    int64_t ldp;
     sam_impl impl;           /* SAM_IMPL_AUTO: best for the device */
     sam_ssmm_config cfg;     /* the selection's tunables (sam_ssmm_config_default()) */
     int offsets_ready;       /* 1: offsets were complete before the kernel launched just

@@ -389,6 +389,8 @@ __device__ __forceinline__ void d_epilogue(const DParams &p, const float *red, c
         for (int k = 0; k < 8; k++) {
             y8[k] = epilogue_value(p, e, c0 + k, gated, bias_up, v[k], [&] { return u[k]; }) * sc;
         }
+        if (gated && p.preact)
+            store_preact8<T>(p, e, s, c0, [&](int k) { return v[k]; }, [&](int k) { return u[k]; });
         T *dst = out + s * p.ldo + c0;
         if (vec_ok && c0 + 8 <= p.out_cols) {
             uint4 pk;

@@ -31,6 +31,25 @@ __device__ __forceinline__ float epilogue_value(const SsmmArgs &p, int e, int64_
     return v;
 }
 
+// A gated launch's pre-activation (p.preact): output columns c0 .. c0 + 7 of sorted row s,
+// gate v(k) and up u(k) with their biases added as epilogue_value adds them, rounded once,
+// to preact[s][c] (gate) and preact[s][R/2 + c] (up).  Columns past out_cols: not written.
+template <typename T, typename V, typename U>
+__device__ __forceinline__ void store_preact8(const SsmmArgs &p, int e, int64_t s, int64_t c0, V v, U u) {
+    T *gate = static_cast<T *>(p.preact) + s * p.ldp + c0, *up = gate + p.R / 2;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        if (c0 + k >= p.out_cols) break;
+        float a = v(k), b = u(k);
+        if (p.bias) {
+            a += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + c0 + k);
+            b += load_as_float(p.bias, p.bias_dtype, (int64_t)e * p.R + p.R / 2 + c0 + k);
+        }
+        gate[k] = Elem<T>::from_f(a);
+        up[k] = Elem<T>::from_f(b);
+    }
+}
+
 // The epilogue of the mma.sp kernel: from the fp32 tile f[token][c]
 // (c = local storage row * M + its row of the group, so c runs over original rows
 // in order) of a CTA of BMT storage rows: bias, activation (the gate column of a
@@ -65,6 +84,8 @@ __device__ __forceinline__ void store_tile(const SsmmArgs &p, const float *ftile
             const float v = epilogue_value(p, e, c0 + k, gated, bias_up, src[k], [&] { return src[64 * M + k]; });
             y8[k] = Elem<T>::from_f(v * sc);
         }
+        if (gated && p.preact)
+            store_preact8<T>(p, e, s, c0, [&](int k) { return src[k]; }, [&](int k) { return src[64 * M + k]; });
         T *dst = out + s * p.ldo + c0;
         if (vec_ok && c0 + 8 <= p.out_cols) {
             *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(y8);

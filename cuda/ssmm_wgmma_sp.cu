@@ -27,7 +27,9 @@
 namespace sam {
 namespace {
 
-template <typename T, typename C>
+// PRE: a gated launch that writes its pre-activation too (p.preact; the training forward): a
+// kernel of its own, so that the others' registers are not spent on it.
+template <typename T, typename C, bool PRE>
 __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const PrefillArgs p,
                                                                        const __grid_constant__ WgmmaMaps tm) {
 #ifdef SAM_HAS_WGMMA
@@ -83,10 +85,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
         if (e < 0) break;
         const int64_t row0 = (int64_t)info[1] * C::BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
         consumer_mainloop<T, C>(sm, w, acc, sel, ef, it, KT, kt_per_slice);
-        if (p.act != SAM_ACT_NONE)
-            epilogue<true, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
+        if constexpr (PRE)
+            epilogue<true, true, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
+        else if (p.act != SAM_ACT_NONE)
+            epilogue<true, false, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
         else
-            epilogue<false, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
+            epilogue<false, false, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
         mbar_arrive(sm.tempty_bar(slot));
     }
 #else
@@ -135,7 +139,7 @@ template <typename T, int BN> bool token_map(const sam_ssmm_params *ps, CUtensor
 
 // One launch of tile C: a persistent grid of at most one CTA per SM.  bmap: C::BT's map
 // over the token rows.
-template <typename T, typename C>
+template <typename T, typename C, bool PRE = false>
 sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, const CUtensorMap *bmap) {
     PrefillArgs k;
     int64_t grid = 0;
@@ -151,12 +155,12 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, const CUtensor
         static_assert(C::BK == 64, "the box of token_map");
         maps.b = *bmap;
     }
-    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_wgmma_sp_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_wgmma_sp_kernel<T, C, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       C::SMEM),
                  "ssmm");
     const int64_t sms = device_sm_count();
     if (sms > 0 && grid > sms) grid = sms;
-    SAM_CUDA_TRY(launch_kernel(ssmm_wgmma_sp_kernel<T, C>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM, stream,
+    SAM_CUDA_TRY(launch_kernel(ssmm_wgmma_sp_kernel<T, C, PRE>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM, stream,
                                pdl_enabled(), k, maps),
                  "ssmm");
     return launch_status("ssmm");
@@ -166,10 +170,17 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, const CUtensor
 template <typename T, int M, int ROWS, int TOKENS>
 sam_status launch_tile(const sam_ssmm_params *ps, cudaStream_t stream, sam_token_rows rows) {
     CUtensorMap bm;
+    // with the pre-activation (the training forward, whose token rows are gathered): gathered
+    if (ps->preact != nullptr && ps->act != SAM_ACT_NONE && rows != SAM_TOKEN_ROWS_TMA)
+        return launch<T, WgmmaTile<M, ROWS, TOKENS, false>, true>(ps, stream, nullptr);
     const bool bt = rows != SAM_TOKEN_ROWS_GATHER && token_map<T, TOKENS>(ps, bm);
     if (rows == SAM_TOKEN_ROWS_TMA && !bt) {
         set_error("ssmm: token_rows='tma', but the token rows cannot be read by TMA (they need token_ids None, "
                   "x and its row stride 16-byte aligned, fewer than 2**31 rows)");
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (ps->preact != nullptr && ps->act != SAM_ACT_NONE) {
+        set_error("ssmm: token_rows='tma' does not write a pre-activation (preact); its rows are gathered");
         return SAM_STATUS_UNSUPPORTED;
     }
     if (bt) return launch<T, WgmmaTile<M, ROWS, TOKENS, true>>(ps, stream, &bm);

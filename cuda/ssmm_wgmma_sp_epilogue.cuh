@@ -41,7 +41,7 @@ template <typename T> struct EpilogueTarget {
 // Thread (warp, g, q) of consumer c holds storage rows crow + b*64 + warp*16 + g + 8hh and
 // tokens j*8 + 2q + t at acc[b * ASTRIDE + set][4j + 2hh + t].  Item: expert e, storage
 // rows from row0, sorted rows from s0; tok / scl: its token rows and routing scales.
-template <bool GATED, typename T, typename C>
+template <bool GATED, bool PRE, typename T, typename C>
 __device__ __forceinline__ void epilogue(const PrefillArgs &p, const WgmmaSmem<C> &sm, const WgmmaConsumer &w,
                                          const EpilogueTarget<T> &target, float (&acc)[C::NACC][C::AN],
                                          const int32_t *tok, const float *scl, int e, int64_t row0, int64_t s0) {
@@ -86,6 +86,16 @@ __device__ __forceinline__ void epilogue(const PrefillArgs &p, const WgmmaSmem<C
                         if (col < p.out_cols) bz[ob][hh][x][u] = bias_at((int64_t)e * p.R + u * (p.R / 2) + col);
                     }
     }
+    // PRE, a gated launch's pre-activation (p.preact): gate g and up u (biases added) of output
+    // column cw of token ltok, straight from the registers (2-byte stores: few registers
+    // more in the epilogue), rounded once as the output is
+    auto put_preact = [&](int ltok, int cw, float g, float u) {
+        const int64_t col = ocol0 + cw;
+        if (tok[ltok] < 0 || col >= p.out_cols) return;
+        T *gp = static_cast<T *>(p.preact) + (s0 + ltok) * p.ldp + col;
+        gp[0] = Elem<T>::from_f(g);
+        gp[p.R / 2] = Elem<T>::from_f(u);
+    };
     auto stg_at = [&](int tl, int cw) {  // staged element (token tl of the chunk, column cw)
         return sbase + tl * (OCW * 2) + ((((cw >> 3) ^ (tl & 7)) << 4) | ((cw & 7) * 2));
     };
@@ -154,6 +164,10 @@ __device__ __forceinline__ void epilogue(const PrefillArgs &p, const WgmmaSmem<C
                             u0 += bz[0][hh][0][1];
                             u1 += bz[0][hh][M - 1][1];
                         }
+                        if constexpr (PRE) {
+                            put_preact(ch * TC + tl, colw(0, hh, 0), g0, u0);
+                            put_preact(ch * TC + tl, colw(0, hh, M - 1), g1, u1);
+                        }
                         *reinterpret_cast<uint32_t *>(stg_at(tl, colw(0, hh, 0))) =
                             Elem<T>::pack2(gated_act(p, g0, u0) * sc, gated_act(p, g1, u1) * sc);
                     }
@@ -188,6 +202,7 @@ __device__ __forceinline__ void epilogue(const PrefillArgs &p, const WgmmaSmem<C
                                         v += bz[0][hh][x][0];
                                         u += bz[0][hh][x][1];
                                     }
+                                    if constexpr (PRE) put_preact(ch * TC + tl, colw(ob, hh, x), v, u);
                                     y[x] = gated_act(p, v, u) * sc;
                                 } else {
                                     float v = val(ob, i, x);

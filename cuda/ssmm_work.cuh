@@ -39,6 +39,8 @@ struct SsmmArgs {
     float alpha, limit;
     void *out;
     int64_t ldo, out_cols;
+    void *preact;  // a gated act's pre-activation too, or nullptr (sam_ssmm_params.preact)
+    int64_t ldp;
 };
 
 inline SsmmArgs ssmm_args(const sam_ssmm_params *ps) {
@@ -68,6 +70,8 @@ inline SsmmArgs ssmm_args(const sam_ssmm_params *ps) {
     a.out = ps->out;
     a.ldo = ps->ldo;
     a.out_cols = ps->act == SAM_ACT_NONE ? ps->d.R : ps->d.R / 2;
+    a.preact = ps->act == SAM_ACT_NONE ? nullptr : ps->preact;
+    a.ldp = ps->ldp;
     return a;
 }
 

@@ -18,7 +18,8 @@ IMPLS = {"auto": 0, "mma_sp": 1, "wgmma_sp": 2, "decode": 3}
 def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
          out: Optional[Any] = None, *, act: str = "none", bias: Optional[Any] = None,
          scale: Optional[Any] = None, alpha: float = 1.702, limit: float = 7.0,
-         impl: str = "auto", stream: Optional[int] = None, check: Optional[bool] = None) -> Any:
+         impl: str = "auto", stream: Optional[int] = None, check: Optional[bool] = None,
+         preact: Optional[Any] = None) -> Any:
     """Grouped sparse-sparse matmul over experts.
 
     For every expert ``e`` and sorted row ``s`` in
@@ -51,6 +52,10 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
         stream: CUDA stream; None uses the producer's current stream.
         impl: ``"auto"`` (on sm_90a the wgmma kernel, else the mma.sync one) or ``"mma"``
             (the mma.sync kernel everywhere: for comparisons); the CPU ignores it.
+        preact: with a gated ``act``, a ``[S, R]`` output (x's dtype) that also gets the
+           pre-activation of the same rows: ``y + bias`` of the gate rows in columns
+           ``[0, R/2)``, of the up rows in ``[R/2, R)``, rounded once (what the backward
+           needs, written by the same kernel).
         check: validate ``expert_offsets`` and ``token_ids`` against ``x`` and
            ``out`` before a GPU launch (one host sync).  None: check unless the
            stream is being captured into a CUDA graph.  On the CPU the C
@@ -75,7 +80,7 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
         _check_routing(x, expert_offsets, token_ids, out, forced=check is True)
     _C.ssmm(out, x, w.values, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(),
             act=ACTS[act], bias=bias, scale=scale, alpha=alpha, limit=limit, impl=IMPLS[impl],
-            stream=stream)
+            stream=stream, preact=for_c(preact))
     return out
 
 

@@ -176,25 +176,24 @@ def moe_forward_train_eager(x, top_k_index, top_k_weights, gate_up_values, gate_
         return x.new_zeros((T, H)), x.new_zeros((T * K, gate_up_rows))
     r = route(top_k_index.contiguous(), gu.num_experts)
     ws = gather_weights(top_k_weights.detach().contiguous(), r)
-    preact = _gate_up_preact(x, gu, r, gate_up_bias)
-    h = glu(preact[:, :I], preact[:, I:], act=act_name, alpha=alpha, limit=limit)
+    h, preact = _gate_up(x, gu, r, gate_up_bias, act_name, alpha, limit)
     y = ssmm(h, dn, r.offsets, None, bias=_opt(down_bias), scale=ws, check=False)  # (route made the routing)
     return combine(y, r.pos, dtype=_dtype_name(x.dtype)), preact
 
 
-def _plain_gate_up(x: torch.Tensor) -> bool:
-    """Whether the pre-activation needs gate_up in the plain layout (PackedWeight.unglued):
-    on the GPU, whose ssmm kernels take a glu-packed weight with a gated activation only."""
-    return x.is_cuda
-
-
-def _gate_up_preact(x: torch.Tensor, gu: PackedWeight, r, gate_up_bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``x[tok(s)] @ W_gu,e^T + b`` for the sorted rows ``[T*K, 2I]`` in x's dtype (gate
-    columns, then up columns); rows past offsets[E] (placeholder ids) 0, not garbage."""
-    preact = x.new_zeros((r.token_ids.shape[0], gu.rows))
-    w = gu.unglued() if _plain_gate_up(x) else gu
-    ssmm(x, w, r.offsets, r.token_ids, preact, bias=_opt(gate_up_bias), check=False)  # (route made the routing)
-    return preact
+def _gate_up(x: torch.Tensor, gu: PackedWeight, r, gate_up_bias: Optional[torch.Tensor], act_name: str,
+             alpha: float, limit: float, zero_h: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One gate_up ssmm for the sorted rows: ``h = act(x[tok(s)] @ W_gu,e^T + b)``
+    ``[T*K, I]`` and the pre-activation ``[T*K, 2I]`` (gate columns, then up columns), both
+    in x's dtype, written by the same kernel; rows past offsets[E] (placeholder ids): 0 in
+    the pre-activation, in h 0 with ``zero_h``, else not written (the down projection reads
+    only the routed rows)."""
+    S = r.token_ids.shape[0]
+    preact = x.new_zeros((S, gu.rows))
+    h = (x.new_zeros if zero_h else x.new_empty)((S, gu.rows // 2))
+    ssmm(x, gu, r.offsets, r.token_ids, h, act=act_name, bias=_opt(gate_up_bias), alpha=alpha, limit=limit,
+         check=False, preact=preact)  # (route made the routing)
+    return h, preact
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -336,9 +335,10 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
     r = route(top_k_index.contiguous(), gu.num_experts)
     ws = gather_weights(top_k_weights.detach().contiguous(), r)
     if preact is None:
-        preact = _gate_up_preact(x, gu, r, gate_up_bias)
-    preact = preact.detach()
-    h = glu(preact[:, :I], preact[:, I:], act=_ACT_NAMES[act], alpha=alpha, limit=limit)   # [S, I], as forward
+        h, preact = _gate_up(x, gu, r, gate_up_bias, _ACT_NAMES[act], alpha, limit, zero_h=True)
+    else:
+        preact = preact.detach()
+        h = glu(preact[:, :I], preact[:, I:], act=_ACT_NAMES[act], alpha=alpha, limit=limit)   # [S, I]
     need_pre = needs & (NEED_X | NEED_GATE_UP | NEED_GATE_UP_BIAS)
     dpre = None
     if grad_out is not None:

@@ -650,3 +650,39 @@ def test_cuda_last_padded_ktile_reads_no_index_past_idx(impl, fmt):
     oracle = oracle_ssmm(x, dense, r.offsets, r.token_ids, "none", None, None)[:n]
     assert torch.isfinite(out[:n]).all()
     assert rel_err(out[:n].cpu(), oracle) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl,tile,fmt", [("auto", "auto", "2:4"), ("wgmma_sp", "128x128", "samoyeds-1:2:128"),
+                                           ("wgmma_sp", "256x64", "samoyeds-1:2:128"),
+                                           ("wgmma_sp", "256x96", "samoyeds-1:2:128"),
+                                           ("mma_sp", "auto", "samoyeds-1:2:128"), ("mma_sp", "auto", "1:4:64"),
+                                           ("decode", "auto", "samoyeds-1:2:128"), ("decode", "auto", "2:4")])
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+def test_cuda_preact_output(impl, tile, fmt, act):
+    """ssmm(..., preact=P) on every kernel: out bit-identical to the call without P, P the
+    pre-activation (gate then up columns, bias added) as the C reference writes it, rows of
+    placeholder ids and past offsets[E] untouched (NaN-poisoned)."""
+    if impl == "wgmma_sp" and not _sm90():
+        pytest.skip("wgmma.sp needs sm_90a")
+    seed = torch.seed() % 2**31
+    gen = torch.Generator().manual_seed(seed)
+    E, I, H, T, K = 5, 200, 264, 300 if impl != "decode" else 9, 2
+    pw = sm.pack(torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16), fmt, glu=True)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    r = sm.route(random_topk(T, K, E, "placeholder", gen), E)
+    b = torch.randn(E, 2 * I, generator=gen)
+    S, n = r.token_ids.shape[0], int(r.offsets[-1])
+    ref = torch.full((S, 2 * I), float("nan"), dtype=torch.bfloat16)
+    sm.ssmm(x, pw, r.offsets, r.token_ids, act=act, bias=b, preact=ref)
+    pg, xg, og, tg, bg = pw.to("cuda"), x.cuda(), r.offsets.cuda(), r.token_ids.cuda(), b.cuda()
+    with sm.config(tile=tile):
+        want = sm.ssmm(xg, pg, og, tg, act=act, bias=bg, impl=impl)
+        pre = torch.full((S, 2 * I), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out = torch.full((S, I), float("nan"), dtype=torch.bfloat16, device="cuda")
+        sm.ssmm(xg, pg, og, tg, out, act=act, bias=bg, impl=impl, preact=pre)
+    torch.cuda.synchronize()
+    assert torch.equal(out[:n], want[:n]), seed
+    assert torch.isnan(pre[n:]).all() and torch.isnan(out[n:]).all(), seed
+    assert torch.isfinite(pre[:n]).all(), seed
+    assert rel_err(pre[:n].cpu(), ref[:n]) < 1e-2, seed

@@ -543,14 +543,30 @@ def test_unglued_is_the_same_weight_in_the_plain_layout(fmt, I):
         u.unglued()
 
 
-def test_training_through_the_plain_gate_up_layout(monkeypatch):
-    """What the GPU runs (its ssmm pairs glu weights with a gated activation only), here."""
-    monkeypatch.setattr(sm.torch_ops, "_plain_gate_up", lambda x: True)
-    x, ids, w, gu, dn, gub, dnb = make_case(7, 3, 5, 72, 20, "samoyeds-1:2:128", torch.float32, True, seed=13)
-    go = torch.randn(x.shape)
-    _, got = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "gptoss", go, limit=0.8)
-    _, got_op = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "gptoss", go, limit=0.8, via="op")
-    _, want = oracle_grads(x, ids, w, gu, dn, gub, dnb, "gptoss", go, limit=0.8)
-    for k in want:
-        assert_near(got[k], want[k], 2e-5, k)
-        assert torch.equal(got[k], got_op[k]), k
+@pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "2:4", "1:4:64"])
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+def test_ssmm_preact_is_the_plain_layouts_output(fmt, act):
+    """ssmm(..., preact=P) with a gated act (what the training forward runs, one kernel):
+    out unchanged, P = the pre-activation of the plain (unglued) layout, gate then up
+    columns, bias added; rows past offsets[E] and of placeholder ids untouched."""
+    gen = torch.Generator().manual_seed(3)
+    E, I, H, T, K = 4, 40, 72, 9, 2
+    pw = sm.pack(torch.randn(E, 2 * I, H, generator=gen), fmt, glu=True)
+    x = torch.randn(T, H, generator=gen)
+    r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen), E)
+    b = torch.randn(E, 2 * I, generator=gen)
+    S = r.token_ids.shape[0]
+    n = int(r.offsets[-1])
+    out = sm.ssmm(x, pw, r.offsets, r.token_ids, act=act, bias=b)
+    out2 = torch.full((S, I), float("nan"))
+    pre = torch.full((S, 2 * I), float("nan"))
+    sm.ssmm(x, pw, r.offsets, r.token_ids, out2, act=act, bias=b, preact=pre)
+    assert torch.equal(out2[:n], out[:n]) and torch.isnan(out2[n:]).all()
+    want = torch.full((S, 2 * I), float("nan"))
+    sm.ssmm(x, pw.unglued(), r.offsets, r.token_ids, want, bias=b)
+    assert_near(pre[:n], want[:n], 1e-6, "preact")
+    assert torch.isnan(pre[n:]).all()
+    with pytest.raises(ValueError, match=r"^preact: "):
+        sm.ssmm(x, pw, r.offsets, r.token_ids, act="none", preact=pre)
+    with pytest.raises(ValueError, match=r"^preact: "):
+        sm.ssmm(x, pw, r.offsets, r.token_ids, act=act, preact=torch.zeros(S, I))
