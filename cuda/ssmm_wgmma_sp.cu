@@ -11,10 +11,15 @@
 //     k-tile's operands into a ring of stages (producer(), ssmm_wgmma_sp_mainloop.cuh);
 //   warpgroups 1 and 2, the consumers: the item's wgmma.sp over the ring
 //     (consumer_mainloop()), then its epilogue (epilogue(), ssmm_wgmma_sp_epilogue.cuh).
+// Split-K (nsplit > 1, few items): each item is nsplit items over ranges of K
+// (split_k_range, ssmm_work.cuh) that store fp32 partial sums (store_partial), which
+// ssmm_split_reduce_kernel adds in split order and finishes with the epilogue.
 // No CTA-wide barrier after the set-up; setmaxnreg gives the consumers most registers.
 // docs/KERNELS.md ("The wgmma.sp kernel") has the design and its measurements.
 #include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
 #include <string.h>
+
+#include <algorithm>
 
 #include "ssmm_kernels.h"
 #include "ssmm_wgmma_sp_epilogue.cuh"
@@ -82,8 +87,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
         const int e = info[0];
         if (e < 0) break;
         const int64_t row0 = (int64_t)info[1] * C::BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
-        consumer_mainloop<T, C>(sm, w, acc, sel, ef, it, KT, kt_per_slice);
-        if (p.act != SAM_ACT_NONE)
+        int k0, k1;
+        split_k_range(KT, C::M > 1 ? kt_per_slice : 2, p.nsplit, info[4], k0, k1);
+        consumer_mainloop<T, C>(sm, w, acc, sel, ef, it, k1 - k0, kt_per_slice);
+        if (p.nsplit > 1)
+            store_partial<C>(p, w, acc, sm.slot_tok(slot), row0, s0, info[4]);
+        else if (p.act != SAM_ACT_NONE)
             epilogue<true, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
         else
             epilogue<false, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
@@ -136,11 +145,13 @@ template <typename T, int BN> bool token_map(const sam_ssmm_params *ps, CUtensor
 // One launch of tile C: a persistent grid of at most one CTA per SM.  bmap: C::BT's map
 // over the token rows.
 template <typename T, typename C>
-sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, const CUtensorMap *bmap) {
+sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, const CUtensorMap *bmap, int nsplit) {
     PrefillArgs k;
     int64_t grid = 0;
     const sam_status st = prefill_args(ps, C::M > 1 ? ps->f.v : C::BK, C::BMT, C::BN, k, grid);
     if (st != SAM_STATUS_OK || grid == 0) return st;
+    k.nsplit = nsplit;
+    grid *= nsplit;
     WgmmaMaps maps;
     if (!weight_maps<T, C>(ps, maps)) {
         set_error("ssmm: cuTensorMapEncodeTiled refused the packed weights (E=%lld, rp=%lld, cp=%lld)",
@@ -156,15 +167,33 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, const CUtensor
                  "ssmm");
     const int64_t sms = device_sm_count();
     if (sms > 0 && grid > sms) grid = sms;
-    SAM_CUDA_TRY(launch_kernel(ssmm_wgmma_sp_kernel<T, C>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM, stream,
-                               pdl_enabled(), k, maps),
+    if (nsplit == 1) {
+        SAM_CUDA_TRY(launch_kernel(ssmm_wgmma_sp_kernel<T, C>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM,
+                                   stream, pdl_enabled(), k, maps),
+                     "ssmm");
+        return launch_status("ssmm");
+    }
+    // split-K: the partial sums in a workspace of this launch alone (stream-ordered, also
+    // under graph capture), added up by a second kernel, one CTA per sorted row (offsets
+    // are int32: no row at or past 2**31 - 1 is an expert's)
+    SAM_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void **>(&k.ws), sizeof(float) * (size_t)(nsplit * ps->S * ps->d.R),
+                                 stream),
                  "ssmm");
+    cudaError_t err = launch_kernel(ssmm_wgmma_sp_kernel<T, C>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM,
+                                    stream, pdl_enabled(), k, maps);
+    if (err == cudaSuccess)
+        err = launch_kernel(ssmm_split_reduce_kernel<T>, dim3((unsigned)std::min<int64_t>(ps->S, INT32_MAX)),
+                            dim3(SPLIT_REDUCE_THREADS), 0, stream,
+                            pdl_enabled(), k);
+    const cudaError_t freed = cudaFreeAsync(k.ws, stream);
+    SAM_CUDA_TRY(err, "ssmm");
+    SAM_CUDA_TRY(freed, "ssmm");
     return launch_status("ssmm");
 }
 
 // Tile M, ROWS x TOKENS with the token rows by TMA where `rows` allows and they can be.
 template <typename T, int M, int ROWS, int TOKENS>
-sam_status launch_tile(const sam_ssmm_params *ps, cudaStream_t stream, sam_token_rows rows) {
+sam_status launch_tile(const sam_ssmm_params *ps, cudaStream_t stream, sam_token_rows rows, int nsplit) {
     CUtensorMap bm;
     const bool bt = rows != SAM_TOKEN_ROWS_GATHER && token_map<T, TOKENS>(ps, bm);
     if (rows == SAM_TOKEN_ROWS_TMA && !bt) {
@@ -172,8 +201,8 @@ sam_status launch_tile(const sam_ssmm_params *ps, cudaStream_t stream, sam_token
                   "x and its row stride 16-byte aligned, fewer than 2**31 rows)");
         return SAM_STATUS_UNSUPPORTED;
     }
-    if (bt) return launch<T, WgmmaTile<M, ROWS, TOKENS, true>>(ps, stream, &bm);
-    return launch<T, WgmmaTile<M, ROWS, TOKENS, false>>(ps, stream, nullptr);
+    if (bt) return launch<T, WgmmaTile<M, ROWS, TOKENS, true>>(ps, stream, &bm, nsplit);
+    return launch<T, WgmmaTile<M, ROWS, TOKENS, false>>(ps, stream, nullptr, nsplit);
 }
 
 }  // namespace
@@ -206,14 +235,15 @@ bool ssmm_wgmma_sp_available() {
     return cache[dev] == 2;
 }
 
-sam_status ssmm_wgmma_sp_launch(const sam_ssmm_params *ps, cudaStream_t stream, sam_tile tile, sam_token_rows rows) {
+sam_status ssmm_wgmma_sp_launch(const sam_ssmm_params *ps, cudaStream_t stream, sam_tile tile, sam_token_rows rows,
+                                int nsplit) {
     return with_tc_dtype(ps->dtype, [&](auto t) {
         using T = decltype(t);
-        if (ps->f.m == 1) return launch_tile<T, 1, 256, 128>(ps, stream, rows);
+        if (ps->f.m == 1) return launch_tile<T, 1, 256, 128>(ps, stream, rows, nsplit);
         switch (tile) {
-        case SAM_TILE_256X96: return launch_tile<T, 2, 256, 96>(ps, stream, rows);
-        case SAM_TILE_256X64: return launch_tile<T, 2, 256, 64>(ps, stream, rows);
-        default: return launch_tile<T, 2, 128, 128>(ps, stream, rows);
+        case SAM_TILE_256X96: return launch_tile<T, 2, 256, 96>(ps, stream, rows, nsplit);
+        case SAM_TILE_256X64: return launch_tile<T, 2, 256, 64>(ps, stream, rows, nsplit);
+        default: return launch_tile<T, 2, 128, 128>(ps, stream, rows, nsplit);
         }
     });
 }

@@ -1,9 +1,9 @@
 // tile_scheduler.cuh -- how the warp-specialised wgmma.sp kernel (ssmm_wgmma_sp.cu)
 // walks its work items: a persistent grid (one CTA per SM) whose CTA takes the items
 // blockIdx.x, blockIdx.x + gridDim.x, ... in the rasterised order of decode_tile
-// (ssmm_work.cuh), handed from the producer warpgroup to the consumers through NSLOT
-// work slots in shared memory (token rows, routing scales, expert / row tile / first
-// sorted row): the producer fills slot n % NSLOT once the consumers have released item
+// (ssmm_work.cuh), each item nsplit consecutive items, its K splits (split_k_range), handed
+// from the producer warpgroup to the consumers through NSLOT work slots in shared memory
+// (token rows, routing scales, expert / row tile / first sorted row / split): the producer fills slot n % NSLOT once the consumers have released item
 // n - NSLOT, so it streams item n + 1 while the consumers finish and store item n.
 #pragma once
 
@@ -29,11 +29,12 @@ __device__ __forceinline__ int schedule_item(const PrefillArgs &p, const WgmmaSm
         if (n >= NSLOT) mbar_wait(sm.tempty_bar(slot), ((n >> C::NSLOT_LOG2) - 1) & 1);
         int e, rt, tt;
         const int64_t L = (int64_t)blockIdx.x + (int64_t)n * gridDim.x;
-        decode_tile<BN>(p, L, total, lane, e, rt, tt);
+        decode_tile<BN>(p, L / p.nsplit, total, lane, e, rt, tt);
         if (lane == 0) {
             info[0] = e;
             info[1] = rt;
             *reinterpret_cast<int64_t *>(info + 2) = e >= 0 ? tile_s0<BN>(p, e, tt) : 0;
+            info[4] = (int)(L % p.nsplit);
         }
     }
     named_barrier_sync(BAR_PRODUCER, PT);  // the item is decoded (producer warpgroup)
