@@ -57,7 +57,9 @@ int wgmma_splits(const sam_ssmm_params *ps, sam_tile tile, int sms) {
     const int bn = ps->f.m == 1 || tile == SAM_TILE_128X128 ? 128 : tile == SAM_TILE_256X96 ? 96 : 64;
     const int64_t routed = std::min<int64_t>(ps->d.E, ps->S);
     const int64_t items = ceil_div(ps->d.rp, bmt) * (ceil_div(ps->S, bn) + std::max<int64_t>(routed - 1, 0) / 2);
-    return units < 1 || ps->S == 0 ? 1 : sam_ssmm_split_k(units, unit, items, sms, ps->cfg.split_k);
+    // (the kernel splits K in 32-bit arithmetic: split_k_range)
+    if (units < 1 || ps->S == 0 || ps->d.cp / 64 > INT32_MAX / SAM_SPLIT_K_MAX) return 1;
+    return sam_ssmm_split_k(units, unit, items, sms, ps->cfg.split_k);
 }
 
 // The selection rule: a pure function of the call and the device.  impl = AUTO unless
@@ -79,6 +81,11 @@ SsmmChoice choose_kernel(const sam_ssmm_params *ps, const SsmmDevice &dev) {
     const bool tma_rows = ps->cfg.token_rows != SAM_TOKEN_ROWS_GATHER && ssmm_tokens_mappable(ps);
     c.tile = ps->cfg.tile != SAM_TILE_AUTO ? ps->cfg.tile : tall_tile(ps, tma_rows, dev.sms);
     c.nsplit = wgmma_splits(ps, c.tile, dev.sms);
+    // 256 x 96 is never split (WgmmaTile::SPLIT_K): a split call the rule gave it takes 256 x 64
+    if (c.nsplit > 1 && c.tile == SAM_TILE_256X96 && ps->f.m > 1) {
+        c.tile = ps->cfg.tile == SAM_TILE_AUTO ? SAM_TILE_256X64 : c.tile;
+        c.nsplit = c.tile == SAM_TILE_256X96 ? 1 : wgmma_splits(ps, c.tile, dev.sms);
+    }
     return c;
 }
 

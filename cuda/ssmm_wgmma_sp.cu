@@ -39,7 +39,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const WgmmaSmem<C> sm(align_smem(smem_raw));
     const int tid = threadIdx.x;
-    const int KT = (int)(p.cp / C::BK);  // even: columns are padded to 128
     const int kt_per_slice = C::M > 1 ? p.V / C::BK : 1;
     if (tid == 0) {
         for (int s = 0; s < C::ST; s++) {
@@ -65,7 +64,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
 
     if (tid / 128 == 0) {
         setmaxnreg_dec<C::PREGS>();
-        producer<T, C>(p, tm, sm, tid, KT, kt_per_slice);
+        producer<T, C>(p, tm, sm, tid, kt_per_slice);
         return;
     }
     setmaxnreg_inc<C::CREGS>();
@@ -88,9 +87,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
         if (e < 0) break;
         const int64_t row0 = (int64_t)info[1] * C::BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
         int k0, k1;
-        split_k_range(KT, C::M > 1 ? kt_per_slice : 2, p.nsplit, info[4], k0, k1);
+        item_k_range<C>(p, info, k0, k1);
         consumer_mainloop<T, C>(sm, w, acc, sel, ef, it, k1 - k0, kt_per_slice);
-        if (p.nsplit > 1)
+        if (C::SPLIT_K && p.nsplit > 1)
             store_partial<C>(p, w, acc, sm.slot_tok(slot), row0, s0, info[4]);
         else if (p.act != SAM_ACT_NONE)
             epilogue<true, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
@@ -150,6 +149,8 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, const CUtensor
     int64_t grid = 0;
     const sam_status st = prefill_args(ps, C::M > 1 ? ps->f.v : C::BK, C::BMT, C::BN, k, grid);
     if (st != SAM_STATUS_OK || grid == 0) return st;
+    // (choose_kernel never splits a tile without SPLIT_K; the scheduler's 32-bit item index)
+    if (!C::SPLIT_K || grid * nsplit > INT32_MAX) nsplit = 1;
     k.nsplit = nsplit;
     grid *= nsplit;
     WgmmaMaps maps;

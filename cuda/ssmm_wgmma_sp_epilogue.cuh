@@ -225,31 +225,34 @@ __device__ __forceinline__ void store_partial(const PrefillArgs &p, const WgmmaC
                                               int64_t s0, int j) {
     constexpr int M = C::M, NB = C::NB, ASTRIDE = C::ASTRIDE;
     const bool gated = p.act != SAM_ACT_NONE;
-    const int64_t half = gated ? p.R / 2 : 0;
-    float *const ws = p.ws + ((int64_t)j * p.S + s0) * p.R;
     const int lr = w.warp * 16 + w.g;  // + 8 hh
+    float *wsb[NB];  // block b's first column (gate or up half) in row s0 of split j
+    int lim[NB];     // block b's columns before out_cols (at most its 64 M)
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        const int64_t ocol = M == 1 ? (gated ? (row0 / 128) * 64 + w.c * 64 : row0 + w.crow + b * 64)
+                                    : (gated ? (C::HANDOVER ? row0 : row0 + w.crow) : (row0 + w.crow) * 2 + b * 128);
+        const int64_t up = gated ? (C::HANDOVER ? w.c : b) * (p.R / 2) : 0;
+        wsb[b] = p.ws + ((int64_t)j * p.S + s0) * p.R + up + ocol;
+        lim[b] = (int)min(p.out_cols - ocol, (int64_t)(64 * M));
+    }
 #pragma unroll
     for (int jt = 0; jt < C::BN / 8; jt++)
 #pragma unroll
         for (int t = 0; t < 2; t++) {
             const int ltok = jt * 8 + 2 * w.q + t;
             if (tok[ltok] < 0) continue;
-            float *const row = ws + ltok * p.R;
+            const int64_t ro = (int64_t)ltok * p.R;
 #pragma unroll
-            for (int b = 0; b < NB; b++) {
-                // block b's first output column, and the gate (0) or up (1) half it goes to
-                const int64_t ocol = M == 1 ? (gated ? (row0 / 128) * 64 + w.c * 64 : row0 + w.crow + b * 64)
-                                            : (gated ? (C::HANDOVER ? row0 : row0 + w.crow) : (row0 + w.crow) * 2 + b * 128);
-                const int64_t up = (C::HANDOVER ? w.c : b) * half;
+            for (int b = 0; b < NB; b++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++)
 #pragma unroll
                     for (int x = 0; x < M; x++) {
-                        const int64_t col = ocol + (lr + 8 * hh) * M + x;
                         // M = 2: set 1 holds row 0 of each pair, set 0 row 1
-                        if (col < p.out_cols) row[up + col] = acc[b * ASTRIDE + (M == 1 ? 0 : 1 - x)][4 * jt + 2 * hh + t];
+                        const int off = (lr + 8 * hh) * M + x;
+                        if (off < lim[b]) wsb[b][ro + off] = acc[b * ASTRIDE + (M == 1 ? 0 : 1 - x)][4 * jt + 2 * hh + t];
                     }
-            }
         }
 }
 

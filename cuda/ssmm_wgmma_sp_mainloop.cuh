@@ -41,7 +41,7 @@ namespace sam {
 // The producer warpgroup's whole run: every work item of this CTA, then the end record.
 template <typename T, typename C>
 __device__ __forceinline__ void producer(const PrefillArgs &p, const WgmmaMaps &tm, const WgmmaSmem<C> &sm, int tid,
-                                         int KT, int kt_per_slice) {
+                                         int kt_per_slice) {
     constexpr int M = C::M, BMT = C::BMT, BN = C::BN, BK = C::BK, KS = C::KS, ST = C::ST, PT = C::PTHREADS;
     constexpr bool PAIRS = C::PAIRS;
     // BT: the token rows of a k-tile come as one TMA box, so only the TMA thread and the
@@ -70,7 +70,7 @@ __device__ __forceinline__ void producer(const PrefillArgs &p, const WgmmaMaps &
         const int64_t row0 = (int64_t)info[1] * BMT;
         const int s0 = b_tma ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
         int k0, k1;  // the item's K split (even k0: PAIRS' pairs and the ring position stay even)
-        split_k_range(KT, M > 1 ? kt_per_slice : 2, p.nsplit, info[4], k0, k1);
+        item_k_range<C>(p, info, k0, k1);
         const T *b_src[B_CH];
         unsigned b_ok = 0;
 #pragma unroll

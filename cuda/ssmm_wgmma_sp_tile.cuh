@@ -63,6 +63,8 @@ struct WgmmaTile {
     // consumers where they hold more than 128 accumulators (256 x 96: 192)
     static constexpr bool WIDE_ACC = NACC * AN > 128;
     static constexpr int PREGS = WIDE_ACC ? 40 : M == 1 ? 72 : 64, CREGS = WIDE_ACC ? 232 : 216;
+    // split-K's partial store (store_partial) needs registers WIDE_ACC does not have: never split
+    static constexpr bool SPLIT_K = !WIDE_ACC;
     // setmaxnreg.inc only takes registers the producer's .dec gave back to the CTA's pool
     // (THREADS x 168 at launch, __launch_bounds__(384, 1)); asking for more never returns
     static_assert(PTHREADS * PREGS + (THREADS - PTHREADS) * CREGS <= THREADS * 168, "setmaxnreg register pool");

@@ -169,10 +169,11 @@ struct PrefillArgs : SsmmArgs {
 // (host: sam_ssmm_split_k).  Its partial sums go to ws[j][s][col] as the epilogue would see
 // them before bias, activation and scale: col an output column, a gated item's up column at
 // R / 2 + col (the bias's layout); ssmm_split_reduce_kernel adds them in split order.
+// (32-bit: KT * SAM_SPLIT_K_MAX < 2**31, host)
 __device__ __forceinline__ void split_k_range(int KT, int unit, int nsplit, int j, int &k0, int &k1) {
-    const int64_t units = (KT + unit - 1) / unit, a = units * j / nsplit * unit, b = units * (j + 1) / nsplit * unit;
-    k0 = (int)(a < KT ? a : KT);
-    k1 = (int)(b < KT ? b : KT);
+    const int units = (KT + unit - 1) / unit;
+    k0 = min(KT, units * j / nsplit * unit);
+    k1 = min(KT, units * (j + 1) / nsplit * unit);
 }
 
 // Row tiles per rasterisation group of the prefill kernels' work items.
