@@ -249,9 +249,9 @@ __device__ __forceinline__ void store_partial(const PrefillArgs &p, const WgmmaC
                 for (int hh = 0; hh < 2; hh++)
 #pragma unroll
                     for (int x = 0; x < M; x++) {
-                        // M = 2: set 1 holds row 0 of each pair, set 0 row 1
                         const int off = (lr + 8 * hh) * M + x;
-                        if (off < lim[b]) wsb[b][ro + off] = acc[b * ASTRIDE + (M == 1 ? 0 : 1 - x)][4 * jt + 2 * hh + t];
+                        const int set = M == 1 ? 0 : 1 - x;  // M = 2: set 1 holds row 0 of each pair, set 0 row 1
+                        if (off < lim[b]) wsb[b][ro + off] = acc[b * ASTRIDE + set][4 * jt + 2 * hh + t];
                     }
         }
 }

@@ -3,8 +3,9 @@
 // blockIdx.x, blockIdx.x + gridDim.x, ... in the rasterised order of decode_tile
 // (ssmm_work.cuh), each item nsplit consecutive items, its K splits (split_k_range), handed
 // from the producer warpgroup to the consumers through NSLOT work slots in shared memory
-// (token rows, routing scales, expert / row tile / first sorted row / split): the producer fills slot n % NSLOT once the consumers have released item
-// n - NSLOT, so it streams item n + 1 while the consumers finish and store item n.
+// (token rows, routing scales, expert / row tile / first sorted row / split): the producer
+// fills slot n % NSLOT once the consumers have released item n - NSLOT, so it streams item
+// n + 1 while the consumers finish and store item n.
 #pragma once
 
 #include "ssmm_wgmma_sp_tile.cuh"
