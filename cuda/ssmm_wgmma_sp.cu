@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
         item_k_range<C>(p, info, k0, k1);
         consumer_mainloop<T, C>(sm, w, acc, sel, ef, it, k1 - k0, kt_per_slice);
         if (C::SPLIT_K && p.nsplit > 1)
-            store_partial<C>(p, w, acc, sm.slot_tok(slot), row0, s0, info[4]);
+            store_partial<C>(p, w, acc, sm.slot_tok(slot), row0, s0, sm.slot_info(slot)[4]);
         else if (p.act != SAM_ACT_NONE)
             epilogue<true, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
         else

@@ -226,15 +226,14 @@ __device__ __forceinline__ void store_partial(const PrefillArgs &p, const WgmmaC
     constexpr int M = C::M, NB = C::NB, ASTRIDE = C::ASTRIDE;
     const bool gated = p.act != SAM_ACT_NONE;
     const int lr = w.warp * 16 + w.g;  // + 8 hh
-    float *wsb[NB];  // block b's first column (gate or up half) in row s0 of split j
-    int lim[NB];     // block b's columns before out_cols (at most its 64 M)
+    float *const ws = p.ws + ((int64_t)j * p.S + s0) * p.R;  // row s0 of split j
+    int cb[NB], lim[NB];  // block b's first column (gate or up half; < R < 2**31), its columns before out_cols
 #pragma unroll
     for (int b = 0; b < NB; b++) {
         const int64_t ocol = M == 1 ? (gated ? (row0 / 128) * 64 + w.c * 64 : row0 + w.crow + b * 64)
                                     : (gated ? (C::HANDOVER ? row0 : row0 + w.crow) : (row0 + w.crow) * 2 + b * 128);
-        const int64_t up = gated ? (C::HANDOVER ? w.c : b) * (p.R / 2) : 0;
-        wsb[b] = p.ws + ((int64_t)j * p.S + s0) * p.R + up + ocol;
-        lim[b] = (int)min(p.out_cols - ocol, (int64_t)(64 * M));
+        cb[b] = (int)((gated ? (C::HANDOVER ? w.c : b) * (p.R / 2) : 0) + ocol);
+        lim[b] = (int)min(p.out_cols - ocol, (int64_t)(64 * M));  // (at most the block's 64 M)
     }
 #pragma unroll
     for (int jt = 0; jt < C::BN / 8; jt++)
@@ -242,7 +241,7 @@ __device__ __forceinline__ void store_partial(const PrefillArgs &p, const WgmmaC
         for (int t = 0; t < 2; t++) {
             const int ltok = jt * 8 + 2 * w.q + t;
             if (tok[ltok] < 0) continue;
-            const int64_t ro = (int64_t)ltok * p.R;
+            float *const row = ws + (int64_t)ltok * p.R;
 #pragma unroll
             for (int b = 0; b < NB; b++)
 #pragma unroll
@@ -251,7 +250,7 @@ __device__ __forceinline__ void store_partial(const PrefillArgs &p, const WgmmaC
                     for (int x = 0; x < M; x++) {
                         const int off = (lr + 8 * hh) * M + x;
                         const int set = M == 1 ? 0 : 1 - x;  // M = 2: set 1 holds row 0 of each pair, set 0 row 1
-                        if (off < lim[b]) wsb[b][ro + off] = acc[b * ASTRIDE + set][4 * jt + 2 * hh + t];
+                        if (off < lim[b]) row[cb[b] + off] = acc[b * ASTRIDE + set][4 * jt + 2 * hh + t];
                     }
         }
 }
