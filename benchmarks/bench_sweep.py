@@ -12,7 +12,12 @@ bench_kernel.py); ceilings (dense bf16 matmul rate, copy bandwidth) measured in
 the same run.
 
   python benchmarks/bench_sweep.py [--cube 256,1024,4096,16384] [--line 256,...,16384] [--out DIR]
-                                   [--methods samoyeds-75,samoyeds-50,cublas] [--tiny --device cpu]
+                                   [--methods samoyeds-75,samoyeds-50,cublas] [--split-k auto,1]
+                                   [--tiny --device cpu]
+
+``--split-k`` times each format under each of the wgmma.sp kernel's ``split_k`` settings
+(``samoyeds.config``: auto = the rule, 1 = no split, n = n splits); with more than one, a
+format's results are named ``<format>@split-<value>`` (e.g. ``samoyeds-50@split-1``).
 """
 from __future__ import annotations
 
@@ -65,7 +70,9 @@ def run(args) -> dict:
         x = torch.randn(N, K, device=device, generator=gen).to(dtype)
         offs = torch.tensor([0, N], dtype=torch.int32, device=device)
         res = {"M": M, "K": K, "N": N, "dense_flop": 2.0 * M * N * K, "methods": {}}
-        for m in args.methods:
+        runs = [(f"{m}@split-{v}" if m in FORMATS and len(args.split_k) > 1 else m, m, v)
+                for m in args.methods for v in (args.split_k if m in FORMATS else ["auto"])]
+        for name, m, split in runs:
             out = torch.empty(N, M, device=device, dtype=dtype)
             try:
                 if m in FORMATS:
@@ -76,11 +83,12 @@ def run(args) -> dict:
                     fn = lambda wt=wt, out=out: torch.mm(x, wt, out=out)  # noqa: E731
                 else:
                     raise ValueError(f"unknown method {m!r}")
-                t = timer(fn)
+                with sm.config(split_k=0 if split == "auto" else int(split)):  # (captured into the graph)
+                    t = timer(fn)
                 t["dense_equiv_tflops"] = res["dense_flop"] / (t["ms"] * 1e-3) / 1e12
-                res["methods"][m] = t
+                res["methods"][name] = t
             except Exception as exc:  # noqa: BLE001 - reported per method
-                res["methods"][m] = {"error": error_text(exc)}
+                res["methods"][name] = {"error": error_text(exc)}
             del out
         _derive(res, packed, ceil)
         cases.append(res)
@@ -94,14 +102,14 @@ def run(args) -> dict:
 
 def _derive(res: dict, packed: dict, ceil) -> None:
     base = res["methods"].get("cublas", {})
-    for name in FORMATS:
-        d = res["methods"].get(name, {})
-        if "ms" not in d:
+    for name, d in res["methods"].items():
+        fmt = name.split("@")[0]
+        if fmt not in FORMATS or "ms" not in d:
             continue
         if "ms" in base:
             d["speedup_vs_cublas"] = base["ms"] / d["ms"]
         if ceil:
-            density = packed[name].fmt.density
+            density = packed[fmt].fmt.density
             exec_flop = res["dense_flop"] * density * 2          # kept values on 2:4 cores (dense-equivalent)
             d["frac_sparse_ceiling"] = exec_flop / (d["ms"] * 1e-3) / (2 * ceil["dense_bf16_tflops"] * 1e12)
     if "ms" in base and ceil:
@@ -115,6 +123,8 @@ def main() -> None:
     ap.add_argument("--center", type=int, default=4096)
     ap.add_argument("--methods", default="samoyeds-75,samoyeds-50,cublas")
     ap.add_argument("--budget", type=float, default=0.15, help="seconds of timed replays per method and shape")
+    ap.add_argument("--split-k", default="auto",
+                    help="the wgmma.sp kernel's split_k settings to time each format under: auto, 1, n, ...")
     add_run_args(ap)
     args = ap.parse_args()
     setup_run(args)
@@ -123,13 +133,18 @@ def main() -> None:
     args.cube = [int(v) for v in str(args.cube).split(",")]
     args.line = [int(v) for v in str(args.line).split(",")]
     args.methods = args.methods.split(",")
+    args.split_k = args.split_k.split(",")
+    for v in args.split_k:
+        if v != "auto" and not (v.isdigit() and int(v) >= 1):
+            ap.error(f"--split-k: expected auto or counts >= 1, got {v!r}")
     torch.backends.cuda.matmul.allow_tf32 = False
     res = run(args)
     path = result_path(args, "sweep.json")
     if path:
         write_json(path, {"env": environment(), "settings": {"cube": args.cube, "line": args.line,
                                                              "center": args.center, "formats": FORMATS,
-                                                             "budget_s": args.budget}, **res})
+                                                             "budget_s": args.budget, "split_k": args.split_k},
+                           **res})
     print(f"{res['shapes']} shapes in {res['seconds']:.0f} s")
 
 

@@ -145,15 +145,16 @@ error:
     return res;
 }
 
-/* set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl): stores the
- * ssmm selection's tunables in the module state (every ssmm and moe_forward copies them
+/* set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl, split_k=0): stores
+ * the ssmm selection's tunables in the module state (every ssmm and moe_forward copies them
  * into its params) and turns programmatic dependent launch on or off process-wide. */
 static PyObject *py_set_config(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"decode_max_rows", "decode_rows_per_expert", "tile", "token_rows", "pdl", NULL};
-    int max_rows, per_expert, tile, token_rows, pdl;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiip:set_config", kwlist, &max_rows, &per_expert, &tile,
-                                     &token_rows, &pdl))
+    static char *kwlist[] = {"decode_max_rows", "decode_rows_per_expert", "tile", "token_rows", "pdl", "split_k",
+                             NULL};
+    int max_rows, per_expert, tile, token_rows, pdl, split_k = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiip|i:set_config", kwlist, &max_rows, &per_expert, &tile,
+                                     &token_rows, &pdl, &split_k))
         return NULL;
     if (max_rows < -1 || per_expert < -1) {
         PyErr_Format(PyExc_ValueError, "decode_max_rows, decode_rows_per_expert: expected -1 (the kernel's default "
@@ -165,11 +166,16 @@ static PyObject *py_set_config(PyObject *self, PyObject *args, PyObject *kw)
         sam_arg_range("token_rows", token_rows, SAM_TOKEN_ROWS_AUTO, SAM_TOKEN_ROWS_TMA,
                       "0 (auto), 1 (gather) or 2 (tma)") < 0)
         return NULL;
+    if (split_k < 0) {
+        PyErr_Format(PyExc_ValueError, "split_k: expected 0 (auto), 1 (off) or a count of splits, got %d", split_k);
+        return NULL;
+    }
     sam_module_state *st = (sam_module_state *)PyModule_GetState(self);
     st->cfg.decode_max_rows = max_rows;
     st->cfg.decode_rows_per_expert = per_expert;
     st->cfg.tile = (sam_tile)tile;
     st->cfg.token_rows = (sam_token_rows)token_rows;
+    st->cfg.split_k = split_k;
     st->pdl = pdl;
 #if SAM_WITH_CUDA
     sam_cuda_set_pdl(pdl);
@@ -181,9 +187,29 @@ static PyObject *py_get_config(PyObject *self, PyObject *unused)
 {
     (void)unused;
     const sam_module_state *st = (const sam_module_state *)PyModule_GetState(self);
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:O}", "decode_max_rows", st->cfg.decode_max_rows,
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:O,s:i}", "decode_max_rows", st->cfg.decode_max_rows,
                          "decode_rows_per_expert", st->cfg.decode_rows_per_expert, "tile", (int)st->cfg.tile,
-                         "token_rows", (int)st->cfg.token_rows, "pdl", st->pdl ? Py_True : Py_False);
+                         "token_rows", (int)st->cfg.token_rows, "pdl", st->pdl ? Py_True : Py_False,
+                         "split_k", st->cfg.split_k);
+}
+
+/* ssmm_split_k(units, unit_tiles, items, sms, split_k) -> int: the wgmma.sp kernel's K
+ * splits for these sizes (sam_ssmm_split_k, cuda/samoyeds_cuda.h); for the rule's tests. */
+static PyObject *py_ssmm_split_k(PyObject *self, PyObject *args, PyObject *kw)
+{
+    (void)self;
+    static char *kwlist[] = {"units", "unit_tiles", "items", "sms", "split_k", NULL};
+    long long units, items;
+    int unit_tiles, sms, split_k;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LiLii:ssmm_split_k", kwlist, &units, &unit_tiles, &items, &sms,
+                                     &split_k))
+        return NULL;
+    if (units < 1 || unit_tiles < 1 || items < 0 || sms < 0 || split_k < 0) {
+        PyErr_Format(PyExc_ValueError, "ssmm_split_k: expected units >= 1, unit_tiles >= 1 and items, sms, split_k "
+                     ">= 0, got %lld, %d, %lld, %d, %d", units, unit_tiles, items, sms, split_k);
+        return NULL;
+    }
+    return PyLong_FromLong(sam_ssmm_split_k(units, unit_tiles, items, sms, split_k));
 }
 
 /* A NumPy array holding the 2:4 positions of a metadata array: out[..., j]
@@ -260,10 +286,13 @@ static PyMethodDef sam_methods[] = {
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without)."},
     {"cuda_device_capability", py_cuda_device_capability, METH_O, "(major, minor) of a device."},
     {"set_config", (PyCFunction)(void (*)(void))py_set_config, METH_VARARGS | METH_KEYWORDS,
-     "set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl): the ssmm selection's "
-     "tunables (-1: the kernel's default rule; tile and token_rows as the sam_tile / sam_token_rows enums) and "
+     "set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl, split_k=0): the ssmm selection's "
+     "tunables (-1: the kernel's default rule; tile and token_rows as the sam_tile / sam_token_rows enums; split_k "
+     "0 auto, 1 off, n splits) and "
      "programmatic dependent launch, for every later call."},
     {"get_config", py_get_config, METH_NOARGS, "get_config() -> dict: what set_config stored."},
+    {"ssmm_split_k", (PyCFunction)(void (*)(void))py_ssmm_split_k, METH_VARARGS | METH_KEYWORDS,
+     "ssmm_split_k(units, unit_tiles, items, sms, split_k) -> int: the wgmma.sp kernel's K splits."},
     {"set_fast_dlpack", py_set_fast_dlpack, METH_O,
      "Enable/disable the DLPack C exchange-API fast path; returns the old setting."},
     {"decode_meta", py_decode_meta, METH_O, "decode_meta(meta) -> uint8 ndarray [..., 8, 2] of positions."},

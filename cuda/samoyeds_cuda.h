@@ -120,6 +120,8 @@ typedef struct sam_ssmm_config {
     int decode_rows_per_expert; /* ... or when S <= this * E (-1: SAM_DECODE_ROWS_PER_EXPERT) */
     sam_tile tile;              /* the wgmma.sp kernel's 1:2:V tile */
     sam_token_rows token_rows;  /* the wgmma.sp kernel's token rows */
+    int split_k;                /* the wgmma.sp kernel's K splits: 0 the rule (sam_ssmm_split_k), 1 none,
+                                   n > 1 n splits (clamped to 1 .. min(SAM_SPLIT_K_MAX, units)) */
 } sam_ssmm_config;
 
 static inline sam_ssmm_config sam_ssmm_config_default(void) {
@@ -128,7 +130,33 @@ static inline sam_ssmm_config sam_ssmm_config_default(void) {
     c.decode_rows_per_expert = -1;
     c.tile = SAM_TILE_AUTO;
     c.token_rows = SAM_TOKEN_ROWS_AUTO;
+    c.split_k = 0;
     return c;
+}
+
+/* Split-K of the wgmma.sp kernel (docs/KERNELS.md, "Split-K"): the K splits of a call whose
+ * K is `units` whole units (1:2:V: V-slices, 2:4: pairs of 64-column k-tiles) of `unit_tiles`
+ * k-tiles each, whose `items` work items (expert x row tile x token tile) would run on `sms`
+ * SMs.  split_k: the config's override (0: the rule).  The rule splits only where the items
+ * fill at most half of the SMs (more splits then fit one wave: floor(sms / items)), keeps
+ * every split at least SAM_SPLIT_K_MIN_TILES k-tiles (the ring fills) and at most
+ * SAM_SPLIT_K_MAX splits (the partial sums' traffic).  A pure function, in C for the
+ * bindings' tests. */
+#define SAM_SPLIT_K_MAX 16
+#define SAM_SPLIT_K_MIN_TILES 4
+static inline int sam_ssmm_split_k(int64_t units, int unit_tiles, int64_t items, int sms, int split_k) {
+    int64_t n;
+    if (split_k > 0) {
+        n = split_k;
+    } else {
+        if (items <= 0 || sms <= 0 || 2 * items > sms) return 1;
+        const int64_t min_units = (SAM_SPLIT_K_MIN_TILES + unit_tiles - 1) / unit_tiles;
+        n = sms / items;
+        if (n > units / min_units) n = units / min_units;
+    }
+    if (n > units) n = units;
+    if (n > SAM_SPLIT_K_MAX) n = SAM_SPLIT_K_MAX;
+    return n < 1 ? 1 : (int)n;
 }
 
 /* Programmatic dependent launch (sm_90 and later) for every samoyeds kernel

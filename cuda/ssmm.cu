@@ -22,11 +22,12 @@ struct SsmmDevice {
     int sms;        // streaming multiprocessors (0: unknown)
 };
 
-// What runs: the kernel, and for wgmma.sp its 1:2:V tile and token rows.
+// What runs: the kernel, and for wgmma.sp its 1:2:V tile, token rows and K splits.
 struct SsmmChoice {
     sam_impl impl;
     sam_tile tile;
     sam_token_rows rows;
+    int nsplit;
 };
 
 // 1:2:V's tile on the wgmma.sp kernel, where cfg leaves it to the rule (docs/KERNELS.md,
@@ -45,11 +46,27 @@ sam_tile tall_tile(const sam_ssmm_params *ps, bool tokens_by_tma, int sms) {
     return work_tall < 0.97 * work_128 && items_tall >= n ? SAM_TILE_256X64 : SAM_TILE_128X128;
 }
 
+// The wgmma.sp kernel's K splits (sam_ssmm_split_k; docs/KERNELS.md, "Split-K"): K in units
+// of a V-slice (1:2:V, row selection folds per slice) or a k-tile pair (2:4, the consumers'
+// step); its items as tall_tile counts them, each routed expert past the first padding half
+// a token tile.
+int wgmma_splits(const sam_ssmm_params *ps, sam_tile tile, int sms) {
+    const int unit = ps->f.m > 1 ? ps->f.v / 64 : 2;
+    const int64_t units = ceil_div(ps->d.cp / 64, unit);
+    const int bmt = ps->f.m == 1 || tile != SAM_TILE_128X128 ? 256 : 128;
+    const int bn = ps->f.m == 1 || tile == SAM_TILE_128X128 ? 128 : tile == SAM_TILE_256X96 ? 96 : 64;
+    const int64_t routed = std::min<int64_t>(ps->d.E, ps->S);
+    const int64_t items = ceil_div(ps->d.rp, bmt) * (ceil_div(ps->S, bn) + std::max<int64_t>(routed - 1, 0) / 2);
+    // (the kernel splits K in 32-bit arithmetic: split_k_range)
+    if (units < 1 || ps->S == 0 || ps->d.cp / 64 > INT32_MAX / SAM_SPLIT_K_MAX) return 1;
+    return sam_ssmm_split_k(units, unit, items, sms, ps->cfg.split_k);
+}
+
 // The selection rule: a pure function of the call and the device.  impl = AUTO unless
 // the caller forces one (p->impl); a forced wgmma.sp the device cannot run is refused
 // by the launcher (SAM_IMPL_WGMMA_SP with impl = AUTO never reaches it).
 SsmmChoice choose_kernel(const sam_ssmm_params *ps, const SsmmDevice &dev) {
-    SsmmChoice c = {SAM_IMPL_MMA_SP, SAM_TILE_AUTO, ps->cfg.token_rows};
+    SsmmChoice c = {SAM_IMPL_MMA_SP, SAM_TILE_AUTO, ps->cfg.token_rows, 1};
     // few rows in all or per expert: reading each routed expert's weights once sets the pace
     if (ps->impl == SAM_IMPL_DECODE || (ps->impl == SAM_IMPL_AUTO && sam_ssmm_use_decode(ps))) {
         c.impl = SAM_IMPL_DECODE;
@@ -63,6 +80,12 @@ SsmmChoice choose_kernel(const sam_ssmm_params *ps, const SsmmDevice &dev) {
     c.impl = SAM_IMPL_WGMMA_SP;
     const bool tma_rows = ps->cfg.token_rows != SAM_TOKEN_ROWS_GATHER && ssmm_tokens_mappable(ps);
     c.tile = ps->cfg.tile != SAM_TILE_AUTO ? ps->cfg.tile : tall_tile(ps, tma_rows, dev.sms);
+    c.nsplit = wgmma_splits(ps, c.tile, dev.sms);
+    // 256 x 96 is never split (WgmmaTile::SPLIT_K): a split call the rule gave it takes 256 x 64
+    if (c.nsplit > 1 && c.tile == SAM_TILE_256X96 && ps->f.m > 1) {
+        c.tile = ps->cfg.tile == SAM_TILE_AUTO ? SAM_TILE_256X64 : c.tile;
+        c.nsplit = c.tile == SAM_TILE_256X96 ? 1 : wgmma_splits(ps, c.tile, dev.sms);
+    }
     return c;
 }
 
@@ -114,7 +137,7 @@ extern "C" sam_status sam_ssmm_cuda(const sam_ssmm_params *ps, void *stream) {
                       "%d:%d:%d)", f.n, f.m, f.v);
             return SAM_STATUS_UNSUPPORTED;
         }
-        return ssmm_wgmma_sp_launch(ps, s, c.tile, c.rows);
+        return ssmm_wgmma_sp_launch(ps, s, c.tile, c.rows, c.nsplit);
     default: return ssmm_mma_sp_launch(ps, s);
     }
 }

@@ -11,10 +11,15 @@
 //     k-tile's operands into a ring of stages (producer(), ssmm_wgmma_sp_mainloop.cuh);
 //   warpgroups 1 and 2, the consumers: the item's wgmma.sp over the ring
 //     (consumer_mainloop()), then its epilogue (epilogue(), ssmm_wgmma_sp_epilogue.cuh).
+// Split-K (nsplit > 1, few items): each item is nsplit items over ranges of K
+// (split_k_range, ssmm_work.cuh) that store fp32 partial sums (store_partial), which
+// ssmm_split_reduce_kernel adds in split order and finishes with the epilogue.
 // No CTA-wide barrier after the set-up; setmaxnreg gives the consumers most registers.
 // docs/KERNELS.md ("The wgmma.sp kernel") has the design and its measurements.
 #include <cuda.h>  // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
 #include <string.h>
+
+#include <algorithm>
 
 #include "ssmm_kernels.h"
 #include "ssmm_wgmma_sp_epilogue.cuh"
@@ -36,7 +41,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const WgmmaSmem<C> sm(align_smem(smem_raw));
     const int tid = threadIdx.x;
-    const int KT = (int)(p.cp / C::BK);  // even: columns are padded to 128
     const int kt_per_slice = C::M > 1 ? p.V / C::BK : 1;
     if (tid == 0) {
         for (int s = 0; s < C::ST; s++) {
@@ -62,7 +66,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
 
     if (tid / 128 == 0) {
         setmaxnreg_dec<C::PREGS>();
-        producer<T, C>(p, tm, sm, tid, KT, kt_per_slice);
+        producer<T, C>(p, tm, sm, tid, kt_per_slice);
         return;
     }
     setmaxnreg_inc<C::CREGS>();
@@ -84,9 +88,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) ssmm_wgmma_sp_kernel(const Pref
         const int e = info[0];
         if (e < 0) break;
         const int64_t row0 = (int64_t)info[1] * C::BMT, s0 = *reinterpret_cast<const int64_t *>(info + 2);
-        consumer_mainloop<T, C>(sm, w, acc, sel, ef, it, KT, kt_per_slice);
+        int k0, k1;
+        item_k_range<C>(p, info, k0, k1);
+        consumer_mainloop<T, C>(sm, w, acc, sel, ef, it, k1 - k0, kt_per_slice);
         if constexpr (PRE)
             epilogue<true, true, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
+        else if (C::SPLIT_K && p.nsplit > 1)
+            store_partial<C>(p, w, acc, sm.slot_tok(slot), row0, s0, sm.slot_info(slot)[4]);
         else if (p.act != SAM_ACT_NONE)
             epilogue<true, false, T, C>(p, sm, w, target, acc, sm.slot_tok(slot), sm.slot_scale(slot), e, row0, s0);
         else
@@ -140,11 +148,16 @@ template <typename T, int BN> bool token_map(const sam_ssmm_params *ps, CUtensor
 // One launch of tile C: a persistent grid of at most one CTA per SM.  bmap: C::BT's map
 // over the token rows.
 template <typename T, typename C, bool PRE = false>
-sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, const CUtensorMap *bmap) {
+sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, const CUtensorMap *bmap, int nsplit) {
     PrefillArgs k;
     int64_t grid = 0;
     const sam_status st = prefill_args(ps, C::M > 1 ? ps->f.v : C::BK, C::BMT, C::BN, k, grid);
     if (st != SAM_STATUS_OK || grid == 0) return st;
+    // (choose_kernel never splits a tile without SPLIT_K; the scheduler's 32-bit item index)
+    // (PRE: the pre-activation comes from the epilogue, which a split item does not run)
+    if (!C::SPLIT_K || PRE || grid * nsplit > INT32_MAX) nsplit = 1;
+    k.nsplit = nsplit;
+    grid *= nsplit;
     WgmmaMaps maps;
     if (!weight_maps<T, C>(ps, maps)) {
         set_error("ssmm: cuTensorMapEncodeTiled refused the packed weights (E=%lld, rp=%lld, cp=%lld)",
@@ -160,19 +173,37 @@ sam_status launch(const sam_ssmm_params *ps, cudaStream_t stream, const CUtensor
                  "ssmm");
     const int64_t sms = device_sm_count();
     if (sms > 0 && grid > sms) grid = sms;
-    SAM_CUDA_TRY(launch_kernel(ssmm_wgmma_sp_kernel<T, C, PRE>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM, stream,
-                               pdl_enabled(), k, maps),
+    if (nsplit == 1) {
+        SAM_CUDA_TRY(launch_kernel(ssmm_wgmma_sp_kernel<T, C, PRE>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM,
+                                   stream, pdl_enabled(), k, maps),
+                     "ssmm");
+        return launch_status("ssmm");
+    }
+    // split-K: the partial sums in a workspace of this launch alone (stream-ordered, also
+    // under graph capture), added up by a second kernel, one CTA per sorted row (offsets
+    // are int32: no row at or past 2**31 - 1 is an expert's)
+    SAM_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void **>(&k.ws), sizeof(float) * (size_t)(nsplit * ps->S * ps->d.R),
+                                 stream),
                  "ssmm");
+    cudaError_t err = launch_kernel(ssmm_wgmma_sp_kernel<T, C, PRE>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM,
+                                    stream, pdl_enabled(), k, maps);
+    if (err == cudaSuccess)
+        err = launch_kernel(ssmm_split_reduce_kernel<T>, dim3((unsigned)std::min<int64_t>(ps->S, INT32_MAX)),
+                            dim3(SPLIT_REDUCE_THREADS), 0, stream,
+                            pdl_enabled(), k);
+    const cudaError_t freed = cudaFreeAsync(k.ws, stream);
+    SAM_CUDA_TRY(err, "ssmm");
+    SAM_CUDA_TRY(freed, "ssmm");
     return launch_status("ssmm");
 }
 
 // Tile M, ROWS x TOKENS with the token rows by TMA where `rows` allows and they can be.
 template <typename T, int M, int ROWS, int TOKENS>
-sam_status launch_tile(const sam_ssmm_params *ps, cudaStream_t stream, sam_token_rows rows) {
+sam_status launch_tile(const sam_ssmm_params *ps, cudaStream_t stream, sam_token_rows rows, int nsplit) {
     CUtensorMap bm;
     // with the pre-activation (the training forward, whose token rows are gathered): gathered
     if (ps->preact != nullptr && ps->act != SAM_ACT_NONE && rows != SAM_TOKEN_ROWS_TMA)
-        return launch<T, WgmmaTile<M, ROWS, TOKENS, false>, true>(ps, stream, nullptr);
+        return launch<T, WgmmaTile<M, ROWS, TOKENS, false>, true>(ps, stream, nullptr, 1);
     const bool bt = rows != SAM_TOKEN_ROWS_GATHER && token_map<T, TOKENS>(ps, bm);
     if (rows == SAM_TOKEN_ROWS_TMA && !bt) {
         set_error("ssmm: token_rows='tma', but the token rows cannot be read by TMA (they need token_ids None, "
@@ -183,8 +214,8 @@ sam_status launch_tile(const sam_ssmm_params *ps, cudaStream_t stream, sam_token
         set_error("ssmm: token_rows='tma' does not write a pre-activation (preact); its rows are gathered");
         return SAM_STATUS_UNSUPPORTED;
     }
-    if (bt) return launch<T, WgmmaTile<M, ROWS, TOKENS, true>>(ps, stream, &bm);
-    return launch<T, WgmmaTile<M, ROWS, TOKENS, false>>(ps, stream, nullptr);
+    if (bt) return launch<T, WgmmaTile<M, ROWS, TOKENS, true>>(ps, stream, &bm, nsplit);
+    return launch<T, WgmmaTile<M, ROWS, TOKENS, false>>(ps, stream, nullptr, nsplit);
 }
 
 }  // namespace
@@ -217,14 +248,15 @@ bool ssmm_wgmma_sp_available() {
     return cache[dev] == 2;
 }
 
-sam_status ssmm_wgmma_sp_launch(const sam_ssmm_params *ps, cudaStream_t stream, sam_tile tile, sam_token_rows rows) {
+sam_status ssmm_wgmma_sp_launch(const sam_ssmm_params *ps, cudaStream_t stream, sam_tile tile, sam_token_rows rows,
+                                int nsplit) {
     return with_tc_dtype(ps->dtype, [&](auto t) {
         using T = decltype(t);
-        if (ps->f.m == 1) return launch_tile<T, 1, 256, 128>(ps, stream, rows);
+        if (ps->f.m == 1) return launch_tile<T, 1, 256, 128>(ps, stream, rows, nsplit);
         switch (tile) {
-        case SAM_TILE_256X96: return launch_tile<T, 2, 256, 96>(ps, stream, rows);
-        case SAM_TILE_256X64: return launch_tile<T, 2, 256, 64>(ps, stream, rows);
-        default: return launch_tile<T, 2, 128, 128>(ps, stream, rows);
+        case SAM_TILE_256X96: return launch_tile<T, 2, 256, 96>(ps, stream, rows, nsplit);
+        case SAM_TILE_256X64: return launch_tile<T, 2, 256, 64>(ps, stream, rows, nsplit);
+        default: return launch_tile<T, 2, 128, 128>(ps, stream, rows, nsplit);
         }
     });
 }

@@ -7,6 +7,12 @@
 // samoyeds_layout.h); in the 128 x 128 1:2:V tile (HANDOVER) they are consumer 0's and
 // consumer 1's, and each hands the other the rows of half of the tokens in fp32, each
 // computing the activation of its half.
+//
+// Split-K (nsplit > 1; split_k_range, ssmm_work.cuh): store_partial writes an item's fp32
+// sums over its K split, where the epilogue would read them, to the workspace, and
+// ssmm_split_reduce_kernel adds the splits of each output element in split order and applies
+// the epilogue (epilogue_value, ssmm_epilogue.cuh).  Deterministic from run to run; not
+// bit-identical to nsplit = 1, which adds K in one fp32 sum.
 #pragma once
 
 #include "ptx_mma.cuh"
@@ -225,6 +231,78 @@ __device__ __forceinline__ void epilogue(const PrefillArgs &p, const WgmmaSmem<C
     }
 }
 
+// nsplit > 1: the item's sums over its K split j into ws[j][s][col] (PrefillArgs::ws) for
+// the tokens the epilogue would store: col an output column (the epilogue's ocol0 + colw),
+// a gated item's up rows at R / 2 + col.  Nothing staged: a few items, so few bytes.
+template <typename C>
+__device__ __forceinline__ void store_partial(const PrefillArgs &p, const WgmmaConsumer &w,
+                                              const float (&acc)[C::NACC][C::AN], const int32_t *tok, int64_t row0,
+                                              int64_t s0, int j) {
+    constexpr int M = C::M, NB = C::NB, ASTRIDE = C::ASTRIDE;
+    const bool gated = p.act != SAM_ACT_NONE;
+    const int lr = w.warp * 16 + w.g;  // + 8 hh
+    float *const ws = p.ws + ((int64_t)j * p.S + s0) * p.R;  // row s0 of split j
+    int cb[NB], lim[NB];  // block b's first column (gate or up half; < R < 2**31), its columns before out_cols
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        const int64_t ocol = M == 1 ? (gated ? (row0 / 128) * 64 + w.c * 64 : row0 + w.crow + b * 64)
+                                    : (gated ? (C::HANDOVER ? row0 : row0 + w.crow) : (row0 + w.crow) * 2 + b * 128);
+        cb[b] = (int)((gated ? (C::HANDOVER ? w.c : b) * (p.R / 2) : 0) + ocol);
+        lim[b] = (int)min(p.out_cols - ocol, (int64_t)(64 * M));  // (at most the block's 64 M)
+    }
+#pragma unroll
+    for (int jt = 0; jt < C::BN / 8; jt++)
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const int ltok = jt * 8 + 2 * w.q + t;
+            if (tok[ltok] < 0) continue;
+            float *const row = ws + (int64_t)ltok * p.R;
+#pragma unroll
+            for (int b = 0; b < NB; b++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                    for (int x = 0; x < M; x++) {
+                        const int off = (lr + 8 * hh) * M + x;
+                        const int set = M == 1 ? 0 : 1 - x;  // M = 2: set 1 holds row 0 of each pair, set 0 row 1
+                        if (off < lim[b]) row[cb[b] + off] = acc[b * ASTRIDE + set][4 * jt + 2 * hh + t];
+                    }
+        }
+}
+
 #endif  // SAM_HAS_WGMMA
+
+constexpr int SPLIT_REDUCE_THREADS = 256;
+
+// Split-K's second kernel: CTA s adds sorted row s's partial sums (store_partial) in split
+// order 0 .. nsplit - 1 and applies the epilogue (bias, activation, routing scale, one
+// rounding to T) to the same rows the epilogue stores: of an expert, with a valid token.
+template <typename T>
+__global__ void __launch_bounds__(SPLIT_REDUCE_THREADS) ssmm_split_reduce_kernel(const PrefillArgs p) {
+    pdl_wait();
+    const int64_t s = blockIdx.x;
+    if (p.E == 0 || (int64_t)p.offsets[0] > s) return;
+    int lo = 0, hi = p.E;  // the expert of row s: the last e < E with offsets[e] <= s
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if ((int64_t)p.offsets[mid] <= s) lo = mid;
+        else hi = mid;
+    }
+    const int e = lo;
+    if (row_token(p, s, expert_s_end(p, e)) < 0) return;
+    const float sc = p.scale ? p.scale[s] : 1.0f;
+    const bool gated = p.act != SAM_ACT_NONE;
+    const int64_t up = gated ? p.R / 2 : 0, plane = p.S * p.R;
+    const float *const ws = p.ws + s * p.R;
+    T *const o = static_cast<T *>(p.out) + s * p.ldo;
+    for (int64_t col = threadIdx.x; col < p.out_cols; col += SPLIT_REDUCE_THREADS) {
+        float v = ws[col], u = gated ? ws[up + col] : 0.0f;
+        for (int j = 1; j < p.nsplit; j++) {
+            v += ws[j * plane + col];
+            if (gated) u += ws[j * plane + up + col];
+        }
+        o[col] = Elem<T>::from_f(epilogue_value(p, e, col, gated, up, v, [&] { return u; }) * sc);
+    }
+}
 
 }  // namespace sam

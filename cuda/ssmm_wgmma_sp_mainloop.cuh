@@ -41,7 +41,7 @@ namespace sam {
 // The producer warpgroup's whole run: every work item of this CTA, then the end record.
 template <typename T, typename C>
 __device__ __forceinline__ void producer(const PrefillArgs &p, const WgmmaMaps &tm, const WgmmaSmem<C> &sm, int tid,
-                                         int KT, int kt_per_slice) {
+                                         int kt_per_slice) {
     constexpr int M = C::M, BMT = C::BMT, BN = C::BN, BK = C::BK, KS = C::KS, ST = C::ST, PT = C::PTHREADS;
     constexpr bool PAIRS = C::PAIRS;
     // BT: the token rows of a k-tile come as one TMA box, so only the TMA thread and the
@@ -69,6 +69,8 @@ __device__ __forceinline__ void producer(const PrefillArgs &p, const WgmmaMaps &
         const int32_t *tok = sm.slot_tok(slot), *info = sm.slot_info(slot);
         const int64_t row0 = (int64_t)info[1] * BMT;
         const int s0 = b_tma ? (int)*reinterpret_cast<const int64_t *>(info + 2) : 0;  // BT: S < 2**31 (host)
+        int k0, k1;  // the item's K split (even k0: PAIRS' pairs and the ring position stay even)
+        item_k_range<C>(p, info, k0, k1);
         const T *b_src[B_CH];
         unsigned b_ok = 0;
 #pragma unroll
@@ -76,12 +78,13 @@ __device__ __forceinline__ void producer(const PrefillArgs &p, const WgmmaMaps &
             const int t = tok[b_row + 16 * i];
             b_ok |= (unsigned)(t >= 0) << i;
             // an absent row reads row 0 (in bounds; its copy is zero-filled); advanced by BK a k-tile
-            b_src[i] = x + (t >= 0 ? (int64_t)t * p.ldx : 0) + b_ch * 8;
+            b_src[i] = x + (t >= 0 ? (int64_t)t * p.ldx : 0) + k0 * BK + b_ch * 8;
         }
         const bool i_ok = i_load && row0 + tid * 16 < p.rp;
         const uint8_t *i_src = M > 1 ? p.idx + (int64_t)e * p.slices * p.rp + (i_ok ? row0 + tid * 16 : 0) : nullptr;
-        int slice = 0, slice_left = kt_per_slice;  // (M > 1: the k-tile's slice, without a division)
-        for (int kt = 0; kt < KT; kt++, it++) {
+        // (M > 1: the k-tile's slice, without a division on the loop; k0 starts a slice)
+        int slice = k0 / kt_per_slice, slice_left = kt_per_slice;
+        for (int kt = k0; kt < k1; kt++, it++) {
             const int s = (int)(it % ST);
             // PAIRS: the barriers of a pair of stages are the even stage's; a pair is waited
             // for at its first k-tile, expects both k-tiles' bytes, and is marked full by every
@@ -216,8 +219,9 @@ __device__ __forceinline__ void consumer_k_tile(const WgmmaSmem<C> &sm, const Wg
     if ((!PAIRS || PAR == 0) && kt > 0) mbar_arrive(sm.empty_bar((int)((it - 1) % ST) & (PAIRS ? ~1 : ~0)));
 }
 
-// One work item's k-tiles from ring position it (advanced past them): acc ends holding
-// the item's rows (M = 2: acc[2b + 1] row 0 of each pair, acc[2b] row 1).
+// One work item's KT k-tiles (its K split: whole slices, an even count) from ring position it
+// (advanced past them): acc ends holding the item's rows over them (M = 2: acc[2b + 1] row 0
+// of each pair, acc[2b] row 1); kt counts from the split's first k-tile.
 template <typename T, typename C>
 __device__ __forceinline__ void consumer_mainloop(const WgmmaSmem<C> &sm, const WgmmaConsumer &w,
                                                   float (&acc)[C::NACC][C::AN], uint32_t (&sel)[C::NB][2],

@@ -63,6 +63,8 @@ struct WgmmaTile {
     // consumers where they hold more than 128 accumulators (256 x 96: 192)
     static constexpr bool WIDE_ACC = NACC * AN > 128;
     static constexpr int PREGS = WIDE_ACC ? 40 : M == 1 ? 72 : 64, CREGS = WIDE_ACC ? 232 : 216;
+    // split-K's partial store (store_partial) needs registers WIDE_ACC does not have: never split
+    static constexpr bool SPLIT_K = !WIDE_ACC;
     // setmaxnreg.inc only takes registers the producer's .dec gave back to the CTA's pool
     // (THREADS x 168 at launch, __launch_bounds__(384, 1)); asking for more never returns
     static_assert(PTHREADS * PREGS + (THREADS - PTHREADS) * CREGS <= THREADS * 168, "setmaxnreg register pool");
@@ -90,8 +92,8 @@ struct WgmmaTile {
     static constexpr int XT = 32, XS = BMW * M + 4;
     static constexpr int STG_OFF = PIPE_BYTES, XCH_OFF = STG_OFF + STG_BYTES;
     static constexpr int EPI_BYTES = STG_BYTES + (HANDOVER && XT * XS * 4 > STG_BYTES ? XT * XS * 4 : STG_BYTES);
-    // NSLOT work slots, each: BN token rows, BN routing scales, (e, rt, s0)
-    static constexpr int SLOT_OFF = STG_OFF + EPI_BYTES, SLOT_BYTES = BN * 8 + 16;
+    // NSLOT work slots, each: BN token rows, BN routing scales, (e, rt, s0, split)
+    static constexpr int SLOT_OFF = STG_OFF + EPI_BYTES, SLOT_BYTES = BN * 8 + 32;
     static constexpr int BAR_OFF = SLOT_OFF + NSLOT * SLOT_BYTES;  // full[ST] empty[ST] tfull[NSLOT] tempty[NSLOT]
     static constexpr int SMEM = BAR_OFF + (2 * ST + 2 * NSLOT) * 8 + 1024;  // + alignment slack
     static_assert(SMEM <= 227 * 1024, "shared memory");
@@ -107,7 +109,7 @@ enum WgmmaBarrier : int { BAR_CONSUMERS = 2, BAR_PRODUCER = 3, BAR_CONSUMER0 = 4
 // Addresses in a CTA's shared memory (base aligned to 1024 bytes): the stages of the
 // ring, the mbarriers (full / empty per stage: the stage's bytes landed / its wgmmas are
 // done; tfull / tempty per work slot: the item is decoded / its epilogue is done), and
-// the work slots (int32 tok[BN], float scale[BN], then e, rt, and s0 as int64).
+// the work slots (int32 tok[BN], float scale[BN], then e, rt, s0 as int64, and the K split).
 template <typename C> struct WgmmaSmem {
     unsigned char *smem;
     uint32_t bar0;

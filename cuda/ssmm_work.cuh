@@ -159,10 +159,26 @@ __device__ __forceinline__ void finish_row_sets(At at, uint32_t &sel, int hh) {
 // What the prefill kernels (mma.sp, wgmma.sp) read: the launch, the slice length and the
 // work items' rasterisation.
 struct PrefillArgs : SsmmArgs {
-    int V;    // slice length (BK without row selection)
-    int nrt;  // row tiles
-    int gm;   // row tiles per rasterisation group (SSMM_RASTER_GROUP)
+    int V;       // slice length (BK without row selection)
+    int nrt;     // row tiles
+    int gm;      // row tiles per rasterisation group (SSMM_RASTER_GROUP)
+    int nsplit;  // K splits of every item (the wgmma.sp kernel's split-K; 1 elsewhere)
+    float *ws;   // nsplit > 1: the splits' fp32 partial sums, [nsplit][S][R] (split_k_range)
 };
+
+// Split-K (the wgmma.sp kernel): split j of nsplit covers k-tiles [k0, k1) of K's KT, whole
+// units of `unit` k-tiles (1:2:V: a V-slice, so that each split's row selection folds whole
+// slices and its rows are partial sums, the fold being linear; 2:4: a pair, the consumers'
+// step).  Even k0 and k1 (unit and KT are even); no split is empty while nsplit <= the units
+// (host: sam_ssmm_split_k).  Its partial sums go to ws[j][s][col] as the epilogue would see
+// them before bias, activation and scale: col an output column, a gated item's up column at
+// R / 2 + col (the bias's layout); ssmm_split_reduce_kernel adds them in split order.
+// (32-bit: KT * SAM_SPLIT_K_MAX < 2**31, host)
+__device__ __forceinline__ void split_k_range(int KT, int unit, int nsplit, int j, int &k0, int &k1) {
+    const int units = (KT + unit - 1) / unit;
+    k0 = min(KT, units * j / nsplit * unit);
+    k1 = min(KT, units * (j + 1) / nsplit * unit);
+}
 
 // Row tiles per rasterisation group of the prefill kernels' work items.
 constexpr int SSMM_RASTER_GROUP = 16;
@@ -174,6 +190,8 @@ inline sam_status prefill_args(const sam_ssmm_params *ps, int V, int BMT, int BN
     k.V = V;
     k.nrt = (int)ceil_div(ps->d.rp, BMT);
     k.gm = SSMM_RASTER_GROUP;
+    k.nsplit = 1;
+    k.ws = nullptr;
     items = 0;
     if ((ps->T * ps->ldx) / 8 >= ((int64_t)1 << 32)) {
         set_error("ssmm: x holds %lld elements; the GPU kernel addresses at most 2**35", (long long)(ps->T * ps->ldx));

@@ -1,10 +1,11 @@
 // tile_scheduler.cuh -- how the warp-specialised wgmma.sp kernel (ssmm_wgmma_sp.cu)
 // walks its work items: a persistent grid (one CTA per SM) whose CTA takes the items
 // blockIdx.x, blockIdx.x + gridDim.x, ... in the rasterised order of decode_tile
-// (ssmm_work.cuh), handed from the producer warpgroup to the consumers through NSLOT
-// work slots in shared memory (token rows, routing scales, expert / row tile / first
-// sorted row): the producer fills slot n % NSLOT once the consumers have released item
-// n - NSLOT, so it streams item n + 1 while the consumers finish and store item n.
+// (ssmm_work.cuh), each item nsplit consecutive items, its K splits (split_k_range), handed
+// from the producer warpgroup to the consumers through NSLOT work slots in shared memory
+// (token rows, routing scales, expert / row tile / first sorted row / split): the producer
+// fills slot n % NSLOT once the consumers have released item n - NSLOT, so it streams item
+// n + 1 while the consumers finish and store item n.
 #pragma once
 
 #include "ssmm_wgmma_sp_tile.cuh"
@@ -29,11 +30,14 @@ __device__ __forceinline__ int schedule_item(const PrefillArgs &p, const WgmmaSm
         if (n >= NSLOT) mbar_wait(sm.tempty_bar(slot), ((n >> C::NSLOT_LOG2) - 1) & 1);
         int e, rt, tt;
         const int64_t L = (int64_t)blockIdx.x + (int64_t)n * gridDim.x;
-        decode_tile<BN>(p, L, total, lane, e, rt, tt);
+        // split-K: L < 2**32 (the launch keeps the items times nsplit below 2**31)
+        const int nsplit = C::SPLIT_K ? p.nsplit : 1;
+        decode_tile<BN>(p, nsplit == 1 ? L : (int64_t)((uint32_t)L / (uint32_t)nsplit), total, lane, e, rt, tt);
         if (lane == 0) {
             info[0] = e;
             info[1] = rt;
             *reinterpret_cast<int64_t *>(info + 2) = e >= 0 ? tile_s0<BN>(p, e, tt) : 0;
+            info[4] = nsplit == 1 ? 0 : (int)((uint32_t)L % (uint32_t)nsplit);
         }
     }
     named_barrier_sync(BAR_PRODUCER, PT);  // the item is decoded (producer warpgroup)
@@ -55,6 +59,17 @@ __device__ __forceinline__ int schedule_item(const PrefillArgs &p, const WgmmaSm
         mbar_arrive(sm.tfull_bar(slot));
     }
     return e;
+}
+
+// The k-tiles [k0, k1) of the item in work slot `info`: its K split (split_k_range), all of
+// K where the tile is never split.  (From the launch's parameters at each item: nothing
+// held in registers across the item.)
+template <typename C>
+__device__ __forceinline__ void item_k_range(const PrefillArgs &p, const int32_t *info, int &k0, int &k1) {
+    const int KT = (int)(p.cp / C::BK);  // even: columns are padded to 128
+    k0 = 0;
+    k1 = KT;
+    if (C::SPLIT_K && p.nsplit > 1) split_k_range(KT, C::M > 1 ? p.V / C::BK : 2, p.nsplit, info[4], k0, k1);
 }
 
 #endif  // SAM_HAS_WGMMA

@@ -1,7 +1,7 @@
 """samoyeds' run-time configuration: one :class:`Config` in force for the process.
 
 It holds what stays tunable once ``impl="auto"`` has decided everything else: the ssmm
-kernel selection's overrides (``tile``, ``token_rows``, the decode kernel's row limits),
+kernel selection's overrides (``tile``, ``token_rows``, ``split_k``, the decode kernel's row limits),
 programmatic dependent launch (``pdl``) and the Hugging Face integration's shared-MLP
 decode limit (``dense_decode_max_rows``).  The ssmm fields live in the C extension's
 module state (``_C.set_config``), which every ``ssmm`` and ``moe_forward`` call copies
@@ -50,6 +50,9 @@ class Config:
         token_rows: how the ``wgmma.sp`` kernel reads token rows: ``"auto"``,
             ``"gather"`` (always by index) or ``"tma"`` (by TMA; unsupported where they
             cannot be).
+        split_k: the ``wgmma.sp`` kernel's K splits: 0 the selection rule (splits where
+            its work items are too few to fill the SMs), 1 never, n > 1 n splits (at most
+            16 and the K range's slices or k-tile pairs).
         decode_max_rows: ``impl="auto"`` picks the decode kernel up to this many rows;
             None: the kernel's default rule.
         decode_rows_per_expert: ... or up to this many rows per expert; None: the default.
@@ -62,6 +65,7 @@ class Config:
 
     tile: str = "auto"
     token_rows: str = "auto"
+    split_k: int = 0
     decode_max_rows: Optional[int] = None
     decode_rows_per_expert: Optional[int] = None
     pdl: bool = True
@@ -72,12 +76,12 @@ class Config:
             value = getattr(self, name)
             if not isinstance(value, str) or value not in names:
                 raise ValueError(f"{name}: expected one of {sorted(names)}, got {value!r}")
-        for name in ("decode_max_rows", "decode_rows_per_expert", "dense_decode_max_rows"):
+        for name in ("split_k", "decode_max_rows", "decode_rows_per_expert", "dense_decode_max_rows"):
             value = getattr(self, name)
-            if value is None and name != "dense_decode_max_rows":
+            if value is None and name not in ("split_k", "dense_decode_max_rows"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
-                what = "None or an int" if name != "dense_decode_max_rows" else "an int"
+                what = "an int" if name in ("split_k", "dense_decode_max_rows") else "None or an int"
                 raise ValueError(f"{name}: expected {what} in [0, {_INT_MAX}], got {value!r}")
         if not isinstance(self.pdl, bool):
             raise ValueError(f"pdl: expected a bool, got {self.pdl!r}")
@@ -88,7 +92,8 @@ def _apply(cfg: Config) -> None:
     global _current
     _C.set_config(decode_max_rows=-1 if cfg.decode_max_rows is None else cfg.decode_max_rows,
                   decode_rows_per_expert=-1 if cfg.decode_rows_per_expert is None else cfg.decode_rows_per_expert,
-                  tile=_TILES[cfg.tile], token_rows=_TOKEN_ROWS[cfg.token_rows], pdl=cfg.pdl)
+                  tile=_TILES[cfg.tile], token_rows=_TOKEN_ROWS[cfg.token_rows], pdl=cfg.pdl,
+                  split_k=cfg.split_k)
     _current = cfg
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from samoyeds import _C
 
-KEYS = ("decode_max_rows", "decode_rows_per_expert", "tile", "token_rows", "pdl")
+KEYS = ("decode_max_rows", "decode_rows_per_expert", "tile", "token_rows", "pdl", "split_k")
 
 
 @pytest.fixture
@@ -18,10 +18,12 @@ def restore_config():
 
 
 def test_round_trip(restore_config):
-    _C.set_config(64, 8, 2, 1, False)
-    assert _C.get_config() == dict(decode_max_rows=64, decode_rows_per_expert=8, tile=2, token_rows=1, pdl=False)
-    _C.set_config(decode_max_rows=-1, decode_rows_per_expert=-1, tile=0, token_rows=0, pdl=True)
-    assert _C.get_config() == dict(decode_max_rows=-1, decode_rows_per_expert=-1, tile=0, token_rows=0, pdl=True)
+    _C.set_config(64, 8, 2, 1, False, 3)
+    assert _C.get_config() == dict(decode_max_rows=64, decode_rows_per_expert=8, tile=2, token_rows=1, pdl=False,
+                                   split_k=3)
+    _C.set_config(decode_max_rows=-1, decode_rows_per_expert=-1, tile=0, token_rows=0, pdl=True)  # split_k: 0
+    assert _C.get_config() == dict(decode_max_rows=-1, decode_rows_per_expert=-1, tile=0, token_rows=0, pdl=True,
+                                   split_k=0)
 
 
 @pytest.mark.parametrize("args,match", [
@@ -30,6 +32,7 @@ def test_round_trip(restore_config):
     ((-1, -1, 4, 0, True), r"^tile: expected 0 \(auto\), 1 \(128x128\), 2 \(256x64\) or 3 \(256x96\), got 4"),
     ((-1, -1, -1, 0, True), r"^tile: .*, got -1"),
     ((-1, -1, 0, 3, True), r"^token_rows: expected 0 \(auto\), 1 \(gather\) or 2 \(tma\), got 3"),
+    ((-1, -1, 0, 0, True, -1), r"^split_k: expected 0 \(auto\), 1 \(off\) or a count of splits, got -1"),
 ])
 def test_bad_values_name_the_field(restore_config, args, match):
     before = _C.get_config()
@@ -42,3 +45,27 @@ def test_the_peak_probes_left_the_extension():
     for name in ("tensor_core_rate", "shared_fill_rate", "TENSOR_CORE_KINDS", "SHARED_FILL_KINDS"):
         assert not hasattr(_C, name), name
     assert "ws_drop" not in _C.build_info()
+
+
+# (units, unit_tiles, items, sms, split_k) -> splits: sam_ssmm_split_k (cuda/samoyeds_cuda.h)
+@pytest.mark.parametrize("args,want", [
+    ((128, 2, 2, 132, 0), 16),   # 2:4, K = 16384, M = N = 256: 2 items, capped at 16 splits
+    ((32, 2, 1, 132, 0), 16),    # 1:2:128, K = 4096: 32 slices of 2 k-tiles, 2 slices a split at least
+    ((8, 2, 2, 132, 0), 4),      # 2:4, K = 1024: every split at least 4 k-tiles
+    ((2, 2, 2, 132, 0), 1),      # 2:4, K = 256: too short to split
+    ((16, 4, 1, 132, 0), 16),    # 1:2:256: one slice (4 k-tiles) a split at least
+    ((128, 2, 40, 132, 0), 3),   # a third of the SMs: three splits fit one wave
+    ((128, 2, 67, 132, 0), 1),   # more than half the SMs: no split
+    ((128, 2, 2, 0, 0), 1),      # SM count unknown
+    ((128, 2, 500, 132, 5), 5),  # forced, whatever the items
+    ((3, 2, 1, 132, 5), 3),      # forced, clamped to the units
+    ((128, 2, 1, 132, 40), 16),  # forced, clamped to SAM_SPLIT_K_MAX
+    ((128, 2, 1, 132, 1), 1),    # off
+])
+def test_split_k_rule(args, want):
+    assert _C.ssmm_split_k(*args) == want
+
+
+def test_split_k_rule_checks_its_arguments():
+    with pytest.raises(ValueError, match=r"^ssmm_split_k: expected units >= 1"):
+        _C.ssmm_split_k(0, 2, 1, 132, 0)

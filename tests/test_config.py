@@ -23,7 +23,8 @@ def _in_c(cfg: sm.Config) -> dict:
     """What the module state should hold for ``cfg``."""
     return {"decode_max_rows": -1 if cfg.decode_max_rows is None else cfg.decode_max_rows,
             "decode_rows_per_expert": -1 if cfg.decode_rows_per_expert is None else cfg.decode_rows_per_expert,
-            "tile": TILES[cfg.tile], "token_rows": TOKEN_ROWS[cfg.token_rows], "pdl": cfg.pdl}
+            "tile": TILES[cfg.tile], "token_rows": TOKEN_ROWS[cfg.token_rows], "pdl": cfg.pdl,
+            "split_k": cfg.split_k}
 
 
 def test_defaults_are_in_force():
@@ -67,6 +68,7 @@ def test_override_restores_when_the_body_raises():
     ({"decode_max_rows": -1}, "decode_max_rows"), ({"decode_max_rows": 1.0}, "decode_max_rows"),
     ({"decode_max_rows": True}, "decode_max_rows"), ({"decode_rows_per_expert": 2**31}, "decode_rows_per_expert"),
     ({"pdl": 0}, "pdl"), ({"pdl": "no"}, "pdl"),
+    ({"split_k": -1}, "split_k"), ({"split_k": None}, "split_k"), ({"split_k": True}, "split_k"),
     ({"dense_decode_max_rows": None}, "dense_decode_max_rows"),
     ({"dense_decode_max_rows": -3}, "dense_decode_max_rows"),
     ({"tile": "256x64", "token_rows": "x"}, "token_rows"),

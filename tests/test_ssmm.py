@@ -623,6 +623,7 @@ def test_unrouted_experts_reach_no_output(T, fmt, act, glu):
     if _prefill_impl() == "wgmma_sp":
         tiles = ("auto",) if fmt == "2:4" else ("128x128", "256x64", "256x96")
         ways += [("cuda", "wgmma_sp", {"tile": tile}) for tile in tiles]
+        ways += [("cuda", "wgmma_sp", {"split_k": 3})]  # (clamped to the K units there are)
     _unrouted_outputs(T, fmt, act, glu, ways)
 
 
@@ -686,3 +687,118 @@ def test_cuda_preact_output(impl, tile, fmt, act):
     assert torch.isnan(pre[n:]).all() and torch.isnan(out[n:]).all(), seed
     assert torch.isfinite(pre[:n]).all(), seed
     assert rel_err(pre[:n].cpu(), ref[:n]) < 1e-2, seed
+
+
+# ---- split-K of the wgmma.sp kernel -------------------------------------------------------------
+
+SPLIT_SHAPES = [  # T, K, E, R, C, pattern; C = 1600: 26 k-tiles, 13 slices of 128 (the last one partial), 7 of 256
+    (256, 1, 1, 256, 1600, "uniform"),     # one expert, few work items (the sweep's losing shapes)
+    (37, 2, 4, 136, 1600, "uniform"),      # rows not a multiple of the tile
+    (5, 2, 8, 256, 1600, "skewed"),        # 1..3 tokens per expert, empty experts
+    (129, 4, 6, 192, 1600, "placeholder"), # invalid token ids; token-tile tails
+    (0, 2, 4, 128, 1024, "uniform"),       # T = 0
+]
+
+
+def _split_outputs(x, p, r, ids, b, sc, act, dtype, splits, **cfg):
+    """sm.ssmm(impl="wgmma_sp") with config(split_k=n, **cfg) for each n of splits, each on an
+    output poisoned with NaN: every routed row written and finite, none past offsets[E]; the
+    outputs (on the CPU) by n."""
+    S, n = r.token_ids.shape[0], int(r.offsets[-1])
+    cols = p.shape3[1] if act == "none" else p.shape3[1] // 2
+    xg, pg, offg = x.cuda(), p.to("cuda"), r.offsets.cuda()
+    idg, bg, scg = (None if t is None else t.cuda() for t in (ids, b, sc))
+    outs = {}
+    for k in splits:
+        with sm.config(split_k=k, **cfg):
+            out = _poisoned(S, cols, dtype, "cuda")
+            sm.ssmm(xg, pg, offg, idg, out=out, act=act, bias=bg, scale=scg, impl="wgmma_sp")
+            torch.cuda.synchronize()
+        outs[k] = out.cpu()
+        assert torch.isfinite(outs[k][:n]).all(), f"split_k={k}: unwritten or non-finite output rows"
+        assert torch.isnan(outs[k][n:]).all(), f"split_k={k}: rows past offsets[E] were written"
+    return outs
+
+
+def _check_splits(shape, fmt, act, glu, dtype, bias, scale, by_tma, **cfg):
+    """Split-K forced to 2, 3 and 5 splits, and the rule's choice, against the C reference and
+    the float64 oracle (the kernel within twice the reference's error) and against no split
+    (close); a split run twice is bit for bit the same."""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    T, K, E, R, C, pattern = shape
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    x, p, r, b, sc = _case(T, K, E, R, C, fmt, dtype, pattern, act, glu, gen, bias=bias, scale=scale)
+    S, n = T * K, int(r.offsets[-1])
+    ids = r.token_ids
+    if by_tma:  # as the down projection reads x: rows in expert order, no row map; past offsets[E] NaN
+        x = torch.randn(S, C, generator=gen).to(dtype)
+        x[n:] = float("nan")
+        ids = None
+    cols = R if act == "none" else R // 2
+    ref = _poisoned(S, cols, dtype, "cpu")
+    sm.ssmm(x, p, r.offsets, ids, out=ref, act=act, bias=b, scale=sc)
+    oracle = oracle_ssmm(x, sm.unpack(p), r.offsets, ids, act, b, sc)[:n]
+    outs = _split_outputs(x, p, r, ids, b, sc, act, dtype, (1, 2, 3, 5, 0), **cfg)
+    e_ref = rel_err(ref[:n], oracle)
+    for k, o in outs.items():
+        e_cuda = rel_err(o[:n], oracle)
+        assert e_cuda <= 2 * e_ref + 1e-6, (k, e_cuda, e_ref)
+        assert rel_err(o[:n], outs[1][:n]) < 1e-2, k
+    again = _split_outputs(x, p, r, ids, b, sc, act, dtype, (3,), **cfg)
+    assert torch.equal(again[3], outs[3]), "split-K is not deterministic"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SPLIT_SHAPES)
+@pytest.mark.parametrize("fmt,tile", [
+    ("2:4", "auto"), ("samoyeds-1:2:128", "128x128"), ("samoyeds-1:2:128", "256x64"),
+    ("samoyeds-1:2:256", "128x128"), ("samoyeds-1:2:256", "256x64"),
+    ("samoyeds-1:2:128", "256x96"),  # never split (WgmmaTile::SPLIT_K): split_k leaves it alone
+])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True), ("gptoss", True)])
+@pytest.mark.parametrize("rows", ["gather", "tma"])
+def test_wgmma_split_k(shape, fmt, tile, act, glu, rows):
+    """Split-K of the wgmma.sp kernel (each item's K in 2, 3, 5 or the rule's count of splits,
+    fp32 partial sums added by a second kernel in split order) in every tile's store of the
+    partial sums (2:4; 1:2:V in 128 x 128, a gated item's gate and up rows in two consumers,
+    and in 256 x 64, both in one), bias and routing scales, token rows gathered (token_ids)
+    or by TMA, K an odd number of slices with a partial last one."""
+    token_rows = "gather" if rows == "gather" else "tma" if shape[0] else "auto"
+    _check_splits(shape, fmt, act, glu, torch.bfloat16, True, True, rows == "tma", tile=tile, token_rows=token_rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:256"])
+@pytest.mark.parametrize("act,glu", [("none", False), ("swiglu", True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wgmma_split_k_plain(fmt, act, glu, dtype):
+    """Split-K without bias and routing scales, in bf16 and fp16."""
+    _check_splits((300, 2, 4, 320, 1600, "one"), fmt, act, glu, dtype, False, False, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["2:4", "samoyeds-1:2:128"])
+def test_wgmma_split_k_rule_splits_few_items(fmt):
+    """The sweep's worst shape, 256 rows x K = 16384 x 256 tokens on one expert: 2 work items
+    (2:4: one 256-row tile x two 128-token tiles; 1:2:128: the rule's 128 x 128 tile over its
+    128 storage rows), so the rule splits K (sam_ssmm_split_k).  impl="auto" gives bit for bit
+    what forcing that count gives, and not what no split gives."""
+    if not _sm90():
+        pytest.skip("wgmma.sp runs on sm_90 only")
+    R, C, T = 256, 16384, 256
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    want = sm._C.ssmm_split_k(C // 64 // 2, 2, 2, sms, 0)  # units of 2 k-tiles: a pair (2:4) or a slice of 128
+    assert want > 1
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    w = (torch.randn(1, R, C, generator=gen) * C ** -0.5).to(torch.bfloat16)
+    p = sm.pack(w, fmt).to("cuda")
+    x = torch.randn(T, C, generator=gen).to(torch.bfloat16).cuda()
+    off = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+    outs = {}
+    for k in (0, want, 1):
+        with sm.config(split_k=k):
+            outs[k] = sm.ssmm(x, p, off, None)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[want]), "the rule did not pick its split count"
+    assert not torch.equal(outs[want], outs[1]), "split and unsplit sums came out the same bits"
