@@ -103,8 +103,12 @@ class GroupedMMExperts:
 
 
 def fwd_bwd(method, x, idx, w, gout):
+    """One training step's forward and backward.  The packed weights' cached relayouts
+    (PackedWeight.transposed) are made stale first, as an optimizer step leaves them: a step
+    pays their refresh."""
     for p in method.params:
         p.grad = None
+        _force_refresh(p)
     x.grad = w.grad = None
     out = method(x, idx, w)
     out.backward(gout)
@@ -458,6 +462,7 @@ def main() -> None:
     def save(complete: bool) -> None:  # after every model: a run cut short keeps what it measured
         if path:
             write_json(path, {"env": env, "complete": complete, "format": args.format, "tokens": tokens,
+                              "step_refreshes_caches": True,  # fwd_bwd: as after an optimizer step
                               "dense_bf16_tflops": dense, "cases": cases, "dw_kernel": dw, "breakdown": parts})
     for name in args.models.split(","):
         if not only:

@@ -138,18 +138,21 @@ static inline sam_ssmm_config sam_ssmm_config_default(void) {
  * K is `units` whole units (1:2:V: V-slices, 2:4: pairs of 64-column k-tiles) of `unit_tiles`
  * k-tiles each, whose `items` work items (expert x row tile x token tile) would run on `sms`
  * SMs.  split_k: the config's override (0: the rule).  The rule splits only where the items
- * fill at most half of the SMs (more splits then fit one wave: floor(sms / items)), keeps
- * every split at least SAM_SPLIT_K_MIN_TILES k-tiles (the ring fills) and at most
- * SAM_SPLIT_K_MAX splits (the partial sums' traffic).  A pure function, in C for the
- * bindings' tests. */
+ * fill at most an eighth of the SMs, or a quarter with K of at least SAM_SPLIT_K_LONG k-tiles
+ * (more splits then fit one wave: floor(sms / items)), keeps every split at least
+ * SAM_SPLIT_K_MIN_TILES k-tiles and at most SAM_SPLIT_K_MAX splits (the partial sums'
+ * traffic and the second kernel cost more than they give elsewhere: the sweep on an H100,
+ * docs/KERNELS.md "Split-K").  A pure function, in C for the bindings' tests. */
 #define SAM_SPLIT_K_MAX 16
-#define SAM_SPLIT_K_MIN_TILES 4
+#define SAM_SPLIT_K_MIN_TILES 16
+#define SAM_SPLIT_K_LONG 256
 static inline int sam_ssmm_split_k(int64_t units, int unit_tiles, int64_t items, int sms, int split_k) {
     int64_t n;
     if (split_k > 0) {
         n = split_k;
     } else {
-        if (items <= 0 || sms <= 0 || 2 * items > sms) return 1;
+        if (items <= 0 || sms <= 0) return 1;
+        if (8 * items > sms && (4 * items > sms || units * unit_tiles < SAM_SPLIT_K_LONG)) return 1;
         const int64_t min_units = (SAM_SPLIT_K_MIN_TILES + unit_tiles - 1) / unit_tiles;
         n = sms / items;
         if (n > units / min_units) n = units / min_units;

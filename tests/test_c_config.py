@@ -50,12 +50,15 @@ def test_the_peak_probes_left_the_extension():
 # (units, unit_tiles, items, sms, split_k) -> splits: sam_ssmm_split_k (cuda/samoyeds_cuda.h)
 @pytest.mark.parametrize("args,want", [
     ((128, 2, 2, 132, 0), 16),   # 2:4, K = 16384, M = N = 256: 2 items, capped at 16 splits
-    ((32, 2, 1, 132, 0), 16),    # 1:2:128, K = 4096: 32 slices of 2 k-tiles, 2 slices a split at least
-    ((8, 2, 2, 132, 0), 4),      # 2:4, K = 1024: every split at least 4 k-tiles
+    ((32, 2, 1, 132, 0), 4),     # 1:2:128, K = 4096: 32 slices of 2 k-tiles, 8 slices a split at least
+    ((8, 2, 2, 132, 0), 1),      # 2:4, K = 1024: 16 k-tiles, one split's least
+    ((32, 2, 2, 132, 0), 4),     # 2:4, K = 4096: every split at least 16 k-tiles
     ((2, 2, 2, 132, 0), 1),      # 2:4, K = 256: too short to split
-    ((16, 4, 1, 132, 0), 16),    # 1:2:256: one slice (4 k-tiles) a split at least
-    ((128, 2, 40, 132, 0), 3),   # a third of the SMs: three splits fit one wave
-    ((128, 2, 67, 132, 0), 1),   # more than half the SMs: no split
+    ((16, 4, 1, 132, 0), 4),     # 1:2:256, K = 4096: four slices (16 k-tiles) a split at least
+    ((128, 2, 16, 132, 0), 8),   # an eighth of the SMs: eight splits fit one wave
+    ((128, 2, 17, 132, 0), 7),   # a quarter and K = 16384 (256 k-tiles): still split
+    ((32, 2, 17, 132, 0), 1),    # a quarter and K = 4096: no split
+    ((128, 2, 34, 132, 0), 1),   # more than a quarter of the SMs: no split
     ((128, 2, 2, 0, 0), 1),      # SM count unknown
     ((128, 2, 500, 132, 5), 5),  # forced, whatever the items
     ((3, 2, 1, 132, 5), 3),      # forced, clamped to the units

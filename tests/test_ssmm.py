@@ -746,7 +746,8 @@ def _check_splits(shape, fmt, act, glu, dtype, bias, scale, by_tma, **cfg):
         assert e_cuda <= 2 * e_ref + 1e-6, (k, e_cuda, e_ref)
         assert rel_err(o[:n], outs[1][:n]) < 1e-2, k
     again = _split_outputs(x, p, r, ids, b, sc, act, dtype, (3,), **cfg)
-    assert torch.equal(again[3], outs[3]), "split-K is not deterministic"
+    n = int(r.offsets[-1])  # (rows past it are NaN in both, and NaN != NaN)
+    assert torch.equal(again[3][:n], outs[3][:n]), "split-K is not deterministic"
 
 
 @pytest.mark.gpu
