@@ -163,6 +163,29 @@ def main(cublas: bool = True) -> None:
         sm.moe_forward(x, idx, torch.rand(T, K, generator=gen).cuda(), gu, dn, act="gptoss",
                        gate_up_bias=torch.randn(E, 2 * I, generator=gen).cuda(),
                        down_bias=torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda())
+    # split-K of the wgmma.sp kernel (forced: partial sums, the second kernel, the workspace) in
+    # every splittable tile, and the pre-activation output of every kernel (gated launches)
+    if torch.cuda.get_device_capability() == (9, 0):
+        print("case split-K", flush=True)
+        for fmt, tile, act in [("2:4", "auto", "none"), ("samoyeds-1:2:128", "128x128", "swiglu"),
+                               ("samoyeds-1:2:128", "256x64", "gptoss")]:
+            T, K, E, C, I = 130, 2, 3, 1600, 136
+            glu = act != "none"
+            p = sm.pack(torch.randn(E, 2 * I if glu else I, C, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=glu)
+            r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
+            x = torch.randn(T, C, generator=gen).to(torch.bfloat16).cuda()
+            with sm.config(split_k=3, tile=tile):
+                sm.ssmm(x, p, r.offsets, r.token_ids, act=act, bias=torch.randn(E, p.shape3[1], generator=gen).cuda(),
+                        impl="wgmma_sp")
+    print("case preact", flush=True)
+    for impl, fmt in [("auto", "samoyeds-1:2:128"), ("auto", "2:4"), ("mma_sp", "1:4:64"), ("decode", "samoyeds-1:2:128")]:
+        T, K, E, H, I = (300 if impl != "decode" else 7), 2, 4, 264, 200
+        p = sm.pack(torch.randn(E, 2 * I, H, generator=gen).to(torch.bfloat16).cuda(), fmt, glu=True)
+        r = sm.route(torch.randint(0, E + 1, (T, K), generator=gen).cuda(), E)
+        x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+        pre = torch.zeros(T * K, 2 * I, dtype=torch.bfloat16, device="cuda")
+        sm.ssmm(x, p, r.offsets, r.token_ids, act="swiglu", bias=torch.randn(E, 2 * I, generator=gen).cuda(),
+                impl=impl, preact=pre)
     print("case train", flush=True)
     train_cases(gen)
     print("case rest", flush=True)
