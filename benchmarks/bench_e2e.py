@@ -157,6 +157,21 @@ def measure_prefill(model, args, device: str, gen: torch.Generator) -> list:
     return rows
 
 
+def _kernel_ms(fn) -> float:
+    """Milliseconds the GPU spent in kernels and copies while fn() ran (torch.profiler's CUDA
+    activity, CUDA-graph replays included): what the step costs the GPU, without the host's
+    time between launches."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.key_averages():
+        total += getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+    return total / 1e3
+
+
 def measure_decode(model, args, device: str, gen: torch.Generator, cache: str, B: int) -> dict:
     """One decode row: greedy generate at batch B with the ``cache`` KV cache (module docstring)."""
     from transformers import StaticCache
@@ -205,6 +220,11 @@ def measure_decode(model, args, device: str, gen: torch.Generator, cache: str, B
                     row["fresh_cache_tokens_identical"] = bool(torch.equal(fresh[0][:, args.prompt:], out))
                 except Exception as exc:  # noqa: BLE001 - a note, the row stands
                     row["fresh_cache_error"] = error_text(exc)
+        if args.gpu_time and device == "cuda" and args.new_tokens > 1:
+            # the GPU's busy time per decode step (N tokens less 1, over N - 1 steps): next to
+            # ms_per_step it says how much of a step is the host's (generate's loop, launches)
+            row["gpu_ms_per_step"] = ((_kernel_ms(lambda: generate(args.new_tokens)) - _kernel_ms(lambda: generate(1)))
+                                      / (args.new_tokens - 1))
         if tn > t1:
             row.update(tokens_per_s=B * (args.new_tokens - 1) / (tn - t1),
                        ms_per_step=(tn - t1) / (args.new_tokens - 1) * 1e3)
@@ -218,6 +238,8 @@ def measure_decode(model, args, device: str, gen: torch.Generator, cache: str, B
     free_memory(device)
     msg = (f"{row['ms_per_step']:.2f} ms/step, {row['tokens_per_s']:,.1f} tokens/s"
            if "tokens_per_s" in row else row["error"])
+    if "gpu_ms_per_step" in row:
+        msg += f", GPU busy {row['gpu_ms_per_step']:.2f} ms/step"
     if "compile_s" in row:
         msg += f" (compile {row['compile_s']:.1f} s, {row['graph_breaks']} graph breaks, {row['graphs']} graphs)"
     print(f"    decode {cache} batch {B}: {msg}", flush=True)
@@ -391,6 +413,9 @@ def main() -> None:
                          "CUDA graphs)")
     ap.add_argument("--no-fresh-static", dest="fresh_static", action="store_false",
                     help="static cache: skip the one reference call with a fresh cache per call")
+    ap.add_argument("--gpu-time", action="store_true",
+                    help="decode rows: also the GPU's busy time per step (torch.profiler; one more generate "
+                         "call of N tokens and of 1): gpu_ms_per_step, next to the wall ms_per_step")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3, help="timed prefill forwards (median)")

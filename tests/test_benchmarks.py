@@ -125,7 +125,7 @@ def test_e2e_dynamic_and_static_cache(tmp_path):
     import report
 
     p = _run([os.path.join(BENCH, "bench_e2e.py"), "--tiny", "--device", "cpu", "--models", "olmoe-1b-7b",
-              "--prefill-batches", "1", "--decode-batches", "1,4", "--out", str(tmp_path)])
+              "--prefill-batches", "1", "--decode-batches", "1,4", "--gpu-time", "--out", str(tmp_path)])
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     d = json.loads((tmp_path / "e2e.json").read_text())
     assert d["settings"]["cache"] == ["dynamic", "static"] and d["settings"]["compile_backend"] == "eager"
@@ -136,6 +136,7 @@ def test_e2e_dynamic_and_static_cache(tmp_path):
                                                              ("static", 4)]
         for r in rows:
             assert "tokens_per_s" in r and r["prefill_tokens_per_s"] > 0, r
+            assert "gpu_ms_per_step" not in r, r  # --gpu-time: the GPU's busy time, on a GPU only
             if r["cache"] == "static":
                 assert r["graphs"] >= 1 and r["graph_breaks"] == 0 and r["compile_s"] >= 0, r
                 assert r["fresh_cache_tokens_identical"], r
