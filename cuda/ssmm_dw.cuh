@@ -66,6 +66,38 @@ __device__ __forceinline__ float pick4(float v0, float v1, float v2, float v3, u
 //   M = 4: row 2o's four candidates are words 4o, 4o+1, row 2o+1's words 4o+2, 4o+3; the
 //          low byte of the selector picks row 2o's element from its pair, the high byte
 //          row 2o+1's from its pair, and a third permute joins the two halves.
+// The M candidate 16-byte pieces of dy row `row` a thread gathers from: candidate rows
+// u_base + 8 c ... (u_local: the first one's index in its half).  Whole 16-byte loads where dy
+// is in 16-byte pieces (vec; rowok: the pieces inside the half), else element by element up
+// to the half's last row; zeros for a row not read (ok false) or a block past the rows (live).
+template <typename T, int M>
+__device__ __forceinline__ void load_candidates(uint4 (&raw)[M], const T *row, int64_t u_base, int64_t u_local,
+                                                int64_t half_rows, unsigned rowok, bool ok, bool live, bool vec) {
+    if (vec) {
+#pragma unroll
+        for (int c = 0; c < M; c++) {
+            raw[c] = make_uint4(0, 0, 0, 0);
+            if (ok && ((rowok >> c) & 1u)) raw[c] = __ldg(reinterpret_cast<const uint4 *>(row + u_base + 8 * c));
+        }
+        return;
+    }
+    // rows not in 16-byte pieces (the half's rows or dy's row start not a multiple of 8)
+    const unsigned short *r16 = reinterpret_cast<const unsigned short *>(row);
+#pragma unroll
+    for (int c = 0; c < M; c++) {
+        uint32_t w[4];
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            uint32_t lo = 0, hi = 0;
+            const int64_t l0 = u_local + 8 * c + 2 * t;
+            if (ok && live && l0 < half_rows) lo = __ldg(r16 + u_base + 8 * c + 2 * t);
+            if (ok && live && l0 + 1 < half_rows) hi = __ldg(r16 + u_base + 8 * c + 2 * t + 1);
+            w[t] = lo | (hi << 16);
+        }
+        raw[c] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
 template <int M> __device__ __forceinline__ void make_selectors(uint2 idx8, uint32_t (&sel)[2]) {
     uint32_t s[4];
 #pragma unroll

@@ -218,30 +218,7 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
                     const int64_t s = s_begin + kk;
                     rsc[b] = p.scale ? (tv ? __ldg(p.scale + s) : 0.0f) : 1.0f;
                     const T *row = dy + (tv ? s : 0) * p.lddy;
-                    if (p.dy_vec) {
-#pragma unroll
-                        for (int c = 0; c < M; c++) {
-                            raw[b][c] = make_uint4(0, 0, 0, 0);
-                            if (tv && ((u_rowok >> c) & 1u))
-                                raw[b][c] = __ldg(reinterpret_cast<const uint4 *>(row + u_base + 8 * c));
-                        }
-                    } else {
-                        // rows not in 16-byte pieces (the half's rows or dy's row start not a multiple of 8)
-                        const unsigned short *r16 = reinterpret_cast<const unsigned short *>(row);
-#pragma unroll
-                        for (int c = 0; c < M; c++) {
-                            uint32_t w[4];
-#pragma unroll
-                            for (int q = 0; q < 4; q++) {
-                                uint32_t lo = 0, hi = 0;
-                                const int64_t l0 = u_local + 8 * c + 2 * q;
-                                if (tv && ub_live && l0 < p.half_rows) lo = __ldg(r16 + u_base + 8 * c + 2 * q);
-                                if (tv && ub_live && l0 + 1 < p.half_rows) hi = __ldg(r16 + u_base + 8 * c + 2 * q + 1);
-                                w[q] = lo | (hi << 16);
-                            }
-                            raw[b][c] = make_uint4(w[0], w[1], w[2], w[3]);
-                        }
-                    }
+                    load_candidates<T, M>(raw[b], row, u_base, u_local, p.half_rows, u_rowok, tv, ub_live, p.dy_vec);
                 }
 #pragma unroll
                 for (int b = 0; b < GB; b++) {
