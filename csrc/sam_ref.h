@@ -137,13 +137,13 @@ static inline int64_t sam_load_index(const void *p, sam_dtype t, int64_t i)
 }
 
 /* A gated activation of gate g and up u, as every op defines it: SwiGLU silu(g) * u,
- * or GPT-OSS's clamped variant (alpha, limit). */
+ * or GPT-OSS's clamped variant (alpha, limit).  The clamps keep a NaN a NaN, as
+ * torch.clamp does (fminf would turn it into the limit). */
 static inline float sam_act_glu(sam_act act, float g, float u, float alpha, float limit)
 {
     if (act == SAM_ACT_SWIGLU) return g / (1.0f + expf(-g)) * u;
-    g = g < limit ? g : limit;
-    u = u < limit ? u : limit;
-    u = u > -limit ? u : -limit;
+    g = g > limit ? limit : g;
+    u = u > limit ? limit : (u < -limit ? -limit : u);
     return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
 }
 

@@ -135,11 +135,12 @@ __device__ __forceinline__ void store_from_float(void *p, sam_dtype t, int64_t i
 }
 
 // The gated activation of gate v and up u (bias added), as every kernel and the C
-// reference compute it: SwiGLU silu(v) * u, or GPT-OSS's clamped variant.
+// reference compute it: SwiGLU silu(v) * u, or GPT-OSS's clamped variant, whose clamps
+// keep a NaN a NaN as torch.clamp does (fminf/fmaxf would return the limit).
 __device__ __forceinline__ float gated_act(sam_act act, float alpha, float limit, float v, float u) {
     if (act == SAM_ACT_SWIGLU) return __fdividef(v, 1.0f + __expf(-v)) * u;
-    const float gc = fminf(v, limit);
-    const float uc = fmaxf(fminf(u, limit), -limit);
+    const float gc = v > limit ? limit : v;
+    const float uc = u > limit ? limit : (u < -limit ? -limit : u);
     return (uc + 1.0f) * __fdividef(gc, 1.0f + __expf(-alpha * gc));
 }
 

@@ -47,7 +47,8 @@ typedef enum sam_dtype {
 typedef enum sam_act {
     SAM_ACT_NONE = 0,   /* y = acc (+ bias) */
     SAM_ACT_SWIGLU = 1, /* y_i = silu(g_i) * u_i, g = rows [0, I), u = rows [I, 2I) */
-    SAM_ACT_GPTOSS = 2  /* g = min(g, limit), u = clamp(u, -limit, limit), y = (u + 1) g sigmoid(alpha g) */
+    SAM_ACT_GPTOSS = 2  /* g = min(g, limit), u = clamp(u, -limit, limit), y = (u + 1) g sigmoid(alpha g);
+                          the clamps keep NaN, as torch.clamp */
 } sam_act;
 
 /* ---- device information -------------------------------------------------- */

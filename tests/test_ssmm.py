@@ -803,3 +803,34 @@ def test_wgmma_split_k_rule_splits_few_items(fmt):
     torch.cuda.synchronize()
     assert torch.equal(outs[0], outs[want]), "the rule did not pick its split count"
     assert not torch.equal(outs[want], outs[1]), "split and unsplit sums came out the same bits"
+
+
+def _nan_through_gptoss_clamps(device, impls):
+    """A NaN gate or up pre-activation stays NaN through GPT-OSS's clamps (as torch.clamp);
+    fminf-style clamps would turn it into the limit and hide it."""
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    T, K, E, R, C = 19, 2, 3, 128, 128
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    x, p, r, b, _ = _case(T, K, E, R, C, "samoyeds-1:2:128", dtype, "uniform", "gptoss", True, gen, bias=True)
+    b[1, 3] = float("nan")            # expert 1's gate, column 3
+    b[2, R // 2 + 5] = float("nan")   # expert 2's up, column 5
+    n = int(r.offsets[-1])
+    want = oracle_ssmm(x, sm.unpack(p), r.offsets, r.token_ids, "gptoss", b)[:n]
+    off = r.offsets.tolist()
+    assert off[2] > off[1] and off[3] > off[2]
+    for impl in impls:
+        out = sm.ssmm(x.to(device), p.to(device), r.offsets.to(device), r.token_ids.to(device),
+                      act="gptoss", bias=b.to(device), impl=impl).float().cpu()[:n]
+        assert torch.equal(torch.isnan(out), torch.isnan(want)), impl
+        assert torch.isnan(out[off[1]:off[2], 3]).all() and torch.isnan(out[off[2]:off[3], 5]).all(), impl
+        assert rel_err(torch.nan_to_num(out), torch.nan_to_num(want)) < (1e-5 if device == "cpu" else 8e-3), impl
+
+
+def test_ref_gptoss_clamps_keep_nan():
+    _nan_through_gptoss_clamps("cpu", ["auto"])
+
+
+@pytest.mark.gpu
+def test_cuda_gptoss_clamps_keep_nan():
+    impls = ["decode", "mma_sp"] + (["wgmma_sp"] if _prefill_impl() == "wgmma_sp" else [])
+    _nan_through_gptoss_clamps("cuda", impls)
