@@ -39,6 +39,10 @@ inline sam_status launch_status(const char *op) { return cuda_status(cudaGetLast
 // Streaming multiprocessors of the current device, cached per device (0 when unknown).
 int device_sm_count();
 
+// Whether the current device is sm_90 and this build holds sm_90a code (the wgmma kernels),
+// cached per device.
+bool device_runs_sm90a();
+
 // ---- programmatic dependent launch (sm_90+) -------------------------------------------
 //
 // A kernel launched with pdl = true may be scheduled while the kernel before it on the

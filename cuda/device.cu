@@ -1,6 +1,7 @@
 // device.cu -- device queries, the launchers' error reporting and the process-wide
 // programmatic-dependent-launch switch.
 #include <atomic>
+#include <string.h>
 
 #include "common.cuh"
 
@@ -42,6 +43,23 @@ int device_sm_count() {
         cache[dev] = n;
     }
     return cache[dev];
+}
+
+bool device_runs_sm90a() {
+    static int cache[64];  // 0: not asked yet, 1: no, 2: yes
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return false;
+    }
+    if (cache[dev] == 0) {
+        int major = 0, minor = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        cudaGetLastError();
+        cache[dev] = major == 9 && minor == 0 && strstr(sam_cuda_archs(), "sm_90a") != nullptr ? 2 : 1;
+    }
+    return cache[dev] == 2;
 }
 
 bool pdl_enabled() {

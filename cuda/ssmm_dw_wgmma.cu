@@ -389,22 +389,7 @@ template <typename T> sam_status launch_m(const DwArgs &a, int m, bool two, int6
 
 }  // namespace
 
-bool ssmm_dw_wgmma_available() {
-    static int cache[64];  // 0: not asked yet, 1: no, 2: yes
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        cudaGetLastError();
-        return false;
-    }
-    if (cache[dev] == 0) {
-        int major = 0, minor = 0;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        cudaGetLastError();
-        cache[dev] = major == 9 && minor == 0 && strstr(sam_cuda_archs(), "sm_90a") != nullptr ? 2 : 1;
-    }
-    return cache[dev] == 2;
-}
+bool ssmm_dw_wgmma_available() { return device_runs_sm90a(); }
 
 sam_status ssmm_dw_wgmma_launch(const DwArgs &in, sam_dtype dtype, int m, cudaStream_t stream) {
     DwArgs a = in;

@@ -229,24 +229,7 @@ bool ssmm_tokens_mappable(const sam_ssmm_params *ps) {
            ps->T < INT32_MAX && ps->T > 0;
 }
 
-bool ssmm_wgmma_sp_available() {
-    static int cache[64];  // 0: not asked yet, 1: no, 2: yes
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        cudaGetLastError();
-        return false;
-    }
-    if (cache[dev] == 0) {
-        int major = 0, minor = 0;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        cudaGetLastError();
-        const bool ok = major == 9 && minor == 0 && strstr(sam_cuda_archs(), "sm_90a") != nullptr &&
-                        tensor_map_encoder() != nullptr;
-        cache[dev] = ok ? 2 : 1;
-    }
-    return cache[dev] == 2;
-}
+bool ssmm_wgmma_sp_available() { return device_runs_sm90a() && tensor_map_encoder() != nullptr; }
 
 sam_status ssmm_wgmma_sp_launch(const sam_ssmm_params *ps, cudaStream_t stream, sam_tile tile, sam_token_rows rows,
                                 int nsplit) {
