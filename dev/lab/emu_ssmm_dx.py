@@ -239,7 +239,8 @@ def cta(P, out, e, rt, cb):
                     ib = (e * slices + j0 + sl) * rp + p0 + 8 * P8
                     sel = make_selectors(M, [int(x) for x in P["idx"][ib:ib + 8]])
                 for u in range(2):
-                    sm.sts_v4(st + sl * ATILE + adst + u * 64 * AROW, [gather_word(M, raw[u], sel, o) for o in range(4)])
+                    words = [gather_word(M, raw[u], sel, o) for o in range(4)]
+                    sm.sts_v4(st + sl * ATILE + adst + u * 64 * AROW, words)
 
     accs = {}
     for warp in range(8):
@@ -321,7 +322,6 @@ def one_case(rng, torch, sm):
     scale = (2.0 ** torch.randint(-2, 2, (S,), generator=gen)).float() if rng.integers(2) else None
     tok = r.token_ids if with_ids else None
     want = ssmm_dx(dy[:, :R], pw, r.offsets, tok, scale).double().numpy()
-    d = pw.dims if hasattr(pw, "dims") else None  # noqa: F841
     rp, cp = pw.values.shape[1], pw.values.shape[2] * 2
     half = R // 2 if glu else R
     P = dict(S=S, C=C, E=E, cp=cp, rp=rp, M=M, glu=glu, half_rows=half, v=f.v if M > 1 else 0,
