@@ -110,6 +110,7 @@ __global__ void __launch_bounds__(DX_THREADS, 1) ssmm_dx_kernel(const DxArgs p) 
 
     // ---- the work item: prefix sum of the experts' row tiles, DX_THREADS experts a pass
     if (tid == 0) s_item[0] = -1;
+    __syncthreads();  // (E == 0: no pass below, every CTA zeroes)
     int64_t tiles = 0;  // row tiles of all experts (after the loop)
     for (int e0 = 0; e0 < p.E; e0 += DX_THREADS) {
         const int e = e0 + tid;
@@ -404,11 +405,12 @@ extern "C" sam_status sam_ssmm_dx_cuda(const sam_ssmm_dx_params *ps, void *strea
                   "of 8 (got %lld)", (long long)ps->ldo);
         return SAM_STATUS_UNSUPPORTED;
     }
-    if (f.m > 1 && ps->idx == nullptr) {
+    if (f.m > 1 && ps->idx == nullptr && d.E > 0) {
         set_error("ssmm_dx: format 1:%d:%d needs idx", f.m, f.v);
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    if (d.E == 0 || ps->S == 0 || d.C == 0) return SAM_STATUS_OK;
+    // (E == 0 still launches: every row is outside [offsets[0], offsets[E]) and is zeroed)
+    if (ps->S == 0 || d.C == 0) return SAM_STATUS_OK;
 
     DxArgs a;
     a.dy = ps->dy;

@@ -137,6 +137,19 @@ def test_cuda_invalid_token_reads_as_a_zero_row_and_outside_rows_are_zero():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["samoyeds-1:2:64", "2:4"])
+def test_cuda_no_experts_zeroes_every_row(fmt):
+    """E = 0 (offsets of one entry): every row is owned by no expert and written as 0, as the
+    C reference does."""
+    p = sm.pack(torch.randn(0, 64, 128).to(torch.bfloat16), fmt).to("cuda")
+    out = torch.full((5, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ssmm_dx(torch.randn(5, 64, dtype=torch.bfloat16, device="cuda"), p,
+            torch.zeros(1, dtype=torch.int32, device="cuda"), out=out)
+    torch.cuda.synchronize()
+    assert not out.any() and torch.isfinite(out).all()
+
+
+@pytest.mark.gpu
 def test_cuda_row_strides():
     """dy with a row stride (a slice of wider rows): the same bits as a contiguous copy."""
     gen = torch.Generator().manual_seed(5)
