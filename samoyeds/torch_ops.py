@@ -295,8 +295,10 @@ def _ssmm_dx_takes(dy: torch.Tensor, w: PackedWeight) -> bool:
     reference); on the GPU where its kernel takes the format, the shape and dy's rows."""
     if not dy.is_cuda:
         return True
+    # the row stride as the binding takes it (csrc/args.c): one row (or none) has its width
+    ld = dy.stride(0) if dy.dim() == 2 and dy.shape[0] > 1 and dy.shape[1] > 0 else dy.shape[-1]
     return (dy.dtype in (torch.bfloat16, torch.float16) and ssmm_dx_supported(w) and dy.stride(-1) == 1
-            and (dy.shape[0] <= 1 or dy.stride(0) % 8 == 0) and dy.data_ptr() % 16 == 0)
+            and ld % 8 == 0 and dy.data_ptr() % 16 == 0)
 
 
 def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_ids: Optional[torch.Tensor],

@@ -706,3 +706,33 @@ def test_ssmm_preact_is_the_plain_layouts_output(fmt, act):
         sm.ssmm(x, pw, r.offsets, r.token_ids, act="none", preact=pre)
     with pytest.raises(ValueError, match=r"^preact: "):
         sm.ssmm(x, pw, r.offsets, r.token_ids, act=act, preact=torch.zeros(S, I))
+
+class _FakeCudaRows:
+    """What _ssmm_dx_takes reads of a CUDA dy (shape, strides, address, dtype), on the CPU."""
+    is_cuda = True
+    dtype = torch.bfloat16
+
+    def __init__(self, shape, stride, ptr=256):
+        self.shape, self._stride, self._ptr = tuple(shape), tuple(stride), ptr
+
+    def dim(self):
+        return len(self.shape)
+
+    def stride(self, d=None):
+        return self._stride if d is None else self._stride[d]
+
+    def data_ptr(self):
+        return self._ptr
+
+
+@pytest.mark.parametrize("shape,stride,ptr,takes", [
+    ((3, 40), (40, 1), 256, True), ((3, 36), (40, 1), 256, True), ((3, 36), (36, 1), 256, False),
+    ((1, 36), (36, 1), 256, False),   # one row: the binding takes its width (36) as the stride
+    ((1, 36), (40, 1), 256, False), ((1, 40), (44, 1), 256, True), ((3, 40), (40, 1), 264, False),
+])
+def test_ssmm_dx_takes_what_the_binding_takes_on_the_gpu(shape, stride, ptr, takes):
+    """The GPU gate of _matmul_w mirrors csrc/args.c's row stride (one row: its width), so a
+    dy the binding would refuse falls back instead of raising."""
+    from samoyeds import torch_ops as to
+    pw = sm.pack(torch.randn(2, shape[1], 64), "samoyeds-1:2:128")
+    assert to._ssmm_dx_takes(_FakeCudaRows(shape, stride, ptr), pw) is takes
