@@ -1,6 +1,6 @@
 """Training benchmark of the MoE experts: forward + backward through samoyeds' own autograd
-(samoyeds.moe_forward with the packed values as nn.Parameters: ssmm forward, ssmm on the
-transposed packing for dX, ssmm_dw for the packed weight gradients) against transformers'
+(samoyeds.moe_forward with the packed values as nn.Parameters: ssmm forward, ssmm_dx on the
+forward's packing for dX, ssmm_dw for the packed weight gradients) against transformers'
 experts module with the "grouped_mm" implementation (torch grouped matmuls and their autograd,
 dense bf16 weights), on the same routing, at the five models' shapes.
 
@@ -26,9 +26,11 @@ token id; down: sorted rows with the routing scale).
 --breakdown (--only-breakdown: nothing else but the dW kernel timing unless --no-kernel) times
 every stage of samoyeds' layer forward and backward separately on the same inputs
 (breakdown_stages: routing, each ssmm (gate_up writes h and the pre-activation), combine; in the backward
-the routing recompute, the transposed-packing refreshes, each ssmm for dX, each ssmm_dw, the
-GLU backward, the bias and routing-weight gradients, combine), the composed ops' totals
-(op_total) and the autograd forward + backward, one table per case and rows under "breakdown".
+the routing recompute, each ssmm_dx for dX, each ssmm_dw, the GLU backward, the bias and
+routing-weight gradients, combine), beside them (group dx_transposed, outside the sums) dX the
+way it ran before ssmm_dx: the transposed-packing refreshes and ssmm on the transposed packing,
+the composed ops' totals (op_total) and the autograd forward + backward, one table per case and
+rows under "breakdown".
 
 Writes train.json (command, commit, device, versions in "env").
 """
@@ -342,8 +344,6 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         ("route", lambda: sm.gather_weights(w.detach().contiguous(), sm.route(idx.contiguous(), E))),
         ("glu_recompute", lambda: sm.glu(preact[:, :I], preact[:, I:], act=m.act, alpha=alpha, limit=limit)),
         ("gather_dout", lambda: dout.index_select(0, r.token_ids)),
-        ("transposed_refresh_down", refresh(dn.values, dn.transposed) if dn.transposable else None),
-        ("transposed_refresh_gate_up", refresh(gu.values, gu.transposed) if gu.transposable else None),
         ("ssmm_dw_down", lambda: _ssmm_dw(g, h, dn, r.offsets, None, ws)),
         ("down_bias_sum", (lambda: to._segment_sum(g.float() * ws[:, None], r.offsets)) if dnb is not None else None),
         ("ssmm_dx_down", lambda: to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)),
@@ -354,6 +354,16 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         ("ssmm_dw_gate_up", lambda: _ssmm_dw(dpre_x, xd, gu, r.offsets, r.token_ids)),
         ("ssmm_dx_gate_up", lambda: to._matmul_w(dpre_x, gu, r.offsets, None, None, S)),
         ("combine", lambda: sm.combine(dxs, r.pos, dtype=xdt)),
+    ]
+    # dX the way the backward ran it before ssmm_dx (group "dx_transposed", not in the stage
+    # sums): the refresh of the transposed packing an optimizer step causes, then ssmm on it
+    alt = [
+        ("transposed_refresh_down", refresh(dn.values, dn.transposed) if dn.transposable else None),
+        ("dx_transposed_down", (lambda: to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S, "transposed"))
+         if dn.transposable else None),
+        ("transposed_refresh_gate_up", refresh(gu.values, gu.transposed) if gu.transposable else None),
+        ("dx_transposed_gate_up", (lambda: to._matmul_w(dpre_x, gu, r.offsets, None, None, S, "transposed"))
+         if gu.transposable else None),
     ]
     n, mm, v = gu.fmt.c_args()
     _, gr, gc = gu.shape3
@@ -368,7 +378,7 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         ("fwd_bwd", "autograd", lambda: fwd_bwd(m, x, idx, w, gout)),
     ]
     return ([("fwd", s, f) for s, f in fwd if f is not None] + [("bwd", s, f) for s, f in bwd if f is not None]
-            + total)
+            + [("dx_transposed", s, f) for s, f in alt if f is not None] + total)
 
 
 def bench_breakdown(name, tokens, fmt, device, dtype, tiny, seed) -> list:
@@ -415,11 +425,11 @@ def bench_breakdown(name, tokens, fmt, device, dtype, tiny, seed) -> list:
 def _print_breakdown(case) -> None:
     r0 = case[0]
     print(f"\n{r0['model']} T={r0['T']} (H={r0['H']} I={r0['I']} E={r0['E']} K={r0['K']} {r0['format']})")
-    print(f"  {'group':<8} {'stage':<28} {'ms':>9} {'share':>7}")
+    print(f"  {'group':<13} {'stage':<28} {'ms':>9} {'share':>7}")
     for r in case:
         ms = f"{r['ms']:9.3f}" if "ms" in r else f"{'-':>9}"
         share = f"{100 * r['share']:6.1f}%" if "share" in r else f"{'':>7}"
-        print(f"  {r['group']:<8} {r['stage']:<28} {ms} {share}" + (f"  [{r['error']}]" if "error" in r else ""),
+        print(f"  {r['group']:<13} {r['stage']:<28} {ms} {share}" + (f"  [{r['error']}]" if "error" in r else ""),
               flush=True)
 
 

@@ -229,3 +229,89 @@ PyObject *sam_py_ssmm_dw(PyObject *module, PyObject *args, PyObject *kw)
     return sam_run_op(&ssmm_dw_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
 }
 
+
+/* ---- ssmm_dx: the gradient of an ssmm with respect to its input, from the forward's packing ------ */
+/*
+ * out[s][c] = scale[s] * sum_r dy[token_ids[s]][r] * W_e[r][c] for the sorted rows s of expert e
+ * (cuda/samoyeds_cuda.h, sam_ssmm_dx_params); rows outside the offsets' ranges 0.
+ */
+enum { X_E, X_RP, X_CP2, X_MR, X_MC, X_SL, X_T, X_R, X_E1, X_S, X_C };
+enum { G_VALUES, G_META, G_IDX, G_DY, G_OFFSETS, G_OUT, G_TOKEN_IDS, G_SCALE, G_COUNT };
+
+static const sam_arg_spec ssmm_dx_args[] = {
+    SAM_PACKED_SPECS("", SAM_ARG_HALF_GPU, -1, 0, X_E, X_RP, X_CP2, X_MR, X_MC, X_SL),
+    [G_DY] = {"dy", 0, 2, {SAM_VAR(X_T), SAM_VAR(X_R)}, SAM_ARG_ROWS | SAM_ARG_LIKE, G_VALUES, 16, 8},
+    [G_OFFSETS] = {"offsets", SAM_DT(SAM_I32), 1, {SAM_VAR(X_E1)}, SAM_ARG_CONTIG, -1, 0, 0},
+    [G_OUT] = {"out", 0, 2, {SAM_VAR(X_S), SAM_VAR(X_C)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_LIKE, G_DY, 16, 8},
+    [G_TOKEN_IDS] = {"token_ids", SAM_DT(SAM_I32), 1, {SAM_VAR(X_S)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
+    [G_SCALE] = {"scale", SAM_DT(SAM_F32), 1, {SAM_VAR(X_S)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
+};
+
+typedef struct ssmm_dx_ctx {
+    sam_format f;
+    int64_t rows, cols;
+    sam_ssmm_dx_params p;
+} ssmm_dx_ctx;
+
+static int ssmm_dx_derive(sam_op_call *c, void *vctx)
+{
+    ssmm_dx_ctx *x = vctx;
+    sam_dims d;
+    if (sam_arg_dims(x->f, c->t[G_VALUES].shape[0], x->rows, x->cols, "rows", "cols", &d) < 0) return -1;
+    sam_op_bind_packed(c, &d, X_E, X_RP, X_CP2, X_MR, X_MC, X_SL);
+    sam_op_bind(c, X_R, d.R);
+    sam_op_bind(c, X_C, d.C);
+    sam_op_bind(c, X_E1, d.E + 1);
+    x->p.d = d;
+    return 0;
+}
+
+static int ssmm_dx_check(sam_op_call *c, void *vctx)
+{
+    ssmm_dx_ctx *x = vctx;
+    sam_ssmm_dx_params *p = &x->p;
+    const sam_tensor *t = c->t;
+    p->dy = t[G_DY].data;
+    p->T = t[G_DY].shape[0];
+    p->lddy = c->ld[G_DY];
+    p->dtype = t[G_DY].dtype;
+    p->values = t[G_VALUES].data;
+    p->meta = (const uint32_t *)t[G_META].data;
+    p->idx = t[G_IDX].present ? (const uint8_t *)t[G_IDX].data : NULL;
+    p->f = x->f;
+    p->offsets = (const int32_t *)t[G_OFFSETS].data;
+    p->token_ids = t[G_TOKEN_IDS].present ? (const int32_t *)t[G_TOKEN_IDS].data : NULL;
+    p->S = t[G_OUT].shape[0];
+    p->scale = t[G_SCALE].present ? (const float *)t[G_SCALE].data : NULL;
+    p->out = t[G_OUT].data;
+    p->ldo = c->ld[G_OUT];
+    return 0;
+}
+
+SAM_OP_RUN_PARAMS(ssmm_dx_run, ssmm_dx_ctx, sam_ssmm_dx_ref, sam_ssmm_dx_cuda)
+
+static const sam_op ssmm_dx_op = {"ssmm_dx", ssmm_dx_args, G_COUNT, ssmm_dx_derive, ssmm_dx_check, ssmm_dx_run};
+
+/* ssmm_dx(out, dy, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None) */
+PyObject *sam_py_ssmm_dx(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"out", "dy", "values", "meta", "idx", "offsets", "token_ids", "rows", "cols",
+                             "n", "m", "v", "glu", "scale", "stream", NULL};
+    PyObject *o[G_COUNT] = {NULL}, *o_stream = Py_None;
+    long long rows, cols;
+    int n, m, v, glu;
+    ssmm_dx_ctx x;
+    memset(&x, 0, sizeof x);
+    o[G_SCALE] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|OO:ssmm_dx", kwlist, &o[G_OUT], &o[G_DY],
+                                     &o[G_VALUES], &o[G_META], &o[G_IDX], &o[G_OFFSETS], &o[G_TOKEN_IDS], &rows,
+                                     &cols, &n, &m, &v, &glu, &o[G_SCALE], &o_stream))
+        return NULL;
+    if (sam_arg_range("rows", rows, 0, INT32_MAX, "0 <= rows < 2**31") < 0 ||
+        sam_arg_range("cols", cols, 0, INT32_MAX, "0 <= cols < 2**31") < 0 ||
+        sam_arg_format(n, m, v, glu, &x.f) < 0)
+        return NULL;
+    x.rows = rows;
+    x.cols = cols;
+    return sam_run_op(&ssmm_dx_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
+}

@@ -258,6 +258,9 @@ static PyMethodDef sam_methods[] = {
     {"ssmm_dw", (PyCFunction)(void (*)(void))sam_py_ssmm_dw, METH_VARARGS | METH_KEYWORDS,
      "ssmm_dw(out, dy, x, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None): "
      "the gradient of an ssmm with respect to the packed values, in their layout."},
+    {"ssmm_dx", (PyCFunction)(void (*)(void))sam_py_ssmm_dx, METH_VARARGS | METH_KEYWORDS,
+     "ssmm_dx(out, dy, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None): "
+     "the gradient of an ssmm with respect to its input, from the forward's packing (no transposed copy)."},
     {"dense_decode", (PyCFunction)(void (*)(void))sam_py_dense_decode, METH_VARARGS | METH_KEYWORDS,
      "dense_decode(out, x, w, up=None, act=0, alpha=1.702, limit=7.0, weights_ready=False, stream=None)."},
     {"glu", (PyCFunction)(void (*)(void))sam_py_glu, METH_VARARGS | METH_KEYWORDS,

@@ -32,6 +32,7 @@ PyObject *sam_py_format_pack(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_format_unpack(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw);           /* bind_ssmm.c */
 PyObject *sam_py_ssmm_dw(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *sam_py_ssmm_dx(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_dense_decode(PyObject *module, PyObject *args, PyObject *kw);   /* bind_dense.c */
 PyObject *sam_py_glu(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_glu_backward(PyObject *module, PyObject *args, PyObject *kw);

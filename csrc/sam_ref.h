@@ -168,6 +168,8 @@ sam_status sam_format_check_ref(const uint32_t *meta, const uint8_t *idx, sam_fo
 sam_status sam_ssmm_ref(const sam_ssmm_params *p);
 /* The weight gradient in the packed layout (sam_ssmm_dw_params in cuda/samoyeds_cuda.h). */
 sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p);
+/* The input gradient from the forward's packing (sam_ssmm_dx_params in cuda/samoyeds_cuda.h). */
+sam_status sam_ssmm_dx_ref(const sam_ssmm_dx_params *p);
 
 /* ---- dense weights (csrc/dense_ref.c): same params struct as the CUDA launcher ---- */
 

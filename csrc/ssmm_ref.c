@@ -22,7 +22,7 @@
  * and their token ids (inside x's T rows): checked before anything is written.  Sets
  * *first and *last (offsets[0], offsets[E]). */
 static sam_status check_rows(const int32_t *offsets, const int32_t *token_ids, int64_t E, int64_t S, int64_t T,
-                             const char *what, int32_t *first, int32_t *last)
+                             const char *what, const char *src, int32_t *first, int32_t *last)
 {
     *first = sam_ld_i32(offsets, 0);
     *last = sam_ld_i32(offsets, E);
@@ -45,8 +45,8 @@ static sam_status check_rows(const int32_t *offsets, const int32_t *token_ids, i
     for (int64_t s = *first; s < *last; s++) {
         int64_t t = token_ids ? sam_ld_i32(token_ids, s) : s;
         if (t < 0 || t >= T) {
-            sam_ref_set_error("token_ids: token_ids[%lld] = %lld is outside x's %lld rows",
-                              (long long)s, (long long)t, (long long)T);
+            sam_ref_set_error("token_ids: token_ids[%lld] = %lld is outside %s's %lld rows",
+                              (long long)s, (long long)t, src, (long long)T);
             return SAM_STATUS_INVALID_ARGUMENT;
         }
     }
@@ -91,7 +91,7 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
 
     /* offsets and token ids first: nothing is written unless all are valid */
     int32_t first, last;
-    const sam_status rows_ok = check_rows(p->offsets, p->token_ids, E, p->S, p->T, "out", &first, &last);
+    const sam_status rows_ok = check_rows(p->offsets, p->token_ids, E, p->S, p->T, "out", "x", &first, &last);
     if (rows_ok != SAM_STATUS_OK) return rows_ok;
     if (last == first) return SAM_STATUS_OK;
     /* the packed arrays as unpack takes them: out-of-range or unordered row indices and
@@ -174,7 +174,7 @@ sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p)
     const int64_t half = cp / 2;
 
     int32_t first, last;
-    const sam_status rows_ok = check_rows(p->offsets, p->token_ids, E, p->S, p->T, "dy", &first, &last);
+    const sam_status rows_ok = check_rows(p->offsets, p->token_ids, E, p->S, p->T, "dy", "x", &first, &last);
     if (rows_ok != SAM_STATUS_OK) return rows_ok;
     if (last > first) {
         const sam_status valid = sam_format_check_ref(p->meta, p->idx, f, d);
@@ -220,5 +220,82 @@ sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p)
         for (int64_t k = 0; k < nv; k++) sam_store_f32(p->out, p->dtype, e * nv + k, acc[k]);
     }
     free(acc); free(cols); free(rowof); free(xf); free(gf);
+    return SAM_STATUS_OK;
+}
+
+/*
+ * The input gradient of an ssmm from the forward's packing (cuda/samoyeds_cuda.h,
+ * sam_ssmm_dx_params): for every sorted row s of expert e and column c,
+ *     out[s][c] = scale[s] * sum_r dy[t][r] * W_e[r][c]
+ * fp32, one rounding; rows outside [offsets[0], offsets[E]) written as 0.
+ *
+ * Work per expert: the storage rows are decoded once into (row per slice, column per
+ * value) lists and their values into fp32; then every sorted row scatters, storage row by
+ * storage row and slice by slice, dy[t][orig row] times the kept values into an fp32
+ * accumulator of its columns (the contraction over the kept rows only, as the kernel's).
+ */
+sam_status sam_ssmm_dx_ref(const sam_ssmm_dx_params *p)
+{
+    const sam_format f = p->f;
+    const sam_dims *d = &p->d;
+    const int64_t R = d->R, C = d->C, cp = d->cp, rp = d->rp, E = d->E;
+    const int sel = sam_format_has_selection(f);
+    const int64_t V = sel ? f.v : (C > 0 ? C : 1);
+    const int64_t nslices = sel ? d->slices : 1;
+    const int64_t half = cp / 2;
+
+    int32_t first, last;
+    const sam_status rows_ok = check_rows(p->offsets, p->token_ids, E, p->S, p->T, "out", "dy", &first, &last);
+    if (rows_ok != SAM_STATUS_OK) return rows_ok;
+    if (last > first) {
+        const sam_status valid = sam_format_check_ref(p->meta, p->idx, f, d);
+        if (valid != SAM_STATUS_OK) return valid;
+    }
+
+    float *vals = (float *)malloc(sizeof(float) * (size_t)(rp * half + 1));
+    int32_t *cols = (int32_t *)malloc(sizeof(int32_t) * (size_t)(rp * half + 1));
+    int64_t *rowof = (int64_t *)malloc(sizeof(int64_t) * (size_t)(rp * nslices + 1));
+    float *gf = (float *)malloc(sizeof(float) * (size_t)(R + 1));
+    float *acc = (float *)malloc(sizeof(float) * (size_t)(C + 1));
+    if (!vals || !cols || !rowof || !gf || !acc) {
+        free(vals); free(cols); free(rowof); free(gf); free(acc);
+        sam_ref_set_error("out of memory for the input gradient of an expert of %lld x %lld", (long long)R,
+                          (long long)C);
+        return SAM_STATUS_INVALID_ARGUMENT;
+    }
+    const size_t es = p->dtype == SAM_F32 ? 4 : 2;
+    const int64_t nv = sam_values_per_expert(d);
+
+    /* the rows no expert owns: 0 */
+    for (int64_t s = 0; s < p->S; s++) {
+        if (s >= first && s < last) continue;
+        for (int64_t c = 0; c < C; c++) sam_store_f32(p->out, p->dtype, s * p->ldo + c, 0.0f);
+    }
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t s0 = sam_ld_i32(p->offsets, e), s1 = sam_ld_i32(p->offsets, e + 1);
+        if (s0 == s1) continue;
+        const char *ve = (const char *)p->values + e * nv * (int64_t)es;
+        decode_mask(p->meta, p->idx, f, d, e, nslices, rowof, cols);
+        for (int64_t k = 0; k < rp * half; k++) vals[k] = sam_load_f32(ve, p->dtype, k);
+        for (int64_t s = s0; s < s1; s++) {
+            const int64_t t = p->token_ids ? sam_ld_i32(p->token_ids, s) : s;
+            for (int64_t r = 0; r < R; r++) gf[r] = sam_load_f32(p->dy, p->dtype, t * p->lddy + r);
+            for (int64_t c = 0; c < C; c++) acc[c] = 0.0f;
+            for (int64_t q = 0; q < rp; q++) {
+                for (int64_t j = 0; j < nslices; j++) {
+                    const int64_t r = rowof[q * nslices + j];
+                    if (r < 0) continue;
+                    const int64_t c0 = j * V, c1 = c0 + V < C ? c0 + V : C;
+                    const float g = gf[r];
+                    const float *vq = vals + q * half;
+                    const int32_t *cq = cols + q * half;
+                    for (int64_t k = c0 / 2; k < c1 / 2; k++) acc[cq[k]] += g * vq[k];
+                }
+            }
+            const float sc = p->scale ? sam_ld_f32(p->scale, s) : 1.0f;
+            for (int64_t c = 0; c < C; c++) sam_store_f32(p->out, p->dtype, s * p->ldo + c, acc[c] * sc);
+        }
+    }
+    free(vals); free(cols); free(rowof); free(gf); free(acc);
     return SAM_STATUS_OK;
 }

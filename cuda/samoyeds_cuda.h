@@ -275,6 +275,49 @@ typedef struct sam_ssmm_dw_params {
  * sam_ssmm_cuda; stream is a cudaStream_t. */
 sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *p, void *stream);
 
+/* ---- the input gradient of an ssmm, from the forward's packing (cuda/ssmm_dx.cu) ---- */
+
+/* For every expert e < E and sorted row s in [offsets[e], offsets[e+1]), every column c < C:
+ *     out[s][c] = scale[s] * sum over r < R of dy[t][r] * W_e[r][c]
+ * with t = token_ids[s] (or s), scale[s] = 1 when scale is NULL and W_e the masked dense
+ * weight the packed arrays describe (docs/FORMAT.md: values, meta, idx, the GLU interleave;
+ * dy's columns are the weight's logical rows, gate rows then up rows for a GLU weight).
+ * Accumulated in fp32, the scale applied to the sum, rounded once to dtype.  The sum runs
+ * over the kept values only: storage row p of slice j holds original row orig(p, j), so
+ *     out[s][c] = scale[s] * sum over storage rows p of dy[t][orig(p, c / V)] * Wc[p][c]
+ * (Wc: the storage rows decompressed to dense columns, zeros at the dropped 2:4 places).
+ * Every row s < S outside [offsets[0], offsets[E]) (placeholders) is written as 0 and its
+ * dy row is never read: the backward's elementwise steps read them.  Deterministic (no
+ * float atomics, a fixed order per entry).  The GPU kernel treats a token id outside
+ * [0, T) as a zero row of dy; the C reference refuses it (and bad offsets, meta and idx,
+ * as ssmm does) before writing anything. */
+typedef struct sam_ssmm_dx_params {
+    /* the upstream gradient: dy[T][lddy], d.R columns, row token_ids[s] (or s) */
+    const void *dy;
+    int64_t T;               /* rows of dy */
+    int64_t lddy;            /* elements between rows of dy (>= R; GPU: multiple of 8) */
+    sam_dtype dtype;         /* dy, values and out: SAM_BF16 or SAM_F16 (the C reference: also SAM_F32) */
+    /* the packed weight (the forward's: no transposed copy) */
+    const void *values;
+    const uint32_t *meta;
+    const uint8_t *idx;      /* NULL when f.n == f.m */
+    sam_format f;
+    sam_dims d;
+    /* routing: expert e owns sorted rows [offsets[e], offsets[e+1]) */
+    const int32_t *offsets;  /* [E+1], non-decreasing, offsets[E] <= S */
+    const int32_t *token_ids;/* [S] or NULL (identity: dy has the sorted rows) */
+    int64_t S;               /* rows of out (capacity of the sorted rows) */
+    const float *scale;      /* [S] multiplies the sums (the down projection's routing weights), or NULL */
+    /* output: out[S][ldo], d.C columns */
+    void *out;
+    int64_t ldo;             /* elements between rows of out (>= C; GPU: multiple of 8) */
+} sam_ssmm_dx_params;
+
+/* The CUDA launcher (cuda/ssmm_dx.cu): same status and error convention as sam_ssmm_cuda;
+ * stream is a cudaStream_t.  GPU: formats 2:4, 1:2:V, 1:4:V with V a multiple of 64,
+ * C a multiple of 8, dy and out 16-byte aligned. */
+sam_status sam_ssmm_dx_cuda(const sam_ssmm_dx_params *p, void *stream);
+
 /* ---- dense weights at a few tokens (cuda/dense_decode.cu) --------------------- */
 
 /* out[t][r] = act(x[t] @ w[r]^T, x[t] @ up[r]^T) for t < T, r < R, fp32 accumulation,

@@ -125,6 +125,58 @@ def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Op
     return out
 
 
+def ssmm_dx(dy: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
+            scale: Optional[Any] = None, out: Optional[Any] = None, *, stream: Optional[int] = None) -> Any:
+    """The gradient of :func:`ssmm` (``act="none"``) with respect to its input, from the
+    forward's own packing (no transposed copy of the weight).
+
+    For every expert ``e`` and sorted row ``s`` in ``[expert_offsets[e], expert_offsets[e+1])``::
+
+        out[s] = (dy[token_ids[s]] @ W_e) * scale[s]      fp32 accumulation, one rounding
+
+    summed over the kept values only (the storage rows of ``w``: half of ``W_e``'s rows at
+    1:2:V).  Rows of ``out`` outside the offsets' ranges (placeholders past
+    ``expert_offsets[E]``) are written as 0.  Deterministic.
+
+    Args:
+        dy: ``[T, R]`` upstream gradient (``R`` the weight's logical rows: gate rows then up
+           rows for a ``glu`` weight), w's dtype (bf16/fp16 on the GPU; also fp32 on the
+           CPU), rows of unit column stride, read by ``token_ids`` (or row ``s`` when None).
+        w: the packed weight ``[E, R, C]``, as the forward used it.
+        expert_offsets: ``[E+1]`` int32, as for :func:`ssmm`.
+        token_ids: ``[S]`` int32 or None.
+        scale: ``[S]`` float32 multiplying the rows' sums, or None.
+        out: ``[S, C]`` in dy's dtype (``S = len(token_ids)``, or ``T``); allocated if None.
+        stream: CUDA stream; None uses the producer's current stream.
+
+    The GPU kernel (cuda/ssmm_dx.cu) takes formats 2:4, 1:2:V and 1:4:V with V a multiple
+    of 64 and C a multiple of 8 (:func:`ssmm_dx_supported`).
+    """
+    if not isinstance(w, PackedWeight):
+        raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")
+    dy, scale = tensor_arg(dy, "dy"), for_c(scale)
+    token_ids = tensor_arg(token_ids, "token_ids", optional=True)
+    E, R, C = w.shape3
+    if out is None:
+        check_ndim(dy, "dy", 2)
+        S = token_ids.shape[0] if token_ids is not None else dy.shape[0]
+        out = empty(dy, (S, C), dtype_name(dy))
+    _C.ssmm_dx(out, dy, w.values, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(), scale=scale,
+               stream=stream if stream is not None else current_stream(dy))
+    return out
+
+
+def ssmm_dx_supported(w: PackedWeight) -> bool:
+    """Whether :func:`ssmm_dx`'s GPU kernel takes ``w``'s format and shape (2:4, 1:2:V or
+    1:4:V with V a multiple of 64; C a multiple of 8).  The C reference takes every format."""
+    f = w.fmt
+    if f.n == f.m:
+        ok = True
+    else:
+        ok = f.n == 1 and f.m in (2, 4) and f.v % 64 == 0
+    return ok and w.shape3[2] % 8 == 0
+
+
 def dense_decode(x: Any, w: Any, up: Optional[Any] = None, out: Optional[Any] = None, *, act: str = "none",
                  alpha: float = 1.702, limit: float = 7.0, weights_ready: bool = False,
                  stream: Optional[int] = None) -> Any:

@@ -26,7 +26,7 @@ from . import moe as _moe
 from ._array import check_ndim, check_shape
 from .ops import ACTS, dense_decode, glu, glu_backward
 from .format import SparseFormat
-from .ops import combine, gather_weights, route, ssmm, ssmm_dw
+from .ops import combine, gather_weights, route, ssmm, ssmm_dw, ssmm_dx, ssmm_dx_supported
 from .packed import PackedWeight
 
 __all__ = ["ACT_IDS", "act_id", "moe_backward", "moe_forward", "moe_forward_autograd", "moe_forward_eager",
@@ -283,12 +283,37 @@ def _segment_sum(rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return torch.segment_reduce(rows.float(), "sum", offsets=ext, axis=0)[:-1]
 
 
+#: How :func:`_matmul_w` multiplies by a packed weight (dX): ``"ssmm_dx"`` (the default: the
+#: forward's packing itself, :func:`samoyeds.ops.ssmm_dx`, no transposed copy) or
+#: ``"transposed"`` (:func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed`, cached and
+#: refreshed after every optimizer step; kept for comparisons).
+DX_PATHS = ("ssmm_dx", "transposed")
+
+
+def _ssmm_dx_takes(dy: torch.Tensor, w: PackedWeight) -> bool:
+    """Whether :func:`samoyeds.ops.ssmm_dx` runs this product: on the CPU always (the C
+    reference); on the GPU where its kernel takes the format, the shape and dy's rows."""
+    if not dy.is_cuda:
+        return True
+    # the row stride as the binding takes it (csrc/args.c): one row (or none) has its width
+    ld = dy.stride(0) if dy.dim() == 2 and dy.shape[0] > 1 and dy.shape[1] > 0 else dy.shape[-1]
+    return (dy.dtype in (torch.bfloat16, torch.float16) and ssmm_dx_supported(w) and dy.stride(-1) == 1
+            and ld % 8 == 0 and dy.data_ptr() % 16 == 0)
+
+
 def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_ids: Optional[torch.Tensor],
-              scale: Optional[torch.Tensor], rows: int) -> torch.Tensor:
+              scale: Optional[torch.Tensor], rows: int, path: str = "ssmm_dx") -> torch.Tensor:
     """``out[s] = (dy[token_ids[s]] @ W_e) * scale[s]`` for the sorted rows s of every expert
-    e (``[rows, C]``, dy's dtype; rows past offsets[E] 0): the gradient with
-    respect to an ssmm's input.  :func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed`
-    where the transpose is 2:4; else the masked dense weight in torch (fp32, one host sync)."""
+    e (``[rows, C]``, dy's dtype; rows past offsets[E] 0): the gradient with respect to an
+    ssmm's input.  ``path`` (:data:`DX_PATHS`): ``"ssmm_dx"`` runs
+    :func:`samoyeds.ops.ssmm_dx` on the forward's packing wherever it runs (the CPU; on the
+    GPU 2:4, 1:2:V and 1:4:V with V a multiple of 64), else, as ``"transposed"`` does,
+    :func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed` where the transpose is 2:4, else
+    the masked dense weight in torch (fp32, one host sync)."""
+    if path not in DX_PATHS:
+        raise ValueError(f"path: expected one of {DX_PATHS}, got {path!r}")
+    if path == "ssmm_dx" and _ssmm_dx_takes(dy, w):
+        return ssmm_dx(dy, w, offsets, token_ids, scale, out=dy.new_empty((rows, w.shape3[2])))
     if w.transposable:
         # zeros first: the rows past offsets[E] are read by the elementwise steps after this
         out = dy.new_zeros((rows, w.shape3[2]))
@@ -312,8 +337,10 @@ def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_id
 def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
                        gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v,
                        act, gate_up_bias, down_bias, alpha, limit, preact=None, grad_preact=None,
-                       needs=(1 << 6) - 1):
-    """The body of :func:`moe_backward` (samoyeds ops and elementwise torch)."""
+                       needs=(1 << 6) - 1, dx_path: str = "ssmm_dx"):
+    """The body of :func:`moe_backward` (samoyeds ops and elementwise torch).  ``dx_path``:
+    how the two dX products run (:data:`DX_PATHS`, :func:`_matmul_w`; the op always takes
+    the default)."""
     _check_logical(x, gate_up_rows, gate_up_cols, down_rows, down_cols)
     if act not in _ACT_NAMES:
         raise ValueError(f"act: expected 1 (swiglu) or 2 (gptoss), got {act}")
@@ -350,7 +377,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             res[5] = _segment_sum(g.float() * ws[:, None], r.offsets).to(down_bias.dtype)
         if needs & NEED_WEIGHTS:
             # d w[t, k] = <dout[t], h_s @ W_e^T + b_e> = <dout[t] @ W_e, h_s> + <dout[t], b_e>
-            dh_u = _matmul_w(dout, dn, r.offsets, r.token_ids, None, S)   # x's dtype; rows past offsets[E] garbage
+            dh_u = _matmul_w(dout, dn, r.offsets, r.token_ids, None, S, dx_path)   # x's dtype; rows past offsets[E] 0
             dws = (dh_u.float() * h.float()).sum(1)
             if down_bias is not None:
                 eid = torch.searchsorted(r.offsets[1:].to(torch.int64),
@@ -361,7 +388,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
                 top_k_weights.shape)
             dh, dh_scale = dh_u, ws
         elif need_pre:
-            dh, dh_scale = _matmul_w(dout, dn, r.offsets, r.token_ids, ws, S), None
+            dh, dh_scale = _matmul_w(dout, dn, r.offsets, r.token_ids, ws, S, dx_path), None
         if need_pre:
             # one pass (samoyeds.ops.glu_backward: _glu_backward's arithmetic, the routing weights
             # applied first, the rows past offsets[E] 0); fp32 where more is added or summed
@@ -379,7 +406,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
         if needs & NEED_GATE_UP:
             res[2] = ssmm_dw(dpre_x, x, gu, r.offsets, r.token_ids)
         if needs & NEED_X:
-            res[0] = combine(_matmul_w(dpre_x, gu, r.offsets, None, None, S), r.pos, dtype=xdt)
+            res[0] = combine(_matmul_w(dpre_x, gu, r.offsets, None, None, S, dx_path), r.pos, dtype=xdt)
     return tuple(res)
 
 

@@ -21,7 +21,7 @@ import pytest
 import samoyeds as sm
 from samoyeds import _C
 from samoyeds.moe import moe_forward
-from samoyeds.ops import ssmm_dw
+from samoyeds.ops import ssmm_dw, ssmm_dx
 
 CALLS, WARMUP = 10_000, 1_000
 RSS_TOL = 4 << 20
@@ -67,6 +67,7 @@ def _entry_points():
         "unpack": lambda: sm.unpack(p),
         "ssmm": lambda: sm.ssmm(x, p, rt.offsets, rt.token_ids),
         "ssmm_dw": lambda: ssmm_dw(dy, x, p, rt.offsets, rt.token_ids),
+        "ssmm_dx": lambda: ssmm_dx(g, p, rt.offsets, rt.token_ids),
         "route": lambda: sm.route(topk, 2),
         "gather_weights": lambda: sm.gather_weights(tw, rt),
         "combine": lambda: sm.combine(y, rt.pos),
@@ -80,6 +81,8 @@ def _entry_points():
         "ssmm_bad_idx": raises(lambda: sm.ssmm(x, bad, rt.offsets, rt.token_ids)),
         "ssmm_dw_bad_idx": raises(lambda: ssmm_dw(dy, x, bad, rt.offsets, rt.token_ids)),
         "ssmm_dw_bad_dtype": raises(lambda: ssmm_dw(dy.astype(np.float16), x, p, rt.offsets, rt.token_ids)),
+        "ssmm_dx_bad_idx": raises(lambda: ssmm_dx(g, bad, rt.offsets, rt.token_ids)),
+        "ssmm_dx_bad_dtype": raises(lambda: ssmm_dx(g.astype(np.float16), p, rt.offsets, rt.token_ids)),
         "ssmm_bad_dtype": raises(lambda: sm.ssmm(x.astype(np.float16), p, rt.offsets, rt.token_ids)),
         "ssmm_bad_shape": raises(lambda: _C.ssmm(np.zeros((6, 16), np.float32), x, p.values, p.meta, p.idx,
                                                  rt.offsets[:-1], rt.token_ids, 16, 64, 3, 8, 32, False)),

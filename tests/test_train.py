@@ -462,6 +462,142 @@ def test_moe_forward_with_grad_refuses_out():
         sm.moe_forward(x.requires_grad_(), ids, w, gu, dn, out=torch.empty(3, 64))
 
 
+# ---- ssmm_dx: dX from the forward's packing ---------------------------------------------------------------------
+
+def ssmm_dx_oracle(dy, pw, offsets, token_ids, scale, S):
+    """float64 [S, C]: (dy[tok(s)] @ W_e) * scale[s] for the routed rows, 0 elsewhere."""
+    E, R, C = pw.shape3
+    dense = sm.unpack(pw.to("cpu")).double().reshape(E, R, C)
+    out = torch.zeros(S, C, dtype=torch.float64)
+    off = offsets.cpu().tolist()
+    for e in range(E):
+        rows = torch.arange(off[e], off[e + 1])
+        if rows.numel() == 0:
+            continue
+        src = dy[token_ids.cpu()[rows].long()] if token_ids is not None else dy[rows]
+        y = src.double().cpu() @ dense[e]
+        out[rows] = y * (scale.cpu()[rows].double()[:, None] if scale is not None else 1)
+    return out
+
+
+DX_SHAPES = [  # fmt, glu, R, C
+    ("samoyeds-1:2:128", True, 40, 200), ("samoyeds-1:4:64", False, 12, 136), ("2:4", False, 20, 64),
+    ("samoyeds-1:2:64", True, 136, 72), ("2:4", True, 36, 44), ("samoyeds-2:3:64", False, 18, 72),
+]
+
+
+@pytest.mark.parametrize("fmt,glu,R,C", DX_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gathered", [False, True])
+def test_ssmm_dx_matches_a_float64_oracle(fmt, glu, R, C, dtype, gathered):
+    from samoyeds.ops import ssmm_dx
+    gen = torch.Generator().manual_seed(R + C)
+    E, T, K = 4, 9, 2
+    pw = sm.pack(torch.randn(E, R, C, generator=gen).to(dtype), fmt, glu=glu)
+    ids = torch.randint(0, E + 1, (T, K), generator=gen)      # E: placeholders
+    ids[ids == 2] = 1                                         # expert 2: no rows
+    r = sm.route(ids, E)
+    S, routed = T * K, int(r.offsets[-1])
+    scale = torch.rand(S, generator=gen) if gathered else None
+    if gathered:   # dout read through the token ids (the down projection's dX)
+        dy, tok = torch.randn(T, R, generator=gen).to(dtype), r.token_ids
+    else:          # the sorted rows themselves (gate_up's dX); rows past offsets[E] never read
+        dy, tok = torch.randn(S, R, generator=gen).to(dtype), None
+        dy[routed:] = float("nan")
+    out = torch.full((S, C), float("nan"), dtype=dtype)
+    assert ssmm_dx(dy, pw, r.offsets, tok, scale, out=out) is out
+    assert not out.isnan().any(), "every entry written"
+    assert not out[routed:].any(), "rows past offsets[E] written as 0"
+    want = ssmm_dx_oracle(dy, pw, r.offsets, tok, scale, S)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5 if dtype == torch.float32 else 1e-2,
+                               atol=1e-5 if dtype == torch.float32 else 3e-2)
+    assert torch.equal(ssmm_dx(dy, pw, r.offsets, tok, scale), out)
+
+
+@pytest.mark.parametrize("fmt,glu,R,C", [s for s in DX_SHAPES if sm.SparseFormat.parse(s[0]).m >= 2
+                                         and 2 * sm.SparseFormat.parse(s[0]).n <= sm.SparseFormat.parse(s[0]).m])
+def test_ssmm_dx_equals_the_transposed_path(fmt, glu, R, C):
+    from samoyeds import torch_ops as to
+    gen = torch.Generator().manual_seed(7)
+    E, T, K = 3, 11, 2
+    pw = sm.pack(torch.randn(E, R, C, generator=gen), fmt, glu=glu)
+    assert pw.transposable
+    r = sm.route(torch.randint(-1, E + 1, (T, K), generator=gen), E)
+    dy, scale = torch.randn(T, R, generator=gen), torch.rand(T * K, generator=gen)
+    got = to._matmul_w(dy, pw, r.offsets, r.token_ids, scale, T * K)
+    want = to._matmul_w(dy, pw, r.offsets, r.token_ids, scale, T * K, path="transposed")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"^path: expected one of"):
+        to._matmul_w(dy, pw, r.offsets, r.token_ids, scale, T * K, path="dense")
+
+
+def test_ssmm_dx_zero_tokens_and_rows_no_expert_owns():
+    from samoyeds.ops import ssmm_dx
+    pw = sm.pack(torch.randn(2, 16, 64), "samoyeds-1:2:64", glu=True)
+    out = ssmm_dx(torch.randn(0, 16), pw, torch.zeros(3, dtype=torch.int32))
+    assert out.shape == (0, 64)
+    # offsets[0] > 0 and offsets[E] < S: the rows outside are 0, the others the oracle's
+    off = torch.tensor([1, 3, 4], dtype=torch.int32)
+    dy = torch.randn(6, 16)
+    got = ssmm_dx(dy, pw, off, out=torch.full((6, 64), float("nan")))
+    assert not got[0].any() and not got[4:].any()
+    torch.testing.assert_close(got.double(), ssmm_dx_oracle(dy, pw, off, None, None, 6), rtol=1e-5, atol=1e-5)
+
+
+def test_moe_backward_takes_either_dx_path():
+    from samoyeds import torch_ops as to
+    x, ids, w, gu, dn, gub, dnb = make_case(13, 2, 4, 64, 24, "samoyeds-1:2:128", torch.float32, True, seed=4)
+    go = torch.randn(x.shape)
+    n, m, v = gu.fmt.c_args()
+    args = (go, x, ids, w, gu.values, gu.meta, gu.idx, gu.rows, gu.cols, dn.values, dn.meta, dn.idx, dn.rows,
+            dn.cols, n, m, v, to.act_id("swiglu"), gub, dnb, 1.702, 7.0)
+    a = to.moe_backward_eager(*args)
+    b = to.moe_backward_eager(*args, dx_path="transposed")
+    for ga, gb in zip(a, b):
+        torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-5)
+
+
+def _dx_args(**over):
+    pw = sm.pack(torch.randn(2, 16, 64), "samoyeds-1:2:64", glu=True)
+    a = dict(out=torch.empty(4, 64), dy=torch.randn(3, 16), values=pw.values, meta=pw.meta, idx=pw.idx,
+             offsets=torch.tensor([0, 2, 4], dtype=torch.int32),
+             token_ids=torch.tensor([0, 1, 2, 0], dtype=torch.int32), rows=16, cols=64, n=1, m=2, v=64, glu=True)
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("over,exc,pattern", [
+    (dict(dy=torch.randn(3, 16, dtype=torch.float64)), TypeError, r"^dy: expected dtype float32"),
+    (dict(out=torch.empty(4, 64, dtype=torch.bfloat16)), TypeError, r"^out: expected dtype float32"),
+    (dict(out=torch.empty(4, 60)), ValueError, r"^out: expected shape \(4, 64\)"),
+    (dict(dy=torch.randn(3, 18)), ValueError, r"^dy: expected shape \(3, 16\)"),
+    (dict(offsets=torch.tensor([0, 2, 4])), TypeError, r"^offsets: expected dtype int32"),
+    (dict(offsets=torch.tensor([0, 3, 2], dtype=torch.int32)), ValueError, r"^ssmm_dx: offsets: offsets\[2\]"),
+    (dict(offsets=torch.tensor([0, 2, 5], dtype=torch.int32)), ValueError, r"^ssmm_dx: offsets: offsets\[E\] = 5"),
+    (dict(token_ids=torch.tensor([0, 1, 3, 0], dtype=torch.int32)), ValueError,
+     r"^ssmm_dx: token_ids: token_ids\[2\] = 3 is outside dy's 3 rows"),
+    (dict(token_ids=torch.tensor([0, 1, 2], dtype=torch.int32)), ValueError, r"^token_ids: expected shape \(4,\)"),
+    (dict(scale=torch.ones(4, dtype=torch.float64)), TypeError, r"^scale: expected dtype float32"),
+    (dict(idx=None), TypeError, r"^idx: expected a tensor \(the format selects rows"),
+    (dict(rows=15), ValueError, r"^rows: expected an even row count"),
+    (dict(cols=62), ValueError, r"^cols: expected a column count that is a multiple of 4"),
+    (dict(values="nope"), TypeError, r"^values: "),
+])
+def test_ssmm_dx_names_the_bad_argument(over, exc, pattern):
+    a = _dx_args(**over)
+    with pytest.raises(exc, match=pattern):
+        sm._C.ssmm_dx(**a)
+
+
+def test_ssmm_dx_refuses_an_output_that_overlaps_an_input():
+    a = _dx_args()
+    big = torch.randn(4 * 64 + 64)
+    a["out"] = big[:4 * 64].view(4, 64)
+    a["dy"] = big[4 * 64 - 16:4 * 64 + 32].view(3, 16)
+    with pytest.raises(ValueError, match=r"^out: expected an output that shares no memory with dy"):
+        sm._C.ssmm_dx(**a)
+
+
 # ---- on the GPU (the CUDA kernels; ssmm_dw's from cuda/ssmm_dw.cu) -----------------------------------------
 
 @pytest.mark.gpu
@@ -570,3 +706,33 @@ def test_ssmm_preact_is_the_plain_layouts_output(fmt, act):
         sm.ssmm(x, pw, r.offsets, r.token_ids, act="none", preact=pre)
     with pytest.raises(ValueError, match=r"^preact: "):
         sm.ssmm(x, pw, r.offsets, r.token_ids, act=act, preact=torch.zeros(S, I))
+
+class _FakeCudaRows:
+    """What _ssmm_dx_takes reads of a CUDA dy (shape, strides, address, dtype), on the CPU."""
+    is_cuda = True
+    dtype = torch.bfloat16
+
+    def __init__(self, shape, stride, ptr=256):
+        self.shape, self._stride, self._ptr = tuple(shape), tuple(stride), ptr
+
+    def dim(self):
+        return len(self.shape)
+
+    def stride(self, d=None):
+        return self._stride if d is None else self._stride[d]
+
+    def data_ptr(self):
+        return self._ptr
+
+
+@pytest.mark.parametrize("shape,stride,ptr,takes", [
+    ((3, 40), (40, 1), 256, True), ((3, 36), (40, 1), 256, True), ((3, 36), (36, 1), 256, False),
+    ((1, 36), (36, 1), 256, False),   # one row: the binding takes its width (36) as the stride
+    ((1, 36), (40, 1), 256, False), ((1, 40), (44, 1), 256, True), ((3, 40), (40, 1), 264, False),
+])
+def test_ssmm_dx_takes_what_the_binding_takes_on_the_gpu(shape, stride, ptr, takes):
+    """The GPU gate of _matmul_w mirrors csrc/args.c's row stride (one row: its width), so a
+    dy the binding would refuse falls back instead of raising."""
+    from samoyeds import torch_ops as to
+    pw = sm.pack(torch.randn(2, shape[1], 64), "samoyeds-1:2:128")
+    assert to._ssmm_dx_takes(_FakeCudaRows(shape, stride, ptr), pw) is takes
