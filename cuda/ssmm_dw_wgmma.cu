@@ -143,6 +143,14 @@ template <int M, int NSL> struct DwgCfg {
     static_assert(SMEM <= 227 * 1024, "shared memory");
 };
 
+// dy's candidates by cp.async.ca (through L1): for M > 1 a thread's pieces c and c + 1 are
+// the two halves of one 32-byte sector, each copy asking for 16 of its bytes; through L1 the
+// second finds the sector the first allocated (as the ld.global.nc of the register gather
+// did), where .cg (L1 bypassed) would move every sector from L2 twice.
+__device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid) {
     int n = valid ? 4 : 0;
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
@@ -259,7 +267,7 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
 #pragma unroll
                         for (int c = 0; c < M; c++) {
                             const bool ok = tv && ((u_rowok >> c) & 1u);
-                            cp_async16(raw_at(d, c), ok ? row + u_base + 8 * c : dy, ok);
+                            cp_async16_ca(raw_at(d, c), ok ? row + u_base + 8 * c : dy, ok);
                         }
                     } else {
                         // rows not in 16-byte pieces (the half's rows or dy's row start not a multiple of 8)
