@@ -88,7 +88,9 @@
 // The staging is thread-private (each thread reads back only what its own cp.asyncs wrote:
 // cp.async.wait_group orders them, no barrier), 16-byte pieces at [slot][candidate][thread]
 // and scales at [slot][thread] (a warp's 16-byte accesses cover 512 contiguous bytes: no
-// bank conflicts).  dy not in 16-byte pieces (dy_vec = 0) goes through registers into the
+// bank conflicts).  The candidates go by cp.async.ca (cp_async16_ca: pieces c, c + 1 share a
+// sector); with up to 222 KB of shared memory ~34 KB of L1 is left, enough for a reuse one
+// instruction apart.  dy not in 16-byte pieces (dy_vec = 0) goes through registers into the
 // same slots (element loads, st.shared), read back in program order.
 // Shared memory: per stage X 2 x [64 tokens][128 B], G NSL x 4 x [64 tokens][128 B]; all
 // tiles in the 128-byte swizzle (16-byte chunk ^ token % 8), 1024-byte aligned blocks;
