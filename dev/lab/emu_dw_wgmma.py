@@ -9,7 +9,12 @@ What it follows, step by step as the kernel does (names as there):
     (RAW_OFF + ((d M + c) 128 + ptid) 16, scales at SC_OFF + (d 128 + ptid) 4) by groups of
     RB token rows, 4 groups ahead, in the kernel's order of issue and read-back (each slot
     tagged with the group that wrote it: a read of a slot another group overwrote, or of
-    one never written, fails), the byte-permute selectors of ssmm_dw.cuh (make_selectors /
+    one never written, fails); cp.async modelled per thread: a copy lands only when its
+    group is complete by cp.async.wait_group 3 (commit_group counted as the kernel does it,
+    empty groups included; X's copies join the next group) or, for copies issued before a
+    stage's cp.async.mbarrier.arrive.noinc, when the consumers pass that `full`; no copy
+    untracked by the last `full` may still be in flight under the epilogue's staging (a
+    wait count one too high, or a missing empty commit, fails); the byte-permute selectors of ssmm_dw.cuh (make_selectors /
     gather_word, emulated on the 16-bit patterns with __byte_perm's definition), the
     routing scale rounded once, stored at the swizzled offsets of its slot (NSL = 1 or 2,
     slot1) in ring stage kt % ST (shared memory poisoned with NaN at the CTA's start, so
@@ -184,9 +189,41 @@ def emulate(a: dict) -> np.ndarray:
         def sc_at(ptid, d):
             return K["SC_OFF"] + (d * 128 + ptid) * 4
 
+        # cp.async as the kernel's threads see it: a copy lands (writes smem and its tag) only
+        # when its group is complete by a cp.async.wait_group, or, for copies issued before a
+        # cp.async.mbarrier.arrive.noinc, when the consumers pass that stage's `full` barrier;
+        # copies not yet committed join the next commit_group (X's copies join the group that
+        # the first issue() after them commits); empty groups count like the others
+        uncommitted = [[] for _ in range(128)]  # per thread: copies not yet in a group
+        groups = [[] for _ in range(128)]  # per thread: committed groups (lists of copies; None: landed)
+        landed = [0] * 128  # per thread: groups 0 .. landed - 1 have landed
+
+        def land(cp_):
+            o, vals, key, who = cp_
+            smem[o // 2:o // 2 + len(vals)] = vals
+            if key is not None:
+                tag[key] = who
+
+        def cp_async(ptid, o, vals, key=None, who=None):
+            uncommitted[ptid].append((o, list(vals), key, who))
+
+        def commit(ptid):
+            groups[ptid].append(uncommitted[ptid])
+            uncommitted[ptid] = []
+
+        def wait_group(ptid, N):
+            """cp.async.wait_group N: all but the N most recent committed groups have landed."""
+            while landed[ptid] < len(groups[ptid]) - N:
+                for cp_ in groups[ptid][landed[ptid]]:
+                    land(cp_)
+                groups[ptid][landed[ptid]] = None
+                landed[ptid] += 1
+
         def issue(ptid, n):
-            """cp.async of group n's token rows (candidates and scale) into the thread's slots."""
+            """group n's token rows (candidates and scale) into the thread's slots, then commit_group
+            (an empty group past the last one)."""
             if n >= NGT:
+                commit(ptid)
                 return
             P8, ub, kr, ub_live, u_local, u_base, rowok = thread_consts(ptid)
             kt, i0 = n // NG, RB * (n % NG)
@@ -195,26 +232,26 @@ def emulate(a: dict) -> np.ndarray:
                 kk = kt * BK + kr + 4 * (i0 + b)
                 tv = kk < n_e
                 s = s_begin + kk
-                if a["scale"] is not None:
+                if a["scale"] is not None:  # cp.async.ca, 4 bytes (zero-filled: src-size 0)
                     f = np.float32(a["scale"][s]) if tv else np.float32(0.0)
                     bits = int(np.array([f], dtype=np.float32).view(np.uint32)[0])
                     o = sc_at(ptid, d)
                     assert o % 4 == 0 and K["SC_OFF"] <= o < K["BAR_OFF"]
-                    smem[o // 2], smem[o // 2 + 1] = bits & 0xFFFF, bits >> 16
-                    tag[o] = (ptid, n)
+                    cp_async(ptid, o, [bits & 0xFFFF, bits >> 16], o, (ptid, n))
                 for c in range(M):
                     piece = [0] * 8
-                    if dy_vec:
+                    o = raw_at(ptid, d, c)
+                    assert o % 16 == 0 and K["RAW_OFF"] <= o < K["SC_OFF"]
+                    if dy_vec:  # cp.async.ca, 16 bytes
                         if tv and rowok[c]:
                             piece = [int(x) for x in dy16[s, u_base + 8 * c:u_base + 8 * c + 8]]
-                    else:
+                        cp_async(ptid, o, piece, o, (ptid, n))
+                    else:  # element loads, st.shared: in place at once
                         for q in range(8):
                             if tv and ub_live and u_local + 8 * c + q < half_rows:
                                 piece[q] = int(dy16[s, u_base + 8 * c + q])
-                    o = raw_at(ptid, d, c)
-                    assert o % 16 == 0 and K["RAW_OFF"] <= o < K["SC_OFF"]
-                    smem[o // 2:o // 2 + 8] = piece
-                    tag[o] = (ptid, n)
+                        land((o, piece, o, (ptid, n)))
+            commit(ptid)
 
         for ptid in range(128):  # the prologue: groups 0 .. 3
             for n in range(4):
@@ -236,15 +273,16 @@ def emulate(a: dict) -> np.ndarray:
                         if t >= a["T"]:
                             t = -1
                     dst = stage + (xc >> 3) * BK * 128 + r * 128 + (((xc & 7) ^ (r & 7)) << 4)
-                    if xcol < C and t >= 0:
-                        smem[dst // 2:dst // 2 + 8] = x16[t, xcol:xcol + 8]
-                    else:
-                        smem[dst // 2:dst // 2 + 8] = 0
+                    vals = x16[t, xcol:xcol + 8] if (xcol < C and t >= 0) else [0] * 8
+                    cp_async(ptid, dst, [int(x) for x in vals])
+            # cp.async.mbarrier.arrive.noinc: tracks every copy each thread issued so far
+            noinc = [len(groups[ptid]) for ptid in range(128)], [len(uncommitted[ptid]) for ptid in range(128)]
             # G from the staging: thread (P8, ub, kr), group n = kt NG + g, rows kr + 4 (RB g + b)
             for ptid in range(128):
                 P8, ub, kr, ub_live, u_local, u_base, rowok = thread_consts(ptid)
                 for g in range(NG):
                     n = kt * NG + g
+                    wait_group(ptid, 3)
                     for b in range(RB):
                         d = RB * (n & 3) + b
                         r = kr + 4 * (RB * g + b)
@@ -272,6 +310,28 @@ def emulate(a: dict) -> np.ndarray:
                                     base = (dst + sl * GBYTES) // 2 + 2 * k
                                     smem[base], smem[base + 1] = lo, hi
                     issue(ptid, n + 4)
+                if kt == KT - 1:  # the last `full` arrive: the consumers' epilogue may then overwrite
+                    # the ring and the candidate staging; no copy of this thread may still land there
+                    # (those issued before this k-tile's noinc arrive land before `full` completes)
+                    gs, nu = noinc[0][ptid], noinc[1][ptid]
+                    untracked = [cp_ for gi in range(max(gs, landed[ptid]), len(groups[ptid]))
+                                 for cp_ in (groups[ptid][gi] or [])[nu if gi == gs else 0:]] + \
+                        (uncommitted[ptid][nu:] if gs == len(groups[ptid]) else uncommitted[ptid])
+                    late = [cp_[0] for cp_ in untracked if cp_[0] < 8 * STG_BYTES]
+                    assert not late, ("copies in flight under the epilogue's staging", ptid, late[:4])
+            # the consumers pass `full`: the noinc arrivals completed (every copy issued before them)
+            for ptid in range(128):
+                gs, nu = noinc[0][ptid], noinc[1][ptid]
+                for gi in range(landed[ptid], min(gs, len(groups[ptid]))):
+                    for cp_ in groups[ptid][gi] or []:
+                        land(cp_)
+                    groups[ptid][gi] = []
+                # copies uncommitted at the arrive went into group gs (committed since, or not)
+                first = groups[ptid][gs] if gs < len(groups[ptid]) else uncommitted[ptid]
+                if first:
+                    for cp_ in first[:nu]:
+                        land(cp_)
+                    del first[:nu]
             # consumers: 4 x m64n256k16 through the descriptors
             for wg in range(2):
                 slot = 0 if wg == 0 else slot1
