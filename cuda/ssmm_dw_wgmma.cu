@@ -330,6 +330,8 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
             }
             cp_async_mbar_arrive(full_bar(st));
             // G from the staging: group n has landed when at most the 3 after it are pending
+            // (4 prologue commits + one per issue(): n + 4 committed here).  X's copies above join
+            // the next commit, group kt NG + 4; waiting for that group waits for them as well
 #pragma unroll 1
             for (int g = 0; g < NG; g++) {
                 const int n = kt * NG + g;
@@ -369,8 +371,10 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
             fence_proxy_async();
             mbar_arrive(full_bar(st));
         }
-        // every copy of this thread has landed before it exits (wait_group alone covers only
-        // committed groups, and these copies complete on the mbarrier, not in a group)
+        // every copy of this thread has landed before it exits: X's copies, which complete on
+        // the mbarrier, also joined the group that the next issue() committed (cp.async.commit_group
+        // takes every copy not yet in a group), and the groups past the last are empty; the commit
+        // here only covers a copy that no later issue() committed (none today)
         cp_async_commit();
         cp_async_wait<0>();
         return;
