@@ -43,20 +43,64 @@
 //        which must be zero here (they would be summed), so one cp.async path serves both;
 //        completes on the stage's `full` barrier by cp.async.mbarrier.arrive.noinc.
 //     G: per distinct slice of the CTA's two 64-column halves (NSL = 1 or 2), dy gathered:
-//        each thread owns 8 storage rows (one 16-byte piece) of one 64-row block and loads
-//        their M candidates per token (16-byte loads, 8 M consecutive rows of dy), picks with
-//        byte permutes (selectors from idx, once per CTA), scales, and stores the piece
-//        (st.shared), then fences the generic proxy against the async one and arrives.
+//        each thread owns 8 storage rows (one 16-byte piece) of one 64-row block and token
+//        rows kr + 4 i (i < 16) of every k-tile; in two steps (below): the M candidate
+//        pieces of a token row (16 bytes each, 8 M consecutive rows of dy) and its scale go
+//        by cp.async into the thread's own slots of a staging area, and a few rows later
+//        the thread reads them back (ld.shared), picks with byte permutes (selectors from
+//        idx, once per CTA), scales, and stores the piece (st.shared) into the stage, then
+//        fences the generic proxy against the async one and arrives.
 //   WG 1, 2, consumers: columns c0 + 64 (wg - 1) .. + 63, all 256 storage rows: per k-tile 4
 //     wgmma m64n256k16 (128 fp32 accumulators per thread), one k-tile of wgmmas in flight,
 //     the stage released (`empty`) when the wgmmas that read it are done.
-// Shared memory per stage: X 2 x [64 tokens][128 B], G NSL x 4 x [64 tokens][128 B]; all
-// tiles in the 128-byte swizzle (16-byte chunk ^ token % 8), 1024-byte aligned blocks.
-//   NSL = 1 (V % 128 == 0, or M == 1): 48 KB, 4 stages; NSL = 2: 80 KB, 2 stages.
+//
+// ---- the producer's dy gather: bytes in flight (the arithmetic) -----------------------------
+// Per k-tile a CTA does 2 x 4 m64n256k16 = 2.1 M MACs: 1024 cycles of an SM's tensor cores
+// (2048 dense 16-bit MACs per cycle), and reads from L2 64 x 256 M x 2 = 32 M KB of dy
+// candidates (64 KB at M = 2) and 16 KB of x.  Measured (Mixtral gate_up, T = 4096,
+// 1:2:128: 1738 k-tiles per SM in 7.2 ms) a k-tile took ~7200 cycles, 11 bytes per cycle
+// per SM from L2 (2.6 TB/s in all), with the consumers waiting on `full` (53 % of the stall
+// samples): latency-bound, too few bytes in flight.  The previous producer held the
+// candidates in registers: GB = 8 token rows x M pieces per batch (32 KB per SM at M = 2,
+// 16 KB at M = 1 and 4), loaded, waited for, then permuted with nothing in flight (two
+// round trips per k-tile, serialised with the permutes); GB = 16 spills at 168 registers,
+// and setmaxnreg could move only ~32 registers per producer thread (384 x 168 = 64.5 K, the
+// consumers need 128 accumulators + addressing): ~8 more pieces, not 2x.  Here the
+// candidates land in shared memory by cp.async, which holds no registers: D token rows
+// per thread are staged (a ring of 4 cp.async groups of RB = D / 4 rows), the loads of
+// group n + 4 are issued right after group n is permuted, so D - RB rows stay in flight
+// all the time, independent of the permutes:
+//     D = 16 (M = 1; M = 2, NSL = 1): 32 / 64 KB per SM in flight, a whole k-tile ahead;
+//     D = 8 (M = 4, NSL = 1; M = 2, NSL = 2): 64 / 32 KB; D = 4 (M = 4, NSL = 2): 32 KB.
+// Little's law at ~1000 cycles of loaded L2 latency: 64 KB in flight sustains 64 B/cycle,
+// above an SM's share of L2 bandwidth (~5.5-7 TB/s: 24-30 B/cycle), so the bound moves
+// to L2 itself: 80 KB per k-tile at 24-30 B/cycle = 2700-3300 cycles (next: the shared
+// memory, (80 KB wgmma + 16 KB x + 32 KB G + 2 x 64 KB staged candidates) / 128 B per
+// cycle = 2000 cycles; the producer's ~50 instructions per token row, ~800 issue cycles
+// of its warp's scheduler; the tensor cores, 1024).  Expected: ~2x, 7.2 -> ~3.5 ms for
+// that case.  ncu if it works: the consumers' `full` waits (long scoreboard on the
+// mbarrier try_wait) well under half of the stall samples, L2 -> SM throughput
+// (lts__t_sectors_srcunit_tex) near its peak, the producer's stalls at
+// cp.async.wait_group rather than on global loads.  What is then left is L2 traffic: every
+// CTA of an (expert, row block) loads the same candidates for its own 128 columns (32
+// column blocks for Mixtral), which a cluster along the column blocks could share (TMA
+// multicast of the raw candidates into this staging area).
+// The staging is thread-private (each thread reads back only what its own cp.asyncs wrote:
+// cp.async.wait_group orders them, no barrier), 16-byte pieces at [slot][candidate][thread]
+// and scales at [slot][thread] (a warp's 16-byte accesses cover 512 contiguous bytes: no
+// bank conflicts).  The candidates go by cp.async.ca (cp_async16_ca: pieces c, c + 1 share a
+// sector); with up to 222 KB of shared memory ~34 KB of L1 is left, enough for a reuse one
+// instruction apart.  dy not in 16-byte pieces (dy_vec = 0) goes through registers into the
+// same slots (element loads, st.shared), read back in program order.
+// Shared memory: per stage X 2 x [64 tokens][128 B], G NSL x 4 x [64 tokens][128 B]; all
+// tiles in the 128-byte swizzle (16-byte chunk ^ token % 8), 1024-byte aligned blocks;
+// then the staging (128 threads x D x (16 M + 4) bytes), then the barriers.
+//   NSL = 1 (V % 128 == 0, or M == 1): 48 KB, 3 stages + 40 / 72 / 68 KB (M = 1 / 2 / 4);
+//   NSL = 2: 80 KB, 2 stages + 36 / 34 KB (M = 2 / 4).
 //
 // ---- epilogue ------------------------------------------------------------------------------
 // After both consumers' last wgmma (a named barrier of the 256 consumer threads; the
-// producer has nothing in flight then), the ring is reused as staging: each warp writes its
+// producer has nothing in flight then), the ring and the candidate staging are reused: each warp writes its
 // 16 columns x 256 storage rows of fp32 sums transposed, [p][20 words] (no bank conflicts
 // for the fragment's writes), then each lane finishes storage rows lane + 32 i: reads its 16
 // sums, picks the 2 kept of every 4 columns from the meta nibbles, rounds once and stores the
@@ -82,24 +126,56 @@ constexpr int DWG_GBYTES = 4 * DWG_GBLOCK;        // one G tile: 256 storage row
 constexpr int DWG_STG_WORDS = 20;                 // epilogue staging: row stride in 32-bit words
 constexpr int DWG_STG_BYTES = DWG_BN * DWG_STG_WORDS * 4;  // one warp's staging area (20 KB)
 
-template <int NSL> struct DwgCfg {
+template <int M, int NSL> struct DwgCfg {
     static constexpr int STAGE = DWG_XBYTES + NSL * DWG_GBYTES;
-    static constexpr int ST = NSL == 1 ? 4 : 2;
+    static constexpr int ST = NSL == 1 ? 3 : 2;
     static constexpr int PIPE = ST * STAGE;
-    static_assert(PIPE >= 8 * DWG_STG_BYTES, "the epilogue's staging reuses the ring");
+    // candidate staging: D token rows per producer thread, 4 cp.async groups of RB rows
+    static constexpr int D = 32 / (M * NSL > 2 ? M * NSL : 2);
+    static constexpr int RB = D / 4;
+    static constexpr int RAW_OFF = PIPE;                      // [D][M][128 threads] x 16 B
+    static constexpr int SC_OFF = RAW_OFF + D * M * 128 * 16;  // [D][128 threads] x 4 B
+    static constexpr int BAR_OFF = SC_OFF + D * 128 * 4;      // full[ST], empty[ST]
+    static_assert(DWG_BK / 4 % RB == 0, "whole groups per k-tile");
+    static_assert(BAR_OFF >= 8 * DWG_STG_BYTES, "the epilogue's staging reuses the ring and the candidate staging");
     static_assert(STAGE % 1024 == 0 && DWG_XBYTES % 1024 == 0 && DWG_GBLOCK % 1024 == 0,
                   "1024-byte aligned tiles (128-byte swizzle atoms; descriptors with base offset 0)");
     static_assert((DWG_GBLOCK >> 4) < (1 << 14), "LBO fits its 14-bit descriptor field");
-    static constexpr int BAR_OFF = PIPE;                      // full[ST], empty[ST]
     static constexpr int SMEM = BAR_OFF + 2 * ST * 8 + 1024;  // + alignment slack
     static_assert(SMEM <= 227 * 1024, "shared memory");
 };
+
+// dy's candidates by cp.async.ca (through L1): for M > 1 a thread's pieces c and c + 1 are
+// the two halves of one 32-byte sector, each copy asking for 16 of its bytes; through L1 the
+// second finds the sector the first allocated (as the ld.global.nc of the register gather
+// did), where .cg (L1 bypassed) would move every sector from L2 twice.
+__device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid) {
+    int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ uint4 lds_v4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
 
 // T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2).
 template <typename T, int M, int NSL>
 __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwArgs p) {
 #ifdef SAM_HAS_WGMMA
-    using C = DwgCfg<NSL>;
+    using C = DwgCfg<M, NSL>;
     constexpr int ST = C::ST;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = align_smem(smem_raw);
@@ -171,7 +247,52 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
         const int nsl_cta = (NSL == 2 && slot1 == 1) ? 2 : 1;
         const uint32_t g_dst = (uint32_t)(DWG_XBYTES + ub * DWG_GBLOCK);  // + slot, row, swizzled chunk
 
-        constexpr int GB = M == 4 ? 2 : 8;  // token rows per batch of loads (GB * M 16-byte loads; M = 4: 8, no spills)
+        // dy's candidates through the staging: group n (of the CTA's 16 / RB per k-tile) holds
+        // token rows kr + 4 (RB (n % NG) + b), b < RB, of k-tile n / NG, in slots RB (n % 4) + b
+        constexpr int RB = C::RB, NG = DWG_BK / 4 / RB;
+        const int NGT = KT * NG;
+        const uint32_t raw0 = sbase + C::RAW_OFF + 16u * ptid, sc0 = sbase + C::SC_OFF + 4u * ptid;
+        auto raw_at = [&](int d, int c) { return raw0 + (uint32_t)(d * M + c) * (128 * 16); };
+        auto sc_at = [&](int d) { return sc0 + (uint32_t)d * (128 * 4); };
+        auto issue = [&](int n) {
+            if (n < NGT) {
+                const int kt = n / NG, i0 = RB * (n % NG);
+#pragma unroll
+                for (int b = 0; b < RB; b++) {
+                    const int d = RB * (n & 3) + b;
+                    const int kk = kt * DWG_BK + kr + 4 * (i0 + b);
+                    const bool tv = kk < n_e;
+                    const int64_t s = s_begin + kk;
+                    if (p.scale) cp_async4(sc_at(d), tv ? p.scale + s : p.scale, tv);
+                    const T *row = dy + (tv ? s : 0) * p.lddy;
+                    if (p.dy_vec) {
+#pragma unroll
+                        for (int c = 0; c < M; c++) {
+                            const bool ok = tv && ((u_rowok >> c) & 1u);
+                            cp_async16_ca(raw_at(d, c), ok ? row + u_base + 8 * c : dy, ok);
+                        }
+                    } else {
+                        // rows not in 16-byte pieces (the half's rows or dy's row start not a multiple of 8)
+                        const unsigned short *r16 = reinterpret_cast<const unsigned short *>(row);
+#pragma unroll
+                        for (int c = 0; c < M; c++) {
+                            uint32_t w[4];
+#pragma unroll
+                            for (int q = 0; q < 4; q++) {
+                                uint32_t lo = 0, hi = 0;
+                                const int64_t l0 = u_local + 8 * c + 2 * q;
+                                if (tv && ub_live && l0 < p.half_rows) lo = __ldg(r16 + u_base + 8 * c + 2 * q);
+                                if (tv && ub_live && l0 + 1 < p.half_rows) hi = __ldg(r16 + u_base + 8 * c + 2 * q + 1);
+                                w[q] = lo | (hi << 16);
+                            }
+                            sts_v4(raw_at(d, c), w[0], w[1], w[2], w[3]);
+                        }
+                    }
+                }
+            }
+            cp_async_commit();  // empty past the last group: the count of pending groups stays uniform
+        };
+
         // X's token ids of k-tile kt (-1: none), all loads issued before any is used: one
         // id load after another, each waited for by its copy, was most of the producer's
         // time (ncu: 8 serialised L2 round trips per k-tile); the next k-tile's are loaded
@@ -186,6 +307,8 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
             }
         };
         if (KT > 0) load_ids(0, tok_next);
+#pragma unroll
+        for (int n = 0; n < 4; n++) issue(n);
         for (int kt = 0; kt < KT; kt++) {
             const int st = kt % ST;
             int32_t tok[DWG_BK / 8];
@@ -194,7 +317,8 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
             if (kt + 1 < KT) load_ids(kt + 1, tok_next);
             if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
             const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
-            // X by cp.async
+            // X by cp.async (the arrive below also waits for this thread's earlier
+            // cp.asyncs: the candidates of this k-tile, issued before, needed for it anyway)
 #pragma unroll
             for (int i = 0; i < DWG_BK / 8; i++) {
                 const int r = xr + 8 * i;
@@ -205,32 +329,27 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
                 cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), src, ok);
             }
             cp_async_mbar_arrive(full_bar(st));
-            // G by registers: GB token rows at a time
+            // G from the staging: group n has landed when at most the 3 after it are pending
+            // (4 prologue commits + one per issue(): n + 4 committed here).  X's copies above join
+            // the next commit, group kt NG + 4; waiting for that group waits for them as well
 #pragma unroll 1
-            for (int b0 = 0; b0 < DWG_BK / 4; b0 += GB) {
-                uint4 raw[GB][M];
-                float rsc[GB];
+            for (int g = 0; g < NG; g++) {
+                const int n = kt * NG + g;
+                cp_async_wait<3>();
 #pragma unroll
-                for (int b = 0; b < GB; b++) {
-                    const int r = kr + 4 * (b0 + b);
-                    const int kk = kt * DWG_BK + r;
-                    const bool tv = kk < n_e;
-                    const int64_t s = s_begin + kk;
-                    rsc[b] = p.scale ? (tv ? __ldg(p.scale + s) : 0.0f) : 1.0f;
-                    const T *row = dy + (tv ? s : 0) * p.lddy;
-                    load_candidates<T, M>(raw[b], row, u_base, u_local, p.half_rows, u_rowok, tv, ub_live, p.dy_vec);
-                }
-#pragma unroll
-                for (int b = 0; b < GB; b++) {
-                    const int r = kr + 4 * (b0 + b);
+                for (int b = 0; b < RB; b++) {
+                    const int d = RB * (n & 3) + b;
+                    const int r = kr + 4 * (RB * g + b);
                     uint32_t w[4 * M];
 #pragma unroll
                     for (int c = 0; c < M; c++) {
-                        w[4 * c] = raw[b][c].x;
-                        w[4 * c + 1] = raw[b][c].y;
-                        w[4 * c + 2] = raw[b][c].z;
-                        w[4 * c + 3] = raw[b][c].w;
+                        const uint4 v = lds_v4(raw_at(d, c));
+                        w[4 * c] = v.x;
+                        w[4 * c + 1] = v.y;
+                        w[4 * c + 2] = v.z;
+                        w[4 * c + 3] = v.w;
                     }
+                    const float rsc = p.scale ? lds_f32(sc_at(d)) : 1.0f;
                     const uint32_t dst = stage + g_dst + r * 128 + ((P8 ^ (r & 7)) << 4);
 #pragma unroll
                     for (int s = 0; s < NSL; s++) {
@@ -239,19 +358,23 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
 #pragma unroll
                             for (int k = 0; k < 4; k++) {
                                 o[k] = gather_word<M>(w, sel[s], k);
-                                if (p.scale) o[k] = scale2<T>(o[k], rsc[b]);
+                                if (p.scale) o[k] = scale2<T>(o[k], rsc);
                             }
                             sts_v4(dst + s * DWG_GBYTES, o[0], o[1], o[2], o[3]);
                         }
                     }
                 }
+                // its slots are free (read above, in program order): the group 4 ahead
+                issue(n + 4);
             }
             // the stores above are read by wgmma (the async proxy): fence, then arrive
             fence_proxy_async();
             mbar_arrive(full_bar(st));
         }
-        // every copy of this thread has landed before it exits (wait_group alone covers only
-        // committed groups, and these copies complete on the mbarrier, not in a group)
+        // every copy of this thread has landed before it exits: X's copies, which complete on
+        // the mbarrier, also joined the group that the next issue() committed (cp.async.commit_group
+        // takes every copy not yet in a group), and the groups past the last are empty; the commit
+        // here only covers a copy that no later issue() committed (none today)
         cp_async_commit();
         cp_async_wait<0>();
         return;
@@ -348,7 +471,7 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
 }
 
 template <typename T, int M, int NSL> sam_status launch(const DwArgs &a, int64_t grid, cudaStream_t stream) {
-    using C = DwgCfg<NSL>;
+    using C = DwgCfg<M, NSL>;
     SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_dw_wgmma_kernel<T, M, NSL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       C::SMEM),
                  "ssmm_dw");

@@ -5,10 +5,20 @@ What it follows, step by step as the kernel does (names as there):
   * the grid: blockIdx -> (e, rb, cb), nrb = ceil(rp / 256), ncb = cp / 128;
   * the producer: X tiles written by cp.async at `r * 128 + ((chunk ^ (r & 7)) << 4)` of
     each column block (zero-fill rules); G tiles from dy's candidate windows (u_base,
-    u_rowok, dy_vec or element reads), the byte-permute selectors of ssmm_dw.cuh
-    (make_selectors / gather_word, emulated on the 16-bit patterns with __byte_perm's
-    definition), the routing scale rounded once, stored at the swizzled offsets of its
-    slot (NSL = 1 or 2, slot1);
+    u_rowok, dy_vec or element reads) copied into the thread's staging slots
+    (RAW_OFF + ((d M + c) 128 + ptid) 16, scales at SC_OFF + (d 128 + ptid) 4) by groups of
+    RB token rows, 4 groups ahead, in the kernel's order of issue and read-back (each slot
+    tagged with the group that wrote it: a read of a slot another group overwrote, or of
+    one never written, fails); cp.async modelled per thread: a copy lands only when its
+    group is complete by cp.async.wait_group 3 (commit_group counted as the kernel does it,
+    empty groups included; X's copies join the next group) or, for copies issued before a
+    stage's cp.async.mbarrier.arrive.noinc, when the consumers pass that `full`; no copy
+    untracked by the last `full` may still be in flight under the epilogue's staging (a
+    wait count one too high, or a missing empty commit, fails); the byte-permute selectors of ssmm_dw.cuh (make_selectors /
+    gather_word, emulated on the 16-bit patterns with __byte_perm's definition), the
+    routing scale rounded once, stored at the swizzled offsets of its slot (NSL = 1 or 2,
+    slot1) in ring stage kt % ST (shared memory poisoned with NaN at the CTA's start, so
+    that a byte the consumers read and nobody wrote shows);
   * the consumers: each wgmma m64n256k16 reads A and B through the canonical MN-major
     128-byte-swizzle layout of its descriptors (start, LBO, SBO = 1024; the swizzle as an
     address function, Swizzle<3,4,3>: bits 4-6 ^= bits 7-9), independently of how the
@@ -38,6 +48,21 @@ XBYTES = 2 * BK * 128
 GBLOCK = BK * 128
 GBYTES = 4 * GBLOCK
 STG_WORDS = 20
+STG_BYTES = 256 * STG_WORDS * 4
+
+
+def cfg(M: int, NSL: int) -> dict:
+    """DwgCfg<M, NSL>: ring, candidate staging and barrier offsets (bytes)."""
+    stage = XBYTES + NSL * GBYTES
+    st = 3 if NSL == 1 else 2
+    pipe = st * stage
+    D = 32 // max(2, M * NSL)
+    raw_off = pipe
+    sc_off = raw_off + D * M * 128 * 16
+    bar_off = sc_off + D * 128 * 4
+    smem = bar_off + 2 * st * 8 + 1024
+    assert BK // 4 % (D // 4) == 0 and bar_off >= 8 * STG_BYTES and smem <= 227 * 1024, (M, NSL, smem)
+    return dict(STAGE=stage, ST=st, D=D, RB=D // 4, RAW_OFF=raw_off, SC_OFF=sc_off, BAR_OFF=bar_off, SMEM=smem)
 
 
 def bf16_bits(v: np.ndarray) -> np.ndarray:
@@ -139,8 +164,101 @@ def emulate(a: dict) -> np.ndarray:
                         sl = make_selectors(M, a["idx"][off:off + 8])
                     sels[ub, P8, s] = sl
         acc = [np.zeros((64, BN), dtype=np.float64) for _ in range(2)]  # D^T per consumer
+        K = cfg(M, NSL)
+        ST, RB, STAGE = K["ST"], K["RB"], K["STAGE"]
+        NG = BK // 4 // RB
+        NGT = KT * NG
+        smem = np.full(K["BAR_OFF"] // 2, 0x7FC1, dtype=np.uint32)  # 16-bit cells, bf16 NaN
+        tag = {}  # staging cell -> (ptid, group) that wrote it
+
+        def thread_consts(ptid):
+            P8, ub, kr = ptid & 7, (ptid >> 3) & 3, ptid >> 5
+            pb = row0 + 64 * ub
+            ub_live = pb < rp
+            uh, uq0 = 0, pb
+            if glu:
+                uh, uq0 = (pb // 64) & 1, (pb // 64 >> 1) * 64
+            u_local = (uq0 + 8 * P8) * M
+            u_base = uh * half_rows + u_local
+            rowok = [ub_live and u_local + 8 * c < half_rows for c in range(M)]
+            return P8, ub, kr, ub_live, u_local, u_base, rowok
+
+        def raw_at(ptid, d, c):
+            return K["RAW_OFF"] + ((d * M + c) * 128 + ptid) * 16
+
+        def sc_at(ptid, d):
+            return K["SC_OFF"] + (d * 128 + ptid) * 4
+
+        # cp.async as the kernel's threads see it: a copy lands (writes smem and its tag) only
+        # when its group is complete by a cp.async.wait_group, or, for copies issued before a
+        # cp.async.mbarrier.arrive.noinc, when the consumers pass that stage's `full` barrier;
+        # copies not yet committed join the next commit_group (X's copies join the group that
+        # the first issue() after them commits); empty groups count like the others
+        uncommitted = [[] for _ in range(128)]  # per thread: copies not yet in a group
+        groups = [[] for _ in range(128)]  # per thread: committed groups (lists of copies; None: landed)
+        landed = [0] * 128  # per thread: groups 0 .. landed - 1 have landed
+
+        def land(cp_):
+            o, vals, key, who = cp_
+            smem[o // 2:o // 2 + len(vals)] = vals
+            if key is not None:
+                tag[key] = who
+
+        def cp_async(ptid, o, vals, key=None, who=None):
+            uncommitted[ptid].append((o, list(vals), key, who))
+
+        def commit(ptid):
+            groups[ptid].append(uncommitted[ptid])
+            uncommitted[ptid] = []
+
+        def wait_group(ptid, N):
+            """cp.async.wait_group N: all but the N most recent committed groups have landed."""
+            while landed[ptid] < len(groups[ptid]) - N:
+                for cp_ in groups[ptid][landed[ptid]]:
+                    land(cp_)
+                groups[ptid][landed[ptid]] = None
+                landed[ptid] += 1
+
+        def issue(ptid, n):
+            """group n's token rows (candidates and scale) into the thread's slots, then commit_group
+            (an empty group past the last one)."""
+            if n >= NGT:
+                commit(ptid)
+                return
+            P8, ub, kr, ub_live, u_local, u_base, rowok = thread_consts(ptid)
+            kt, i0 = n // NG, RB * (n % NG)
+            for b in range(RB):
+                d = RB * (n & 3) + b
+                kk = kt * BK + kr + 4 * (i0 + b)
+                tv = kk < n_e
+                s = s_begin + kk
+                if a["scale"] is not None:  # cp.async.ca, 4 bytes (zero-filled: src-size 0)
+                    f = np.float32(a["scale"][s]) if tv else np.float32(0.0)
+                    bits = int(np.array([f], dtype=np.float32).view(np.uint32)[0])
+                    o = sc_at(ptid, d)
+                    assert o % 4 == 0 and K["SC_OFF"] <= o < K["BAR_OFF"]
+                    cp_async(ptid, o, [bits & 0xFFFF, bits >> 16], o, (ptid, n))
+                for c in range(M):
+                    piece = [0] * 8
+                    o = raw_at(ptid, d, c)
+                    assert o % 16 == 0 and K["RAW_OFF"] <= o < K["SC_OFF"]
+                    if dy_vec:  # cp.async.ca, 16 bytes
+                        if tv and rowok[c]:
+                            piece = [int(x) for x in dy16[s, u_base + 8 * c:u_base + 8 * c + 8]]
+                        cp_async(ptid, o, piece, o, (ptid, n))
+                    else:  # element loads, st.shared: in place at once
+                        for q in range(8):
+                            if tv and ub_live and u_local + 8 * c + q < half_rows:
+                                piece[q] = int(dy16[s, u_base + 8 * c + q])
+                        land((o, piece, o, (ptid, n)))
+            commit(ptid)
+
+        for ptid in range(128):  # the prologue: groups 0 .. 3
+            for n in range(4):
+                issue(ptid, n)
         for kt in range(KT):
-            smem = np.zeros((XBYTES + NSL * GBYTES) // 2, dtype=np.uint32)  # one stage, 16-bit cells
+            st = kt % ST
+            stage = st * STAGE
             # X by cp.async: thread (xc, xr), rows xr + 8 i
             for ptid in range(128):
                 xc, xr = ptid & 15, ptid >> 4
@@ -154,55 +272,71 @@ def emulate(a: dict) -> np.ndarray:
                         t = int(a["token_ids"][s]) if a["token_ids"] is not None else s
                         if t >= a["T"]:
                             t = -1
-                    dst = (xc >> 3) * BK * 128 + r * 128 + (((xc & 7) ^ (r & 7)) << 4)
-                    if xcol < C and t >= 0:
-                        smem[dst // 2:dst // 2 + 8] = x16[t, xcol:xcol + 8]
-                    else:
-                        smem[dst // 2:dst // 2 + 8] = 0
-            # G by registers: thread (P8, ub, kr), rows kr + 4 i
+                    dst = stage + (xc >> 3) * BK * 128 + r * 128 + (((xc & 7) ^ (r & 7)) << 4)
+                    vals = x16[t, xcol:xcol + 8] if (xcol < C and t >= 0) else [0] * 8
+                    cp_async(ptid, dst, [int(x) for x in vals])
+            # cp.async.mbarrier.arrive.noinc: tracks every copy each thread issued so far
+            noinc = [len(groups[ptid]) for ptid in range(128)], [len(uncommitted[ptid]) for ptid in range(128)]
+            # G from the staging: thread (P8, ub, kr), group n = kt NG + g, rows kr + 4 (RB g + b)
             for ptid in range(128):
-                P8, ub, kr = ptid & 7, (ptid >> 3) & 3, ptid >> 5
-                pb = row0 + 64 * ub
-                ub_live = pb < rp
-                uh, uq0 = 0, pb
-                if glu:
-                    uh, uq0 = (pb // 64) & 1, (pb // 64 >> 1) * 64
-                u_local = (uq0 + 8 * P8) * M
-                u_base = uh * half_rows + u_local
-                rowok = [ub_live and u_local + 8 * c < half_rows for c in range(M)]
-                for i in range(16):
-                    r = kr + 4 * i
-                    kk = kt * BK + r
-                    tv = kk < n_e
-                    s = s_begin + kk
-                    rsc = (float(a["scale"][s]) if tv else 0.0) if a["scale"] is not None else 1.0
-                    w = []
-                    for c in range(M):
-                        piece = [0] * 8
-                        if dy_vec:
-                            if tv and rowok[c]:
-                                piece = [int(b) for b in dy16[s, u_base + 8 * c:u_base + 8 * c + 8]]
-                        else:
-                            for q in range(8):
-                                if tv and ub_live and u_local + 8 * c + q < half_rows:
-                                    piece[q] = int(dy16[s, u_base + 8 * c + q])
-                        w += [piece[2 * q] | piece[2 * q + 1] << 16 for q in range(4)]
-                    dst = XBYTES + ub * GBLOCK + r * 128 + ((P8 ^ (r & 7)) << 4)
-                    for sl in range(NSL):
-                        if sl < nsl_cta:
-                            for k in range(4):
-                                o = gather_word(M, w, sels[ub, P8, sl], k)
-                                lo, hi = o & 0xFFFF, o >> 16
-                                if a["scale"] is not None:  # scale2: one rounding (exact here)
-                                    lo = int(bf16_bits(bits_f32(lo) * np.float32(rsc)))
-                                    hi = int(bf16_bits(bits_f32(hi) * np.float32(rsc)))
-                                base = (dst + sl * GBYTES) // 2 + 2 * k
-                                smem[base], smem[base + 1] = lo, hi
+                P8, ub, kr, ub_live, u_local, u_base, rowok = thread_consts(ptid)
+                for g in range(NG):
+                    n = kt * NG + g
+                    wait_group(ptid, 3)
+                    for b in range(RB):
+                        d = RB * (n & 3) + b
+                        r = kr + 4 * (RB * g + b)
+                        w = []
+                        for c in range(M):
+                            o = raw_at(ptid, d, c)
+                            assert tag.get(o) == (ptid, n), ("staging slot", ptid, n, d, c, tag.get(o))
+                            piece = [int(x) for x in smem[o // 2:o // 2 + 8]]
+                            w += [piece[2 * q] | piece[2 * q + 1] << 16 for q in range(4)]
+                        rsc = 1.0
+                        if a["scale"] is not None:
+                            o = sc_at(ptid, d)
+                            assert tag.get(o) == (ptid, n), ("scale slot", ptid, n, d, tag.get(o))
+                            bits = int(smem[o // 2]) | int(smem[o // 2 + 1]) << 16
+                            rsc = float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
+                        dst = stage + XBYTES + ub * GBLOCK + r * 128 + ((P8 ^ (r & 7)) << 4)
+                        for sl in range(NSL):
+                            if sl < nsl_cta:
+                                for k in range(4):
+                                    o = gather_word(M, w, sels[ub, P8, sl], k)
+                                    lo, hi = o & 0xFFFF, o >> 16
+                                    if a["scale"] is not None:  # scale2: one rounding (exact here)
+                                        lo = int(bf16_bits(bits_f32(lo) * np.float32(rsc)))
+                                        hi = int(bf16_bits(bits_f32(hi) * np.float32(rsc)))
+                                    base = (dst + sl * GBYTES) // 2 + 2 * k
+                                    smem[base], smem[base + 1] = lo, hi
+                    issue(ptid, n + 4)
+                if kt == KT - 1:  # the last `full` arrive: the consumers' epilogue may then overwrite
+                    # the ring and the candidate staging; no copy of this thread may still land there
+                    # (those issued before this k-tile's noinc arrive land before `full` completes)
+                    gs, nu = noinc[0][ptid], noinc[1][ptid]
+                    untracked = [cp_ for gi in range(max(gs, landed[ptid]), len(groups[ptid]))
+                                 for cp_ in (groups[ptid][gi] or [])[nu if gi == gs else 0:]] + \
+                        (uncommitted[ptid][nu:] if gs == len(groups[ptid]) else uncommitted[ptid])
+                    late = [cp_[0] for cp_ in untracked if cp_[0] < 8 * STG_BYTES]
+                    assert not late, ("copies in flight under the epilogue's staging", ptid, late[:4])
+            # the consumers pass `full`: the noinc arrivals completed (every copy issued before them)
+            for ptid in range(128):
+                gs, nu = noinc[0][ptid], noinc[1][ptid]
+                for gi in range(landed[ptid], min(gs, len(groups[ptid]))):
+                    for cp_ in groups[ptid][gi] or []:
+                        land(cp_)
+                    groups[ptid][gi] = []
+                # copies uncommitted at the arrive went into group gs (committed since, or not)
+                first = groups[ptid][gs] if gs < len(groups[ptid]) else uncommitted[ptid]
+                if first:
+                    for cp_ in first[:nu]:
+                        land(cp_)
+                    del first[:nu]
             # consumers: 4 x m64n256k16 through the descriptors
             for wg in range(2):
                 slot = 0 if wg == 0 else slot1
-                a0 = wg * BK * 128
-                b0 = XBYTES + slot * GBYTES
+                a0 = stage + wg * BK * 128
+                b0 = stage + XBYTES + slot * GBYTES
                 for ks in range(BK // 16):
                     A = bits_f32(mn_major_read(smem, a0 + ks * 2048, GBLOCK, 64, 16)).astype(np.float64)
                     B = bits_f32(mn_major_read(smem, b0 + ks * 2048, GBLOCK, 256, 16)).astype(np.float64)
