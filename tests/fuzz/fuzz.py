@@ -4,12 +4,14 @@ Every case builds random arguments for one entry point -- shapes (zero, odd,
 products past int64), dtypes, strides (non-contiguous, negative, overlapping),
 format strings and (n, m, v), expert and token ids (negative, out of range),
 corrupted packed arrays and metadata, hand-built DLPack capsules with tampered
-fields, corrupted checkpoints (truncation, bit flips, header edits) -- calls it,
-and judges the outcome with one oracle:
+fields, corrupted checkpoints (truncation, bit flips, header edits), the
+backward's ops (ssmm_dw, glu_backward) -- calls it, and judges the outcome with
+one oracle:
 
 * a clean result must equal the C reference on a sane copy of the same
   arguments (contiguous, aligned, valid), or, for packed weights that unpack
-  accepts, ``x @ unpack(W).T`` in float64 within the fp32 tolerance;
+  accepts, ``x @ unpack(W).T`` in float64 within the fp32 tolerance (the
+  backward's: ``dY^T X`` at the kept entries, the GLU's derivative);
 * otherwise the call must raise one of the documented types: ValueError
   (CheckpointError is one), TypeError, BufferError or samoyeds.CudaError.
 
@@ -41,7 +43,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 import samoyeds as sm
-from samoyeds import _C
+from samoyeds import _C, ops
 
 ALLOWED = (ValueError, TypeError, BufferError, sm.CudaError)
 FORMATS = ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64", "2:8:32", "3:8:32", "1:8:32", "2:4:32"]
@@ -588,8 +590,95 @@ def case_checkpoint(r, rng, ck: _Checkpoints):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _kept_mask(p) -> np.ndarray:
+    """[E, R, C] bool: the entries p keeps (unpack of the same arrays with every value 1)."""
+    ones = np.ones(np.asarray(p.values).shape, np.asarray(p.values).dtype)
+    return np.asarray(sm.unpack(sm.PackedWeight(ones, p.meta, p.idx, p.fmt, p.shape, p.glu))) != 0
+
+
+def _glu_backward_oracle(dh, pre, act, scale, offsets, alpha=1.702, limit=7.0) -> np.ndarray:
+    """float64 [dgate, dup] of h = act(gate, up); rows from offsets[E] on are 0."""
+    dh, pre = np.asarray(dh, np.float64), np.asarray(pre, np.float64)
+    I = dh.shape[1]
+    g, u = pre[:, :I], pre[:, I:]
+    if scale is not None:
+        dh = dh * np.asarray(scale, np.float64)[:, None]
+    with np.errstate(over="ignore"):
+        if act == "swiglu":
+            sg = 1 / (1 + np.exp(-g))
+            out = np.concatenate([dh * u * sg * (1 + g * (1 - sg)), dh * g * sg], axis=1)
+        else:
+            gc, uc = np.minimum(g, limit), np.clip(u, -limit, limit)
+            sg = 1 / (1 + np.exp(-alpha * gc))
+            dg = np.where(g <= limit, dh * (uc + 1) * (sg + alpha * gc * sg * (1 - sg)), 0.0)
+            du = np.where((u >= -limit) & (u <= limit), dh * gc * sg, 0.0)
+            out = np.concatenate([dg, du], axis=1)
+    if offsets is not None:
+        out[int(np.asarray(offsets)[-1]):] = 0
+    return out
+
+
+def case_train(r, rng):
+    """The backward's ops: ssmm_dw (dW at the kept entries, in the packed layout, every entry
+    written) and glu_backward against float64 oracles; then one argument mutated: a clean
+    result equals the sane one."""
+    if r.random() < 0.5:
+        x, w, p, rt, _, _, scale, _ = _valid_problem(r, rng)
+        E, R, C = p.shape3
+        S = rt.token_ids.shape[0]
+        dy = rng.standard_normal((S, R)).astype(x.dtype)
+        out = np.full(np.asarray(p.values).shape, np.nan, x.dtype)
+        ops.ssmm_dw(dy, x, p, rt.offsets, rt.token_ids, scale, out=out)
+        if not np.isfinite(out).all():
+            raise Failure("ssmm_dw left entries of out unwritten (NaN poison)")
+        if x.dtype == np.float32:
+            off = np.asarray(rt.offsets)
+            want = np.zeros((E, R, C))
+            dys = np.asarray(dy, np.float64) * (1.0 if scale is None else np.asarray(scale, np.float64)[:, None])
+            for e in range(E):
+                ids = np.asarray(rt.token_ids[off[e]:off[e + 1]], np.int64)
+                want[e] = dys[off[e]:off[e + 1]].T @ np.asarray(x, np.float64)[ids]
+            want *= _kept_mask(p)
+            got = sm.unpack(sm.PackedWeight(out, p.meta, p.idx, p.fmt, p.shape, p.glu))
+            _assert_close(got, want, float(np.abs(want).max(initial=0)), "ssmm_dw vs float64 dY^T X at the kept entries")
+        args = {"dy": dy, "x": x, "offsets": rt.offsets, "token_ids": rt.token_ids, "scale": scale}
+        name = r.choice(list(args))
+        args[name] = _mutate(r, args[name])
+        got = ops.ssmm_dw(args["dy"], args["x"], p, args["offsets"], args["token_ids"], args["scale"])
+        sane = ops.ssmm_dw(*(np.ascontiguousarray(args[k]) if isinstance(args[k], np.ndarray) else args[k]
+                            for k in ("dy", "x")), p,
+                          *(np.ascontiguousarray(args[k]) if isinstance(args[k], np.ndarray) else args[k]
+                            for k in ("offsets", "token_ids", "scale")))
+        _equal(got, sane, f"ssmm_dw with {name} mutated")
+        return
+    S, I = _dim(r), _dim(r)
+    dt = r.choice(FLOAT_DT)
+    act = r.choice(["swiglu", "gptoss"])
+    pre = (4 * rng.standard_normal((S, 2 * I))).astype(dt)
+    dh = rng.standard_normal((S, I)).astype(r.choice([dt, np.float32]))
+    scale = rng.random(S).astype(np.float32) if r.random() < 0.5 else None
+    offsets = None
+    if r.random() < 0.5:
+        cut = sorted(r.randrange(S + 1) for _ in range(r.choice([1, 2, 4])))
+        offsets = np.array([0] + cut, np.int32)
+    out = np.full((S, 2 * I), np.nan, np.float32)
+    ops.glu_backward(dh, pre, out, scale=scale, offsets=offsets, act=act)
+    _assert_close(out, _glu_backward_oracle(dh, pre, act, scale, offsets), 1.0, f"glu_backward {act}")
+    args = {"dh": dh, "preact": pre, "scale": scale, "offsets": offsets}
+    name = r.choice(list(args))
+    args[name] = _mutate(r, args[name])
+    got = ops.glu_backward(args["dh"], args["preact"], scale=args["scale"], offsets=args["offsets"], act=act)
+    sane = ops.glu_backward(*(np.ascontiguousarray(args[k]) if isinstance(args[k], np.ndarray) else args[k]
+                             for k in ("dh", "preact")),
+                           scale=None if args["scale"] is None else np.ascontiguousarray(args["scale"]),
+                           offsets=None if args["offsets"] is None else np.ascontiguousarray(args["offsets"]),
+                           act=act)
+    _equal(got, sane, f"glu_backward with {name} mutated")
+
+
 CATEGORIES = {"ssmm": case_ssmm, "format": case_format, "packed": case_packed, "ids": case_ids,
-              "ops": case_ops, "moe": case_moe, "dlpack": case_dlpack, "checkpoint": case_checkpoint}
+              "ops": case_ops, "moe": case_moe, "dlpack": case_dlpack, "checkpoint": case_checkpoint,
+              "train": case_train}
 
 
 # ---- GPU mode ------------------------------------------------------------------------------------
