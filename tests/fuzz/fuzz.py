@@ -45,6 +45,7 @@ import numpy as np
 import samoyeds as sm
 from samoyeds import _C, ops
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 ALLOWED = (ValueError, TypeError, BufferError, sm.CudaError)
 FORMATS = ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64", "2:8:32", "3:8:32", "1:8:32", "2:4:32"]
 FLOAT_DT = [np.float32, np.float16]
@@ -643,11 +644,51 @@ def _glu_backward_oracle(dh, pre, act, scale, offsets, alpha=1.702, limit=7.0) -
     return out
 
 
+def _moe_backward_case(r):
+    import torch
+    if os.path.dirname(HERE) not in sys.path:
+        sys.path.insert(0, os.path.dirname(HERE))   # tests/: the training tests' oracle
+    from test_train import make_case, oracle_grads, samoyeds_grads
+    fmt = sm.SparseFormat.parse(r.choice(FORMATS))
+    T, K, E = r.choice([0, 1, 4, 9]), r.choice([1, 2, 3]), r.choice([1, 2, 5])
+    unit = fmt.m * 4 // np.gcd(fmt.m, 4)   # rows in whole groups of m, columns in 2:4 groups
+    H, I = unit * r.choice([1, 2]), unit * r.choice([1, 2, 3])
+    act, bias = r.choice(["swiglu", "gptoss"]), r.random() < 0.5
+    alpha, limit = (1.3, 0.8) if act == "gptoss" and r.random() < 0.5 else (1.702, 7.0)  # clamps that cut
+    case = make_case(T, K, E, H, I, fmt.name, torch.float32, bias, seed=r.getrandbits(31))
+    go = torch.randn(T, H, generator=torch.Generator().manual_seed(r.getrandbits(31)))
+    out, got = samoyeds_grads(*case, act, go, alpha, limit, via=r.choice(["moe_forward", "op"]))
+    ids = case[1]
+    if not bool(((ids >= 0) & (ids < E)).any()):   # nothing routed: the oracle has no graph
+        for name, g in got.items():
+            if g is None or bool(g.any()):
+                raise Failure(f"moe_forward's backward with nothing routed: d{name} is not zero")
+        if bool(out.any()):
+            raise Failure("moe_forward with nothing routed: the output is not zero")
+        return
+    ref, want = oracle_grads(*case, act, go, alpha, limit)
+    ref = ref.detach()
+    _assert_close(out.detach().numpy(), ref.numpy(), float(ref.abs().max()) if T else 0.0,
+                  f"moe_forward {fmt.name} {act}")
+    if set(got) != set(want):
+        raise Failure(f"moe_forward's backward: gradients {sorted(got)}, the oracle's {sorted(want)}")
+    for name in want:
+        g, wt = got[name], want[name]
+        if g is None or tuple(g.shape) != tuple(wt.shape):
+            raise Failure(f"moe_forward's backward: d{name} is {None if g is None else tuple(g.shape)}")
+        _assert_close(g.double().numpy(), wt.double().numpy(), float(wt.abs().max()) if wt.numel() else 0.0,
+                      f"moe_forward's backward {fmt.name} {act} bias={bias}: d{name}")
+
+
 def case_train(r, rng):
     """The backward's ops: ssmm_dw (dW at the kept entries, in the packed layout, every entry
     written) and glu_backward against float64 oracles; then one argument mutated: a clean
-    result equals the sane one."""
-    if r.random() < 0.5:
+    result equals the sane one.  And moe_forward's backward (every gradient) against float64
+    autograd on the masked dense model: random formats, sizes, ids (placeholders), biases."""
+    k = r.random()
+    if k < 0.1:   # (some 100 times the time of the others: a tenth, to leave the others their share)
+        return _moe_backward_case(r)
+    if k < 0.55:
         x, w, p, rt, _, _, scale, _ = _valid_problem(r, rng)
         E, R, C = p.shape3
         S = rt.token_ids.shape[0]
