@@ -307,7 +307,9 @@ static int check_layout(sam_op_call *c, int i)
     }
     if (s->flags & SAM_ARG_ROWS) {
         const int64_t rows = t->shape[0], cols = t->shape[1];
-        if ((cols > 1 && t->strides[1] != 1) || (rows > 1 && t->strides[0] < cols))
+        /* (empty: no element to misplace; NumPy gives a [0, n] array zero strides) */
+        const int empty = rows == 0 || cols == 0;
+        if (!empty && ((cols > 1 && t->strides[1] != 1) || (rows > 1 && t->strides[0] < cols)))
             return layout_error(t, "rows of unit column stride that do not overlap");
         c->ld[i] = rows > 1 && cols > 0 ? t->strides[0] : cols; /* (no columns: no stride to honour) */
         if (c->cuda && s->gpu_ld > 1 && c->ld[i] % s->gpu_ld != 0) {

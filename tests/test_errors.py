@@ -728,3 +728,23 @@ class TestBadInput:
         with pytest.raises(ValueError, match=r"^x: expected a tensor on cuda:0 \(where values is\), got one on cpu"):
             sm.ssmm(_t(c.x), p, _t(c.offsets).cuda(), _t(c.token_ids).cuda(),
                     out=torch.empty(c.T, c.R, device="cuda"))
+
+
+def test_empty_numpy_rows_with_zero_strides_are_taken():
+    """NumPy gives a [0, n] array the strides (0, 0); with no element there is no layout to
+    get wrong, so every row-strided argument takes it (T = 0 from NumPy)."""
+    x = np.zeros((0, 8), np.float32)
+    assert x.strides == (0, 0) or x.strides[1] == 4   # (NumPy's choice; the test holds for both)
+    p = sm.pack(np.random.default_rng(0).standard_normal((2, 8, 8)).astype(np.float32), "2:4")
+    gu = sm.pack(np.random.default_rng(1).standard_normal((2, 16, 8)).astype(np.float32), "2:4", glu=True)
+    rt = sm.route(np.zeros((0, 1), np.int64), 2)
+    assert sm.ssmm(x, p, rt.offsets, rt.token_ids).shape == (0, 8)
+    dw = sm.ops.ssmm_dw(np.zeros((0, 8), np.float32), x, p, rt.offsets, rt.token_ids)
+    assert dw.shape == tuple(p.values.shape) and not np.asarray(dw).any()
+    assert sm.ops.glu_backward(np.zeros((0, 3), np.float32), np.zeros((0, 6), np.float32)).shape == (0, 6)
+    assert sm.glu(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)).shape == (0, 3)
+    assert sm.dense_decode(x, np.zeros((4, 8), np.float32)).shape == (0, 4)
+    y = moe_forward(x, np.zeros((0, 2), np.int64), np.zeros((0, 2), np.float32), gu, p)
+    assert y.shape == (0, 8)
+    with pytest.raises(ValueError, match=r"^x: expected rows of unit column stride"):
+        sm.ssmm(np.zeros((8, 3), np.float32).T, p, rt.offsets, rt.token_ids)   # (non-empty: still checked)

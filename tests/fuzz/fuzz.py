@@ -4,12 +4,14 @@ Every case builds random arguments for one entry point -- shapes (zero, odd,
 products past int64), dtypes, strides (non-contiguous, negative, overlapping),
 format strings and (n, m, v), expert and token ids (negative, out of range),
 corrupted packed arrays and metadata, hand-built DLPack capsules with tampered
-fields, corrupted checkpoints (truncation, bit flips, header edits) -- calls it,
-and judges the outcome with one oracle:
+fields, corrupted checkpoints (truncation, bit flips, header edits), the
+backward's ops (ssmm_dw, glu_backward) -- calls it, and judges the outcome with
+one oracle:
 
 * a clean result must equal the C reference on a sane copy of the same
   arguments (contiguous, aligned, valid), or, for packed weights that unpack
-  accepts, ``x @ unpack(W).T`` in float64 within the fp32 tolerance;
+  accepts, ``x @ unpack(W).T`` in float64 within the fp32 tolerance (the
+  backward's: ``dY^T X`` at the kept entries, the GLU's derivative);
 * otherwise the call must raise one of the documented types: ValueError
   (CheckpointError is one), TypeError, BufferError or samoyeds.CudaError.
 
@@ -41,8 +43,9 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 import samoyeds as sm
-from samoyeds import _C
+from samoyeds import _C, ops
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 ALLOWED = (ValueError, TypeError, BufferError, sm.CudaError)
 FORMATS = ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64", "2:8:32", "3:8:32", "1:8:32", "2:4:32"]
 FLOAT_DT = [np.float32, np.float16]
@@ -190,6 +193,28 @@ def _valid_problem(r: random.Random, rng: np.random.Generator):
     return x, w, p, rt, act, bias, scale, topk
 
 
+def _fp32_may_overflow(x, p, rt, act, bias) -> np.ndarray:
+    """[S, out_cols] bool: where a float32 sum of the products, in some order, can pass
+    float32's largest value (sum of |products| over it): inf there is float32 arithmetic, not
+    a wrong result (a corrupted value near 1e38 in a sum whose exact value is in range)."""
+    with np.errstate(all="ignore"):
+        q = sm.PackedWeight(np.abs(np.asarray(p.values, np.float64)).astype(np.float32), p.meta, p.idx, p.fmt,
+                            p.shape, p.glu)
+        W = np.asarray(sm.unpack(q), np.float64)
+        E, R, _ = W.shape
+        ax = np.abs(np.asarray(x, np.float64))
+        ab = None if bias is None else np.abs(np.asarray(bias, np.float64))
+        S = rt.token_ids.shape[0]
+        big = np.zeros((S, R if act == "none" else R // 2), bool)
+        lim = float(np.finfo(np.float32).max) / 4
+        for e in range(E):
+            for s in range(rt.offsets[e], rt.offsets[e + 1]):
+                b = ax[rt.token_ids[s]] @ W[e].T + (0 if ab is None else ab[e])
+                b = ~(b < lim)
+                big[s] = b if act == "none" else b[:R // 2] | b[R // 2:]
+    return big
+
+
 def _ssmm_oracle(x, w, p, rt, act, bias, scale) -> np.ndarray:
     """float64 definition of ssmm over unpack(p)."""
     W = np.asarray(sm.unpack(p), np.float64)
@@ -315,8 +340,11 @@ def case_packed(r, rng):
     if x.dtype == np.float32:
         want = _ssmm_oracle(x, None, bad, rt, act, bias, scale)
         off = int(rt.offsets[-1])
+        got = np.array(out, np.float64)
+        big = _fp32_may_overflow(x, bad, rt, act, bias)
+        got[big], want[big] = 0.0, 0.0
         with np.errstate(all="ignore"):
-            _assert_close(np.asarray(out)[:off], want[:off], float(np.nanmax(np.abs(want), initial=0)),
+            _assert_close(got[:off], want[:off], float(np.nanmax(np.abs(want), initial=0)),
                           "ssmm on corrupted-but-valid arrays vs x @ unpack(W).T")
 
 
@@ -588,8 +616,135 @@ def case_checkpoint(r, rng, ck: _Checkpoints):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _kept_mask(p) -> np.ndarray:
+    """[E, R, C] bool: the entries p keeps (unpack of the same arrays with every value 1)."""
+    ones = np.ones(np.asarray(p.values).shape, np.asarray(p.values).dtype)
+    return np.asarray(sm.unpack(sm.PackedWeight(ones, p.meta, p.idx, p.fmt, p.shape, p.glu))) != 0
+
+
+def _glu_backward_oracle(dh, pre, act, scale, offsets, alpha=1.702, limit=7.0) -> np.ndarray:
+    """float64 [dgate, dup] of h = act(gate, up); rows from offsets[E] on are 0."""
+    dh, pre = np.asarray(dh, np.float64), np.asarray(pre, np.float64)
+    I = dh.shape[1]
+    g, u = pre[:, :I], pre[:, I:]
+    if scale is not None:
+        dh = dh * np.asarray(scale, np.float64)[:, None]
+    with np.errstate(over="ignore"):
+        if act == "swiglu":
+            sg = 1 / (1 + np.exp(-g))
+            out = np.concatenate([dh * u * sg * (1 + g * (1 - sg)), dh * g * sg], axis=1)
+        else:
+            gc, uc = np.minimum(g, limit), np.clip(u, -limit, limit)
+            sg = 1 / (1 + np.exp(-alpha * gc))
+            dg = np.where(g <= limit, dh * (uc + 1) * (sg + alpha * gc * sg * (1 - sg)), 0.0)
+            du = np.where((u >= -limit) & (u <= limit), dh * gc * sg, 0.0)
+            out = np.concatenate([dg, du], axis=1)
+    if offsets is not None:
+        out[int(np.asarray(offsets)[-1]):] = 0
+    return out
+
+
+def _moe_backward_case(r):
+    import torch
+    if os.path.dirname(HERE) not in sys.path:
+        sys.path.insert(0, os.path.dirname(HERE))   # tests/: the training tests' oracle
+    from test_train import make_case, oracle_grads, samoyeds_grads
+    fmt = sm.SparseFormat.parse(r.choice(FORMATS))
+    T, K, E = r.choice([0, 1, 4, 9]), r.choice([1, 2, 3]), r.choice([1, 2, 5])
+    unit = fmt.m * 4 // np.gcd(fmt.m, 4)   # rows in whole groups of m, columns in 2:4 groups
+    H, I = unit * r.choice([1, 2]), unit * r.choice([1, 2, 3])
+    act, bias = r.choice(["swiglu", "gptoss"]), r.random() < 0.5
+    alpha, limit = (1.3, 0.8) if act == "gptoss" and r.random() < 0.5 else (1.702, 7.0)  # clamps that cut
+    case = make_case(T, K, E, H, I, fmt.name, torch.float32, bias, seed=r.getrandbits(31))
+    go = torch.randn(T, H, generator=torch.Generator().manual_seed(r.getrandbits(31)))
+    out, got = samoyeds_grads(*case, act, go, alpha, limit, via=r.choice(["moe_forward", "op"]))
+    ids = case[1]
+    if not bool(((ids >= 0) & (ids < E)).any()):   # nothing routed: the oracle has no graph
+        for name, g in got.items():
+            if g is None or bool(g.any()):
+                raise Failure(f"moe_forward's backward with nothing routed: d{name} is not zero")
+        if bool(out.any()):
+            raise Failure("moe_forward with nothing routed: the output is not zero")
+        return
+    ref, want = oracle_grads(*case, act, go, alpha, limit)
+    ref = ref.detach()
+    _assert_close(out.detach().numpy(), ref.numpy(), float(ref.abs().max()) if T else 0.0,
+                  f"moe_forward {fmt.name} {act}")
+    if set(got) != set(want):
+        raise Failure(f"moe_forward's backward: gradients {sorted(got)}, the oracle's {sorted(want)}")
+    for name in want:
+        g, wt = got[name], want[name]
+        if g is None or tuple(g.shape) != tuple(wt.shape):
+            raise Failure(f"moe_forward's backward: d{name} is {None if g is None else tuple(g.shape)}")
+        _assert_close(g.double().numpy(), wt.double().numpy(), float(wt.abs().max()) if wt.numel() else 0.0,
+                      f"moe_forward's backward {fmt.name} {act} bias={bias}: d{name}")
+
+
+def case_train(r, rng):
+    """The backward's ops: ssmm_dw (dW at the kept entries, in the packed layout, every entry
+    written) and glu_backward against float64 oracles; then one argument mutated: a clean
+    result equals the sane one.  And moe_forward's backward (every gradient) against float64
+    autograd on the masked dense model: random formats, sizes, ids (placeholders), biases."""
+    k = r.random()
+    if k < 0.1:   # (some 100 times the time of the others: a tenth, to leave the others their share)
+        return _moe_backward_case(r)
+    if k < 0.55:
+        x, w, p, rt, _, _, scale, _ = _valid_problem(r, rng)
+        E, R, C = p.shape3
+        S = rt.token_ids.shape[0]
+        dy = rng.standard_normal((S, R)).astype(x.dtype)
+        out = np.full(np.asarray(p.values).shape, np.nan, x.dtype)
+        ops.ssmm_dw(dy, x, p, rt.offsets, rt.token_ids, scale, out=out)
+        if not np.isfinite(out).all():
+            raise Failure("ssmm_dw left entries of out unwritten (NaN poison)")
+        if x.dtype == np.float32:
+            off = np.asarray(rt.offsets)
+            want = np.zeros((E, R, C))
+            dys = np.asarray(dy, np.float64) * (1.0 if scale is None else np.asarray(scale, np.float64)[:, None])
+            for e in range(E):
+                ids = np.asarray(rt.token_ids[off[e]:off[e + 1]], np.int64)
+                want[e] = dys[off[e]:off[e + 1]].T @ np.asarray(x, np.float64)[ids]
+            want *= _kept_mask(p)
+            got = sm.unpack(sm.PackedWeight(out, p.meta, p.idx, p.fmt, p.shape, p.glu))
+            _assert_close(got, want, float(np.abs(want).max(initial=0)), "ssmm_dw vs float64 dY^T X at the kept entries")
+        args = {"dy": dy, "x": x, "offsets": rt.offsets, "token_ids": rt.token_ids, "scale": scale}
+        name = r.choice(list(args))
+        args[name] = _mutate(r, args[name])
+        got = ops.ssmm_dw(args["dy"], args["x"], p, args["offsets"], args["token_ids"], args["scale"])
+        sane = ops.ssmm_dw(*(np.ascontiguousarray(args[k]) if isinstance(args[k], np.ndarray) else args[k]
+                            for k in ("dy", "x")), p,
+                          *(np.ascontiguousarray(args[k]) if isinstance(args[k], np.ndarray) else args[k]
+                            for k in ("offsets", "token_ids", "scale")))
+        _equal(got, sane, f"ssmm_dw with {name} mutated")
+        return
+    S, I = _dim(r), _dim(r)
+    dt = r.choice(FLOAT_DT)
+    act = r.choice(["swiglu", "gptoss"])
+    pre = (4 * rng.standard_normal((S, 2 * I))).astype(dt)
+    dh = rng.standard_normal((S, I)).astype(r.choice([dt, np.float32]))
+    scale = rng.random(S).astype(np.float32) if r.random() < 0.5 else None
+    offsets = None
+    if r.random() < 0.5:
+        cut = sorted(r.randrange(S + 1) for _ in range(r.choice([1, 2, 4])))
+        offsets = np.array([0] + cut, np.int32)
+    out = np.full((S, 2 * I), np.nan, np.float32)
+    ops.glu_backward(dh, pre, out, scale=scale, offsets=offsets, act=act)
+    _assert_close(out, _glu_backward_oracle(dh, pre, act, scale, offsets), 1.0, f"glu_backward {act}")
+    args = {"dh": dh, "preact": pre, "scale": scale, "offsets": offsets}
+    name = r.choice(list(args))
+    args[name] = _mutate(r, args[name])
+    got = ops.glu_backward(args["dh"], args["preact"], scale=args["scale"], offsets=args["offsets"], act=act)
+    sane = ops.glu_backward(*(np.ascontiguousarray(args[k]) if isinstance(args[k], np.ndarray) else args[k]
+                             for k in ("dh", "preact")),
+                           scale=None if args["scale"] is None else np.ascontiguousarray(args["scale"]),
+                           offsets=None if args["offsets"] is None else np.ascontiguousarray(args["offsets"]),
+                           act=act)
+    _equal(got, sane, f"glu_backward with {name} mutated")
+
+
 CATEGORIES = {"ssmm": case_ssmm, "format": case_format, "packed": case_packed, "ids": case_ids,
-              "ops": case_ops, "moe": case_moe, "dlpack": case_dlpack, "checkpoint": case_checkpoint}
+              "ops": case_ops, "moe": case_moe, "dlpack": case_dlpack, "checkpoint": case_checkpoint,
+              "train": case_train}
 
 
 # ---- GPU mode ------------------------------------------------------------------------------------
