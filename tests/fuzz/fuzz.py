@@ -5,7 +5,7 @@ products past int64), dtypes, strides (non-contiguous, negative, overlapping),
 format strings and (n, m, v), expert and token ids (negative, out of range),
 corrupted packed arrays and metadata, hand-built DLPack capsules with tampered
 fields, corrupted checkpoints (truncation, bit flips, header edits), the
-backward's ops (ssmm_dw, glu_backward) -- calls it, and judges the outcome with
+backward's ops (ssmm_dw, ssmm_dx, glu_backward) -- calls it, and judges the outcome with
 one oracle:
 
 * a clean result must equal the C reference on a sane copy of the same
@@ -680,6 +680,34 @@ def _moe_backward_case(r):
                       f"moe_forward's backward {fmt.name} {act} bias={bias}: d{name}")
 
 
+def _ssmm_dx_case(r, rng):
+    """ssmm_dx (dX from the forward's packing) against float64 dy[token] @ unpack(W), rows
+    past offsets[E] zero, every row written; then one argument mutated."""
+    x, w, p, rt, _, _, scale, _ = _valid_problem(r, rng)
+    E, R, C = p.shape3
+    S = rt.token_ids.shape[0]
+    dy = rng.standard_normal((x.shape[0], R)).astype(x.dtype)
+    out = np.full((S, C), np.nan, x.dtype)
+    ops.ssmm_dx(dy, p, rt.offsets, rt.token_ids, scale, out=out)
+    if not np.isfinite(out).all():
+        raise Failure("ssmm_dx left rows of out unwritten (NaN poison)")
+    if x.dtype == np.float32:
+        W = np.asarray(sm.unpack(p), np.float64)
+        off = np.asarray(rt.offsets)
+        want = np.zeros((S, C))
+        for e in range(E):
+            for s in range(off[e], off[e + 1]):
+                want[s] = np.asarray(dy[rt.token_ids[s]], np.float64) @ W[e] * (1.0 if scale is None else scale[s])
+        _assert_close(out, want, float(np.abs(want).max(initial=0)), "ssmm_dx vs float64 dy @ unpack(W)")
+    args = {"dy": dy, "offsets": rt.offsets, "token_ids": rt.token_ids, "scale": scale}
+    name = r.choice(list(args))
+    args[name] = _mutate(r, args[name])
+    sane_args = [np.ascontiguousarray(args[k]) if isinstance(args[k], np.ndarray) else args[k]
+                 for k in ("dy", "offsets", "token_ids", "scale")]
+    got = ops.ssmm_dx(args["dy"], p, args["offsets"], args["token_ids"], args["scale"])
+    _equal(got, ops.ssmm_dx(sane_args[0], p, *sane_args[1:]), f"ssmm_dx with {name} mutated")
+
+
 def case_train(r, rng):
     """The backward's ops: ssmm_dw (dW at the kept entries, in the packed layout, every entry
     written) and glu_backward against float64 oracles; then one argument mutated: a clean
@@ -688,7 +716,9 @@ def case_train(r, rng):
     k = r.random()
     if k < 0.1:   # (some 100 times the time of the others: a tenth, to leave the others their share)
         return _moe_backward_case(r)
-    if k < 0.55:
+    if k < 0.4:
+        return _ssmm_dx_case(r, rng)
+    if k < 0.7:
         x, w, p, rt, _, _, scale, _ = _valid_problem(r, rng)
         E, R, C = p.shape3
         S = rt.token_ids.shape[0]
