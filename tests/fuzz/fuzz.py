@@ -736,7 +736,8 @@ def case_train(r, rng):
                 want[e] = dys[off[e]:off[e + 1]].T @ np.asarray(x, np.float64)[ids]
             want *= _kept_mask(p)
             got = sm.unpack(sm.PackedWeight(out, p.meta, p.idx, p.fmt, p.shape, p.glu))
-            _assert_close(got, want, float(np.abs(want).max(initial=0)), "ssmm_dw vs float64 dY^T X at the kept entries")
+            _assert_close(got, want, float(np.abs(want).max(initial=0)),
+                          "ssmm_dw vs float64 dY^T X at the kept entries")
         args = {"dy": dy, "x": x, "offsets": rt.offsets, "token_ids": rt.token_ids, "scale": scale}
         name = r.choice(list(args))
         args[name] = _mutate(r, args[name])
