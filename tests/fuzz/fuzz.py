@@ -785,7 +785,7 @@ def _gpu_close(what, got, want, bound, eps):
     bound is the sum of |products| (fp32 sums in another order, one rounding each)."""
     import torch
     g, wnt, bnd = got.double().cpu(), want.double(), bound.double()
-    bad = (g - wnt).abs() > 4 * eps * (wnt.abs() + bnd + 1e-30) | torch.isnan(g)
+    bad = ((g - wnt).abs() > 4 * eps * (wnt.abs() + bnd + 1e-30)) | torch.isnan(g)
     if bool(bad.any()):
         i = tuple(int(v) for v in bad.nonzero()[0])
         raise Failure(f"{what} on the GPU: {list(i)} = {float(g[i])}, the C reference {float(wnt[i])}")
