@@ -5,8 +5,9 @@ selection + 2:4) and multiplied on sparse tensor cores against only the tokens
 routed to each expert, read by index from the unpermuted activations.
 
 What stays tunable (kernel tile and token rows, decode thresholds, PDL) is one
-:class:`Config` in force, read with :func:`get_config` and changed for a scope
-with ``with samoyeds.config(...)`` (samoyeds/_config.py).
+:class:`Config` in force, read with :func:`get_config` and changed with
+``samoyeds.config(...)``: for the process, or for a scope as ``with samoyeds.config(...)``
+(samoyeds/_config.py).
 """
 from __future__ import annotations
 

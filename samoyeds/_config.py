@@ -13,8 +13,9 @@ Tests and benchmarks change it for a scope::
     with samoyeds.config(tile="256x64", token_rows="tma"):
         ...
 
-:func:`override` validates every field before anything changes, applies the new value,
-and restores the previous one on exit (also when the body raises); overrides nest.  The
+:func:`override` validates every field before anything changes and applies the new value;
+as a ``with`` statement it restores the previous one on exit (also when the body raises),
+and overrides nest.  Called alone (``samoyeds.config(split_k=1)``), the change stays.  The
 configuration is process-wide, like the module state it writes: an override on one
 thread is seen by every thread while it lasts.
 
@@ -24,11 +25,10 @@ another: per-kernel profiler traces read cleanly; results are bit-identical).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Optional
 
 from . import _C
 
@@ -102,27 +102,42 @@ def get() -> Config:
     return _current
 
 
-@contextlib.contextmanager
-def override(**fields: Any) -> Iterator[Config]:
-    """Puts ``fields`` (names of :class:`Config`) in force for the ``with`` body, the
-    others as they are, and restores the previous configuration on exit, also when the
-    body raises (``samoyeds.config(...)``).  Yields the configuration in force.
+class override:
+    """Puts ``fields`` (names of :class:`Config`) in force, the others as they are
+    (``samoyeds.config(...)``).  Called alone, the change stays for the process::
+
+        samoyeds.config(split_k=1)
+
+    As a ``with`` statement, the previous configuration comes back on exit, also when the
+    body raises; overrides nest::
+
+        with samoyeds.config(tile="256x64") as cfg:   # cfg: the configuration in force
+            ...
+
+    The change takes effect when ``config(...)`` is called (a ``with`` enters at once).
 
     Raises:
         ValueError: an unknown field, or a value it does not take (the message names
             the field); nothing has changed then.
     """
-    known = {f.name for f in dataclasses.fields(Config)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(f"{unknown[0]}: not a samoyeds config field; expected one of {sorted(known)}")
-    previous = _current
-    new = dataclasses.replace(previous, **fields)
-    _apply(new)
-    try:
-        yield new
-    finally:
-        _apply(previous)
+
+    def __init__(self, **fields: Any) -> None:
+        known = {f.name for f in dataclasses.fields(Config)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not a samoyeds config field; expected one of {sorted(known)}")
+        self._previous = _current
+        self._new = dataclasses.replace(self._previous, **fields)   # (validates: Config.__post_init__)
+        _apply(self._new)
+
+    def __enter__(self) -> Config:
+        return self._new
+
+    def __exit__(self, *exc: Any) -> None:
+        _apply(self._previous)
+
+    def __repr__(self) -> str:
+        return f"samoyeds.config: {self._new!r}"
 
 
 def _from_environment() -> Config:

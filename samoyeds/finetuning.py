@@ -106,6 +106,8 @@ def finetune(model: nn.Module, batches: Iterable[Any], *, steps: Optional[int] =
         if not hasattr(batches, "__len__"):
             raise ValueError("steps: required when batches has no len()")
         steps = len(batches)  # type: ignore[arg-type]
+        if steps == 0:
+            raise ValueError("batches: empty; nothing to fine-tune on")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected an int >= 1, got {steps!r}")
     device = params[0].device

@@ -42,11 +42,13 @@ def token_rounding(router_probs: Any, top_k_index: Any, top_k_weights: Any, tile
     if router_probs.ndim != 2 or top_k_index.ndim != 2 or top_k_index.shape != top_k_weights.shape:
         raise ValueError(f"router_probs: expected [T, E] with top_k_index/top_k_weights [T, K]; got "
                          f"{tuple(router_probs.shape)}, {tuple(top_k_index.shape)}, {tuple(top_k_weights.shape)}")
-    if not isinstance(tile, int) or tile < 1:
+    if not isinstance(tile, int) or isinstance(tile, bool) or tile < 1:
         raise ValueError(f"tile: expected a positive int, got {tile!r}")
     T, E = router_probs.shape
     if top_k_index.shape[0] != T:
         raise ValueError(f"top_k_index: expected {T} rows (router_probs'), got {top_k_index.shape[0]}")
+    if E == 0:
+        raise ValueError("router_probs: expected at least one expert column, got [T, 0]")
     dev = router_probs.device
     idx = top_k_index.long()
     valid = (idx >= 0) & (idx < E)
@@ -55,15 +57,22 @@ def token_rounding(router_probs: Any, top_k_index: Any, top_k_weights: Any, tile
     weight = torch.zeros(T, E, dtype=top_k_weights.dtype, device=dev)
     weight.scatter_(1, idx.clamp(0, E - 1), torch.where(valid, top_k_weights, torch.zeros_like(top_k_weights)))
     # routed tokens rank first in every expert's column, by score; then the others by score
-    key = router_probs.float() - (~routed).float() * 2.0
-    order = key.argsort(dim=0, descending=True, stable=True)          # [T, E] token order per expert
+    # (two stable sorts, so any scores order right: probabilities, logits, biased scores)
+    scores = router_probs.float()
+    by_score = scores.argsort(dim=0, descending=True, stable=True)
+    unrouted = (~routed.gather(0, by_score)).int()
+    order = by_score.gather(0, unrouted.argsort(dim=0, stable=True))  # [T, E] token order per expert
     rank = torch.empty_like(order)
     rank.scatter_(0, order, torch.arange(T, device=dev).unsqueeze(1).expand(T, E))
     count = routed.sum(0)
     target = torch.clamp(torch.round(count.float() / tile) * tile, max=T).long()
     keep = rank < target.unsqueeze(0)                                   # [T, E]
     new_w = torch.where(routed, weight, router_probs.to(weight.dtype))
-    k2 = max(int(keep.sum(1).max().item()) if T else 0, 1)
+    # the one synchronisation: the result's width, and whether a score is NaN (no order)
+    most, nans = (torch.stack([keep.sum(1).max(), scores.isnan().sum()]).tolist() if T else (0, 0))
+    if nans:
+        raise ValueError(f"router_probs: {nans} NaN scores (no order to round by)")
+    k2 = max(int(most), 1)
     # each token's kept experts in increasing id, placeholders after (distinct keys: the
     # same order on every device)
     ids = torch.arange(E, device=dev)

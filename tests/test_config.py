@@ -1,5 +1,5 @@
 """samoyeds.config / samoyeds.get_config: one configuration in force, written to the C
-extension's module state, overridden for a scope and restored on exit; SAMOYEDS_PDL read
+extension's module state, changed for the process or for a scope (restored on exit); SAMOYEDS_PDL read
 once at import and no other environment variable read by the package."""
 from __future__ import annotations
 
@@ -59,6 +59,26 @@ def test_override_restores_when_the_body_raises():
             assert _C.get_config()["token_rows"] == 1
             raise KeyError("inside")
     assert sm.get_config() is before and _C.get_config() == _in_c(before)
+
+
+def test_a_call_alone_stays_in_force_and_checks_at_once():
+    """samoyeds.config(...) as a statement changes the configuration for the process (it
+    used to do nothing outside a with); a bad value raises at the call."""
+    before = sm.get_config()
+    try:
+        sm.config(split_k=1, pdl=False)
+        now = sm.get_config()
+        assert (now.split_k, now.pdl) == (1, False) and now.tile == before.tile
+        assert _C.get_config() == _in_c(now)
+        with pytest.raises(ValueError, match=r"^split_k: "):
+            sm.config(split_k=-1)
+        assert sm.get_config() is now
+        with sm.config(tile="256x64"):
+            assert sm.get_config().split_k == 1
+        assert sm.get_config() is now
+    finally:
+        sm.config(**dataclasses.asdict(before))
+    assert sm.get_config() == before and _C.get_config() == _in_c(before)
 
 
 @pytest.mark.parametrize("fields,name", [

@@ -343,6 +343,10 @@ def test_finetune_arguments():
         sm.finetune(model, iter([ids]))
     with pytest.raises(TypeError, match="batches"):
         sm.finetune(model, [[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"^batches: empty"):
+        sm.finetune(model, [])
+    with pytest.raises(TypeError, match=r"^freeze: expected a bool"):
+        sm.freeze_experts(model, "no")
     with pytest.raises(ValueError, match="router_aux_loss"):
         sm.finetune(build_model("llama4", Shape(), seed=10), [ids], router_aux_loss=True)
     seen = []

@@ -9,8 +9,11 @@ import samoyeds as sm
 from samoyeds.token_rounding import token_rounding
 
 
-def _router(T, E, K, gen):
-    probs = torch.softmax(torch.randn(T, E, generator=gen) * 2, dim=-1)
+def _router(T, E, K, gen, scores="softmax"):
+    """Router scores: softmax probabilities, or raw logits (negative too: the ranking must not
+    assume scores in [0, 1])."""
+    logits = torch.randn(T, E, generator=gen) * 2
+    probs = torch.softmax(logits, dim=-1) if scores == "softmax" else logits - 3
     w, i = probs.topk(K, dim=-1)
     return probs, i, w
 
@@ -26,9 +29,10 @@ def _pairs(idx, w, E):
 
 
 @pytest.mark.parametrize("T,E,K,tile", [(50, 6, 2, 4), (200, 16, 4, 8), (7, 3, 1, 4), (64, 8, 2, 1)])
-def test_token_rounding_rules(T, E, K, tile):
+@pytest.mark.parametrize("scores", ["softmax", "logits"])
+def test_token_rounding_rules(T, E, K, tile, scores):
     gen = torch.Generator().manual_seed(torch.seed() % 2**31)
-    probs, idx, w = _router(T, E, K, gen)
+    probs, idx, w = _router(T, E, K, gen, scores)
     new_idx, new_w = token_rounding(probs, idx, w, tile=tile)
     before, after = _pairs(idx, w, E), _pairs(new_idx, new_w, E)
     assert ((new_idx == E) == (new_w == 0)).all()
@@ -69,6 +73,14 @@ def test_token_rounding_bad_input():
         token_rounding(torch.rand(4, 3), torch.zeros(4, 1, dtype=torch.long), torch.rand(4, 1), tile=0)
     with pytest.raises(ValueError, match="router_probs"):
         token_rounding(torch.rand(4), torch.zeros(4, 1, dtype=torch.long), torch.rand(4, 1))
+    with pytest.raises(ValueError, match="tile"):
+        token_rounding(torch.rand(4, 3), torch.zeros(4, 1, dtype=torch.long), torch.rand(4, 1), tile=True)
+    with pytest.raises(ValueError, match=r"^router_probs: expected at least one expert"):
+        token_rounding(torch.rand(4, 0), torch.zeros(4, 1, dtype=torch.long), torch.rand(4, 1))
+    nan = torch.rand(4, 3)
+    nan[2, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"^router_probs: 1 NaN scores"):
+        token_rounding(nan, torch.zeros(4, 1, dtype=torch.long), torch.rand(4, 1))
 
 
 @pytest.mark.gpu

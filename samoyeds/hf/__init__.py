@@ -368,7 +368,10 @@ def freeze_experts(model: nn.Module, freeze: bool = True) -> nn.Module:
     Same as ``p.requires_grad_(not freeze)`` on each; a frozen expert costs no gradient memory
     and its backward computes only the gradient of its input.  Returns ``model``.
 
-    Raises ValueError for a model samoyeds has not patched (nothing would change)."""
+    Raises ValueError for a model samoyeds has not patched (nothing would change), TypeError
+    for a ``freeze`` that is not a bool (``freeze="no"`` would freeze)."""
+    if not isinstance(freeze, bool):
+        raise TypeError(f"freeze: expected a bool, got {type(freeze).__name__}")
     params = experts_parameters(model)
     if not params:
         raise ValueError(f"{type(model).__name__} has no experts packed by samoyeds; call samoyeds.patch_model first")
