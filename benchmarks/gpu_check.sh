@@ -9,6 +9,8 @@
 #                                [bench-breakdown] [bench-e2e] [bench-memory] [bench-decode] [accuracy]
 #                                [bench-moe-models: MOE_MODELS=a,b MOE_TOKENS=1,16]
 #                                [smoke-gpu] [demo] [stress: STRESS_ARGS="--model M --tokens T"]
+#                                [bench-train] [bench-train-breakdown: TRAIN_MODELS=a,b TRAIN_TOKENS=4096]
+#                                [dx-check: ssmm_dx's standalone check, dev/dx_check]
 # Probes, profilers and A/B drivers live in dev/lab/ (run them directly).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
@@ -85,6 +87,15 @@ for step in $steps; do
         --out "$OUT/tiny" > "$OUT/smoke_gpu.log" 2>&1
       summary+=("smoke-gpu: rc=$? $(tail -8 "$OUT/smoke_gpu.log" | tr '\n' ';')") ;;
     demo) run demo 30 $PY -m samoyeds demo --device cuda --json "$OUT/demo.json" ;;
+    bench-train) run bench_train 30 $PY benchmarks/bench_train.py --breakdown --out "$OUT" ;;
+    bench-train-breakdown) run bench_train_breakdown 30 $PY benchmarks/bench_train.py --only-breakdown \
+      --models "${TRAIN_MODELS:-mixtral-8x7b,olmoe}" --tokens "${TRAIN_TOKENS:-4096}" --out "$OUT" ;;
+    dx-check)
+      # ssmm_dx's standalone check and timing (dev/dx_check), built apart from the extension
+      nvcc -O2 -std=c++17 --expt-relaxed-constexpr -DSAM_ARCHS='"90a"' -I cuda \
+        -gencode=arch=compute_90a,code=sm_90a dev/dx_check/dx_check.cu cuda/ssmm_dx.cu cuda/device.cu \
+        -o /tmp/dx_check > "$OUT/dx_check_build.log" 2>&1 && run dx_check 25 /tmp/dx_check \
+        || summary+=("dx-check: build failed: $(tail -3 "$OUT/dx_check_build.log" | tr '\n' ';')") ;;
     *) echo "unknown step $step" ;;
   esac
 done
