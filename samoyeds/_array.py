@@ -124,6 +124,15 @@ def tensor_arg(t: Any, name: str, optional: bool = False) -> Any:
     return for_c(t)
 
 
+def check_model(model: Any, name: str = "model") -> None:
+    """A TypeError naming ``name`` unless ``model`` is a torch ``nn.Module`` (a model function
+    handed something else would fail later with an AttributeError that names no argument)."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{name}: expected a torch.nn.Module (a transformers model), got {type(model).__name__}")
+
+
 def check_ndim(t: Any, name: str, ndim: int) -> None:
     """A ValueError worded as the extension words it when t is not ndim-d: for the
     wrappers that read a shape to allocate an output before the extension sees t."""

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from ._array import check_model
 from . import _C
 from . import hf as _hf
 from .hf import experts as _experts, llama4 as _llama4
@@ -79,6 +80,7 @@ def save_pretrained(model: nn.Module, path: PathLike) -> None:
         NotImplementedError: its shared experts are packed too (``patch_model(...,
             shared_experts=True)``): checkpoints hold packed routed experts only.
     """
+    check_model(model)
     from safetensors.torch import save_file
 
     shared = _hf.packed_shared(model)

@@ -20,6 +20,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from ._array import check_model
+
 __all__ = ["finetune"]
 
 
@@ -98,6 +100,7 @@ def finetune(model: nn.Module, batches: Iterable[Any], *, steps: Optional[int] =
             Llama 4 in transformers 5.24).
     The model is in train mode during the run and goes back to the mode it was in.
     """
+    check_model(model)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"{type(model).__name__}: no Parameter requires grad; nothing to fine-tune "

@@ -45,6 +45,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from ._array import check_model
 from . import hf as _hf
 from .hf import experts as _experts
 from .format import PRESETS, SparseFormat
@@ -591,6 +592,7 @@ def sparsify_model(model: torch.nn.Module, fmt: Union[str, SparseFormat, tuple] 
 
     Returns ``model``, patched: its experts run from packed weights.
     """
+    check_model(model)
     fmt = SparseFormat.parse(fmt)
     _hf.check_options(router, shared_stream, shared_stream_min_rows)
     masks = prune_model(model, fmt, method, calibration, progress=progress, **kwargs)

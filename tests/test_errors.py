@@ -748,3 +748,14 @@ def test_empty_numpy_rows_with_zero_strides_are_taken():
     assert y.shape == (0, 8)
     with pytest.raises(ValueError, match=r"^x: expected rows of unit column stride"):
         sm.ssmm(np.zeros((8, 3), np.float32).T, p, rt.offsets, rt.token_ids)   # (non-empty: still checked)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: sm.patch_model(3), lambda: sm.unpatch_model(3), lambda: sm.is_patched(3),
+    lambda: sm.freeze_experts(3), lambda: sm.save_pretrained(3, "unused"),
+    lambda: sm.sparsify_model(3, calibration=[]), lambda: sm.finetune(3, []),
+])
+def test_model_functions_name_a_model_that_is_not_a_module(call):
+    """Not an AttributeError from deep inside: a TypeError naming the argument."""
+    with pytest.raises(TypeError, match=r"^model: expected a torch.nn.Module \(a transformers model\), got int"):
+        call()

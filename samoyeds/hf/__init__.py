@@ -32,6 +32,7 @@ from typing import Any, List, Mapping, Optional, Union
 import torch
 from torch import nn
 
+from .._array import check_model
 from ..format import SparseFormat
 from . import llama4, swap
 from . import parallel as _parallel
@@ -188,6 +189,7 @@ def patch_model(model: nn.Module, fmt: Union[str, SparseFormat, tuple] = "samoye
         ValueError: a given or computed mask does not fit the format; the modules
             packed before the failing one get dense Parameters back (masked).
     """
+    check_model(model)
     fmt = SparseFormat.parse(fmt)
     if isinstance(method, str):
         if method != "magnitude":
@@ -293,6 +295,7 @@ def unpatch_model(model: nn.Module) -> nn.Module:
     :class:`SamoyedsMLP` gives way to the module it replaced, with dense ``nn.Linear``
     projections holding its masked weights, and unpruned shared experts get their own
     class back, as do routers and blocks.  Returns ``model``."""
+    check_model(model)
     targets = [t for t in find_experts(model) if getattr(t.experts, "_samoyeds", None) is not None]
     shared = packed_shared(model)
     if not targets and not shared:
@@ -324,6 +327,7 @@ to_dense = unpatch_model
 
 def is_patched(model: nn.Module) -> bool:
     """True when some experts module (or shared-experts MLP) of ``model`` holds samoyeds-packed weights."""
+    check_model(model)
     return any(getattr(m, "_samoyeds", None) is not None or isinstance(m, SamoyedsMLP) for m in model.modules())
 
 
@@ -370,6 +374,7 @@ def freeze_experts(model: nn.Module, freeze: bool = True) -> nn.Module:
 
     Raises ValueError for a model samoyeds has not patched (nothing would change), TypeError
     for a ``freeze`` that is not a bool (``freeze="no"`` would freeze)."""
+    check_model(model)
     if not isinstance(freeze, bool):
         raise TypeError(f"freeze: expected a bool, got {type(freeze).__name__}")
     params = experts_parameters(model)
