@@ -53,6 +53,18 @@ static sam_status check_rows(const int32_t *offsets, const int32_t *token_ids, i
     return SAM_STATUS_OK;
 }
 
+/* check_rows, then, where some row is routed, the packed arrays as unpack takes them:
+ * out-of-range or unordered row indices and invalid 2:4 codes are refused, never read as
+ * some other weight.  Every op of this file calls it before writing anything. */
+static sam_status check_call(const int32_t *offsets, const int32_t *token_ids, int64_t S, int64_t T,
+                             const char *what, const char *src, const uint32_t *meta, const uint8_t *idx,
+                             sam_format f, const sam_dims *d, int32_t *first, int32_t *last)
+{
+    const sam_status rows_ok = check_rows(offsets, token_ids, d->E, S, T, what, src, first, last);
+    if (rows_ok != SAM_STATUS_OK || *last == *first) return rows_ok;
+    return sam_format_check_ref(meta, idx, f, d);
+}
+
 /* Expert e's mask, decoded: rowof[q * nslices + j] the original row storage row q holds in
  * slice j (-1 for padding), cols[q * cp/2 + k] the column of value slot k of row q. */
 static void decode_mask(const uint32_t *meta, const uint8_t *idx, sam_format f, const sam_dims *d, int64_t e,
@@ -89,15 +101,11 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
     const int64_t nslices = sel ? d->slices : 1;
     const int64_t half = cp / 2;
 
-    /* offsets and token ids first: nothing is written unless all are valid */
+    /* offsets, token ids and the packed arrays first: nothing is written unless all are valid */
     int32_t first, last;
-    const sam_status rows_ok = check_rows(p->offsets, p->token_ids, E, p->S, p->T, "out", "x", &first, &last);
-    if (rows_ok != SAM_STATUS_OK) return rows_ok;
-    if (last == first) return SAM_STATUS_OK;
-    /* the packed arrays as unpack takes them: out-of-range or unordered row indices and
-     * invalid 2:4 codes are refused, never read as some other weight */
-    const sam_status valid = sam_format_check_ref(p->meta, p->idx, f, d);
-    if (valid != SAM_STATUS_OK) return valid;
+    const sam_status ok = check_call(p->offsets, p->token_ids, p->S, p->T, "out", "x", p->meta, p->idx, f, d,
+                                     &first, &last);
+    if (ok != SAM_STATUS_OK || last == first) return ok;
 
     float *vals = (float *)malloc(sizeof(float) * (size_t)(rp * half + 1));
     int32_t *cols = (int32_t *)malloc(sizeof(int32_t) * (size_t)(rp * half + 1));
@@ -174,12 +182,9 @@ sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p)
     const int64_t half = cp / 2;
 
     int32_t first, last;
-    const sam_status rows_ok = check_rows(p->offsets, p->token_ids, E, p->S, p->T, "dy", "x", &first, &last);
-    if (rows_ok != SAM_STATUS_OK) return rows_ok;
-    if (last > first) {
-        const sam_status valid = sam_format_check_ref(p->meta, p->idx, f, d);
-        if (valid != SAM_STATUS_OK) return valid;
-    }
+    const sam_status ok = check_call(p->offsets, p->token_ids, p->S, p->T, "dy", "x", p->meta, p->idx, f, d,
+                                     &first, &last);
+    if (ok != SAM_STATUS_OK) return ok;
 
     const int64_t nv = sam_values_per_expert(d);
     float *acc = (float *)malloc(sizeof(float) * (size_t)(nv + 1));
@@ -245,12 +250,9 @@ sam_status sam_ssmm_dx_ref(const sam_ssmm_dx_params *p)
     const int64_t half = cp / 2;
 
     int32_t first, last;
-    const sam_status rows_ok = check_rows(p->offsets, p->token_ids, E, p->S, p->T, "out", "dy", &first, &last);
-    if (rows_ok != SAM_STATUS_OK) return rows_ok;
-    if (last > first) {
-        const sam_status valid = sam_format_check_ref(p->meta, p->idx, f, d);
-        if (valid != SAM_STATUS_OK) return valid;
-    }
+    const sam_status ok = check_call(p->offsets, p->token_ids, p->S, p->T, "out", "dy", p->meta, p->idx, f, d,
+                                     &first, &last);
+    if (ok != SAM_STATUS_OK) return ok;
 
     float *vals = (float *)malloc(sizeof(float) * (size_t)(rp * half + 1));
     int32_t *cols = (int32_t *)malloc(sizeof(int32_t) * (size_t)(rp * half + 1));
