@@ -27,10 +27,10 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from ._array import check_model
 from . import _C
 from . import hf as _hf
 from .hf import experts as _experts, llama4 as _llama4
+from ._array import check_model
 from .format import SparseFormat
 from .packed import PackedWeight
 

@@ -45,10 +45,10 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ._array import check_model
 from . import hf as _hf
 from .hf import experts as _experts
 from .format import PRESETS, SparseFormat
+from ._array import check_model
 from .sparsity_patterns import FormatPattern, Pattern, PatternLike, Unstructured, Venom, pattern
 
 __all__ = ["METHODS", "Pattern", "FormatPattern", "Unstructured", "Venom", "pattern", "prune_model",
