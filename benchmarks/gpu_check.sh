@@ -40,7 +40,7 @@ run() {
 }
 for step in $steps; do
   case $step in
-    test) run test_gpu 25 $PY -m pytest tests -x -q -m gpu -p no:cacheprovider ;;
+    test) run test_gpu 25 $PY -m pytest tests -q -m gpu -p no:cacheprovider ;;
     test-ssmm) run test_ssmm 25 $PY -m pytest tests/test_ssmm.py -x -q -m gpu -p no:cacheprovider ;;
     test-all) run test_all 25 $PY -m pytest tests -q -p no:cacheprovider ;;
     test-k) run test_k 25 $PY -m pytest tests -x -q -m gpu -p no:cacheprovider -k "${PYTEST_K:?set PYTEST_K}" ;;
