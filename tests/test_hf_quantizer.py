@@ -7,6 +7,7 @@ samoyeds errors naming ``samoyeds.unpatch_model``."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import io
@@ -365,7 +366,9 @@ def test_load_time_packing_bf16(family, device, tmp_path):
     built model: a model built and cast to bf16 keeps its rotary frequencies in bf16, a loaded
     one in fp32, and their logits differ (what this test once compared, H100 2026-11-27)."""
     gpu = device == "cuda"
-    dense = build_model(family, SHAPE, seed=15, dtype=torch.bfloat16)
+    # six layers: the loader holds one layer's dense experts (and, where the checkpoint stores
+    # experts one by one, their merged copy) at a time, a third of the whole on this depth
+    dense = build_model(family, dataclasses.replace(SHAPE, layers=6), seed=15, dtype=torch.bfloat16)
     expert_bytes = sum(p.numel() * p.element_size() for n, p in dense.named_parameters() if ".experts." in n)
     dense.save_pretrained(tmp_path / "dense")
     del dense
@@ -390,7 +393,7 @@ def test_load_time_packing_bf16(family, device, tmp_path):
     non_expert = sum(p.numel() * p.element_size() for n, p in loaded.named_parameters())
     if gpu:
         peak = torch.cuda.max_memory_allocated() - base
-        assert peak < non_expert + expert_bytes, (peak, non_expert, expert_bytes)
+        assert peak < non_expert + expert_bytes / 2, (peak, non_expert, expert_bytes)
 
     loaded.save_pretrained(tmp_path / "packed")
     del loaded

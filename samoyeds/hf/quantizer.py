@@ -174,6 +174,14 @@ class SamoyedsHfQuantizer(HfQuantizer):
         mod, _, attr = param_name.rpartition(".")
         return attr in _DENSE and mod in self._layouts
 
+    def param_element_size(self, model: nn.Module, param_name: str, param: torch.Tensor) -> float:
+        """What transformers' allocator warm-up reserves per element: nothing for a dense experts
+        tensor packed while loading (only its packed arrays, counted apart, stay on the device).
+        Counting it reserved the dense experts' size on the GPU before the first tensor came."""
+        if self.param_needs_quantization(model, param_name):
+            return 0
+        return param.element_size()
+
     def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
         """On the meta-device model: every experts module gets meta tensors shaped like
         its packed arrays; a pre-quantized load drops the dense Parameters now, a packing
