@@ -26,9 +26,10 @@ token id; down: sorted rows with the routing scale).
 --breakdown (--only-breakdown: nothing else but the dW kernel timing unless --no-kernel) times
 every stage of samoyeds' layer forward and backward separately on the same inputs
 (breakdown_stages: routing, each ssmm (gate_up writes h and the pre-activation), combine; in the backward
-the routing recompute, each ssmm_dx for dX, each ssmm_dw, the GLU backward, the bias and
-routing-weight gradients, combine), beside them (group dx_transposed, outside the sums) dX the
-way it ran before ssmm_dx: the transposed-packing refreshes and ssmm on the transposed packing,
+the routing recompute, each dX by the default path (on the GPU the transposed packing's
+refresh and ssmm on it where the format has one, else ssmm_dx), each ssmm_dw, the GLU
+backward, the bias and routing-weight gradients, combine), beside them (group dx_other,
+outside the sums) dX by the other path,
 the composed ops' totals (op_total) and the autograd forward + backward, one table per case and
 rows under "breakdown".
 
@@ -320,6 +321,9 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
     dxs = to._matmul_w(dpre_x, gu, r.offsets, None, None, S)
     pos = r.pos.to(torch.int64)
 
+    def uses_t(wp) -> bool:   # the default dX path takes the transposed packing
+        return xd.is_cuda and wp.transposable
+
     def refresh(values, get):
         def fn():
             _force_refresh(values)
@@ -346,25 +350,29 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         ("gather_dout", lambda: dout.index_select(0, r.token_ids)),
         ("ssmm_dw_down", lambda: _ssmm_dw(g, h, dn, r.offsets, None, ws)),
         ("down_bias_sum", (lambda: to._segment_sum(g.float() * ws[:, None], r.offsets)) if dnb is not None else None),
-        ("ssmm_dx_down", lambda: to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)),
+        # dX by the default path: on the GPU the transposed packing, refreshed as after an
+        # optimizer step, where the format has one; else ssmm_dx (torch_ops.DX_PATHS)
+        ("transposed_refresh_down", refresh(dn.values, dn.transposed) if uses_t(dn) else None),
+        ("dx_down", lambda: to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)),
         ("dweights", dweights),
         ("glu_backward", glu_bwd),
         ("gate_up_bias_sum", (lambda: to._segment_sum(dpre, r.offsets)) if gub is not None else None),
         ("cast_dpre", (lambda: dpre.to(xd.dtype)) if gub is not None else None),
         ("ssmm_dw_gate_up", lambda: _ssmm_dw(dpre_x, xd, gu, r.offsets, r.token_ids)),
-        ("ssmm_dx_gate_up", lambda: to._matmul_w(dpre_x, gu, r.offsets, None, None, S)),
+        ("transposed_refresh_gate_up", refresh(gu.values, gu.transposed) if uses_t(gu) else None),
+        ("dx_gate_up", lambda: to._matmul_w(dpre_x, gu, r.offsets, None, None, S)),
         ("combine", lambda: sm.combine(dxs, r.pos, dtype=xdt)),
     ]
-    # dX the way the backward ran it before ssmm_dx (group "dx_transposed", not in the stage
-    # sums): the refresh of the transposed packing an optimizer step causes, then ssmm on it
-    alt = [
-        ("transposed_refresh_down", refresh(dn.values, dn.transposed) if dn.transposable else None),
-        ("dx_transposed_down", (lambda: to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S, "transposed"))
-         if dn.transposable else None),
-        ("transposed_refresh_gate_up", refresh(gu.values, gu.transposed) if gu.transposable else None),
-        ("dx_transposed_gate_up", (lambda: to._matmul_w(dpre_x, gu, r.offsets, None, None, S, "transposed"))
-         if gu.transposable else None),
-    ]
+    # dX by the other path (group "dx_other", not in the stage sums): ssmm_dx's kernel on the
+    # forward's packing where the default takes the transposed one, and the other way round
+    def other(dy, wp, tok, proj):
+        if uses_t(wp):
+            return [(f"ssmm_dx_{proj}", lambda: to._matmul_w(dy, wp, r.offsets, tok, None, S, "ssmm_dx"))]
+        if not wp.transposable:
+            return []
+        return [(f"transposed_refresh_{proj}", refresh(wp.values, wp.transposed)),
+                (f"dx_transposed_{proj}", lambda: to._matmul_w(dy, wp, r.offsets, tok, None, S, "transposed"))]
+    alt = other(dout, dn, r.token_ids, "down") + other(dpre_x, gu, None, "gate_up")
     n, mm, v = gu.fmt.c_args()
     _, gr, gc = gu.shape3
     _, dr, dc = dn.shape3
@@ -378,7 +386,7 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         ("fwd_bwd", "autograd", lambda: fwd_bwd(m, x, idx, w, gout)),
     ]
     return ([("fwd", s, f) for s, f in fwd if f is not None] + [("bwd", s, f) for s, f in bwd if f is not None]
-            + [("dx_transposed", s, f) for s, f in alt if f is not None] + total)
+            + [("dx_other", s, f) for s, f in alt if f is not None] + total)
 
 
 def bench_breakdown(name, tokens, fmt, device, dtype, tiny, seed) -> list:

@@ -283,11 +283,14 @@ def _segment_sum(rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return torch.segment_reduce(rows.float(), "sum", offsets=ext, axis=0)[:-1]
 
 
-#: How :func:`_matmul_w` multiplies by a packed weight (dX): ``"ssmm_dx"`` (the default: the
-#: forward's packing itself, :func:`samoyeds.ops.ssmm_dx`, no transposed copy) or
-#: ``"transposed"`` (:func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed`, cached and
-#: refreshed after every optimizer step; kept for comparisons).
-DX_PATHS = ("ssmm_dx", "transposed")
+#: How :func:`_matmul_w` multiplies by a packed weight (dX): ``"auto"`` (the default: on the GPU
+#: the transposed packing where the format has one, else :func:`samoyeds.ops.ssmm_dx`; on the
+#: CPU ssmm_dx), ``"ssmm_dx"`` (the forward's packing itself, no transposed copy, wherever its
+#: kernel runs) or ``"transposed"`` (:func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed`,
+#: cached and refreshed after every optimizer step).  On an H100 at T = 16384 the transposed
+#: path, refresh included, took 16.2 / 3.3 / 3.8 ms per layer where ssmm_dx's mma.sync kernel
+#: took 54.7 / 8.2 / 6.6 (Mixtral-8x7B / OLMoE / Qwen3-30B-A3B; docs/TRAINING.md).
+DX_PATHS = ("auto", "ssmm_dx", "transposed")
 
 
 def _ssmm_dx_takes(dy: torch.Tensor, w: PackedWeight) -> bool:
@@ -302,16 +305,19 @@ def _ssmm_dx_takes(dy: torch.Tensor, w: PackedWeight) -> bool:
 
 
 def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_ids: Optional[torch.Tensor],
-              scale: Optional[torch.Tensor], rows: int, path: str = "ssmm_dx") -> torch.Tensor:
+              scale: Optional[torch.Tensor], rows: int, path: str = "auto") -> torch.Tensor:
     """``out[s] = (dy[token_ids[s]] @ W_e) * scale[s]`` for the sorted rows s of every expert
     e (``[rows, C]``, dy's dtype; rows past offsets[E] 0): the gradient with respect to an
     ssmm's input.  ``path`` (:data:`DX_PATHS`): ``"ssmm_dx"`` runs
     :func:`samoyeds.ops.ssmm_dx` on the forward's packing wherever it runs (the CPU; on the
     GPU 2:4, 1:2:V and 1:4:V with V a multiple of 64), else, as ``"transposed"`` does,
     :func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed` where the transpose is 2:4, else
-    the masked dense weight in torch (fp32, one host sync)."""
+    the masked dense weight in torch (fp32, one host sync).  ``"auto"``: the transposed
+    packing on the GPU where there is one (the faster there), else as ``"ssmm_dx"``."""
     if path not in DX_PATHS:
         raise ValueError(f"path: expected one of {DX_PATHS}, got {path!r}")
+    if path == "auto":
+        path = "transposed" if dy.is_cuda and w.transposable else "ssmm_dx"
     if path == "ssmm_dx" and _ssmm_dx_takes(dy, w):
         return ssmm_dx(dy, w, offsets, token_ids, scale, out=dy.new_empty((rows, w.shape3[2])))
     if w.transposable:
@@ -337,7 +343,7 @@ def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_id
 def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
                        gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v,
                        act, gate_up_bias, down_bias, alpha, limit, preact=None, grad_preact=None,
-                       needs=(1 << 6) - 1, dx_path: str = "ssmm_dx"):
+                       needs=(1 << 6) - 1, dx_path: str = "auto"):
     """The body of :func:`moe_backward` (samoyeds ops and elementwise torch).  ``dx_path``:
     how the two dX products run (:data:`DX_PATHS`, :func:`_matmul_w`; the op always takes
     the default)."""

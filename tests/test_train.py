@@ -551,10 +551,14 @@ def test_moe_backward_takes_either_dx_path():
     n, m, v = gu.fmt.c_args()
     args = (go, x, ids, w, gu.values, gu.meta, gu.idx, gu.rows, gu.cols, dn.values, dn.meta, dn.idx, dn.rows,
             dn.cols, n, m, v, to.act_id("swiglu"), gub, dnb, 1.702, 7.0)
-    a = to.moe_backward_eager(*args)
+    a = to.moe_backward_eager(*args, dx_path="ssmm_dx")
     b = to.moe_backward_eager(*args, dx_path="transposed")
-    for ga, gb in zip(a, b):
+    c = to.moe_backward_eager(*args)
+    for ga, gb, gc in zip(a, b, c):
         torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-5)
+        assert torch.equal(ga, gc)   # on the CPU the default is ssmm_dx
+    with pytest.raises(ValueError, match="^path: expected one of"):
+        to.moe_backward_eager(*args, dx_path="fast")
 
 
 def _dx_args(**over):
