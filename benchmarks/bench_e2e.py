@@ -42,6 +42,13 @@ grouped_mm,batched_mm,samoyeds`` measures batched_mm as a method of its own.
 
 On the GPU each model runs in its own process (a failure ends that model only).
 
+``--methods ...,no_moe`` adds the bound that no MoE implementation can pass: the same model
+with every MoE block (router, experts, shared experts) returning zeros; attention, norms,
+embeddings, the head and generate's loop still run.  Each samoyeds row then gets
+max_speedup_vs_grouped_mm = no_moe / grouped_mm (Amdahl's bound for that row) and
+share_of_bound = (t_grouped_mm - t_samoyeds) / (t_grouped_mm - t_no_moe), the part of the
+time that removing the MoE blocks would save which samoyeds saves.
+
   python benchmarks/bench_e2e.py [--models a,b] [--prefill-batches 1,4] [--seq 4096]
                                  [--decode-batches 1,32] [--cache dynamic,static] [--new-tokens 32]
                                  [--out DIR] [--tiny --device cpu]   (a CPU smoke run)
@@ -266,6 +273,28 @@ def measure(model, args, device: str, gen: torch.Generator) -> dict:
     return res
 
 
+def _moe_blocks(model) -> list:
+    """The MoE blocks: modules that hold an ``experts`` module (the experts themselves excluded)."""
+    return [m for m in model.modules() if isinstance(getattr(m, "experts", None), torch.nn.Module)]
+
+
+def _zero_forward(hidden_states, *args, **kwargs):
+    return torch.zeros_like(hidden_states)
+
+
+@contextlib.contextmanager
+def _no_moe(model):
+    """--methods no_moe: every MoE block returns zeros (one memset) while inside."""
+    blocks = _moe_blocks(model)
+    for m in blocks:
+        m.forward = _zero_forward
+    try:
+        yield
+    finally:
+        for m in blocks:
+            del m.forward
+
+
 def run_model(name: str, args) -> dict:
     device, dtype = args.device, default_dtype(args.device)
     import transformers
@@ -300,13 +329,14 @@ def run_model(name: str, args) -> dict:
             else:
                 if sm.hf.is_patched(model):
                     sm.unpatch_model(model)
-                lm.set_experts(model, method)
+                lm.set_experts(model, "grouped_mm" if method == "no_moe" else method)
             free_memory(device)
             print(f"  {method}:", flush=True)
             weights = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")
-            with torch.inference_mode():
-                logits[method] = model(input_ids=probe, logits_to_keep=1).logits.float().cpu()
-            m = measure(model, args, device, torch.Generator(device=device).manual_seed(args.seed + 1))
+            with _no_moe(model) if method == "no_moe" else contextlib.nullcontext():
+                with torch.inference_mode():
+                    logits[method] = model(input_ids=probe, logits_to_keep=1).logits.float().cpu()
+                m = measure(model, args, device, torch.Generator(device=device).manual_seed(args.seed + 1))
             m["allocated_gib"] = weights
             res["methods"][method] = m
         except Exception as exc:  # noqa: BLE001 - a method that fails is reported, the others still run
@@ -328,12 +358,20 @@ def _key(phase: str, r: dict) -> tuple:
 
 def _ratios(res: dict) -> None:
     s, g = res["methods"].get("samoyeds", {}), res["methods"].get("grouped_mm", {})
+    z = res["methods"].get("no_moe", {})
     for phase in ("prefill", "decode"):
         peer = {_key(phase, r): r for r in g.get(phase, [])}
+        floor = {_key(phase, r): r for r in z.get(phase, [])}
         for rs in s.get(phase, []):
             rg = peer.get(_key(phase, rs), {})
+            rz = floor.get(_key(phase, rs), {})
             if "tokens_per_s" in rs and "tokens_per_s" in rg:
                 rs["speedup_vs_grouped_mm"] = rs["tokens_per_s"] / rg["tokens_per_s"]
+                if "tokens_per_s" in rz:
+                    rs["max_speedup_vs_grouped_mm"] = rz["tokens_per_s"] / rg["tokens_per_s"]
+                    ts, tg, tz = (1 / r["tokens_per_s"] for r in (rs, rg, rz))
+                    if tg > tz:
+                        rs["share_of_bound"] = (tg - ts) / (tg - tz)
             if phase == "decode" and "prefill_tokens_per_s" in rs and "prefill_tokens_per_s" in rg:
                 rs["prefill_speedup_vs_grouped_mm"] = rs["prefill_tokens_per_s"] / rg["prefill_tokens_per_s"]
             if phase == "decode" and "tokens" in rs and "tokens" in rg:
@@ -347,7 +385,7 @@ def _phase_name(phase: str, r: dict) -> str:
 
 def _print_table(rows) -> None:
     print(f"\n{'model':<18}{'layers':>8}  {'phase':<11}{'batch':>6}{'grouped_mm tok/s':>18}{'samoyeds tok/s':>16}"
-          f"{'speed-up':>10}{'compile s (g/s)':>17}{'breaks (g/s)':>14}")
+          f"{'speed-up':>10}{'bound':>8}{'compile s (g/s)':>17}{'breaks (g/s)':>14}")
 
     def cell(d):
         return f"{d['tokens_per_s']:,.0f}" if "tokens_per_s" in d else d.get("error", "-")[:14]
@@ -366,14 +404,15 @@ def _print_table(rows) -> None:
             bg = {_key(phase, x): x for x in g.get(phase, [])}
             for k in keys:
                 rs, rg = bs.get(k, {}), bg.get(k, {})
-                sp = rs.get("speedup_vs_grouped_mm")
+                sp, bound = rs.get("speedup_vs_grouped_mm"), rs.get("max_speedup_vs_grouped_mm")
                 comp = brk = ""
                 if "compile_s" in rs or "compile_s" in rg:
                     comp = "/".join(f"{x['compile_s']:.0f}" if "compile_s" in x else "-" for x in (rg, rs))
                     brk = f"{rg.get('graph_breaks', '-')}/{rs.get('graph_breaks', '-')}"
                 print(f"{r['model']:<18}{r['depth']:>4}/{r['full_depth']:<3}  {_phase_name(phase, rs or rg):<11}"
                       f"{rs.get('batch', rg.get('batch', 0)):>6}{cell(rg):>18}{cell(rs):>16}"
-                      f"{(f'{sp:.2f}x' if sp else '-'):>10}{comp:>17}{brk:>14}")
+                      f"{(f'{sp:.2f}x' if sp else '-'):>10}{(f'{bound:.2f}x' if bound else '-'):>8}"
+                      f"{comp:>17}{brk:>14}")
 
 
 def merge_results(path: str, new: dict) -> dict:
