@@ -161,20 +161,24 @@ def e2e_decode_speedups(d: dict, cache: str) -> list:
 
 
 def e2e_table(d: dict) -> str:
+    bound = any("max_speedup_vs_grouped_mm" in r for c in d["cases"] if "methods" in c
+                for ph in ("prefill", "decode") for r in c["methods"].get("samoyeds", {}).get(ph, []))
     rows = ["| model | layers | phase | batch | grouped_mm tokens/s | samoyeds tokens/s | speed-up | "
-            "compile s, grouped_mm / samoyeds |",
-            "|---|---:|---|---:|---:|---:|---:|---:|"]
+            + ("no-MoE tokens/s | bound | share of bound | " if bound else "") + "compile s, grouped_mm / samoyeds |",
+            "|---|---:|---|---:|---:|---:|---:|" + ("---:|---:|---:|" if bound else "") + "---:|"]
     label = {"dynamic": "decode, dynamic cache", "static": "decode, static cache (compiled)"}
     for c in d["cases"]:
         if "methods" not in c:
             rows.append(f"| {c.get('model')} | | error: {c.get('error', '')[:80]} | | | | | |")
             continue
         s, g = c["methods"].get("samoyeds", {}), c["methods"].get("grouped_mm", {})
+        z = c["methods"].get("no_moe", {})
         for phase in ("prefill", "decode"):
             key = (lambda r: (r.get("batch"),)) if phase == "prefill" else (lambda r: (_decode_cache(r), r.get("batch")))
             peer = {key(r): r for r in g.get(phase, [])}
+            floor = {key(r): r for r in z.get(phase, [])}
             for rs in s.get(phase, []):
-                rg = peer.get(key(rs), {})
+                rg, rz = peer.get(key(rs), {}), floor.get(key(rs), {})
                 cell = lambda r: f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else r.get("error", "-")  # noqa: E731
                 sp = rs.get("speedup_vs_grouped_mm")
                 batch = f"{rs['batch']} x {rs['seq']}" if phase == "prefill" else str(rs["batch"])
@@ -182,8 +186,13 @@ def e2e_table(d: dict) -> str:
                 comp = ""
                 if "compile_s" in rs or "compile_s" in rg:
                     comp = f"{_f(rg.get('compile_s'), '.0f')} / {_f(rs.get('compile_s'), '.0f')}"
+                extra = ""
+                if bound:
+                    mx, sh = rs.get("max_speedup_vs_grouped_mm"), rs.get("share_of_bound")
+                    extra = (f"{cell(rz) if rz else '-'} | {_x(mx) if mx else '-'} | "
+                             f"{_f(sh, '.0%') if sh is not None else '-'} | ")
                 rows.append(f"| {c['model']} | {c['depth']}/{c['full_depth']} | {name} | {batch} | {cell(rg)} | "
-                            f"{cell(rs)} | {_x(sp) if sp else '-'} | {comp} |")
+                            f"{cell(rs)} | {_x(sp) if sp else '-'} | {extra}{comp} |")
     return "\n".join(rows)
 
 
@@ -711,6 +720,13 @@ TABLES = [
     ("", "e2e.json", e2e_table, "Whole models through `generate`",
      "Models built from the real configs (random weights, possibly fewer layers), `grouped_mm` experts against "
      "samoyeds, tokens per second."),
+    ("", "e2e_bound.json", e2e_table, "Whole models: the bound of any MoE implementation",
+     "The same measurement with a third method, `no_moe`: every MoE block (router, experts, shared experts) "
+     "returns zeros, so its tokens/s is what no MoE implementation can pass in that model and stack. bound = "
+     "no_moe / grouped_mm; share of bound = the part of the time that freeing the MoE blocks would save which "
+     "samoyeds saves. Static cache (generate compiles the decode step into CUDA graphs); the batch-1 rows are "
+     "noisy (host-bound steps): grouped_mm's OLMoE prefill at batch 1 read 45.7 ms in another call of the same "
+     "session (bound 2.2x there)."),
     ("", "memory.json", memory_table, "Memory",
      "The largest batch each method runs before running out of memory, and a full-depth model packed on one GPU."),
     ("", "load.json", load_table, "Loading a dense checkpoint packed",
@@ -732,6 +748,9 @@ TABLES = [
      "`samoyeds.moe_forward` with its backward (packed values as parameters) against transformers' experts with "
      "`grouped_mm` under autograd, bf16, same inputs; activations: memory the forward keeps for the backward "
      "(benchmarks/bench_train.py)."),
+    ("", "train_t16384.json", train_table, "Training at T = 16384, measured again",
+     "As above, three models, at a later commit (the ssmm_dw producer staging dy by cp.async; dX on the "
+     "transposed packing, docs/TRAINING.md)."),
     ("", "ep.json", ep_table, "Expert parallelism: two GPUs of one host",
      "Full-depth models (random weights) under transformers' own plan, `DistributedConfig(tp_size=EP, "
      "ep_size=EP)` (experts sharded by expert, all-reduced; attention tensor-parallel), samoyeds against "
@@ -829,7 +848,7 @@ def _span(xs, fmt="{:.2f}x"):
 
 
 def readme_table(gpu: str = "h100") -> str:
-    """The README's results table (at most 12 rows), each row linked to its JSON; a line
+    """The README's results table (at most 14 rows), each row linked to its JSON; a line
     naming the device and the commits first."""
     link = lambda n: f"[{n}](benchmarks/results/{gpu}/{n})"  # noqa: E731
     rows = []
@@ -880,6 +899,13 @@ def readme_table(gpu: str = "h100") -> str:
                         f"dynamic cache: {_span(dy)} | {link('e2e.json')} |")
         else:
             rows.append(f"| whole model decode, tokens/s vs `grouped_mm` | {_span(dy)} | | {link('e2e.json')} |")
+    eb, _ = _load(gpu, "e2e_bound.json")
+    if eb:
+        rs = [r for c in eb["cases"] if "methods" in c for ph in ("prefill", "decode")
+              for r in c["methods"].get("samoyeds", {}).get(ph, []) if "max_speedup_vs_grouped_mm" in r]
+        rows.append(f"| whole model vs `grouped_mm`, static cache, {len(eb['cases'])} models, next to the bound of MoE "
+                    f"blocks that cost nothing | {_span([r.get('speedup_vs_grouped_mm') for r in rs])} | bound "
+                    f"{_range([r['max_speedup_vs_grouped_mm'] for r in rs])} | {link('e2e_bound.json')} |")
     mem, _ = _load(gpu, "memory.json")
     ld, _ = _load(gpu, "load.json")
     loaded = [c for c in (ld or {}).get("cases", []) if "load_s" in c and c.get("layers") == c.get("full_layers")]
@@ -921,7 +947,7 @@ def readme_table(gpu: str = "h100") -> str:
             rows.append(f"| accuracy: 75 % pruned + masked fine-tune, perplexity vs dense | "
                         f"{b['ppl']:.3f} vs {b['dense_ppl']:.3f} | {met} of {len(acc['targets'])} targets met | "
                         f"{link('accuracy.json')} |")
-    rows = rows[:12]
+    rows = rows[:14]
     dev = (moe or k or {}).get("env", {}).get("device", gpu)
     commits = sorted({str((d.get("env") or d.get("environment") or {}).get("commit", "?"))[:7]
                       for d in (moe, k, sw, e2e, mem, ld, acc) if d})
