@@ -322,7 +322,7 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
     pos = r.pos.to(torch.int64)
 
     def uses_t(wp) -> bool:   # the default dX path takes the transposed packing
-        return xd.is_cuda and wp.transposable
+        return to._dx_route(xd, wp) == "transposed"
 
     def refresh(values, get):
         def fn():

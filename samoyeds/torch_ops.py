@@ -304,6 +304,18 @@ def _ssmm_dx_takes(dy: torch.Tensor, w: PackedWeight) -> bool:
             and ld % 8 == 0 and dy.data_ptr() % 16 == 0)
 
 
+def _dx_route(dy: torch.Tensor, w: PackedWeight, path: str = "auto") -> str:
+    """What :func:`_matmul_w` runs for ``path`` (:data:`DX_PATHS`): ``"ssmm_dx"``,
+    ``"transposed"`` or ``"dense"`` (the masked dense weight in torch)."""
+    if path not in DX_PATHS:
+        raise ValueError(f"path: expected one of {DX_PATHS}, got {path!r}")
+    if path == "auto":   # the transposed packing is the faster on the GPU (DX_PATHS)
+        path = "transposed" if dy.is_cuda and w.transposable else "ssmm_dx"
+    if path == "ssmm_dx" and _ssmm_dx_takes(dy, w):
+        return "ssmm_dx"
+    return "transposed" if w.transposable else "dense"
+
+
 def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_ids: Optional[torch.Tensor],
               scale: Optional[torch.Tensor], rows: int, path: str = "auto") -> torch.Tensor:
     """``out[s] = (dy[token_ids[s]] @ W_e) * scale[s]`` for the sorted rows s of every expert
@@ -314,13 +326,10 @@ def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_id
     :func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed` where the transpose is 2:4, else
     the masked dense weight in torch (fp32, one host sync).  ``"auto"``: the transposed
     packing on the GPU where there is one (the faster there), else as ``"ssmm_dx"``."""
-    if path not in DX_PATHS:
-        raise ValueError(f"path: expected one of {DX_PATHS}, got {path!r}")
-    if path == "auto":
-        path = "transposed" if dy.is_cuda and w.transposable else "ssmm_dx"
-    if path == "ssmm_dx" and _ssmm_dx_takes(dy, w):
+    route = _dx_route(dy, w, path)
+    if route == "ssmm_dx":
         return ssmm_dx(dy, w, offsets, token_ids, scale, out=dy.new_empty((rows, w.shape3[2])))
-    if w.transposable:
+    if route == "transposed":
         # zeros first: the rows past offsets[E] are read by the elementwise steps after this
         out = dy.new_zeros((rows, w.shape3[2]))
         return ssmm(dy, w.transposed(), offsets, token_ids, out, scale=scale, check=False)
