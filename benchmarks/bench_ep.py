@@ -55,7 +55,8 @@ import common  # noqa: E402
 import lm  # noqa: E402
 
 MODELS = ("qwen3-30b-a3b", "mixtral-8x7b")
-IMPLS = ("samoyeds", "grouped_mm")
+IMPLS = ("samoyeds", "grouped_mm", "no_moe")
+CACHES = ("dynamic", "static")
 PREFILL = ((1, 4096), (8, 4096))
 DECODE = (1, 32)
 TINY_PREFILL = ((1, 64), (2, 64))
@@ -68,11 +69,12 @@ def world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def distributed_model(name: str, tiny: bool, dtype: torch.dtype) -> Any:
-    """``name``'s meta model under transformers' EP plan for this world (none at 1 rank)."""
+def distributed_model(name: str, tiny: bool, dtype: torch.dtype, layers: Optional[int] = None) -> Any:
+    """``name``'s meta model (``layers`` decoder layers; default: the real depth) under
+    transformers' EP plan for this world (none at 1 rank)."""
     from transformers import DistributedConfig
 
-    cfg = lm.config(name, tiny=tiny)
+    cfg = lm.config(name, tiny=tiny, layers=layers)
     model = lm.meta_model(cfg, dtype)
     if world() == 1:
         return model
@@ -116,22 +118,36 @@ def materialize(model: torch.nn.Module, device: str, std: float, gen: torch.Gene
     return model
 
 
-def build(name: str, impl: str, device: str, dtype: torch.dtype, tiny: bool, seed: int) -> Any:
+def build(name: str, impl: str, device: str, dtype: torch.dtype, tiny: bool, seed: int,
+          layers: Optional[int] = None) -> Any:
     import samoyeds
 
-    model = distributed_model(name, tiny, dtype)
+    model = distributed_model(name, tiny, dtype, layers)
     std = float(model.config.initializer_range)
     gen = torch.Generator(device=device).manual_seed(seed + 7919 * int(os.environ.get("RANK", "0")))
 
     def on_layer(i: int, layer: torch.nn.Module) -> None:
         local_init(layer, std, gen)
-        if impl == "samoyeds":
+        if impl in ("samoyeds", "no_moe"):   # no_moe: packed, the least memory; never run
             samoyeds.patch_model(layer, progress=False)
 
     model = materialize(model, device, std, gen, on_layer)
-    if impl != "samoyeds":
+    if impl == "no_moe":
+        for block in _moe_blocks(model):
+            block.forward = _zero_forward
+    elif impl != "samoyeds":
         lm.set_experts(model, impl)
     return model
+
+
+def _moe_blocks(model: torch.nn.Module) -> list:
+    """The MoE blocks: modules that hold an ``experts`` module."""
+    return [m for m in model.modules() if isinstance(getattr(m, "experts", None), torch.nn.Module)]
+
+
+def _zero_forward(hidden_states, *args, **kwargs):
+    """--impls no_moe: the MoE block's output, zeros (router, experts and their all-reduce skipped)."""
+    return torch.zeros_like(hidden_states)
 
 
 def slowest(seconds: float, device: str) -> float:
@@ -159,8 +175,6 @@ def timed(fn, device: str, reps: int) -> float:
 
 
 def measure(model: Any, device: str, args: argparse.Namespace) -> Dict[str, Any]:
-    from transformers import DynamicCache
-
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(args.seed)   # the same prompts on every rank
     row: Dict[str, Any] = {"prefill": [], "decode": []}
@@ -175,26 +189,90 @@ def measure(model: Any, device: str, args: argparse.Namespace) -> Dict[str, Any]
         for B in (TINY_DECODE if args.tiny else DECODE):
             ids = torch.randint(3, vocab, (B, P), generator=gen).to(device)
             nxt = torch.randint(3, vocab, (B, N), generator=gen).to(device)
+            if "dynamic" in args.cache:
+                row["decode"].append(dynamic_decode(model, device, args, ids, nxt, kw))
+            if "static" in args.cache:
+                row["decode"].append(static_decode(model, device, args, ids, N))
+    if "static" in args.cache:
+        import bench_e2e
+        bench_e2e.reset_compiled(model)
+    return row
 
-            def decode():
-                cache = {kw: DynamicCache(config=model.config)}
-                model(ids, **cache, use_cache=True, logits_to_keep=1)
-                common.sync(device)
-                t0 = time.perf_counter()
-                for j in range(N):
-                    model(nxt[:, j:j + 1], **cache, use_cache=True)
-                common.sync(device)
-                return time.perf_counter() - t0
 
-            decode()
-            steps = []
-            for _ in range(args.reps):
-                if world() > 1:
-                    torch.distributed.barrier()
-                steps.append(slowest(decode(), device))
-            s = sorted(steps)[len(steps) // 2]
-            row["decode"].append({"batch": B, "prompt": P, "steps": N, "ms_per_step": s / N * 1e3,
-                                  "tokens_per_s": B * N / s})
+def dynamic_decode(model: Any, device: str, args: argparse.Namespace, ids: torch.Tensor, nxt: torch.Tensor,
+                   kw: str) -> Dict[str, Any]:
+    """Eager decode steps with a DynamicCache: the model called once per token."""
+    from transformers import DynamicCache
+
+    (B, P), N = ids.shape, nxt.shape[1]
+
+    def decode():
+        cache = {kw: DynamicCache(config=model.config)}
+        model(ids, **cache, use_cache=True, logits_to_keep=1)
+        common.sync(device)
+        t0 = time.perf_counter()
+        for j in range(N):
+            model(nxt[:, j:j + 1], **cache, use_cache=True)
+        common.sync(device)
+        return time.perf_counter() - t0
+
+    decode()
+    steps = []
+    for _ in range(args.reps):
+        if world() > 1:
+            torch.distributed.barrier()
+        steps.append(slowest(decode(), device))
+    s = sorted(steps)[len(steps) // 2]
+    return {"cache": "dynamic", "batch": B, "prompt": P, "steps": N, "ms_per_step": s / N * 1e3,
+            "tokens_per_s": B * N / s}
+
+
+def static_decode(model: Any, device: str, args: argparse.Namespace, ids: torch.Tensor, N: int) -> Dict[str, Any]:
+    """Greedy ``generate`` with a StaticCache, which compiles the decode step (on the GPU
+    inductor's "reduce-overhead": the step replays as a CUDA graph, collectives included):
+    bench_e2e.py's static rows.  ms/step = (time of N + 1 tokens - time of 1) / N, the
+    median of --reps calls after a warm-up that compiles; the slowest rank's."""
+    import bench_e2e
+    from transformers import StaticCache
+
+    B, P = ids.shape
+    bench_e2e.hold_experts_in_decode(model)
+    if not args.dynamic_shapes:   # else one compiled step serves every batch size (measure resets after)
+        bench_e2e.reset_compiled(model)
+    ns = argparse.Namespace(compile_backend="inductor" if device == "cuda" else "eager",
+                            compile_mode="reduce-overhead", device=device)
+    cc = bench_e2e.compile_config(ns)
+    cc.dynamic = args.dynamic_shapes or None
+    cache = StaticCache(config=model.config, max_cache_len=P + N)
+    mask = torch.ones_like(ids)
+    row: Dict[str, Any] = {"cache": "static", "batch": B, "prompt": P, "steps": N,
+                           "compile": {"backend": cc.backend, "mode": cc.mode, "dynamic": cc.dynamic}}
+
+    def generate(n: int) -> float:
+        cache.reset()
+        if world() > 1:
+            torch.distributed.barrier()
+        common.sync(device)
+        t0 = time.perf_counter()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             pad_token_id=0, cache=cache, compile_config=cc)
+        common.sync(device)
+        row["tokens"] = out[0, P:].tolist()
+        return slowest(time.perf_counter() - t0, device)
+
+    try:
+        t0 = time.perf_counter()
+        generate(N + 1)
+        row["compile_s"] = time.perf_counter() - t0
+        t1 = sorted(generate(1) for _ in range(3))[1]
+        tn = sorted(generate(N + 1) for _ in range(args.reps))[args.reps // 2]
+        if tn <= t1:
+            raise RuntimeError("N + 1 tokens took no longer than 1 (timer noise; use more --decode-steps)")
+        row.update(ms_per_step=(tn - t1) / N * 1e3, tokens_per_s=B * N / (tn - t1))
+    except Exception as e:   # noqa: BLE001  one cell's failure is a result
+        row["error"] = "out of memory" if common.is_oom(e) else common.error_text(e)
+    if not args.dynamic_shapes:
+        bench_e2e.reset_compiled(model)
     return row
 
 
@@ -225,7 +303,7 @@ def run_rank(args: argparse.Namespace) -> None:
             try:
                 if device == "cuda":
                     torch.cuda.reset_peak_memory_stats()
-                model = build(name, impl, device, dtype, args.tiny, args.seed)
+                model = build(name, impl, device, dtype, args.tiny, args.seed, layers=args.layers)
                 row["weights_gib"] = tensor_bytes(model) / 2**30
                 row["experts_gib"] = _experts_bytes(model) / 2**30
                 row.update(measure(model, device, args))
@@ -301,26 +379,49 @@ def merge(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """samoyeds / grouped_mm at each EP, and EP=2 / EP=1 per implementation (tokens/s)."""
+    """Per model and phase (prefill 1 x 4096 ...; decode per cache and batch), from tokens/s:
+
+    * ``samoyeds_over_grouped_mm`` at each EP size, and its ceiling
+      ``no_moe_over_grouped_mm`` (every MoE block free: router, experts, their all-reduce);
+    * ``epN_over_ep1`` per implementation, and for samoyeds its ceiling
+      ``epN_over_ep1_bound``: EP = 1's time over (the no-MoE time at EP = N + samoyeds'
+      own MoE time at EP = 1 divided by N), i.e. the experts sped up N times with nothing
+      paid for it, the rest of the model as transformers' plan runs it.
+    """
     by = {(r.get("model"), r.get("ep"), r.get("impl")): r for r in rows if "error" not in r}
     out = []
 
     def tps(r, phase):
-        return {(c.get("batch"), c.get("seq", c.get("prompt"))): c["tokens_per_s"] for c in r[phase]}
+        return {(c.get("cache", "dynamic") if phase == "decode" else None, c.get("batch"), c.get("seq", c.get("prompt"))):
+                c["tokens_per_s"] for c in r.get(phase, []) if "tokens_per_s" in c}
+
+    def add(model, ep, impl, label, phase, k, value):
+        row = {"model": model, "ep": ep, "impl": impl, "ratio": label, "phase": phase, "batch": k[1], "seq": k[2],
+               "value": value}
+        if k[0] is not None:
+            row["cache"] = k[0]
+        out.append(row)
 
     for (model, ep, impl), r in by.items():
         pairs = []
-        if impl == "samoyeds" and (model, ep, "grouped_mm") in by:
-            pairs.append(("samoyeds_over_grouped_mm", by[(model, ep, "grouped_mm")]))
-        if ep != 1 and (model, 1, impl) in by:
+        if impl in ("samoyeds", "no_moe") and (model, ep, "grouped_mm") in by:
+            pairs.append((f"{impl}_over_grouped_mm", by[(model, ep, "grouped_mm")]))
+        if ep != 1 and impl != "no_moe" and (model, 1, impl) in by:
             pairs.append((f"ep{ep}_over_ep1", by[(model, 1, impl)]))
         for label, base in pairs:
             for phase in ("prefill", "decode"):
                 a, b = tps(r, phase), tps(base, phase)
                 for k in a:
                     if k in b:
-                        out.append({"model": model, "ep": ep, "impl": impl, "ratio": label, "phase": phase,
-                                    "batch": k[0], "seq": k[1], "value": a[k] / b[k]})
+                        add(model, ep, impl, label, phase, k, a[k] / b[k])
+        zn, z1, s1 = (by.get((model, e, i)) for e, i in ((ep, "no_moe"), (1, "no_moe"), (1, "samoyeds")))
+        if impl == "samoyeds" and ep != 1 and zn and z1 and s1:
+            for phase in ("prefill", "decode"):
+                a, tzn, tz1 = tps(s1, phase), tps(zn, phase), tps(z1, phase)
+                for k in a:
+                    if k in tzn and k in tz1:
+                        moe = max(0.0, 1 / a[k] - 1 / tz1[k])
+                        add(model, ep, impl, f"ep{ep}_over_ep1_bound", phase, k, (1 / a[k]) / (1 / tzn[k] + moe / ep))
     return out
 
 
@@ -330,6 +431,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(lm.REAL))
     ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
     ap.add_argument("--ep", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's own depth)")
+    ap.add_argument("--cache", nargs="*", default=list(CACHES), choices=list(CACHES),
+                    help="decode rows: dynamic (eager steps, a DynamicCache), static (generate compiles the step); "
+                         "none: prefill only")
+    ap.add_argument("--dynamic-shapes", action="store_true",
+                    help="static cache: compile the step once for every batch size (torch.compile dynamic=True) "
+                         "instead of once per batch size")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 5; --tiny 2)")
     ap.add_argument("--decode-prompt", type=int, default=None, help="prompt tokens before decode (default 512)")
     ap.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 32)")
@@ -379,7 +487,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                        "AllReduceEP at inference, attention per the model's tp_plan; EP=1 undistributed",
                "rows": rows, "ratios": ratios(rows)}
     for r in payload["ratios"]:
-        print(f"{r['model']:14s} ep={r['ep']} {r['impl']:10s} {r['ratio']:26s} {r['phase']:7s} "
+        phase = r["phase"] + (f"-{r['cache'][:3]}" if "cache" in r else "")
+        print(f"{r['model']:14s} ep={r['ep']} {r['impl']:10s} {r['ratio']:26s} {phase:11s} "
               f"B={r['batch']:<3} {r['value']:.2f}x")
     for r in rows:
         if "error" in r:

@@ -189,8 +189,10 @@ def test_ep2_gpu_nccl(tmp_path, ep_impl):
 
 
 def test_bench_ep_tiny_cpu(tmp_path):
-    """benchmarks/bench_ep.py --tiny --device cpu: EP = 1 and 2 (gloo) for both
-    implementations, every cell measured, each EP-2 rank holding half the experts."""
+    """benchmarks/bench_ep.py --tiny --device cpu: EP = 1 and 2 (gloo) for samoyeds,
+    grouped_mm and the no-MoE bound, every cell measured (decode with both caches; the
+    static one compiles the step), each EP-2 rank holding half the experts, and the bound
+    ratios present.  (EP sizes initialise their shards differently: no token comparison.)"""
     import json
 
     why = ep_unavailable()
@@ -205,16 +207,22 @@ def test_bench_ep_tiny_cpu(tmp_path):
         res = json.load(fh)
     assert res["command"] and res["commit"] and res["device_kind"] == "cpu"
     rows = {(r["ep"], r["impl"]): r for r in res["rows"]}
-    assert set(rows) == {(1, "samoyeds"), (1, "grouped_mm"), (2, "samoyeds"), (2, "grouped_mm")}
+    assert set(rows) == {(ep, impl) for ep in (1, 2) for impl in ("samoyeds", "grouped_mm", "no_moe")}
     for key, r in rows.items():
         assert "error" not in r, (key, r["error"])
         assert len(r["weights_gib_per_rank"]) == key[0]
         cells = r["prefill"] + r["decode"]
-        assert len(cells) == 4 and all(c["tokens_per_s"] > 0 for c in cells), (key, cells)
+        assert len(cells) == 6 and all(c.get("tokens_per_s", 0) > 0 for c in cells), (key, cells)
+        assert sorted(c["cache"] for c in r["decode"]) == ["dynamic"] * 2 + ["static"] * 2, key
     for impl in ("samoyeds", "grouped_mm"):
         one, two = rows[(1, impl)]["experts_gib_per_rank"], rows[(2, impl)]["experts_gib_per_rank"]
         assert two == [one[0] / 2] * 2, (impl, one, two)
-    assert {r["ratio"] for r in res["ratios"]} == {"samoyeds_over_grouped_mm", "ep2_over_ep1"}
+        static = [c["tokens"] for ep in (1, 2) for c in rows[(ep, impl)]["decode"] if c["cache"] == "static"]
+        assert [len(t) for t in static] == [5] * 4, (impl, static)   # decode-steps 4: N + 1 new tokens
+    assert {r["ratio"] for r in res["ratios"]} == {"samoyeds_over_grouped_mm", "no_moe_over_grouped_mm",
+                                                   "ep2_over_ep1", "ep2_over_ep1_bound"}
+    bound = [r for r in res["ratios"] if r["ratio"] == "ep2_over_ep1_bound"]
+    assert len(bound) == 6 and all(r["impl"] == "samoyeds" and r["value"] > 0 for r in bound), bound
 
 
 def test_same_greedy_allows_only_near_ties():
