@@ -36,6 +36,7 @@ import argparse
 import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -174,29 +175,33 @@ def timed(fn, device: str, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(model: Any, device: str, args: argparse.Namespace) -> Dict[str, Any]:
+def measure(model: Any, device: str, args: argparse.Namespace, row: Dict[str, Any], saved=lambda: None) -> None:
+    """Fills ``row["prefill"]`` and ``row["decode"]``, calling ``saved()`` after each cell
+    (a run stopped midway keeps what it measured)."""
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(args.seed)   # the same prompts on every rank
-    row: Dict[str, Any] = {"prefill": [], "decode": []}
+    row.update(prefill=[], decode=[])
     with torch.no_grad():
         for B, L in (TINY_PREFILL if args.tiny else PREFILL):
             ids = torch.randint(3, vocab, (B, L), generator=gen).to(device)
             s = timed(lambda: model(ids, use_cache=False, logits_to_keep=1), device, args.reps)
             row["prefill"].append({"batch": B, "seq": L, "ms": s * 1e3, "tokens_per_s": B * L / s})
+            saved()
         P, N = args.decode_prompt, args.decode_steps
         # transformers 5.2x renames past_key_values to cache
         kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        for B in (TINY_DECODE if args.tiny else DECODE):
+        for B in args.decode_batches:
             ids = torch.randint(3, vocab, (B, P), generator=gen).to(device)
             nxt = torch.randint(3, vocab, (B, N), generator=gen).to(device)
             if "dynamic" in args.cache:
                 row["decode"].append(dynamic_decode(model, device, args, ids, nxt, kw))
+                saved()
             if "static" in args.cache:
                 row["decode"].append(static_decode(model, device, args, ids, N))
+                saved()
     if "static" in args.cache:
         import bench_e2e
         bench_e2e.reset_compiled(model)
-    return row
 
 
 def dynamic_decode(model: Any, device: str, args: argparse.Namespace, ids: torch.Tensor, nxt: torch.Tensor,
@@ -295,7 +300,15 @@ def run_rank(args: argparse.Namespace) -> None:
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dtype = common.default_dtype(device)
-    rows = []
+    rows: List[Dict[str, Any]] = []
+    path = f"{args.rank_out}.rank{os.environ.get('RANK', '0')}"
+
+    def save(extra: List[Dict[str, Any]] = ()) -> None:
+        """This rank's rows so far (the cell being measured included) to its file."""
+        with open(path + ".tmp", "w") as fh:
+            json.dump(rows + list(extra), fh)
+        os.replace(path + ".tmp", path)
+
     for name in args.models:
         for impl in args.impls:
             row: Dict[str, Any] = {"model": name, "ep": world(), "impl": impl, "rank": int(os.environ.get("RANK", 0))}
@@ -306,7 +319,7 @@ def run_rank(args: argparse.Namespace) -> None:
                 model = build(name, impl, device, dtype, args.tiny, args.seed, layers=args.layers)
                 row["weights_gib"] = tensor_bytes(model) / 2**30
                 row["experts_gib"] = _experts_bytes(model) / 2**30
-                row.update(measure(model, device, args))
+                measure(model, device, args, row, lambda: save([{**row, "error": "stopped before this cell ended"}]))
                 if device == "cuda":
                     row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             except Exception as e:   # noqa: BLE001  one cell's failure is a result, not the end of the run
@@ -318,9 +331,8 @@ def run_rank(args: argparse.Namespace) -> None:
             if world() > 1:
                 torch.distributed.barrier()
             rows.append(row)
+            save()
             print(json.dumps({k: v for k, v in row.items() if k not in ("prefill", "decode")}), flush=True)
-    with open(f"{args.rank_out}.rank{os.environ.get('RANK', '0')}", "w") as fh:
-        json.dump(rows, fh)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
@@ -351,15 +363,30 @@ def launch(ep: int, args: argparse.Namespace, forward: List[str], tmp: str) -> L
         env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(args.threads))
     else:
         env.setdefault("NCCL_NVLS_ENABLE", "0")   # NVLink multicast off (the device docs)
-    p = subprocess.run(cmd, env=env, timeout=args.timeout)
+    # its own process group: a run past --timeout is stopped with every rank it started
+    p = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        status = p.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        p.terminate()   # torch.distributed.run passes SIGTERM on to its workers and waits for them
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        status = f"stopped after --timeout {args.timeout:g} s"
     rows = []
     for r in range(ep):
         path = f"{rank_out}.rank{r}"
         if os.path.exists(path):
             with open(path) as fh:
                 rows += json.load(fh)
-    if p.returncode != 0 and not rows:
-        rows.append({"ep": ep, "error": f"ranks exited with status {p.returncode}"})
+    if status != 0 and not rows:
+        rows.append({"ep": ep, "error": status if isinstance(status, str) else f"ranks exited with status {status}"})
+    elif isinstance(status, str):
+        for row in rows:   # the cell being measured when the run was stopped
+            if row.get("error") == "stopped before this cell ended":
+                row["error"] = status
     return rows
 
 
@@ -388,7 +415,7 @@ def ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
       own MoE time at EP = 1 divided by N), i.e. the experts sped up N times with nothing
       paid for it, the rest of the model as transformers' plan runs it.
     """
-    by = {(r.get("model"), r.get("ep"), r.get("impl")): r for r in rows if "error" not in r}
+    by = {(r.get("model"), r.get("ep"), r.get("impl")): r for r in rows if r.get("prefill") or r.get("decode")}
     out = []
 
     def tps(r, phase):
@@ -438,6 +465,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--dynamic-shapes", action="store_true",
                     help="static cache: compile the step once for every batch size (torch.compile dynamic=True) "
                          "instead of once per batch size")
+    ap.add_argument("--decode-batches", type=int, nargs="*", default=None,
+                    help=f"decode batch sizes (default {' '.join(map(str, DECODE))}; --tiny "
+                         f"{' '.join(map(str, TINY_DECODE))})")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 5; --tiny 2)")
     ap.add_argument("--decode-prompt", type=int, default=None, help="prompt tokens before decode (default 512)")
     ap.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 32)")
@@ -451,6 +481,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = ap.parse_args(argv)
     if args.reps is None:
         args.reps = 2 if args.tiny else 5
+    if args.decode_batches is None:
+        args.decode_batches = list(TINY_DECODE if args.tiny else DECODE)
     if args.decode_prompt is None:
         args.decode_prompt = 8 if args.tiny else 512
     if args.decode_steps is None:

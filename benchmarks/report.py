@@ -672,29 +672,42 @@ def _ep_dirs() -> list:
 
 
 def ep_table(d: dict) -> str:
-    """bench_ep.py: tokens/s per model, EP size and implementation; memory per GPU."""
+    """bench_ep.py: tokens/s per model, EP size and implementation (decode with the eager
+    DynamicCache steps and with the static cache's compiled step); memory per GPU."""
+    cols = (("prefill", None, 1), ("prefill", None, 8), ("decode", "dynamic", 1), ("decode", "dynamic", 32),
+            ("decode", "static", 1), ("decode", "static", 32))
     out = ["| model | EP | experts | prefill 1 x 4096 | prefill 8 x 4096 | decode B1 | decode B32 | "
-           "weights / GPU | peak / GPU |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+           "decode B1, compiled | decode B32, compiled | weights / GPU | peak / GPU |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def key(phase, c):
+        return (phase, c.get("cache", "dynamic") if phase == "decode" else None, c.get("batch"))
+
     for r in d["rows"]:
-        if "error" in r:
+        cells = {key(ph, c): c["tokens_per_s"] for ph in ("prefill", "decode") for c in r.get(ph, [])
+                 if "tokens_per_s" in c}
+        if "error" in r and not cells:
             out.append(f"| {r.get('model', '?')} | {r.get('ep', '?')} | {r.get('impl', '?')} | "
-                       f"{r['error']} | | | | | |")
+                       f"{r['error']} | | | | | | | |")
             continue
-        pre = {p["batch"]: p["tokens_per_s"] for p in r.get("prefill", [])}
-        dec = {p["batch"]: p["tokens_per_s"] for p in r.get("decode", [])}
         w, pk = r.get("weights_gib_per_rank") or [None], r.get("peak_gib_per_rank") or [None]
-        out.append(f"| {r['model']} | {r['ep']} | {r['impl']} | {_f(pre.get(1), ',.0f')} | {_f(pre.get(8), ',.0f')} | "
-                   f"{_f(dec.get(1), '.1f')} | {_f(dec.get(32), ',.0f')} | {_f(max(w), '.1f')} GiB | "
-                   f"{_f(max(pk), '.1f')} GiB |")
-    out += ["", "| model | ratio | prefill B1 | prefill B8 | decode B1 | decode B32 |", "|---|---|---:|---:|---:|---:|"]
+        out.append(f"| {r['model']} | {r['ep']} | {r['impl']} | " + " | ".join(
+            _f(cells.get(k), ',.0f' if k[2] != 1 or k[0] == "prefill" else '.1f') for k in cols)
+            + f" | {_f(max(w), '.1f')} GiB | {_f(max(pk), '.1f')} GiB |")
+    out += ["", "| model | ratio | prefill B1 | prefill B8 | decode B1 | decode B32 | decode B1, compiled | "
+            "decode B32, compiled |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     keyed = {}
     for r in d.get("ratios", []):
-        keyed.setdefault((r["model"], r["ep"], r["impl"], r["ratio"]), {})[(r["phase"], r["batch"])] = r["value"]
+        k = (r["phase"], r.get("cache", "dynamic") if r["phase"] == "decode" else None, r["batch"])
+        keyed.setdefault((r["model"], r["ep"], r["impl"], r["ratio"]), {})[k] = r["value"]
     for (model, ep, impl, ratio), v in sorted(keyed.items()):
-        name = ratio.replace("_over_", " / ").replace("ep2 / ep1", f"EP 2 / EP 1, {impl}")
-        out.append(f"| {model} | {name} (EP {ep}) | " + " | ".join(
-            _x(v.get(k)) if v.get(k) is not None else "-"
-            for k in (("prefill", 1), ("prefill", 8), ("decode", 1), ("decode", 32))) + " |")
+        if ratio.endswith("_bound"):
+            name = f"EP {ep} / EP 1 ceiling: samoyeds' EP 1 experts {ep}x faster, for free"
+        else:
+            name = ratio.replace("_over_", " / ").replace(f"ep{ep} / ep1", f"EP {ep} / EP 1, {impl}")
+            name = name.replace("no_moe / grouped_mm", "ceiling: no MoE / grouped_mm") + f" (EP {ep})"
+        out.append(f"| {model} | {name} | " + " | ".join(
+            _x(v.get(k)) if v.get(k) is not None else "-" for k in cols) + " |")
     return "\n".join(out)
 
 
@@ -932,13 +945,16 @@ def readme_table(gpu: str = "h100") -> str:
         keyed = {}
         for r in ep.get("ratios", []):
             if r["ratio"] == "samoyeds_over_grouped_mm" and r["ep"] > 1:
-                keyed.setdefault(r["phase"], []).append(r["value"])
+                keyed.setdefault((r["phase"], r.get("cache", "dynamic")), []).append(r["value"])
         if keyed:
             n = max(r["ep"] for r in ep["ratios"])
             dev = (ep.get("devices") or [g])[0]
+            # the compiled decode where the file has it (what serving runs), else the eager steps
+            cache = "static" if ("decode", "static") in keyed else "dynamic"
+            label = "decode, compiled step" if cache == "static" else "decode"
             rows.append(f"| EP = {n} on {n} x {dev}, tokens/s vs `grouped_mm` under the same plan | prefill "
-                        f"{_span(keyed.get('prefill', []))} | decode {_span(keyed.get('decode', []))} | "
-                        f"[ep.json](benchmarks/results/{g}/ep.json) |")
+                        f"{_span(keyed.get(('prefill', 'dynamic'), []))} | {label} "
+                        f"{_span(keyed.get(('decode', cache), []))} | [ep.json](benchmarks/results/{g}/ep.json) |")
     acc, _ = _load(gpu, "accuracy.json")
     if acc and acc.get("targets"):
         b = acc["targets"].get("finetuned_within_10pct_of_dense", {})

@@ -142,7 +142,7 @@ def main() -> None:
         common.free_memory(device)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"ep_profile_w{world}_r{rank}.json"), "w") as fh:
+        with open(os.path.join(args.out, f"ep_profile_{args.model}_L{args.layers}_w{world}_r{rank}.json"), "w") as fh:
             json.dump(res, fh, indent=1)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

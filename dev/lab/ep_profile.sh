@@ -12,7 +12,7 @@ t0=$(date +%s)
 python3 -m pip install -q --no-build-isolation -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-filter() { grep -v "Warning\|USDT\|output = func\|^\*\*\*\|OMP_NUM_THREADS\|^$"; }
+filter() { grep --line-buffered -v "Warning\|USDT\|output = func\|^\*\*\*\|OMP_NUM_THREADS\|^$"; }
 for spec in ${MODELS:-mixtral-8x7b:8}; do
   m=${spec%%:*}; L=${spec##*:}
   echo "== $m, $L layers, EP 1"

@@ -18,6 +18,6 @@ IFS=';' read -ra RUNS <<< "${EP_ARGS:?}"
 for a in "${RUNS[@]}"; do
   echo "== bench_ep.py $a  ($(( $(date +%s) - t0 )) s)"
   python3 benchmarks/bench_ep.py $a --merge --out "$OUT/res" 2>&1 \
-    | grep -v "Warning\|warn(\|_warn_once\|USDT\|output = func\|^\*\*\*\|OMP_NUM_THREADS\|^$\|match nothing" | tee -a "$OUT/ep.log"
+    | grep --line-buffered -v "Warning\|warn(\|_warn_once\|USDT\|output = func\|^\*\*\*\|OMP_NUM_THREADS\|^$\|match nothing" | tee -a "$OUT/ep.log"
 done
 echo "done: $(( $(date +%s) - t0 )) s"
