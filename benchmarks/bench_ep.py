@@ -233,8 +233,10 @@ def dynamic_decode(model: Any, device: str, args: argparse.Namespace, ids: torch
 
 
 def static_decode(model: Any, device: str, args: argparse.Namespace, ids: torch.Tensor, N: int) -> Dict[str, Any]:
-    """Greedy ``generate`` with a StaticCache, which compiles the decode step (on the GPU
-    inductor's "reduce-overhead": the step replays as a CUDA graph, collectives included):
+    """Greedy ``generate`` with a StaticCache, which compiles the decode step (on the GPU by
+    default inductor's "reduce-overhead", transformers' choice: the step replays as a CUDA
+    graph, collectives included; ``--compile-backend cudagraphs`` records the same graph
+    without inductor's code generation, minutes less to compile at full depth):
     bench_e2e.py's static rows.  ms/step = (time of N + 1 tokens - time of 1) / N, the
     median of --reps calls after a warm-up that compiles; the slowest rank's."""
     import bench_e2e
@@ -244,8 +246,8 @@ def static_decode(model: Any, device: str, args: argparse.Namespace, ids: torch.
     bench_e2e.hold_experts_in_decode(model)
     if not args.dynamic_shapes:   # else one compiled step serves every batch size (measure resets after)
         bench_e2e.reset_compiled(model)
-    ns = argparse.Namespace(compile_backend="inductor" if device == "cuda" else "eager",
-                            compile_mode="reduce-overhead", device=device)
+    backend = args.compile_backend or ("inductor" if device == "cuda" else "eager")
+    ns = argparse.Namespace(compile_backend=backend, compile_mode="reduce-overhead", device=device)
     cc = bench_e2e.compile_config(ns)
     cc.dynamic = args.dynamic_shapes or None
     cache = StaticCache(config=model.config, max_cache_len=P + N)
@@ -462,6 +464,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--cache", nargs="*", default=list(CACHES), choices=list(CACHES),
                     help="decode rows: dynamic (eager steps, a DynamicCache), static (generate compiles the step); "
                          "none: prefill only")
+    ap.add_argument("--compile-backend", default=None, choices=["inductor", "cudagraphs", "eager"],
+                    help="static cache: torch.compile backend of the decode step (default: inductor on the GPU, as "
+                         "transformers; eager on the CPU)")
     ap.add_argument("--dynamic-shapes", action="store_true",
                     help="static cache: compile the step once for every batch size (torch.compile dynamic=True) "
                          "instead of once per batch size")
