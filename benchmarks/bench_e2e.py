@@ -273,21 +273,12 @@ def measure(model, args, device: str, gen: torch.Generator) -> dict:
     return res
 
 
-def _moe_blocks(model) -> list:
-    """The MoE blocks: modules that hold an ``experts`` module (the experts themselves excluded)."""
-    return [m for m in model.modules() if isinstance(getattr(m, "experts", None), torch.nn.Module)]
-
-
-def _zero_forward(hidden_states, *args, **kwargs):
-    return torch.zeros_like(hidden_states)
-
-
 @contextlib.contextmanager
 def _no_moe(model):
     """--methods no_moe: every MoE block returns zeros (one memset) while inside."""
-    blocks = _moe_blocks(model)
+    blocks = lm.moe_blocks(model)
     for m in blocks:
-        m.forward = _zero_forward
+        m.forward = lm.zero_moe_forward
     try:
         yield
     finally:

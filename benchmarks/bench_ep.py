@@ -134,21 +134,11 @@ def build(name: str, impl: str, device: str, dtype: torch.dtype, tiny: bool, see
 
     model = materialize(model, device, std, gen, on_layer)
     if impl == "no_moe":
-        for block in _moe_blocks(model):
-            block.forward = _zero_forward
+        for block in lm.moe_blocks(model):
+            block.forward = lm.zero_moe_forward
     elif impl != "samoyeds":
         lm.set_experts(model, impl)
     return model
-
-
-def _moe_blocks(model: torch.nn.Module) -> list:
-    """The MoE blocks: modules that hold an ``experts`` module."""
-    return [m for m in model.modules() if isinstance(getattr(m, "experts", None), torch.nn.Module)]
-
-
-def _zero_forward(hidden_states, *args, **kwargs):
-    """--impls no_moe: the MoE block's output, zeros (router, experts and their all-reduce skipped)."""
-    return torch.zeros_like(hidden_states)
 
 
 def slowest(seconds: float, device: str) -> float:
@@ -244,7 +234,7 @@ def static_decode(model: Any, device: str, args: argparse.Namespace, ids: torch.
 
     B, P = ids.shape
     bench_e2e.hold_experts_in_decode(model)
-    if not args.dynamic_shapes:   # else one compiled step serves every batch size (measure resets after)
+    if not args.dynamic_shapes:   # else one compiled step serves every batch size (measure() resets after)
         bench_e2e.reset_compiled(model)
     backend = args.compile_backend or ("inductor" if device == "cuda" else "eager")
     ns = argparse.Namespace(compile_backend=backend, compile_mode="reduce-overhead", device=device)
@@ -278,8 +268,6 @@ def static_decode(model: Any, device: str, args: argparse.Namespace, ids: torch.
         row.update(ms_per_step=(tn - t1) / N * 1e3, tokens_per_s=B * N / (tn - t1))
     except Exception as e:   # noqa: BLE001  one cell's failure is a result
         row["error"] = "out of memory" if common.is_oom(e) else common.error_text(e)
-    if not args.dynamic_shapes:
-        bench_e2e.reset_compiled(model)
     return row
 
 

@@ -177,3 +177,14 @@ def build(name: str, device: str, dtype: torch.dtype, *, tiny: bool = False, lay
 def set_experts(model: nn.Module, impl: str) -> None:
     """Selects transformers' experts implementation of a dense model (e.g. "grouped_mm")."""
     model.set_experts_implementation(impl)
+
+
+def moe_blocks(model: nn.Module) -> List[nn.Module]:
+    """The MoE blocks: modules that hold an ``experts`` module (the experts themselves excluded)."""
+    return [m for m in model.modules() if isinstance(getattr(m, "experts", None), nn.Module)]
+
+
+def zero_moe_forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The forward of a MoE block that costs nothing (the benchmarks' no_moe bound): zeros,
+    one memset; router, experts, shared experts (and under EP their all-reduce) skipped."""
+    return torch.zeros_like(hidden_states)
