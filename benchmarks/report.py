@@ -949,12 +949,13 @@ def readme_table(gpu: str = "h100") -> str:
         if keyed:
             n = max(r["ep"] for r in ep["ratios"])
             dev = (ep.get("devices") or [g])[0]
-            # the compiled decode where the file has it (what serving runs), else the eager steps
-            cache = "static" if ("decode", "static") in keyed else "dynamic"
-            label = "decode, compiled step" if cache == "static" else "decode"
+            # the eager steps, and the compiled step (what serving runs) where the file has it
+            decode = f"decode {_span(keyed.get(('decode', 'dynamic'), []))}"
+            if ("decode", "static") in keyed:
+                decode += f", compiled step {_span(keyed[('decode', 'static')])}"
             rows.append(f"| EP = {n} on {n} x {dev}, tokens/s vs `grouped_mm` under the same plan | prefill "
-                        f"{_span(keyed.get(('prefill', 'dynamic'), []))} | {label} "
-                        f"{_span(keyed.get(('decode', cache), []))} | [ep.json](benchmarks/results/{g}/ep.json) |")
+                        f"{_span(keyed.get(('prefill', 'dynamic'), []))} | {decode} "
+                        f"| [ep.json](benchmarks/results/{g}/ep.json) |")
     acc, _ = _load(gpu, "accuracy.json")
     if acc and acc.get("targets"):
         b = acc["targets"].get("finetuned_within_10pct_of_dense", {})
