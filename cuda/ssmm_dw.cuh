@@ -21,6 +21,9 @@ struct DwArgs {
     void *out;
     int64_t C, cp, rp, rc, half_rows, slices;
     int E, glu, v, nrb, ncb, nslot, dy_vec;
+    // the wgmma kernel's transposed copy of dy (dyt_segment, ssmm_dw_wgmma.cu), or null
+    const void *dyt;
+    int64_t ldt;
 };
 
 // (device helpers: internal to each kernel file)

@@ -126,16 +126,18 @@ constexpr int DWG_GBYTES = 4 * DWG_GBLOCK;        // one G tile: 256 storage row
 constexpr int DWG_STG_WORDS = 20;                 // epilogue staging: row stride in 32-bit words
 constexpr int DWG_STG_BYTES = DWG_BN * DWG_STG_WORDS * 4;  // one warp's staging area (20 KB)
 
-template <int M, int NSL> struct DwgCfg {
+// TR: G from the transposed copy of dy (K-major tiles by cp.async, no candidate staging, one
+// stage more); else the register/staging gather above.
+template <int M, int NSL, bool TR = false> struct DwgCfg {
     static constexpr int STAGE = DWG_XBYTES + NSL * DWG_GBYTES;
-    static constexpr int ST = NSL == 1 ? 3 : 2;
+    static constexpr int ST = NSL == 1 ? (TR ? 4 : 3) : 2;
     static constexpr int PIPE = ST * STAGE;
     // candidate staging: D token rows per producer thread, 4 cp.async groups of RB rows
     static constexpr int D = 32 / (M * NSL > 2 ? M * NSL : 2);
     static constexpr int RB = D / 4;
     static constexpr int RAW_OFF = PIPE;                      // [D][M][128 threads] x 16 B
-    static constexpr int SC_OFF = RAW_OFF + D * M * 128 * 16;  // [D][128 threads] x 4 B
-    static constexpr int BAR_OFF = SC_OFF + D * 128 * 4;      // full[ST], empty[ST]
+    static constexpr int SC_OFF = RAW_OFF + (TR ? 0 : D * M * 128 * 16);  // [D][128 threads] x 4 B
+    static constexpr int BAR_OFF = SC_OFF + (TR ? 0 : D * 128 * 4);      // full[ST], empty[ST]
     static_assert(DWG_BK / 4 % RB == 0, "whole groups per k-tile");
     static_assert(BAR_OFF >= 8 * DWG_STG_BYTES, "the epilogue's staging reuses the ring and the candidate staging");
     static_assert(STAGE % 1024 == 0 && DWG_XBYTES % 1024 == 0 && DWG_GBLOCK % 1024 == 0,
@@ -171,11 +173,58 @@ __device__ __forceinline__ float lds_f32(uint32_t addr) {
     return v;
 }
 
-// T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2).
-template <typename T, int M, int NSL>
+// Where expert e's sorted rows start among the columns of dy's transposed copy: every
+// expert's segment begins on a multiple of 8 columns and is followed by zeros up to the
+// next multiple of 8 (seg(e + 1) - seg(e) >= n_e + 9), so a 16-byte piece of a token
+// k-tile is either the expert's (zeros past its rows) or wholly past its segment.  The
+// copy has dyt_cols(S, E) = round_up8(S + 16 E) columns.
+__device__ __forceinline__ int64_t dyt_segment(const int32_t *offsets, int e) {
+    return (max((int64_t)0, (int64_t)__ldg(offsets + e)) + 16 * (int64_t)e + 7) / 8 * 8;
+}
+
+// dyt[r][c] = dy[s][r] * scale[s] rounded to T for column c = dyt_segment(e) + i of sorted
+// row s = offsets[e] + i < min(offsets[e + 1], S); 0 at every other column (the segments'
+// padding).  32 x 32 tiles through shared memory, 32 x 8 threads.
+template <typename T>
+__global__ void __launch_bounds__(256) dyt_fill_kernel(const DwArgs p, int64_t R, int64_t W, T *dyt) {
+    __shared__ T tile[32][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int64_t c0 = (int64_t)blockIdx.x * 32, r0 = (int64_t)blockIdx.y * 32;
+    const T *dy = static_cast<const T *>(p.dy);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int64_t col = c0 + ty + 8 * j;
+        // the expert whose segment holds col: the last e with dyt_segment(e) <= col
+        int lo = 0, hi = p.E - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (dyt_segment(p.offsets, mid) <= col) lo = mid; else hi = mid - 1;
+        }
+        const int64_t i = col - dyt_segment(p.offsets, lo);
+        const int64_t sb = max((int64_t)0, (int64_t)__ldg(p.offsets + lo));
+        const int64_t se = min((int64_t)__ldg(p.offsets + lo + 1), p.S);
+        const int64_t s = sb + i;
+        float v = 0.0f;
+        if (col < W && i >= 0 && s < se && r0 + tx < R) {
+            v = Elem<T>::to_f(dy[s * p.lddy + r0 + tx]);
+            if (p.scale) v *= __ldg(p.scale + s);
+        }
+        tile[ty + 8 * j][tx] = Elem<T>::from_f(v);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int64_t r = r0 + ty + 8 * j, col = c0 + tx;
+        if (r < R && col < W) dyt[r * W + col] = tile[tx][ty + 8 * j];
+    }
+}
+
+// T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2); TR: G from
+// p.dyt (K-major B) instead of the gather from dy.
+template <typename T, int M, int NSL, bool TR>
 __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwArgs p) {
 #ifdef SAM_HAS_WGMMA
-    using C = DwgCfg<M, NSL>;
+    using C = DwgCfg<M, NSL, TR>;
     constexpr int ST = C::ST;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = align_smem(smem_raw);
@@ -209,6 +258,87 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
     }
     __syncthreads();
 
+    if (tid < 128 && TR) {
+        // ================= producer, from dy's transposed copy =================
+        // per k-tile: X as below; G as K-major tiles, storage row n of the CTA (slot s) one
+        // 128-byte row (64 tokens) of p.dyt: the kept row of its slice, 16-byte pieces by
+        // cp.async (a warp's copy covers 4 whole rows), zero-filled past the expert's segment
+        const int ptid = tid;
+        const T *x = static_cast<const T *>(p.x);
+        const T *dyt = static_cast<const T *>(p.dyt);
+        const int xc = ptid & 15, xr = ptid >> 4;
+        const int64_t xcol = c0 + 8 * xc;
+        const bool x_colok = xcol < p.C;
+        const uint32_t x_dst = (uint32_t)((xc >> 3) * DWG_BK * 128);
+        const int gq = ptid & 7, gn = ptid >> 3;  // chunk, first row (then + 16 i)
+        const int nsl_cta = (NSL == 2 && slot1 == 1) ? 2 : 1;
+        int32_t grow[NSL][16];  // dyt's row for storage row gn + 16 i of slot s, -1: none
+#pragma unroll
+        for (int s = 0; s < NSL; s++)
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int64_t P = row0 + gn + 16 * i;
+                int32_t r = -1;
+                if (s < nsl_cta && P < p.rp && (M == 1 || j0 + s < p.slices)) {
+                    int64_t uh = 0, uq = P;
+                    if (p.glu) {
+                        uh = (P / 64) & 1;
+                        uq = (P / 64 >> 1) * 64 + P % 64;
+                    }
+                    const int64_t sel =
+                        M > 1 ? (int64_t)(__ldg(p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + P) & (M - 1)) : 0;
+                    const int64_t local = uq * M + sel;
+                    if (local < p.half_rows) r = (int32_t)(uh * p.half_rows + local);
+                }
+                grow[s][i] = r;
+            }
+        const int64_t seg = dyt_segment(p.offsets, e);
+        int32_t tok_next[DWG_BK / 8];
+        auto load_ids = [&](int kt, int32_t (&ids)[DWG_BK / 8]) {
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 8; i++) {
+                const int kk = kt * DWG_BK + xr + 8 * i;
+                const int64_t s = s_begin + kk;
+                ids[i] = kk >= n_e ? -1 : p.token_ids ? __ldg(p.token_ids + s) : (int32_t)s;
+            }
+        };
+        if (KT > 0) load_ids(0, tok_next);
+        for (int kt = 0; kt < KT; kt++) {
+            const int st = kt % ST;
+            int32_t tok[DWG_BK / 8];
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 8; i++) tok[i] = tok_next[i];
+            if (kt + 1 < KT) load_ids(kt + 1, tok_next);
+            if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
+            const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 8; i++) {
+                const int r = xr + 8 * i;
+                int64_t t = tok[i];
+                if (t >= p.T) t = -1;
+                const bool ok = x_colok && t >= 0;
+                const T *src = ok ? x + t * p.ldx + xcol : x;
+                cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), src, ok);
+            }
+            const bool tok_ok = kt * DWG_BK + 8 * gq < n_e;
+            const int64_t tcol = seg + (int64_t)kt * DWG_BK + 8 * gq;
+#pragma unroll
+            for (int s = 0; s < NSL; s++)
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    const int n = gn + 16 * i;
+                    const bool ok = tok_ok && grow[s][i] >= 0;
+                    const T *src = ok ? dyt + (int64_t)grow[s][i] * p.ldt + tcol : dyt;
+                    if (s < nsl_cta)
+                        cp_async16(stage + DWG_XBYTES + s * DWG_GBYTES + n * 128 + ((gq ^ (n & 7)) << 4), src, ok);
+                }
+            cp_async_mbar_arrive(full_bar(st));
+            mbar_arrive(full_bar(st));
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        return;
+    }
     if (tid < 128) {
         // ================= producer =================
         const int ptid = tid;
@@ -396,9 +526,14 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
         const uint32_t a0 = stage + wg * DWG_BK * 128, b0 = stage + DWG_XBYTES + slot * DWG_GBYTES;
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < DWG_BK / 16; ks++)
-            WgmmaDenseMN256<T>::run(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
-                                    smem_desc_mn_sw128(b0 + ks * 2048, DWG_GBLOCK), 1);
+        for (int ks = 0; ks < DWG_BK / 16; ks++) {
+            if constexpr (TR)
+                WgmmaDenseMNK256<T>::run(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
+                                         smem_desc_sw128(b0 + ks * 32), 1);
+            else
+                WgmmaDenseMN256<T>::run(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
+                                        smem_desc_mn_sw128(b0 + ks * 2048, DWG_GBLOCK), 1);
+        }
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(acc);
@@ -470,21 +605,54 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
 #endif
 }
 
-template <typename T, int M, int NSL> sam_status launch(const DwArgs &a, int64_t grid, cudaStream_t stream) {
-    using C = DwgCfg<M, NSL>;
-    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_dw_wgmma_kernel<T, M, NSL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      C::SMEM),
+template <typename T, int M, int NSL, bool TR>
+sam_status launch(const DwArgs &a, int64_t grid, cudaStream_t stream) {
+    using C = DwgCfg<M, NSL, TR>;
+    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_dw_wgmma_kernel<T, M, NSL, TR>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
                  "ssmm_dw");
-    ssmm_dw_wgmma_kernel<T, M, NSL><<<(unsigned)grid, DWG_THREADS, C::SMEM, stream>>>(a);
+    ssmm_dw_wgmma_kernel<T, M, NSL, TR><<<(unsigned)grid, DWG_THREADS, C::SMEM, stream>>>(a);
     return launch_status("ssmm_dw");
 }
 
-template <typename T> sam_status launch_m(const DwArgs &a, int m, bool two, int64_t grid, cudaStream_t s) {
+template <typename T, bool TR> sam_status launch_m(const DwArgs &a, int m, bool two, int64_t grid, cudaStream_t s) {
     switch (m) {
-    case 1: return launch<T, 1, 1>(a, grid, s);
-    case 2: return two ? launch<T, 2, 2>(a, grid, s) : launch<T, 2, 1>(a, grid, s);
-    default: return two ? launch<T, 4, 2>(a, grid, s) : launch<T, 4, 1>(a, grid, s);
+    case 1: return launch<T, 1, 1, TR>(a, grid, s);
+    case 2: return two ? launch<T, 2, 2, TR>(a, grid, s) : launch<T, 2, 1, TR>(a, grid, s);
+    default: return two ? launch<T, 4, 2, TR>(a, grid, s) : launch<T, 4, 1, TR>(a, grid, s);
     }
+}
+
+// dy's transposed copy (R x dyt_cols) in stream-ordered memory, filled, the kernel from it,
+// the copy freed on the stream; where the memory cannot be had, the gather from dy.
+template <typename T> sam_status launch_t(DwArgs a, int m, bool two, int64_t grid, cudaStream_t s) {
+    // the copy's memory stays in the device's default pool between calls (not returned to
+    // the driver at every synchronisation)
+    static bool pool_kept = [] {
+        int dev = 0;
+        cudaMemPool_t pool;
+        uint64_t keep = UINT64_MAX;
+        return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess &&
+               cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) == cudaSuccess;
+    }();
+    (void)pool_kept;
+    const int64_t R = a.glu ? 2 * a.half_rows : a.half_rows;
+    const int64_t W = (a.S + 16 * (int64_t)a.E + 7) / 8 * 8;
+    void *buf = nullptr;
+    if (R > 0 && W > 0 && R <= INT32_MAX && W / 32 < INT32_MAX && (R + 31) / 32 <= 65535 &&
+        cudaMallocAsync(&buf, (size_t)(R * W) * sizeof(T), s) == cudaSuccess) {
+        a.dyt = buf;
+        a.ldt = W;
+        dyt_fill_kernel<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)((R + 31) / 32)), 256, 0, s>>>(
+            a, R, W, static_cast<T *>(buf));
+        sam_status st = launch_status("ssmm_dw");
+        if (st == SAM_STATUS_OK) st = launch_m<T, true>(a, m, two, grid, s);
+        cudaFreeAsync(buf, s);
+        return st;
+    }
+    (void)cudaGetLastError();  // the failed allocation, if any: the gather needs no memory
+    a.dyt = nullptr;
+    return launch_m<T, false>(a, m, two, grid, s);
 }
 
 }  // namespace
@@ -503,8 +671,8 @@ sam_status ssmm_dw_wgmma_launch(const DwArgs &in, sam_dtype dtype, int m, cudaSt
     if (grid == 0) return SAM_STATUS_OK;
     // two G tiles per stage where a CTA's two 64-column halves can lie in different slices
     const bool two = m > 1 && a.v % 128 != 0;
-    if (dtype == SAM_BF16) return launch_m<__nv_bfloat16>(a, m, two, grid, stream);
-    return launch_m<__half>(a, m, two, grid, stream);
+    if (dtype == SAM_BF16) return launch_t<__nv_bfloat16>(a, m, two, grid, stream);
+    return launch_t<__half>(a, m, two, grid, stream);
 }
 
 }  // namespace sam
