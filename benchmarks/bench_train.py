@@ -218,6 +218,12 @@ def dense_dw(dy_t, xg, offsets):
         return torch.stack([dy_t[:, off[e]:off[e + 1]] @ xg[off[e]:off[e + 1]] for e in range(len(off) - 1)])
 
 
+def wgmma_runs() -> bool:
+    """Whether ssmm_dw's wgmma kernel runs here (an sm_90 device, the sm_90a build)."""
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and "sm_90a" in str(sm.build_info().get("cuda_archs", "")))
+
+
 def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
     """ssmm_dw alone against the dense weight gradient, per projection."""
     from samoyeds.ops import ssmm_dw
@@ -253,11 +259,15 @@ def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
                 dyt = dys.t()
                 t_d = statistics.median(call_times(lambda: dense_dw(dyt, xg, r.offsets), device,
                                                    budget_s=BUDGET_S / 2, min_iters=3))
-                if device == "cuda":   # the mma.sync kernel too: the baseline of the wgmma one
-                    t_m = statistics.median(call_times(
-                        lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out, impl="mma"),
-                        device, budget_s=BUDGET_S / 2, min_iters=3))
-                    res.update(ms_ssmm_dw_mma=t_m, speedup_mma=t_d / t_m)
+                if device == "cuda":   # the mma.sync kernel too (the wgmma one's baseline) and, on sm_90a,
+                    # both producers of the wgmma kernel, whichever the rule picks
+                    for impl in ("mma", "gather", "copy"):
+                        if impl != "mma" and not wgmma_runs():
+                            continue
+                        t_m = statistics.median(call_times(
+                            lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out, impl=impl),
+                            device, budget_s=BUDGET_S / 2, min_iters=3))
+                        res.update({f"ms_ssmm_dw_{impl}": t_m, f"speedup_{impl}": t_d / t_m})
                 res.update(ms_ssmm_dw=t_s, ms_dense=t_d, speedup=t_d / t_s,
                            tflops_dense_equiv_ssmm_dw=res["flop_dense"] / (t_s * 1e-3) / 1e12,
                            tflops_kept_ssmm_dw=res["flop_dense"] * density / (t_s * 1e-3) / 1e12,
@@ -267,7 +277,9 @@ def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
             rows.append(res)
             print(f"  dW {name:<16} T={T:>6} {proj:<8} ssmm_dw {res.get('ms_ssmm_dw', float('nan')):8.3f} ms  "
                   f"dense {res.get('ms_dense', float('nan')):8.3f} ms  {res.get('speedup', float('nan')):5.2f}x  "
-                  f"(mma.sync kernel {res.get('ms_ssmm_dw_mma', float('nan')):8.3f} ms)", flush=True)
+                  f"(mma.sync {res.get('ms_ssmm_dw_mma', float('nan')):7.3f}, wgmma gather "
+                  f"{res.get('ms_ssmm_dw_gather', float('nan')):7.3f}, copy {res.get('ms_ssmm_dw_copy', float('nan')):7.3f} ms)",
+                  flush=True)
             free_memory(device)
     return rows
 

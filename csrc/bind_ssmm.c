@@ -218,7 +218,8 @@ PyObject *sam_py_ssmm_dw(PyObject *module, PyObject *args, PyObject *kw)
                                      &o[D_META], &o[D_IDX], &o[D_OFFSETS], &o[D_TOKEN_IDS], &rows, &cols, &n, &m,
                                      &v, &glu, &o[D_SCALE], &o_stream, &impl))
         return NULL;
-    if (sam_arg_range("impl", impl, 0, 1, "0 (the rule) or 1 (the mma.sync kernel)") < 0 ||
+    if (sam_arg_range("impl", impl, 0, 3, "0 (the rule), 1 (the mma.sync kernel), 2 (the wgmma kernel, dy "
+                      "gathered) or 3 (the wgmma kernel, dy's transposed copy)") < 0 ||
         sam_arg_range("rows", rows, 0, INT32_MAX, "0 <= rows < 2**31") < 0 ||
         sam_arg_range("cols", cols, 0, INT32_MAX, "0 <= cols < 2**31") < 0 ||
         sam_arg_format(n, m, v, glu, &x.f) < 0)

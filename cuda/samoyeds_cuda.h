@@ -267,7 +267,9 @@ typedef struct sam_ssmm_dw_params {
     /* output: the gradient of the packed values, out[E][Rp][Cp/2] contiguous */
     void *out;
     /* which GPU kernel: 0 the rule (the wgmma kernel where it runs, else mma.sync),
-     * 1 the mma.sync kernel (cuda/ssmm_dw.cu); the C reference ignores it */
+     * 1 the mma.sync kernel (cuda/ssmm_dw.cu), 2 the wgmma kernel gathering dy's kept
+     * rows, 3 the wgmma kernel reading them from a transposed copy of dy (2, 3: an sm_90
+     * device and the sm_90a build); the C reference ignores it */
     int impl;
 } sam_ssmm_dw_params;
 

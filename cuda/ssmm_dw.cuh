@@ -138,16 +138,29 @@ enum DwKernel { DW_MMA = 0, DW_WGMMA = 1 };
 // (ssmm_dw_wgmma.cu) wherever it runs (an sm_90 device with the sm_90a build:
 // `wgmma_ok`), else the mma.sync kernel (ssmm_dw.cu), which takes every format, dtype and
 // alignment the launcher accepts.  `force`: DW_MMA when the call asks for the mma.sync
-// kernel (sam_ssmm_dw_params.impl = 1, `ssmm_dw(..., impl="mma")`), so that the tests run
-// both kernels on an H100; -1 leaves the rule's choice.
+// kernel (sam_ssmm_dw_params.impl = 1, `ssmm_dw(..., impl="mma")`), DW_WGMMA for either
+// wgmma producer (impl 2, 3: an error where it cannot run), so that the tests run every
+// kernel on an H100; -1 leaves the rule's choice.
 inline DwKernel dw_choose_kernel(bool wgmma_ok, int force) {
     if (force == DW_MMA) return DW_MMA;
     return wgmma_ok ? DW_WGMMA : DW_MMA;
 }
 
+// Where the wgmma kernel runs, how its producer gets dy's kept rows: from a transposed copy
+// of dy written first (one pass over dy, then 128-byte rows by cp.async), or gathered from
+// dy itself (M candidate rows per kept row, picked by byte permutes, for every column
+// block).  The copy's one pass is repaid where a row block has many column blocks to share
+// it (C >= 4096: the measured crossover, docs/KERNELS.md); `force`: 0 the gather, 1 the
+// copy (sam_ssmm_dw_params.impl 2 and 3), -1 the rule.
+inline bool dw_use_copy(int64_t C, int force) {
+    if (force >= 0) return force == 1;
+    return C >= 4096;
+}
+
 // Whether the wgmma kernel can run on the current device (ssmm_dw_wgmma.cu).
 bool ssmm_dw_wgmma_available();
-// Launches it (a.* filled as for the mma kernel; m the format's M, 1, 2 or 4).
-sam_status ssmm_dw_wgmma_launch(const DwArgs &a, sam_dtype dtype, int m, cudaStream_t stream);
+// Launches it (a.* filled as for the mma kernel; m the format's M, 1, 2 or 4; copy: G from
+// dy's transposed copy, else the gather).
+sam_status ssmm_dw_wgmma_launch(const DwArgs &a, sam_dtype dtype, int m, bool copy, cudaStream_t stream);
 
 }  // namespace sam

@@ -184,17 +184,19 @@ __device__ __forceinline__ int64_t dyt_segment(const int32_t *offsets, int e) {
 
 // dyt[r][c] = dy[s][r] * scale[s] rounded to T for column c = dyt_segment(e) + i of sorted
 // row s = offsets[e] + i < min(offsets[e + 1], S); 0 at every other column (the segments'
-// padding).  32 x 32 tiles through shared memory, 32 x 8 threads.
+// padding).  64 x 64 tiles through shared memory, 256 threads: each warp reads 8 rows of dy
+// (2 elements a lane, 128 bytes a row) and writes 8 rows of dyt the same way; vec: dy's
+// rows and R hold whole element pairs (4-byte loads), else element by element.
 template <typename T>
-__global__ void __launch_bounds__(256) dyt_fill_kernel(const DwArgs p, int64_t R, int64_t W, T *dyt) {
-    __shared__ T tile[32][33];
-    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    const int64_t c0 = (int64_t)blockIdx.x * 32, r0 = (int64_t)blockIdx.y * 32;
-    const T *dy = static_cast<const T *>(p.dy);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int64_t col = c0 + ty + 8 * j;
-        // the expert whose segment holds col: the last e with dyt_segment(e) <= col
+__global__ void __launch_bounds__(256) dyt_fill_kernel(const DwArgs p, int64_t R, int64_t W, T *dyt, bool vec) {
+    __shared__ uint16_t tile[64][66];
+    __shared__ int64_t src_row[64];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t c0 = (int64_t)blockIdx.x * 64, r0 = (int64_t)blockIdx.y * 64;
+    if (threadIdx.x < 64) {
+        // the sorted row of column c0 + t (-1: padding), through the expert whose segment holds
+        // it: the last e with dyt_segment(e) <= c
+        const int64_t col = c0 + threadIdx.x;
         int lo = 0, hi = p.E - 1;
         while (lo < hi) {
             const int mid = (lo + hi + 1) / 2;
@@ -203,19 +205,43 @@ __global__ void __launch_bounds__(256) dyt_fill_kernel(const DwArgs p, int64_t R
         const int64_t i = col - dyt_segment(p.offsets, lo);
         const int64_t sb = max((int64_t)0, (int64_t)__ldg(p.offsets + lo));
         const int64_t se = min((int64_t)__ldg(p.offsets + lo + 1), p.S);
-        const int64_t s = sb + i;
-        float v = 0.0f;
-        if (col < W && i >= 0 && s < se && r0 + tx < R) {
-            v = Elem<T>::to_f(dy[s * p.lddy + r0 + tx]);
-            if (p.scale) v *= __ldg(p.scale + s);
+        src_row[threadIdx.x] = (col < W && i >= 0 && sb + i < se) ? sb + i : -1;
+    }
+    __syncthreads();
+    const T *dy = static_cast<const T *>(p.dy);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int cl = warp + 8 * j;  // the tile's column (a sorted row of dy)
+        const int64_t s = src_row[cl];
+        const int64_t r = r0 + 2 * lane;
+        float a = 0.0f, b = 0.0f;
+        if (s >= 0) {
+            const T *row = dy + s * p.lddy + r;
+            if (vec && r + 1 < R) {
+                const uint32_t w = __ldg(reinterpret_cast<const unsigned int *>(row));
+                unpack2<T>(w, a, b);
+            } else {
+                if (r < R) a = Elem<T>::to_f(row[0]);
+                if (r + 1 < R) b = Elem<T>::to_f(row[1]);
+            }
+            if (p.scale) {
+                const float sc = __ldg(p.scale + s);
+                a *= sc;
+                b *= sc;
+            }
         }
-        tile[ty + 8 * j][tx] = Elem<T>::from_f(v);
+        const uint32_t w = Elem<T>::pack2(a, b);
+        tile[cl][2 * lane] = (uint16_t)(w & 0xffffu);
+        tile[cl][2 * lane + 1] = (uint16_t)(w >> 16);
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int64_t r = r0 + ty + 8 * j, col = c0 + tx;
-        if (r < R && col < W) dyt[r * W + col] = tile[tx][ty + 8 * j];
+    for (int j = 0; j < 8; j++) {
+        const int rl = warp + 8 * j;
+        const int64_t r = r0 + rl, col = c0 + 2 * lane;
+        if (r >= R || col >= W) continue;
+        const uint32_t w = (uint32_t)tile[2 * lane][rl] | ((uint32_t)tile[2 * lane + 1][rl] << 16);
+        *reinterpret_cast<uint32_t *>(dyt + r * W + col) = w;  // W % 8 == 0: col + 1 < W
     }
 }
 
@@ -626,25 +652,16 @@ template <typename T, bool TR> sam_status launch_m(const DwArgs &a, int m, bool 
 // dy's transposed copy (R x dyt_cols) in stream-ordered memory, filled, the kernel from it,
 // the copy freed on the stream; where the memory cannot be had, the gather from dy.
 template <typename T> sam_status launch_t(DwArgs a, int m, bool two, int64_t grid, cudaStream_t s) {
-    // the copy's memory stays in the device's default pool between calls (not returned to
-    // the driver at every synchronisation)
-    static bool pool_kept = [] {
-        int dev = 0;
-        cudaMemPool_t pool;
-        uint64_t keep = UINT64_MAX;
-        return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess &&
-               cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) == cudaSuccess;
-    }();
-    (void)pool_kept;
     const int64_t R = a.glu ? 2 * a.half_rows : a.half_rows;
     const int64_t W = (a.S + 16 * (int64_t)a.E + 7) / 8 * 8;
     void *buf = nullptr;
-    if (R > 0 && W > 0 && R <= INT32_MAX && W / 32 < INT32_MAX && (R + 31) / 32 <= 65535 &&
+    if (R > 0 && W > 0 && R <= INT32_MAX && W / 64 < INT32_MAX && (R + 63) / 64 <= 65535 &&
         cudaMallocAsync(&buf, (size_t)(R * W) * sizeof(T), s) == cudaSuccess) {
         a.dyt = buf;
         a.ldt = W;
-        dyt_fill_kernel<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)((R + 31) / 32)), 256, 0, s>>>(
-            a, R, W, static_cast<T *>(buf));
+        const bool vec = a.lddy % 2 == 0 && R % 2 == 0 && (reinterpret_cast<uintptr_t>(a.dy) & 3) == 0;
+        dyt_fill_kernel<T><<<dim3((unsigned)((W + 63) / 64), (unsigned)((R + 63) / 64)), 256, 0, s>>>(
+            a, R, W, static_cast<T *>(buf), vec);
         sam_status st = launch_status("ssmm_dw");
         if (st == SAM_STATUS_OK) st = launch_m<T, true>(a, m, two, grid, s);
         cudaFreeAsync(buf, s);
@@ -659,7 +676,7 @@ template <typename T> sam_status launch_t(DwArgs a, int m, bool two, int64_t gri
 
 bool ssmm_dw_wgmma_available() { return device_runs_sm90a(); }
 
-sam_status ssmm_dw_wgmma_launch(const DwArgs &in, sam_dtype dtype, int m, cudaStream_t stream) {
+sam_status ssmm_dw_wgmma_launch(const DwArgs &in, sam_dtype dtype, int m, bool copy, cudaStream_t stream) {
     DwArgs a = in;
     a.nrb = (int)ceil_div(a.rp, DWG_BN);
     a.ncb = (int)ceil_div(a.cp, DWG_BC);  // cp % 128 == 0: whole blocks
@@ -671,6 +688,12 @@ sam_status ssmm_dw_wgmma_launch(const DwArgs &in, sam_dtype dtype, int m, cudaSt
     if (grid == 0) return SAM_STATUS_OK;
     // two G tiles per stage where a CTA's two 64-column halves can lie in different slices
     const bool two = m > 1 && a.v % 128 != 0;
+    a.dyt = nullptr;
+    a.ldt = 0;
+    if (!copy) {
+        if (dtype == SAM_BF16) return launch_m<__nv_bfloat16, false>(a, m, two, grid, stream);
+        return launch_m<__half, false>(a, m, two, grid, stream);
+    }
     if (dtype == SAM_BF16) return launch_t<__nv_bfloat16>(a, m, two, grid, stream);
     return launch_t<__half>(a, m, two, grid, stream);
 }

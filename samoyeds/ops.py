@@ -84,6 +84,11 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
     return out
 
 
+#: ssmm_dw's kernels on the GPU: the rule's, the mma.sync one, the wgmma one with dy's kept
+#: rows gathered from dy, and with them read from a transposed copy of dy (sm_90a only).
+_DW_IMPLS = ("auto", "mma", "gather", "copy")
+
+
 def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
             scale: Optional[Any] = None, out: Optional[Any] = None, *, stream: Optional[int] = None,
             impl: str = "auto") -> Any:
@@ -110,6 +115,11 @@ def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Op
         scale: ``[S]`` float32 multiplying dy's rows, or None.
         out: ``[E, Rp, Cp/2]`` like ``w.values`` (x's dtype); allocated if None.
         stream: CUDA stream; None uses the producer's current stream.
+        impl: the GPU kernel: ``"auto"`` (the rule: on sm_90a the wgmma kernel, reading dy's
+           kept rows from a transposed copy of dy where C >= 4096, gathering them from dy
+           elsewhere; else the mma.sync kernel), ``"mma"``, ``"gather"`` or ``"copy"`` (the
+           last two need sm_90a).  The copy (R x (S + 16 E) elements) is allocated on the
+           stream from CUDA's stream-ordered pool, outside torch's allocator.  The CPU ignores it.
     """
     if not isinstance(w, PackedWeight):
         raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")
@@ -118,10 +128,10 @@ def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Op
     E, R, C = w.shape3
     if out is None:
         out = empty(x, tuple(w.values.shape), dtype_name(x))
-    if impl not in ("auto", "mma"):
-        raise ValueError(f"impl: expected 'auto' or 'mma', got {impl!r}")
+    if impl not in _DW_IMPLS:
+        raise ValueError(f"impl: expected one of {', '.join(map(repr, _DW_IMPLS))}, got {impl!r}")
     _C.ssmm_dw(out, dy, x, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(), scale=scale,
-               stream=stream if stream is not None else current_stream(x), impl=int(impl == "mma"))
+               stream=stream if stream is not None else current_stream(x), impl=_DW_IMPLS.index(impl))
     return out
 
 

@@ -3,7 +3,8 @@ same inputs) and a float64 torch oracle, on fresh random inputs per case, the ou
 poisoned with NaN first: every entry written, padding entries and experts without rows
 exactly 0, rows past offsets[E] never read (NaN there), bit-identical run to run.
 On sm_90 the default runs the wgmma kernel (ssmm_dw_wgmma.cu); the tests marked `impl`
-also run the mma.sync kernel through ssmm_dw(..., impl="mma") (elsewhere both are it)."""
+also run the mma.sync kernel (impl="mma") and both of the wgmma kernel's producers
+(impl="gather", "copy"; sm_90a only), whichever the rule picks."""
 from __future__ import annotations
 
 
@@ -210,9 +211,18 @@ WGMMA_CASES = [  # T, K, E, (R plain, R glu), C, pattern
 IMPL = {"impl": "auto"}   # run_dw's ssmm_dw(impl=...), set by the fixture below
 
 
-@pytest.fixture(params=["auto", "mma"])
+def wgmma_runs() -> bool:
+    """Whether this build and device run the wgmma kernel (an sm_90 device, the sm_90a build)."""
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and "sm_90a" in str(sm.build_info().get("cuda_archs", "")))
+
+
+@pytest.fixture(params=["auto", "mma", "gather", "copy"])
 def impl(request):
-    """Which ssmm_dw kernel: the rule's (the wgmma one on sm_90a) or the mma.sync one."""
+    """Which ssmm_dw kernel: the rule's, the mma.sync one, or the wgmma one with either
+    producer (dy's kept rows gathered from dy, or read from its transposed copy)."""
+    if request.param in ("gather", "copy") and not wgmma_runs():
+        pytest.skip("the wgmma kernel needs an sm_90 device and the sm_90a build")
     IMPL["impl"] = request.param
     yield request.param
     IMPL["impl"] = "auto"

@@ -434,11 +434,20 @@ def _dw_args(**over):
     (dict(v=48), ValueError, r"^v: expected a positive multiple of 32"),
     (dict(n=3), ValueError, r"^n, m: expected 1 <= n <= m"),
     (dict(out="nope"), TypeError, r"^out: "),
+    (dict(impl=4), ValueError, r"^impl: expected 0 \(the rule\), 1 \(the mma.sync kernel\), 2 .* or 3 .*got 4"),
+    (dict(impl=-1), ValueError, r"^impl: expected .*got -1"),
 ])
 def test_ssmm_dw_names_the_bad_argument(over, exc, pattern):
     a = _dw_args(**over)
     with pytest.raises(exc, match=pattern):
         sm._C.ssmm_dw(**a)
+
+
+def test_ssmm_dw_wrapper_names_a_bad_impl():
+    p = sm.pack(torch.randn(2, 16, 64), "samoyeds-1:2:64")
+    with pytest.raises(ValueError, match=r"^impl: expected one of 'auto', 'mma', 'gather', 'copy', got 'fast'"):
+        ssmm_dw(torch.randn(4, 16), torch.randn(3, 64), p, torch.tensor([0, 2, 4], dtype=torch.int32),
+                torch.tensor([0, 1, 2, 0], dtype=torch.int32), impl="fast")
 
 
 def test_ssmm_dw_refuses_an_output_that_overlaps_an_input():
