@@ -658,10 +658,12 @@ def train_table(d: dict) -> str:
                    f"{_f(g.get('frac_roofline'), '.0%')} / {_f(s.get('frac_roofline'), '.0%')} |")
     dw = d.get("dw_kernel") or []
     if dw:
-        out += ["", "| model | T | projection | ssmm_dw | dense dW (grouped mm) | ratio |", "|---|---:|---|---:|---:|---:|"]
+        out += ["", "| model | T | projection | ssmm_dw | dense dW (grouped mm) | ratio | mma.sync | "
+                "wgmma, dy gathered | wgmma, dy's transposed copy |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
         for r in dw:
             out.append(f"| {r.get('model')} | {r.get('T')} | {r.get('projection')} | {_f(r.get('ms_ssmm_dw'), '.3f')} ms | "
-                       f"{_f(r.get('ms_dense'), '.3f')} ms | {_x(r['speedup']) if r.get('speedup') else '-'} |")
+                       f"{_f(r.get('ms_dense'), '.3f')} ms | {_x(r['speedup']) if r.get('speedup') else '-'} | "
+                       + " | ".join(f"{_f(r.get(f'ms_ssmm_dw_{i}'), '.3f')}" for i in ("mma", "gather", "copy")) + " |")
     return "\n".join(out)
 
 
@@ -761,9 +763,9 @@ TABLES = [
      "`samoyeds.moe_forward` with its backward (packed values as parameters) against transformers' experts with "
      "`grouped_mm` under autograd, bf16, same inputs; activations: memory the forward keeps for the backward "
      "(benchmarks/bench_train.py)."),
-    ("", "train_t16384.json", train_table, "Training at T = 16384, measured again",
-     "As above, three models, at a later commit (the ssmm_dw producer staging dy by cp.async; dX on the "
-     "transposed packing, docs/TRAINING.md)."),
+    ("", "train_dw.json", train_table, "Training: the weight gradient's kernels",
+     "As above for three models, with `ssmm_dw` timed per projection under each of its GPU kernels in the "
+     "same run (ms; the rule's pick in the first column; docs/KERNELS.md)."),
     ("", "ep.json", ep_table, "Expert parallelism: two GPUs of one host",
      "Full-depth models (random weights) under transformers' own plan, `DistributedConfig(tp_size=EP, "
      "ep_size=EP)` (experts sharded by expert, all-reduced; attention tensor-parallel), samoyeds against "

@@ -129,27 +129,18 @@ template <typename T> struct WgmmaDenseMN256;
 #else
 #define SAM_WGMMA_DENSE_MN256_ASM(PTYPE, TNSPB) ((void)d, (void)adesc, (void)bdesc, (void)scale_d, __trap())
 #endif
+// BK: B K-major (transpose bit 0: each of B's 256 N rows K-contiguous, as smem_desc_sw128
+// describes; the start steps 32 bytes per k16) instead of MN-major.
 template <> struct WgmmaDenseMN256<__nv_bfloat16> {
+    template <bool BK = false>
     static __device__ __forceinline__ void run(float (&d)[128], uint64_t adesc, uint64_t bdesc, int scale_d = 1) {
-        SAM_WGMMA_DENSE_MN256_ASM("bf16", "1");
+        if constexpr (BK) { SAM_WGMMA_DENSE_MN256_ASM("bf16", "0"); } else { SAM_WGMMA_DENSE_MN256_ASM("bf16", "1"); }
     }
 };
 template <> struct WgmmaDenseMN256<__half> {
+    template <bool BK = false>
     static __device__ __forceinline__ void run(float (&d)[128], uint64_t adesc, uint64_t bdesc, int scale_d = 1) {
-        SAM_WGMMA_DENSE_MN256_ASM("f16", "1");
-    }
-};
-// The same with B K-major (transpose bit 0: each of B's 256 N rows K-contiguous, as
-// smem_desc_sw128 describes; the start steps 32 bytes per k16).
-template <typename T> struct WgmmaDenseMNK256;
-template <> struct WgmmaDenseMNK256<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float (&d)[128], uint64_t adesc, uint64_t bdesc, int scale_d = 1) {
-        SAM_WGMMA_DENSE_MN256_ASM("bf16", "0");
-    }
-};
-template <> struct WgmmaDenseMNK256<__half> {
-    static __device__ __forceinline__ void run(float (&d)[128], uint64_t adesc, uint64_t bdesc, int scale_d = 1) {
-        SAM_WGMMA_DENSE_MN256_ASM("f16", "0");
+        if constexpr (BK) { SAM_WGMMA_DENSE_MN256_ASM("f16", "0"); } else { SAM_WGMMA_DENSE_MN256_ASM("f16", "1"); }
     }
 };
 #undef SAM_WGMMA_DENSE_MN256_ASM

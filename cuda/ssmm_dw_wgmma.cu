@@ -30,6 +30,17 @@
 // shared-memory traffic, the selection in the epilogue would add 100 % (M = 2) to 300 %
 // (M = 4) to the tensor-core time.  So (a), the gather, by one producer warpgroup.
 //
+// ---- gather, or copy first (dw_use_copy, ssmm_dw.cuh) --------------------------------------
+// The gather below re-reads M candidate rows of dy per kept row and permutes them in every
+// CTA of a row block, i.e. once per column block.  Where there are many column blocks (C >=
+// 4096) the launcher instead writes dy transposed once (dyt_fill_kernel: per sorted row s of
+// expert e, column dyt_segment(e) + s - offsets[e], scaled and rounded as the gather does,
+// zeros between the experts' segments) and the producer (TR) copies each storage row's kept
+// row of it, 64 tokens = one 128-byte K-major row per k-tile, straight into a B tile by
+// cp.async: per k-tile 32 KB of dy instead of 32 M KB of candidates, no permutes, no
+// staging, so one more stage (4).  The consumers read that B K-major (wgmma's transpose bit
+// 0, the start stepping 32 bytes per k16).  Measured: docs/KERNELS.md.
+//
 // ---- the CTA ---------------------------------------------------------------------------
 // One CTA per (expert, 256 storage rows, 128 columns): the grid is known on the host, every
 // output entry is written by exactly one CTA (experts without rows: zeros), no atomics, a
@@ -284,18 +295,58 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
     }
     __syncthreads();
 
+    // the producers' common part: X, chunk xc (16 bytes; column block xc / 8, chunk xc % 8) of
+    // token rows xr + 8 i, gathered by token id with cp.async (zero-filled past the expert's rows,
+    // for invalid tokens and past C); its token ids of k-tile kt (-1: none), all loads issued
+    // before any is used: one id load after another, each waited for by its copy, was most of
+    // the producer's time (ncu: 8 serialised L2 round trips per k-tile); the next k-tile's are
+    // loaded one k-tile ahead, in flight during this one's dy copies
+    const int xc = tid & 15, xr = tid >> 4;
+    const int64_t xcol = c0 + 8 * xc;
+    const bool x_colok = xcol < p.C;
+    const uint32_t x_dst = (uint32_t)((xc >> 3) * DWG_BK * 128);  // + row * 128 + swizzled chunk
+    auto load_ids = [&](int kt, int32_t (&ids)[DWG_BK / 8]) {
+#pragma unroll
+        for (int i = 0; i < DWG_BK / 8; i++) {
+            const int kk = kt * DWG_BK + xr + 8 * i;
+            const int64_t s = s_begin + kk;
+            ids[i] = kk >= n_e ? -1 : p.token_ids ? __ldg(p.token_ids + s) : (int32_t)s;
+        }
+    };
+    auto copy_x = [&](uint32_t stage, const int32_t (&tok)[DWG_BK / 8]) {
+        const T *x = static_cast<const T *>(p.x);
+#pragma unroll
+        for (int i = 0; i < DWG_BK / 8; i++) {
+            const int r = xr + 8 * i;
+            int64_t t = tok[i];
+            if (t >= p.T) t = -1;
+            const bool ok = x_colok && t >= 0;
+            const T *src = ok ? x + t * p.ldx + xcol : x;
+            cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), src, ok);
+        }
+    };
+
+    // k-tile kt's stage once the consumers have released it, X's copies into it issued; the
+    // next k-tile's token ids loaded into tok_next
+    auto stage_x = [&](int kt, int32_t (&tok_next)[DWG_BK / 8]) {
+        int32_t tok[DWG_BK / 8];
+#pragma unroll
+        for (int i = 0; i < DWG_BK / 8; i++) tok[i] = tok_next[i];
+        if (kt + 1 < KT) load_ids(kt + 1, tok_next);
+        const int st = kt % ST;
+        if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
+        const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
+        copy_x(stage, tok);
+        return stage;
+    };
+
     if (tid < 128 && TR) {
         // ================= producer, from dy's transposed copy =================
         // per k-tile: X as below; G as K-major tiles, storage row n of the CTA (slot s) one
         // 128-byte row (64 tokens) of p.dyt: the kept row of its slice, 16-byte pieces by
         // cp.async (a warp's copy covers 4 whole rows), zero-filled past the expert's segment
         const int ptid = tid;
-        const T *x = static_cast<const T *>(p.x);
         const T *dyt = static_cast<const T *>(p.dyt);
-        const int xc = ptid & 15, xr = ptid >> 4;
-        const int64_t xcol = c0 + 8 * xc;
-        const bool x_colok = xcol < p.C;
-        const uint32_t x_dst = (uint32_t)((xc >> 3) * DWG_BK * 128);
         const int gq = ptid & 7, gn = ptid >> 3;  // chunk, first row (then + 16 i)
         const int nsl_cta = (NSL == 2 && slot1 == 1) ? 2 : 1;
         int32_t grow[NSL][16];  // dyt's row for storage row gn + 16 i of slot s, -1: none
@@ -320,32 +371,10 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
             }
         const int64_t seg = dyt_segment(p.offsets, e);
         int32_t tok_next[DWG_BK / 8];
-        auto load_ids = [&](int kt, int32_t (&ids)[DWG_BK / 8]) {
-#pragma unroll
-            for (int i = 0; i < DWG_BK / 8; i++) {
-                const int kk = kt * DWG_BK + xr + 8 * i;
-                const int64_t s = s_begin + kk;
-                ids[i] = kk >= n_e ? -1 : p.token_ids ? __ldg(p.token_ids + s) : (int32_t)s;
-            }
-        };
         if (KT > 0) load_ids(0, tok_next);
         for (int kt = 0; kt < KT; kt++) {
             const int st = kt % ST;
-            int32_t tok[DWG_BK / 8];
-#pragma unroll
-            for (int i = 0; i < DWG_BK / 8; i++) tok[i] = tok_next[i];
-            if (kt + 1 < KT) load_ids(kt + 1, tok_next);
-            if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
-            const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
-#pragma unroll
-            for (int i = 0; i < DWG_BK / 8; i++) {
-                const int r = xr + 8 * i;
-                int64_t t = tok[i];
-                if (t >= p.T) t = -1;
-                const bool ok = x_colok && t >= 0;
-                const T *src = ok ? x + t * p.ldx + xcol : x;
-                cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), src, ok);
-            }
+            const uint32_t stage = stage_x(kt, tok_next);
             const bool tok_ok = kt * DWG_BK + 8 * gq < n_e;
             const int64_t tcol = seg + (int64_t)kt * DWG_BK + 8 * gq;
 #pragma unroll
@@ -368,13 +397,7 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
     if (tid < 128) {
         // ================= producer =================
         const int ptid = tid;
-        const T *x = static_cast<const T *>(p.x);
         const T *dy = static_cast<const T *>(p.dy);
-        // X: chunk xc (16 bytes; column block xc / 8, chunk xc % 8) of token rows xr + 8 i
-        const int xc = ptid & 15, xr = ptid >> 4;
-        const int64_t xcol = c0 + 8 * xc;
-        const bool x_colok = xcol < p.C;
-        const uint32_t x_dst = (uint32_t)((xc >> 3) * DWG_BK * 128);  // + row * 128 + swizzled chunk
         // G: 8-row piece P8 of 64-row block ub, token rows kr + 4 i (i < 16)
         const int P8 = ptid & 7, ub = (ptid >> 3) & 3, kr = ptid >> 5;
         const int64_t pb = row0 + 64 * ub;  // first storage row of the block
@@ -449,41 +472,15 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
             cp_async_commit();  // empty past the last group: the count of pending groups stays uniform
         };
 
-        // X's token ids of k-tile kt (-1: none), all loads issued before any is used: one
-        // id load after another, each waited for by its copy, was most of the producer's
-        // time (ncu: 8 serialised L2 round trips per k-tile); the next k-tile's are loaded
-        // one k-tile ahead, in flight during this one's dy gather
         int32_t tok_next[DWG_BK / 8];
-        auto load_ids = [&](int kt, int32_t (&ids)[DWG_BK / 8]) {
-#pragma unroll
-            for (int i = 0; i < DWG_BK / 8; i++) {
-                const int kk = kt * DWG_BK + xr + 8 * i;
-                const int64_t s = s_begin + kk;
-                ids[i] = kk >= n_e ? -1 : p.token_ids ? __ldg(p.token_ids + s) : (int32_t)s;
-            }
-        };
         if (KT > 0) load_ids(0, tok_next);
 #pragma unroll
         for (int n = 0; n < 4; n++) issue(n);
         for (int kt = 0; kt < KT; kt++) {
             const int st = kt % ST;
-            int32_t tok[DWG_BK / 8];
-#pragma unroll
-            for (int i = 0; i < DWG_BK / 8; i++) tok[i] = tok_next[i];
-            if (kt + 1 < KT) load_ids(kt + 1, tok_next);
-            if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
-            const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
             // X by cp.async (the arrive below also waits for this thread's earlier
             // cp.asyncs: the candidates of this k-tile, issued before, needed for it anyway)
-#pragma unroll
-            for (int i = 0; i < DWG_BK / 8; i++) {
-                const int r = xr + 8 * i;
-                int64_t t = tok[i];
-                if (t >= p.T) t = -1;
-                const bool ok = x_colok && t >= 0;
-                const T *src = ok ? x + t * p.ldx + xcol : x;
-                cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), src, ok);
-            }
+            const uint32_t stage = stage_x(kt, tok_next);
             cp_async_mbar_arrive(full_bar(st));
             // G from the staging: group n has landed when at most the 3 after it are pending
             // (4 prologue commits + one per issue(): n + 4 committed here).  X's copies above join
@@ -554,8 +551,8 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
 #pragma unroll
         for (int ks = 0; ks < DWG_BK / 16; ks++) {
             if constexpr (TR)
-                WgmmaDenseMNK256<T>::run(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
-                                         smem_desc_sw128(b0 + ks * 32), 1);
+                WgmmaDenseMN256<T>::template run<true>(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
+                                                       smem_desc_sw128(b0 + ks * 32), 1);
             else
                 WgmmaDenseMN256<T>::run(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
                                         smem_desc_mn_sw128(b0 + ks * 2048, DWG_GBLOCK), 1);
