@@ -6,7 +6,8 @@ dense bf16 weights), on the same routing, at the five models' shapes.
 
 Per model and T (tokens): ms of a forward with grad enabled and of forward + backward
 (gradients of x, the routing weights and every expert weight; grads reset to None before each
-call), the ratio grouped_mm / samoyeds, the activation memory the forward keeps for the
+call), the ratio grouped_mm / samoyeds (and for "samoyeds_recompute": the same packed weights
+with ``save_preact=False``, the backward recomputing the pre-activation), the activation memory the forward keeps for the
 backward (torch.cuda.memory_allocated after the forward minus before, the output excluded),
 the peak memory of forward + backward above what was allocated before, and the fraction of
 the roofline: dense-equivalent FLOPs (18 S H I for S = T K routed rows: forward 6 S H I, dX
@@ -38,6 +39,7 @@ Writes train.json (command, commit, device, versions in "env").
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -74,7 +76,8 @@ def routing(T: int, E: int, K: int, device: str, dtype, gen):
 class SamoyedsExperts:
     """Packed experts trained through samoyeds.moe_forward's autograd."""
 
-    def __init__(self, E, H, I, fmt, act, bias, device, dtype, gen):
+    def __init__(self, E, H, I, fmt, act, bias, device, dtype, gen, save_preact=True):
+        self.save_preact = save_preact
         self.gu = sm.pack((torch.randn(E, 2 * I, H, device=device, generator=gen) * H ** -0.5).to(dtype), fmt,
                           glu=True)
         self.dn = sm.pack((torch.randn(E, H, I, device=device, generator=gen) * I ** -0.5).to(dtype), fmt)
@@ -86,7 +89,8 @@ class SamoyedsExperts:
         self.params = [p for p in (self.gu.values, self.dn.values, self.gub, self.dnb) if p is not None]
 
     def __call__(self, x, idx, w):
-        return sm.moe_forward(x, idx, w, self.gu, self.dn, act=self.act, gate_up_bias=self.gub, down_bias=self.dnb)
+        return sm.moe_forward(x, idx, w, self.gu, self.dn, act=self.act, gate_up_bias=self.gub, down_bias=self.dnb,
+                              save_preact=self.save_preact)
 
 
 class GroupedMMExperts:
@@ -150,9 +154,13 @@ def bench_block(name, tokens, fmt, device, dtype, tiny, seed, dense_tflops) -> l
     density = sm.SparseFormat.parse(fmt).density
     gen = torch.Generator(device=device).manual_seed(seed)
     t0 = time.perf_counter()
-    methods = {"grouped_mm": GroupedMMExperts(name, device, dtype, tiny, seed),
-               "samoyeds": SamoyedsExperts(E, H, I, fmt, "gptoss" if gptoss else "swiglu", gptoss, device, dtype,
-                                           gen)}
+    sam = SamoyedsExperts(E, H, I, fmt, "gptoss" if gptoss else "swiglu", gptoss, device, dtype, gen)
+    # samoyeds_recompute: the same packed weights, the pre-activation recomputed in the backward
+    # (save_preact=False: the least activation memory)
+    recompute = copy.copy(sam)
+    recompute.save_preact = False
+    methods = {"grouped_mm": GroupedMMExperts(name, device, dtype, tiny, seed), "samoyeds": sam,
+               "samoyeds_recompute": recompute}
     print(f"{name}: experts built and packed in {time.perf_counter() - t0:.1f} s", flush=True)
     rows = []
     for T in tokens:
@@ -190,16 +198,20 @@ def bench_block(name, tokens, fmt, device, dtype, tiny, seed, dense_tflops) -> l
                                        "grads": all(t.grad is not None for t in m.params + [x, w])}
             r["activation_mib"] = activation_mib(m, x, idx, w, device)
             r["peak_fwd_bwd_mib"] = peak_mib(lambda: fwd_bwd(m, x, idx, w, gout), device)
-            flop = res["flop_samoyeds"] if key == "samoyeds" else dense_flop
+            sparse = key.startswith("samoyeds")   # (the recomputed gate_up not counted: it is extra work)
+            flop = res["flop_samoyeds"] if sparse else dense_flop
             tflops = flop / (r["ms_fwd_bwd"] * 1e-3) / 1e12
             r["tflops"] = tflops
-            r["frac_roofline"] = tflops / (2 * dense_tflops if key == "samoyeds" else dense_tflops)
-        s, g = res["methods"].get("samoyeds", {}), res["methods"].get("grouped_mm", {})
-        if "ms_fwd_bwd" in s and "ms_fwd_bwd" in g:
-            res["speedup_fwd_bwd"] = g["ms_fwd_bwd"] / s["ms_fwd_bwd"]
-            res["speedup_fwd"] = g["ms_fwd"] / s["ms_fwd"]
-            res["activation_ratio"] = (g["activation_mib"] / s["activation_mib"]
-                                       if s["activation_mib"] and s["activation_mib"] == s["activation_mib"] else None)
+            r["frac_roofline"] = tflops / (2 * dense_tflops if sparse else dense_tflops)
+        g = res["methods"].get("grouped_mm", {})
+        for key, suffix in (("samoyeds", ""), ("samoyeds_recompute", "_recompute")):
+            s = res["methods"].get(key, {})
+            if "ms_fwd_bwd" in s and "ms_fwd_bwd" in g:
+                res["speedup_fwd_bwd" + suffix] = g["ms_fwd_bwd"] / s["ms_fwd_bwd"]
+                res["speedup_fwd" + suffix] = g["ms_fwd"] / s["ms_fwd"]
+                res["activation_ratio" + suffix] = (g["activation_mib"] / s["activation_mib"]
+                                                    if s["activation_mib"] and s["activation_mib"] == s["activation_mib"]
+                                                    else None)
         _print_case(res)
         del x, idx, w, gout
         free_memory(device)
@@ -460,6 +472,8 @@ def _print_case(r) -> None:
           f"{s.get('ms_fwd_bwd', nan):8.3f} ms ({r.get('speedup_fwd_bwd', nan):.2f}x)  fwd {r.get('speedup_fwd', nan):.2f}x  "
           f"activations {g.get('activation_mib', nan):.0f} / {s.get('activation_mib', nan):.0f} MiB  "
           f"roofline {g.get('frac_roofline', nan):.2f} / {s.get('frac_roofline', nan):.2f}"
+          f"  | pre-activation recomputed: {r.get('speedup_fwd_bwd_recompute', nan):.2f}x, "
+          f"activations {r['methods'].get('samoyeds_recompute', {}).get('activation_mib', nan):.0f} MiB"
           + "".join(f"  [{k}: {v['error']}]" for k, v in r["methods"].items() if "error" in v), flush=True)
 
 

@@ -656,6 +656,17 @@ def train_table(d: dict) -> str:
                    f"{_f(g.get('activation_mib'), ',.0f')} / {_f(s.get('activation_mib'), ',.0f')} | "
                    f"{_f(g.get('peak_fwd_bwd_mib'), ',.0f')} / {_f(s.get('peak_fwd_bwd_mib'), ',.0f')} | "
                    f"{_f(g.get('frac_roofline'), '.0%')} / {_f(s.get('frac_roofline'), '.0%')} |")
+    rc = [c for c in d.get("cases", []) if "samoyeds_recompute" in c.get("methods", {})]
+    if rc:
+        out += ["", "With `save_preact=False` (the pre-activation recomputed in the backward):", "",
+                "| model | T | samoyeds fwd+bwd | vs grouped_mm | activations (MiB) | grouped_mm's / these |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for c in rc:
+            r = c["methods"]["samoyeds_recompute"]
+            out.append(f"| {c['model']} | {c['T']} | {_f(r.get('ms_fwd_bwd'), '.2f')} ms | "
+                       f"{_x(c['speedup_fwd_bwd_recompute']) if c.get('speedup_fwd_bwd_recompute') else '-'} | "
+                       f"{_f(r.get('activation_mib'), ',.0f')} | "
+                       f"{_x(c['activation_ratio_recompute']) if c.get('activation_ratio_recompute') else '-'} |")
     dw = d.get("dw_kernel") or []
     if dw:
         out += ["", "| model | T | projection | ssmm_dw | dense dW (grouped mm) | ratio | mma.sync | "

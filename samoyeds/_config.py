@@ -61,6 +61,11 @@ class Config:
         dense_decode_max_rows: an unpruned shared-experts MLP of a patched Hugging Face
             model runs :func:`samoyeds.dense_decode` up to this many token rows on the GPU
             (0: never).
+        save_preact: a differentiable MoE forward (:func:`samoyeds.moe_forward` with grad,
+            a patched model in training mode) keeps the gate_up pre-activation
+            ``[T*K, 2I]`` for the backward; False keeps only x and the routing and the
+            backward recomputes it with one more gate_up matmul (less activation memory,
+            more time; docs/TRAINING.md).
     """
 
     tile: str = "auto"
@@ -70,6 +75,7 @@ class Config:
     decode_rows_per_expert: Optional[int] = None
     pdl: bool = True
     dense_decode_max_rows: int = 16
+    save_preact: bool = True
 
     def __post_init__(self) -> None:
         for name, names in (("tile", _TILES), ("token_rows", _TOKEN_ROWS)):
@@ -83,8 +89,9 @@ class Config:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
                 what = "an int" if name in ("split_k", "dense_decode_max_rows") else "None or an int"
                 raise ValueError(f"{name}: expected {what} in [0, {_INT_MAX}], got {value!r}")
-        if not isinstance(self.pdl, bool):
-            raise ValueError(f"pdl: expected a bool, got {self.pdl!r}")
+        for name in ("pdl", "save_preact"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
 
 
 def _apply(cfg: Config) -> None:

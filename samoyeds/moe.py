@@ -14,7 +14,7 @@ from .packed import PackedWeight
 def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWeight, down: PackedWeight,
                 *, act: str = "swiglu", gate_up_bias: Optional[Any] = None, down_bias: Optional[Any] = None,
                 alpha: float = 1.702, limit: float = 7.0, impl: str = "auto",
-                out: Optional[Any] = None, check_ids: bool = False) -> Any:
+                out: Optional[Any] = None, check_ids: bool = False, save_preact: Optional[bool] = None) -> Any:
     """Mixture-of-experts feed-forward with packed expert weights.
 
     Args:
@@ -31,6 +31,10 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
             placeholder, allowed): a debugging aid for routing bugs (an off-by-one id
             otherwise drops that expert's share without a word).  It reads the ids
             back, one host sync per call; off by default.
+        save_preact: with grad, keep the gate_up pre-activation ``[T*K, 2I]`` for the
+            backward (True), or keep only x and the routing and recompute it there with one
+            more gate_up matmul (False: less activation memory, more time); None takes
+            ``samoyeds.config``'s ``save_preact`` (True unless changed).
     Returns:
         ``[T, H]`` in x's dtype: ``sum_k w[t,k] * down_e(act(gate_up_e(x[t])))``.
 
@@ -47,6 +51,8 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
     for name, pw in (("gate_up", gate_up), ("down", down)):
         if not isinstance(pw, PackedWeight):
             raise TypeError(f"{name}: expected a PackedWeight, got {type(pw).__name__}")
+    if save_preact is not None and not isinstance(save_preact, bool):
+        raise TypeError(f"save_preact: expected None or a bool, got {type(save_preact).__name__}")
     if not gate_up.glu:
         raise ValueError("gate_up: expected a weight packed with glu=True (gate rows, then up rows)")
     # the logical shapes and the format: the extension sees only the padded packed arrays
@@ -65,7 +71,7 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
             check_expert_ids(tensor_arg(top_k_index, "top_k_index"), E)
         from .torch_ops import moe_forward_packed
         return moe_forward_packed(x, top_k_index, top_k_weights, gate_up, down, act=act, gate_up_bias=gate_up_bias,
-                                  down_bias=down_bias, alpha=alpha, limit=limit)
+                                  down_bias=down_bias, alpha=alpha, limit=limit, save_preact=save_preact)
     x = tensor_arg(x, "x")
     check_ndim(x, "x", 2)
     check_shape(x, "x", (x.shape[0], H))

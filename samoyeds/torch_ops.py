@@ -484,12 +484,14 @@ def _needs_grad(*tensors) -> bool:
 def moe_forward_packed(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                        gate_up: PackedWeight, down: PackedWeight, *, act: str = "swiglu",
                        gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
-                       alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+                       alpha: float = 1.702, limit: float = 7.0, save_preact: Optional[bool] = None) -> torch.Tensor:
     """:func:`samoyeds.moe.moe_forward` through the custom op (compilable).
 
     Same arguments and result as :func:`samoyeds.moe.moe_forward`: ``x [T, H]``,
     ``top_k_index``/``top_k_weights [T, K]``, packed ``gate_up [E, 2I, H]``
     (``glu=True``) and ``down [E, H, I]`` in one format; returns ``[T, H]`` in x's dtype.
+    ``save_preact`` (None: ``samoyeds.config``'s): with grad, keep the pre-activation for
+    the backward, or recompute it there.
     """
     if gate_up.fmt != down.fmt:
         raise ValueError(f"down: expected the format of gate_up ({gate_up.fmt.name}), got {down.fmt.name}")
@@ -499,7 +501,10 @@ def moe_forward_packed(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights
     _, gr, gc = gate_up.shape3
     _, dr, dc = down.shape3
     op = torch.ops.samoyeds.moe_forward
-    if _needs_grad(x, top_k_weights, gate_up.values, down.values, gate_up_bias, down_bias):
+    if save_preact is None:
+        from . import _config
+        save_preact = _config.get().save_preact
+    if _needs_grad(x, top_k_weights, gate_up.values, down.values, gate_up_bias, down_bias) and save_preact:
         op = lambda *a: torch.ops.samoyeds.moe_forward_train(*a)[0]  # noqa: E731 (saves the pre-activation)
     return op(
         x, top_k_index, top_k_weights,

@@ -24,11 +24,11 @@ def test_bench_train_tiny(tmp_path):
     assert d["complete"] and "commit" in d["env"] and "command" in d["env"]
     assert [c["model"] for c in d["cases"]] == ["olmoe", "gpt-oss-20b"]
     for c in d["cases"]:
-        for m in ("samoyeds", "grouped_mm"):
+        for m in ("samoyeds", "grouped_mm", "samoyeds_recompute"):
             r = c["methods"][m]
             assert "error" not in r, r
             assert r["ms_fwd_bwd"] > 0 and r["ms_fwd"] > 0 and r["grads"]
-        assert c["speedup_fwd_bwd"] > 0
+        assert c["speedup_fwd_bwd"] > 0 and c["speedup_fwd_bwd_recompute"] > 0
     assert {(r["model"], r["projection"]) for r in d["dw_kernel"]} == {
         (m, p) for m in ("olmoe", "gpt-oss-20b") for p in ("gate_up", "down")}
     assert all(r["ms_ssmm_dw"] > 0 and r["ms_dense"] > 0 for r in d["dw_kernel"])

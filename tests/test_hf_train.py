@@ -207,6 +207,39 @@ def test_gradients_match_masked_dense_and_a_step_moves_only_kept_weights(family)
             assert (dense[mp] != 0).all()
 
 
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_config_save_preact_false_gives_the_same_gradients(family):
+    """samoyeds.config(save_preact=False): a patched model in training mode keeps no
+    pre-activation and recomputes it in the backward, to the same gradients."""
+    model, _, _ = _pair(family)
+    ids = _ids()
+    saved = []
+
+    def run():
+        n = [0]
+
+        def pack(t):
+            n[0] += t.numel()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss, _ = _backward(model, ids)
+        saved.append(n[0])
+        return loss
+
+    loss = run()
+    want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    with sm.config(save_preact=False):
+        again = run()
+    got = _grads(model)
+    assert saved[1] < saved[0], saved   # the pre-activations were not kept
+    assert torch.equal(loss, again)
+    assert set(got) == set(want)
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+
+
 def test_values_are_parameters_masks_are_buffers_and_freezing():
     model = _model("gpt_oss", seed=3)
     keys = set(model.state_dict())

@@ -77,6 +77,11 @@ def samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go, alpha=1.702, limit=7.0,
     kw = dict(act=act, gate_up_bias=leaves.get("gub"), down_bias=leaves.get("dnb"), alpha=alpha, limit=limit)
     if via == "moe_forward":
         out = sm.moe_forward(leaves["x"], ids, leaves["w"], gu, dn, **kw)
+    elif via == "no_preact":
+        out = sm.moe_forward(leaves["x"], ids, leaves["w"], gu, dn, save_preact=False, **kw)
+    elif via == "config":
+        with sm.config(save_preact=False):
+            out = sm.moe_forward(leaves["x"], ids, leaves["w"], gu, dn, **kw)
     else:   # the op itself: no saved pre-activation, the backward recomputes it
         n, m, v = gu.fmt.c_args()
         out = torch.ops.samoyeds.moe_forward(
@@ -150,6 +155,42 @@ def test_the_op_recomputes_the_pre_activation_to_the_same_gradients():
     _, b = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "swiglu", go, via="op")
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("via", ["no_preact", "config"])
+def test_save_preact_false_recomputes_to_the_same_gradients(via):
+    x, ids, w, gu, dn, gub, dnb = make_case(9, 2, 4, 64, 32, "samoyeds-1:2:64", torch.float32, True, seed=4)
+    go = torch.randn(x.shape)
+    _, a = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "swiglu", go)
+    _, b = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "swiglu", go, via=via)
+    assert sm.get_config().save_preact   # the scope ended
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("save_preact", [True, False])
+def test_save_preact_decides_what_the_forward_keeps(save_preact):
+    """The autograd graph holds the [T*K, 2I] pre-activation only with save_preact."""
+    T, K, E, H, I = 9, 2, 4, 64, 32
+    x, ids, w, gu, dn, _, _ = make_case(T, K, E, H, I, "samoyeds-1:2:64", torch.float32, False, seed=6)
+    gu = sm.PackedWeight(torch.nn.Parameter(gu.values.clone()), gu.meta, gu.idx, gu.fmt, gu.shape, gu.glu)
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = sm.moe_forward(x.requires_grad_(), ids, w, gu, dn, save_preact=save_preact)
+    assert ((T * K, 2 * I) in shapes) == save_preact, shapes
+    out.sum().backward()
+    assert gu.values.grad is not None and x.grad is not None
+
+
+def test_save_preact_must_be_a_bool():
+    x, ids, w, gu, dn, _, _ = make_case(3, 2, 2, 64, 32, "samoyeds-1:2:64", torch.float32, False, seed=2)
+    with pytest.raises(TypeError, match=r"^save_preact: expected None or a bool, got str"):
+        sm.moe_forward(x, ids, w, gu, dn, save_preact="no")
 
 
 def test_backward_is_deterministic():

@@ -173,7 +173,8 @@ def moe_op(x: torch.Tensor, *tensors: Optional[torch.Tensor], training: bool = F
 
 
 def _train_forward(*args: Any) -> torch.Tensor:
-    return torch_ops.moe_forward_autograd(*args, save_preact=True)
+    from .. import _config
+    return torch_ops.moe_forward_autograd(*args, save_preact=_config.get().save_preact)
 
 
 def run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
