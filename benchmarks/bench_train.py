@@ -51,7 +51,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
 from common import (add_run_args, call_times, environment, error_text, free_memory, is_oom, peak_mib,  # noqa: E402
-                    result_path, setup_run, time_graph, write_json)
+                    result_path, setup_run, time_graph, wgmma_runs, write_json)
 
 MODELS = "mixtral-8x7b,qwen3-30b-a3b,olmoe,deepseek-v2-lite,gpt-oss-20b"
 BUDGET_S = 0.6  # seconds of timed calls per method and case (--tiny: 0.02)
@@ -228,12 +228,6 @@ def dense_dw(dy_t, xg, offsets):
     except (RuntimeError, AttributeError, NotImplementedError):
         off = offsets.tolist()
         return torch.stack([dy_t[:, off[e]:off[e + 1]] @ xg[off[e]:off[e + 1]] for e in range(len(off) - 1)])
-
-
-def wgmma_runs() -> bool:
-    """Whether ssmm_dw's wgmma kernel runs here (an sm_90 device, the sm_90a build)."""
-    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-            and "sm_90a" in str(sm.build_info().get("cuda_archs", "")))
 
 
 def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:

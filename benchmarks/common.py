@@ -55,6 +55,14 @@ def git_commit() -> str:
         return os.environ.get("SAMOYEDS_COMMIT", "unknown")
 
 
+def wgmma_runs() -> bool:
+    """Whether the sm_90a kernels (ssmm's wgmma.sp, ssmm_dw's wgmma) run here: an sm_90
+    device and a build that holds sm_90a code."""
+    import samoyeds
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and "sm_90a" in str(samoyeds.build_info().get("cuda_archs", "")))
+
+
 def environment() -> dict:
     import samoyeds
     env = {

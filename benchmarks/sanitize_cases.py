@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 import samoyeds as sm
+from common import wgmma_runs  # noqa: E402  (benchmarks/common.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dev" / "peak"))
 import peak  # noqa: E402  (dev/peak: the fill-rate probes, built with nvcc on first use)
@@ -42,8 +43,7 @@ def train_cases(gen: torch.Generator) -> None:
     # tails (rp = 320 / 640, C = 392), two G tiles per stage (V = 192, 320: halves in one slice or
     # two), 1:4 gathers, k-loops past the ring (more than 4 k-tiles), fp16, dy rows by elements
     # (the wgmma kernel's two producers, "gather" and "copy", where it runs)
-    wgmma = torch.cuda.get_device_capability() == (9, 0) and "sm_90a" in str(sm.build_info().get("cuda_archs"))
-    for impl in ("auto", "mma") + (("gather", "copy") if wgmma else ()):
+    for impl in ("auto", "mma") + (("gather", "copy") if wgmma_runs() else ()):
         for fmt, glu, R, C, T, dt in [("samoyeds-1:2:192", True, 1152, 392, 700, torch.bfloat16),
                                       ("samoyeds-1:4:320", False, 1280, 392, 300, torch.float16),
                                       ("samoyeds-1:2:128", False, 640, 264, 90, torch.bfloat16),

@@ -407,7 +407,7 @@ extern "C" sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *ps, void *strea
     }
     if (d.E == 0 || d.rp == 0 || d.cp == 0) return SAM_STATUS_OK;
 
-    DwArgs a;
+    DwArgs a{};  // (dyt stays null: the wgmma launcher sets it where it makes the copy)
     a.dy = ps->dy;
     a.lddy = ps->lddy;
     a.S = ps->S;

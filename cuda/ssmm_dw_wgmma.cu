@@ -665,7 +665,6 @@ template <typename T> sam_status launch_t(DwArgs a, int m, bool two, int64_t gri
         return st;
     }
     (void)cudaGetLastError();  // the failed allocation, if any: the gather needs no memory
-    a.dyt = nullptr;
     return launch_m<T, false>(a, m, two, grid, s);
 }
 
@@ -685,8 +684,6 @@ sam_status ssmm_dw_wgmma_launch(const DwArgs &in, sam_dtype dtype, int m, bool c
     if (grid == 0) return SAM_STATUS_OK;
     // two G tiles per stage where a CTA's two 64-column halves can lie in different slices
     const bool two = m > 1 && a.v % 128 != 0;
-    a.dyt = nullptr;
-    a.ldt = 0;
     if (!copy) {
         if (dtype == SAM_BF16) return launch_m<__nv_bfloat16, false>(a, m, two, grid, stream);
         return launch_m<__half, false>(a, m, two, grid, stream);

@@ -17,11 +17,13 @@ recompute; :func:`moe_forward_packed` picks it when an input requires grad.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
 from torch.nn import functional as F
 
+from . import _config
 from . import moe as _moe
 from ._array import check_ndim, check_shape
 from .ops import ACTS, dense_decode, glu, glu_backward
@@ -501,11 +503,9 @@ def moe_forward_packed(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights
     _, gr, gc = gate_up.shape3
     _, dr, dc = down.shape3
     op = torch.ops.samoyeds.moe_forward
-    if save_preact is None:
-        from . import _config
-        save_preact = _config.get().save_preact
-    if _needs_grad(x, top_k_weights, gate_up.values, down.values, gate_up_bias, down_bias) and save_preact:
-        op = lambda *a: torch.ops.samoyeds.moe_forward_train(*a)[0]  # noqa: E731 (saves the pre-activation)
+    if _needs_grad(x, top_k_weights, gate_up.values, down.values, gate_up_bias, down_bias):
+        op = functools.partial(moe_forward_autograd,
+                               save_preact=_config.get().save_preact if save_preact is None else save_preact)
     return op(
         x, top_k_index, top_k_weights,
         gate_up.values, gate_up.meta, gate_up.idx, gr, gc,

@@ -81,6 +81,13 @@ def oracle_moe(x, idx, w, gu, dn, act="swiglu", gate_up_bias=None, down_bias=Non
     return out
 
 
+def wgmma_runs() -> bool:
+    """Whether the sm_90a kernels (ssmm's wgmma.sp, ssmm_dw's wgmma) run here: an sm_90
+    device and a build that holds sm_90a code."""
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and "sm_90a" in str(sm.build_info().get("cuda_archs", "")))
+
+
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     a, ref = a.double().cpu(), ref.double().cpu()
     denom = ref.norm().item()

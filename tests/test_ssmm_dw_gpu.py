@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import samoyeds as sm
-from helpers import random_topk, rel_err
+from helpers import random_topk, rel_err, wgmma_runs
 from samoyeds.ops import ssmm_dw
 
 FORMATS = ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64", "samoyeds-1:2:192"]
@@ -209,12 +209,6 @@ WGMMA_CASES = [  # T, K, E, (R plain, R glu), C, pattern
 
 
 IMPL = {"impl": "auto"}   # run_dw's ssmm_dw(impl=...), set by the fixture below
-
-
-def wgmma_runs() -> bool:
-    """Whether this build and device run the wgmma kernel (an sm_90 device, the sm_90a build)."""
-    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-            and "sm_90a" in str(sm.build_info().get("cuda_archs", "")))
 
 
 @pytest.fixture(params=["auto", "mma", "gather", "copy"])

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple, Unio
 import torch
 from torch import nn
 
-from .. import torch_ops
+from .. import _config, torch_ops
 from ..format import SparseFormat
 from ..packed import PackedDims, PackedWeight, mask as magnitude_mask, pack, unpack
 
@@ -173,7 +173,6 @@ def moe_op(x: torch.Tensor, *tensors: Optional[torch.Tensor], training: bool = F
 
 
 def _train_forward(*args: Any) -> torch.Tensor:
-    from .. import _config
     return torch_ops.moe_forward_autograd(*args, save_preact=_config.get().save_preact)
 
 
