@@ -13,6 +13,13 @@ one forward is reported per method next to the expert-weight bytes.
   python benchmarks/bench_moe.py [--models a,b] [--tokens 1,16,64,256,4096,16384] [--format samoyeds-1:2:128]
                                  [--shared-experts] [--out DIR] [--tiny --device cpu]   (a CPU smoke run)
 
+Method samoyeds_index is samoyeds with ``samoyeds.config(x_copy="never")`` (gate_up reads x's
+rows by index, as before the copy rule): a before/after of that rule in one run.  On the GPU
+each samoyeds row also records its experts' dense-equivalent TFLOP/s (from the GPU time) and
+the fraction of the block roofline: max(the experts' dense-equivalent FLOP at twice the
+``wgmma.sp`` issue rate (75 % format), their unavoidable bytes at the copy rate) over the
+GPU time, with both rates measured in the same run (common.measure_ceilings).
+
 --shared-experts packs the blocks' shared experts too (patch_model(shared_experts=True);
 every method then runs the same masked shared weights) and writes moe_shared_experts.json.
 """
@@ -30,7 +37,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
-from common import call_times, environment, peak_mib, result_path, setup_run, write_json  # noqa: E402
+from common import (call_times, environment, measure_ceilings, peak_mib, result_path, setup_run,  # noqa: E402
+                    write_json)
 
 
 def _block(name: str, tiny: bool):
@@ -219,13 +227,18 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
     # one holder per kind of weights: the dense one switches between the dense methods
     holders = {}
     for method in methods:
-        if method == "samoyeds":
-            holders[method] = copy.deepcopy(holder)
-            sm.patch_model(holders[method], fmt, progress=False, shared_experts=shared)
+        if method in ("samoyeds", "samoyeds_index"):
+            if "samoyeds" not in holders:
+                holders["samoyeds"] = copy.deepcopy(holder)
+                sm.patch_model(holders["samoyeds"], fmt, progress=False, shared_experts=shared)
+            holders[method] = holders["samoyeds"]
         else:
             holders[method] = holder
 
     def run(method, x):
+        if method == "samoyeds_index":
+            with sm.config(x_copy="never"):
+                return holders[method](x)
         if method != "samoyeds":
             _set_impl(holder, method)
         return holders[method](x)
@@ -269,13 +282,16 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
                                           "peak_mib": peak_mib(lambda: run(method, x), device)}
             if device == "cuda":
                 torch.cuda.empty_cache()
+    flop, nbytes = _expert_work(cfg, packed_bytes)
+    for res in rows:
+        res["expert_dense_equiv_flop"], res["expert_min_bytes"] = flop(res["T"]), nbytes(res["T"])
     for res in rows:
         T, m = res["T"], res["methods"]
         ref = outs.get(("grouped_mm", T), outs.get(("eager", T)))
         if ref is not None and ("samoyeds", T) in outs:
             got = outs[("samoyeds", T)]
             res["rel_err_vs_dense_masked"] = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-        for peer in ("eager", "grouped_mm"):
+        for peer in ("eager", "grouped_mm", "samoyeds_index"):
             if "ms" in m.get("samoyeds", {}) and "ms" in m.get(peer, {}):
                 m["samoyeds"][f"speedup_vs_{peer}"] = m[peer]["ms"] / m["samoyeds"]["ms"]
                 m["samoyeds"][f"speedup_stream_vs_{peer}"] = m[peer]["ms_stream"] / m["samoyeds"]["ms_stream"]
@@ -287,6 +303,42 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def _expert_work(cfg, packed_bytes: int):
+    """(T -> the routed experts' dense-equivalent FLOP, T -> their unavoidable bytes): three
+    matmuls of H x I per (token, expert) pair; x read and the output written once, and the
+    packed weights of the experts T tokens can reach (all of them once T * K >= E)."""
+    H = cfg.hidden_size
+    I = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    E = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or cfg.n_routed_experts
+    K = cfg.num_experts_per_tok
+
+    def flop(T):
+        return 2.0 * T * K * H * 3 * I
+
+    def nbytes(T):
+        return 2.0 * 2 * T * H + packed_bytes * min(1.0, T * K / E)
+    return flop, nbytes
+
+
+def add_roofline(rows: list, ceil: dict, fmt: str) -> None:
+    """dense_equiv_tflops and frac_roofline of each samoyeds row (GPU time), against twice the
+    wgmma.sp issue rate (the 75 % format skips half the rows; 2:4 at the rate) and the copy
+    rate measured in the same run."""
+    rate = ceil.get("wgmma_sp_tflops")
+    if not rate:
+        return
+    rate *= 2 if fmt.startswith("samoyeds-1:2") else 1
+    for r in rows:
+        s = r["methods"].get("samoyeds", {})
+        if not s.get("ms_gpu"):
+            continue
+        t = s["ms_gpu"] * 1e-3
+        s["dense_equiv_tflops"] = r["expert_dense_equiv_flop"] / t / 1e12
+        s["roofline_ms"] = max(r["expert_dense_equiv_flop"] / (rate * 1e12),
+                               r["expert_min_bytes"] / (ceil["copy_tb_s"] * 1e12)) * 1e3
+        s["frac_roofline"] = s["roofline_ms"] / s["ms_gpu"]
 
 
 def bench_rounding(name: str, tokens, fmt: str, device: str, dtype, tiny: bool, seed: int) -> list:
@@ -331,14 +383,17 @@ def main() -> None:
     rows, rounding = [], []
     path = result_path(args, "moe_shared_experts.json" if args.shared_experts else "moe.json")
     env = environment()
+    ceil = measure_ceilings() if args.device == "cuda" and not args.tiny else {}
 
     def save(complete: bool) -> None:  # after every model, so that a run cut short keeps what it measured
         if path:
-            write_json(path, {"env": env, "complete": complete, "models": args.models.split(","), "cases": rows,
-                              "token_rounding": rounding})
+            write_json(path, {"env": env, "complete": complete, "models": args.models.split(","), "ceilings": ceil,
+                              "cases": rows, "token_rounding": rounding})
     for name in args.models.split(","):
         for r in bench_model(name, tokens, args.format, methods, args.device, dtype, args.tiny, args.seed,
                              args.shared_experts):
+            if not args.shared_experts:  # (the roofline counts the routed experts only)
+                add_roofline([r], ceil, args.format)
             rows.append(r)
             _print_row(r, methods)
         save(False)
@@ -361,7 +416,9 @@ def _print_row(r, methods) -> None:
     print(f"{r['model']:<16}{r['T']:>6}{cells}  {s.get('speedup_vs_grouped_mm', float('nan')):7.2f}"
           f"  {s.get('speedup_vs_eager', float('nan')):8.2f}  {s.get('speedup_stream_vs_grouped_mm', float('nan')):20.2f}"
           f"  {s.get('speedup_gpu_vs_grouped_mm', float('nan')):16.2f}"
-          f"   {peaks:>18}   {r.get('rel_err_vs_dense_masked', float('nan')):.1e}",
+          f"   {peaks:>18}   {r.get('rel_err_vs_dense_masked', float('nan')):.1e}"
+          f"   {s.get('dense_equiv_tflops', float('nan')):6.0f} TFLOP/s {s.get('frac_roofline', float('nan')):.0%}"
+          f"   vs index {s.get('speedup_gpu_vs_samoyeds_index', float('nan')):.3f}x",
           flush=True)
 
 

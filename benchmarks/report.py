@@ -110,9 +110,14 @@ def fill_rate_table(d: dict) -> str:
 
 
 def moe_table(d: dict) -> str:
+    extra = any("dense_equiv_tflops" in c["methods"].get("samoyeds", {}) for c in d["cases"])
+    before = any("samoyeds_index" in c["methods"] for c in d["cases"])
     rows = ["| model | T | eager | grouped_mm | samoyeds | vs grouped_mm | vs eager | vs grouped_mm, back to back | "
-            "vs grouped_mm, GPU time | peak MiB grouped_mm / samoyeds | expert weights |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "vs grouped_mm, GPU time | peak MiB grouped_mm / samoyeds | expert weights |"
+            + (" experts' dense-equiv. TFLOP/s | of the block roofline |" if extra else "")
+            + (" vs x read by index, GPU time |" if before else ""),
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if extra else "")
+            + ("---:|" if before else "")]
     for c in d["cases"]:
         m = c["methods"]
 
@@ -121,10 +126,13 @@ def moe_table(d: dict) -> str:
         s = m.get("samoyeds", {})
         peak = f"{_f(m.get('grouped_mm', {}).get('peak_mib'), '.0f')} / {_f(s.get('peak_mib'), '.0f')}"
         wb = f"{c['expert_bytes_dense'] / 2**30:.2f} → {c['expert_bytes_samoyeds'] / 2**30:.2f} GiB"
+        frac = s.get("frac_roofline")
         rows.append(f"| {c['model']} | {c['T']} | {ms('eager')} | {ms('grouped_mm')} | {ms('samoyeds')} | "
                     f"{_f(s.get('speedup_vs_grouped_mm'), '.2f')}x | {_f(s.get('speedup_vs_eager'), '.2f')}x | "
                     f"{_f(s.get('speedup_stream_vs_grouped_mm'), '.2f')}x | {_f(s.get('speedup_gpu_vs_grouped_mm'), '.2f')}x | "
-                    f"{peak} | {wb} |")
+                    f"{peak} | {wb} |"
+                    + (f" {_f(s.get('dense_equiv_tflops'), '.0f')} | {f'{frac:.0%}' if frac else '-'} |" if extra else "")
+                    + (f" {_f(s.get('speedup_gpu_vs_samoyeds_index'), '.3f')}x |" if before else ""))
     return "\n".join(rows)
 
 

@@ -396,7 +396,21 @@ static sam_status forward_cuda(const sam_op_call *c, const moe_plan *p, void *st
     /* the routing weights of the sorted rows come with the routing, in its launch */
     MOE_STEP(sam_moe_route_cuda(t[F_INDEX].data, t[F_INDEX].dtype, T, K, E, p->offsets, p->token_ids, p->perm,
                                 p->pos, p->scale, t[F_WEIGHTS].data, t[F_WEIGHTS].dtype, stream));
-    MOE_STEP(sam_ssmm_cuda(&p->gate_up, stream));
+    /* gate_up's rows from x by index, or copied in expert order to y's place first (read
+     * by gate_up only; down writes y after gate_up has ended: cuda/common.cuh) */
+    void *copy = p->down.out;
+    if (sam_moe_copy_x(&p->gate_up, copy)) {
+        MOE_STEP(sam_moe_gather_rows_cuda(copy, p->gate_up.x, p->gate_up.dtype, p->gate_up.ldx, H, p->token_ids,
+                                          p->offsets, E, T * K, stream));
+        sam_ssmm_params g = p->gate_up;
+        g.x = copy;
+        g.T = T * K;
+        g.ldx = H;
+        g.token_ids = NULL;
+        MOE_STEP(sam_ssmm_cuda(&g, stream));
+    } else {
+        MOE_STEP(sam_ssmm_cuda(&p->gate_up, stream));
+    }
     MOE_STEP(sam_ssmm_cuda(&p->down, stream));
     return sam_moe_combine_cuda(t[F_OUT].data, t[F_OUT].dtype, p->down.out, p->down.dtype, p->pos, T, K, H,
                                 p->down.ldo, T * K, stream);

@@ -145,16 +145,16 @@ error:
     return res;
 }
 
-/* set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl, split_k=0): stores
+/* set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl, split_k=0, x_copy=0): stores
  * the ssmm selection's tunables in the module state (every ssmm and moe_forward copies them
  * into its params) and turns programmatic dependent launch on or off process-wide. */
 static PyObject *py_set_config(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"decode_max_rows", "decode_rows_per_expert", "tile", "token_rows", "pdl", "split_k",
-                             NULL};
-    int max_rows, per_expert, tile, token_rows, pdl, split_k = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiip|i:set_config", kwlist, &max_rows, &per_expert, &tile,
-                                     &token_rows, &pdl, &split_k))
+                             "x_copy", NULL};
+    int max_rows, per_expert, tile, token_rows, pdl, split_k = 0, x_copy = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiip|ii:set_config", kwlist, &max_rows, &per_expert, &tile,
+                                     &token_rows, &pdl, &split_k, &x_copy))
         return NULL;
     if (max_rows < -1 || per_expert < -1) {
         PyErr_Format(PyExc_ValueError, "decode_max_rows, decode_rows_per_expert: expected -1 (the kernel's default "
@@ -164,7 +164,8 @@ static PyObject *py_set_config(PyObject *self, PyObject *args, PyObject *kw)
     if (sam_arg_range("tile", tile, SAM_TILE_AUTO, SAM_TILE_256X96,
                       "0 (auto), 1 (128x128), 2 (256x64) or 3 (256x96)") < 0 ||
         sam_arg_range("token_rows", token_rows, SAM_TOKEN_ROWS_AUTO, SAM_TOKEN_ROWS_TMA,
-                      "0 (auto), 1 (gather) or 2 (tma)") < 0)
+                      "0 (auto), 1 (gather) or 2 (tma)") < 0 ||
+        sam_arg_range("x_copy", x_copy, SAM_X_COPY_AUTO, SAM_X_COPY_ALWAYS, "0 (auto), 1 (never) or 2 (always)") < 0)
         return NULL;
     if (split_k < 0) {
         PyErr_Format(PyExc_ValueError, "split_k: expected 0 (auto), 1 (off) or a count of splits, got %d", split_k);
@@ -176,6 +177,7 @@ static PyObject *py_set_config(PyObject *self, PyObject *args, PyObject *kw)
     st->cfg.tile = (sam_tile)tile;
     st->cfg.token_rows = (sam_token_rows)token_rows;
     st->cfg.split_k = split_k;
+    st->cfg.x_copy = (sam_x_copy)x_copy;
     st->pdl = pdl;
 #if SAM_WITH_CUDA
     sam_cuda_set_pdl(pdl);
@@ -187,10 +189,10 @@ static PyObject *py_get_config(PyObject *self, PyObject *unused)
 {
     (void)unused;
     const sam_module_state *st = (const sam_module_state *)PyModule_GetState(self);
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:O,s:i}", "decode_max_rows", st->cfg.decode_max_rows,
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:O,s:i,s:i}", "decode_max_rows", st->cfg.decode_max_rows,
                          "decode_rows_per_expert", st->cfg.decode_rows_per_expert, "tile", (int)st->cfg.tile,
                          "token_rows", (int)st->cfg.token_rows, "pdl", st->pdl ? Py_True : Py_False,
-                         "split_k", st->cfg.split_k);
+                         "split_k", st->cfg.split_k, "x_copy", (int)st->cfg.x_copy);
 }
 
 /* ssmm_split_k(units, unit_tiles, items, sms, split_k) -> int: the wgmma.sp kernel's K
@@ -289,7 +291,7 @@ static PyMethodDef sam_methods[] = {
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "Number of usable CUDA devices (0 without)."},
     {"cuda_device_capability", py_cuda_device_capability, METH_O, "(major, minor) of a device."},
     {"set_config", (PyCFunction)(void (*)(void))py_set_config, METH_VARARGS | METH_KEYWORDS,
-     "set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl, split_k=0): the ssmm selection's "
+     "set_config(decode_max_rows, decode_rows_per_expert, tile, token_rows, pdl, split_k=0, x_copy=0): the ssmm selection's "
      "tunables (-1: the kernel's default rule; tile and token_rows as the sam_tile / sam_token_rows enums; split_k "
      "0 auto, 1 off, n splits) and "
      "programmatic dependent launch, for every later call."},

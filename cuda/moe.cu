@@ -178,6 +178,22 @@ __global__ void gather_weights_kernel(float *out, const void *w, sam_dtype wt, c
     out[s] = (s < offsets[E] && p >= 0 && p < S) ? load_as_float(w, wt, p) : 0.0f;
 }
 
+// x's routed rows in expert order (sam_moe_gather_rows_cuda): one CTA per group of rows,
+// a warp per row, 16-byte pieces where H, ldx and both pointers allow, else elements.
+template <typename V>
+__global__ void gather_rows_kernel(V *dst, const V *x, int64_t ldx, int64_t H, const int32_t *token_ids,
+                                   const int32_t *offsets, int32_t E, int64_t S) {
+    pdl_wait();  // a programmatic dependent launch (common.cuh): token_ids, offsets come from the routing
+    pdl_trigger();
+    const int64_t warps = blockDim.x / 32;
+    const int64_t s = (int64_t)blockIdx.x * warps + threadIdx.x / 32;
+    if (s >= S || s >= (int64_t)offsets[E]) return;
+    const int32_t t = token_ids[s];
+    const V *src = x + (int64_t)t * ldx;
+    V *out = dst + s * H;
+    for (int64_t h = threadIdx.x % 32; h < H; h += 32) out[h] = src[h];
+}
+
 template <typename T> __device__ __forceinline__ float2 load2(const T *p) {
     typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type v =
         *reinterpret_cast<const typename std::conditional<std::is_same<T, __half>::value, __half2,
@@ -348,4 +364,37 @@ extern "C" sam_status sam_moe_combine_cuda(void *out, sam_dtype out_dtype, const
     case SAM_F32: return sam::combine_out(out, out_dtype, (const float *)y, pos, T, K, H, ldy, S, s);
     default: sam::set_error("moe_combine: unsupported y dtype"); return SAM_STATUS_UNSUPPORTED;
     }
+}
+
+extern "C" sam_status sam_moe_gather_rows_cuda(void *dst, const void *x, sam_dtype dtype, int64_t ldx, int64_t H,
+                                               const int32_t *token_ids, const int32_t *offsets, int64_t E,
+                                               int64_t S, void *stream) {
+    using namespace sam;
+    if (S == 0 || H == 0) return SAM_STATUS_OK;
+    const int64_t bytes = dtype == SAM_F32 ? 4 : dtype == SAM_BF16 || dtype == SAM_F16 ? 2 : 0;
+    if (bytes == 0) {
+        set_error("moe_gather_rows: unsupported dtype");
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    const int rows_per_cta = 8;
+    const dim3 grid((unsigned)ceil_div(S, rows_per_cta)), block(32 * rows_per_cta);
+    cudaStream_t s = (cudaStream_t)stream;
+    const bool pdl = pdl_enabled();
+    const bool v16 = (H * bytes) % 16 == 0 && (ldx * bytes) % 16 == 0 &&
+                     (reinterpret_cast<uintptr_t>(x) & 15) == 0 && (reinterpret_cast<uintptr_t>(dst) & 15) == 0;
+    if (v16) {
+        SAM_CUDA_TRY(launch_kernel(gather_rows_kernel<uint4>, grid, block, 0, s, pdl, (uint4 *)dst,
+                                   (const uint4 *)x, ldx * bytes / 16, H * bytes / 16, token_ids, offsets,
+                                   (int32_t)E, S),
+                     "moe_gather_rows");
+    } else if (bytes == 2) {
+        SAM_CUDA_TRY(launch_kernel(gather_rows_kernel<uint16_t>, grid, block, 0, s, pdl, (uint16_t *)dst,
+                                   (const uint16_t *)x, ldx, H, token_ids, offsets, (int32_t)E, S),
+                     "moe_gather_rows");
+    } else {
+        SAM_CUDA_TRY(launch_kernel(gather_rows_kernel<uint32_t>, grid, block, 0, s, pdl, (uint32_t *)dst,
+                                   (const uint32_t *)x, ldx, H, token_ids, offsets, (int32_t)E, S),
+                     "moe_gather_rows");
+    }
+    return launch_status("moe_gather_rows");
 }

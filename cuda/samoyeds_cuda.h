@@ -113,6 +113,13 @@ typedef enum sam_token_rows {
     SAM_TOKEN_ROWS_TMA = 2     /* by TMA; SAM_STATUS_UNSUPPORTED where they cannot be */
 } sam_token_rows;
 
+/* Where moe_forward's gate_up reads its token rows (sam_moe_copy_x). */
+typedef enum sam_x_copy {
+    SAM_X_COPY_AUTO = 0,   /* the rule of sam_moe_copy_x */
+    SAM_X_COPY_NEVER = 1,  /* by index from x (token_ids) */
+    SAM_X_COPY_ALWAYS = 2  /* from a copy of x's routed rows in expert order, read without a row map */
+} sam_x_copy;
+
 /* What stays tunable in the kernel selection: filled by the extension from
  * samoyeds/_config.py (tests and benchmarks override it there); a call that
  * has no opinion passes sam_ssmm_config_default(). */
@@ -123,6 +130,7 @@ typedef struct sam_ssmm_config {
     sam_token_rows token_rows;  /* the wgmma.sp kernel's token rows */
     int split_k;                /* the wgmma.sp kernel's K splits: 0 the rule (sam_ssmm_split_k), 1 none,
                                    n > 1 n splits (clamped to 1 .. min(SAM_SPLIT_K_MAX, units)) */
+    sam_x_copy x_copy;          /* moe_forward: gate_up's rows from x by index or from a copy (sam_moe_copy_x) */
 } sam_ssmm_config;
 
 static inline sam_ssmm_config sam_ssmm_config_default(void) {
@@ -132,6 +140,7 @@ static inline sam_ssmm_config sam_ssmm_config_default(void) {
     c.tile = SAM_TILE_AUTO;
     c.token_rows = SAM_TOKEN_ROWS_AUTO;
     c.split_k = 0;
+    c.x_copy = SAM_X_COPY_AUTO;
     return c;
 }
 
@@ -475,6 +484,22 @@ sam_status sam_moe_route_cuda(const void *top_k_index, sam_dtype index_dtype,
 sam_status sam_moe_gather_weights_cuda(float *out, const void *w, sam_dtype wt,
                                        const int32_t *perm, const int32_t *offsets,
                                        int64_t E, int64_t S, void *stream);
+
+/* dst[s] = x[token_ids[s]] (H elements of dtype; x's rows ldx apart, dst's H apart) for
+ * the routed rows s < offsets[E]; rows past them are not written.  A programmatic
+ * dependent launch: it waits for the routing before it reads. */
+sam_status sam_moe_gather_rows_cuda(void *dst, const void *x, sam_dtype dtype, int64_t ldx, int64_t H,
+                                    const int32_t *token_ids, const int32_t *offsets, int64_t E, int64_t S,
+                                    void *stream);
+
+/* Whether moe_forward copies x's routed rows in expert order to `copy` (S rows, H apart)
+ * for its gate_up call (sam_ssmm_params with token_ids set) and reads the copy without a
+ * row map (by TMA on the wgmma.sp kernel) instead of by index: cfg.x_copy, and under
+ * AUTO the rule (cuda/ssmm.cu; docs/KERNELS.md): on the copy the call takes the wgmma.sp
+ * kernel with its rows by TMA, and the expert width I = R / 2 is at least
+ * SAM_MOE_COPY_X_MIN_I (the copy's bytes per gate_up multiply-add fall as 1 / I). */
+#define SAM_MOE_COPY_X_MIN_I 4096
+int sam_moe_copy_x(const sam_ssmm_params *gate_up, const void *copy);
 
 /* out[t][h] = sum_k y[pos[t*K+k]][h] in fp32, fixed order; pos outside
  * [0, S) skipped (y has S rows). */

@@ -100,6 +100,22 @@ extern "C" int sam_ssmm_use_decode(const sam_ssmm_params *p) {
     return p->S <= max_rows || p->S <= (int64_t)per_expert * p->d.E;
 }
 
+extern "C" int sam_moe_copy_x(const sam_ssmm_params *g, const void *copy) {
+    using namespace sam;
+    if (g->token_ids == nullptr || g->cfg.x_copy == SAM_X_COPY_NEVER) return 0;
+    if (g->cfg.x_copy == SAM_X_COPY_ALWAYS) return 1;
+    // the call as it would be on the copy: S rows, H apart, read without a row map
+    sam_ssmm_params q = *g;
+    q.token_ids = nullptr;
+    q.x = copy;
+    q.T = g->S;
+    q.ldx = g->d.C;
+    if (g->d.R / 2 < SAM_MOE_COPY_X_MIN_I || q.cfg.token_rows == SAM_TOKEN_ROWS_GATHER || !ssmm_tokens_mappable(&q))
+        return 0;
+    const SsmmDevice dev = {ssmm_wgmma_sp_available(), device_sm_count()};
+    return choose_kernel(&q, dev).impl == SAM_IMPL_WGMMA_SP;
+}
+
 extern "C" sam_status sam_ssmm_cuda(const sam_ssmm_params *ps, void *stream) {
     using namespace sam;
     const sam_format f = ps->f;

@@ -34,9 +34,10 @@ from . import _C
 
 __all__ = ["Config", "get", "override"]
 
-# names -> the C ABI's enum values (cuda/samoyeds_cuda.h: sam_tile, sam_token_rows)
+# names -> the C ABI's enum values (cuda/samoyeds_cuda.h: sam_tile, sam_token_rows, sam_x_copy)
 _TILES: Dict[str, int] = {"auto": 0, "128x128": 1, "256x64": 2, "256x96": 3}
 _TOKEN_ROWS: Dict[str, int] = {"auto": 0, "gather": 1, "tma": 2}
+_X_COPY: Dict[str, int] = {"auto": 0, "never": 1, "always": 2}
 _INT_MAX = 2**31 - 1
 
 
@@ -50,6 +51,10 @@ class Config:
         token_rows: how the ``wgmma.sp`` kernel reads token rows: ``"auto"``,
             ``"gather"`` (always by index) or ``"tma"`` (by TMA; unsupported where they
             cannot be).
+        x_copy: where :func:`samoyeds.moe_forward`'s gate_up projection reads its token
+            rows on the GPU: ``"auto"`` (the rule: a copy where it pays), ``"never"`` (by
+            index from x) or ``"always"`` (x's routed rows copied in expert order into the
+            workspace first, then read without a row map; same results to the bit).
         split_k: the ``wgmma.sp`` kernel's K splits: 0 the selection rule (splits where
             its work items are too few to fill the SMs), 1 never, n > 1 n splits (at most
             16 and the K range's slices or k-tile pairs).
@@ -70,6 +75,7 @@ class Config:
 
     tile: str = "auto"
     token_rows: str = "auto"
+    x_copy: str = "auto"
     split_k: int = 0
     decode_max_rows: Optional[int] = None
     decode_rows_per_expert: Optional[int] = None
@@ -78,7 +84,7 @@ class Config:
     save_preact: bool = True
 
     def __post_init__(self) -> None:
-        for name, names in (("tile", _TILES), ("token_rows", _TOKEN_ROWS)):
+        for name, names in (("tile", _TILES), ("token_rows", _TOKEN_ROWS), ("x_copy", _X_COPY)):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in names:
                 raise ValueError(f"{name}: expected one of {sorted(names)}, got {value!r}")
@@ -100,7 +106,7 @@ def _apply(cfg: Config) -> None:
     _C.set_config(decode_max_rows=-1 if cfg.decode_max_rows is None else cfg.decode_max_rows,
                   decode_rows_per_expert=-1 if cfg.decode_rows_per_expert is None else cfg.decode_rows_per_expert,
                   tile=_TILES[cfg.tile], token_rows=_TOKEN_ROWS[cfg.token_rows], pdl=cfg.pdl,
-                  split_k=cfg.split_k)
+                  split_k=cfg.split_k, x_copy=_X_COPY[cfg.x_copy])
     _current = cfg
 
 

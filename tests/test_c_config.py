@@ -7,7 +7,7 @@ import pytest
 
 from samoyeds import _C
 
-KEYS = ("decode_max_rows", "decode_rows_per_expert", "tile", "token_rows", "pdl", "split_k")
+KEYS = ("decode_max_rows", "decode_rows_per_expert", "tile", "token_rows", "pdl", "split_k", "x_copy")
 
 
 @pytest.fixture
@@ -18,12 +18,12 @@ def restore_config():
 
 
 def test_round_trip(restore_config):
-    _C.set_config(64, 8, 2, 1, False, 3)
+    _C.set_config(64, 8, 2, 1, False, 3, 2)
     assert _C.get_config() == dict(decode_max_rows=64, decode_rows_per_expert=8, tile=2, token_rows=1, pdl=False,
-                                   split_k=3)
-    _C.set_config(decode_max_rows=-1, decode_rows_per_expert=-1, tile=0, token_rows=0, pdl=True)  # split_k: 0
+                                   split_k=3, x_copy=2)
+    _C.set_config(decode_max_rows=-1, decode_rows_per_expert=-1, tile=0, token_rows=0, pdl=True)  # split_k, x_copy: 0
     assert _C.get_config() == dict(decode_max_rows=-1, decode_rows_per_expert=-1, tile=0, token_rows=0, pdl=True,
-                                   split_k=0)
+                                   split_k=0, x_copy=0)
 
 
 @pytest.mark.parametrize("args,match", [
@@ -33,6 +33,8 @@ def test_round_trip(restore_config):
     ((-1, -1, -1, 0, True), r"^tile: .*, got -1"),
     ((-1, -1, 0, 3, True), r"^token_rows: expected 0 \(auto\), 1 \(gather\) or 2 \(tma\), got 3"),
     ((-1, -1, 0, 0, True, -1), r"^split_k: expected 0 \(auto\), 1 \(off\) or a count of splits, got -1"),
+    ((-1, -1, 0, 0, True, 0, 3), r"^x_copy: expected 0 \(auto\), 1 \(never\) or 2 \(always\), got 3"),
+    ((-1, -1, 0, 0, True, 0, -1), r"^x_copy: .*, got -1"),
 ])
 def test_bad_values_name_the_field(restore_config, args, match):
     before = _C.get_config()

@@ -17,6 +17,7 @@ from helpers import run_python
 
 TILES = {"auto": 0, "128x128": 1, "256x64": 2, "256x96": 3}
 TOKEN_ROWS = {"auto": 0, "gather": 1, "tma": 2}
+X_COPY = {"auto": 0, "never": 1, "always": 2}
 
 
 def _in_c(cfg: sm.Config) -> dict:
@@ -24,7 +25,7 @@ def _in_c(cfg: sm.Config) -> dict:
     return {"decode_max_rows": -1 if cfg.decode_max_rows is None else cfg.decode_max_rows,
             "decode_rows_per_expert": -1 if cfg.decode_rows_per_expert is None else cfg.decode_rows_per_expert,
             "tile": TILES[cfg.tile], "token_rows": TOKEN_ROWS[cfg.token_rows], "pdl": cfg.pdl,
-            "split_k": cfg.split_k}
+            "split_k": cfg.split_k, "x_copy": X_COPY[cfg.x_copy]}
 
 
 def test_defaults_are_in_force():
@@ -44,8 +45,9 @@ def test_override_applies_restores_and_nests():
         assert (outer.tile, outer.token_rows, outer.decode_max_rows) == ("256x64", "tma", 0)
         assert outer.decode_rows_per_expert == before.decode_rows_per_expert and outer.pdl == before.pdl
         assert _C.get_config() == _in_c(outer)
-        with sm.config(tile="128x128", pdl=False, decode_rows_per_expert=3, dense_decode_max_rows=0) as inner:
-            assert (inner.tile, inner.token_rows, inner.pdl) == ("128x128", "tma", False)
+        with sm.config(tile="128x128", pdl=False, decode_rows_per_expert=3, dense_decode_max_rows=0,
+                       x_copy="always") as inner:
+            assert (inner.tile, inner.token_rows, inner.pdl, inner.x_copy) == ("128x128", "tma", False, "always")
             assert (inner.decode_rows_per_expert, inner.dense_decode_max_rows) == (3, 0)
             assert _C.get_config() == _in_c(inner)
         assert sm.get_config() is outer and _C.get_config() == _in_c(outer)
@@ -84,7 +86,7 @@ def test_a_call_alone_stays_in_force_and_checks_at_once():
 @pytest.mark.parametrize("fields,name", [
     ({"tiles": "auto"}, "tiles"),
     ({"tile": "64x64"}, "tile"), ({"tile": 1}, "tile"),
-    ({"token_rows": "rows"}, "token_rows"),
+    ({"token_rows": "rows"}, "token_rows"), ({"x_copy": "sometimes"}, "x_copy"), ({"x_copy": 2}, "x_copy"),
     ({"decode_max_rows": -1}, "decode_max_rows"), ({"decode_max_rows": 1.0}, "decode_max_rows"),
     ({"decode_max_rows": True}, "decode_max_rows"), ({"decode_rows_per_expert": 2**31}, "decode_rows_per_expert"),
     ({"pdl": 0}, "pdl"), ({"pdl": "no"}, "pdl"), ({"save_preact": 0}, "save_preact"),

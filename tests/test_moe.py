@@ -7,7 +7,7 @@ import torch
 
 import samoyeds as sm
 from samoyeds.moe import moe_forward
-from helpers import oracle_moe, random_topk, rel_err
+from helpers import kernel_names, oracle_moe, random_topk, rel_err, wgmma_runs
 
 
 def _layer(E, H, I, dtype, gen, fmt="samoyeds-1:2:128"):
@@ -197,3 +197,63 @@ def test_top_level_export():
 
     assert sm.moe_forward is samoyeds.moe.moe_forward
     assert "moe_forward" in sm.__all__
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "2:4", "1:4:128"])
+@pytest.mark.parametrize("T,pattern", [(0, "uniform"), (1, "one"), (37, "placeholder"), (300, "skewed"),
+                                       (1100, "placeholder")])
+@pytest.mark.parametrize("impl", ["auto", "mma_sp", "decode"])
+def test_x_copy_is_bit_identical(fmt, T, pattern, impl):
+    """config(x_copy=...): gate_up reading x's routed rows from a copy in expert order (into
+    the workspace) gives what reading them by index gives, to the bit, for every kernel;
+    x's rows strided (ldx > H), H not a multiple of the 64-column k-tile, the output
+    poisoned first; both against the float64 oracle."""
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    K, E, H, I = 4, 12, 264, 384
+    gu, dn = _layer(E, H, I, torch.bfloat16, gen, fmt)
+    gg, dg = gu.to("cuda"), dn.to("cuda")
+    xs = torch.randn(T, H + 24, generator=gen).to(torch.bfloat16).cuda()
+    x = xs[:, 8:H + 8]
+    idx = random_topk(T, K, E, pattern, gen).cuda()
+    w = torch.rand(T, K, generator=gen).cuda()
+    got = {}
+    for mode in ("never", "always"):
+        with sm.config(x_copy=mode):
+            got[mode] = moe_forward(x, idx, w, gg, dg, impl=impl, out=_poisoned(x))
+    torch.cuda.synchronize()
+    assert torch.equal(got["always"], got["never"])
+    if T:
+        oracle = oracle_moe(x.cpu(), idx.cpu(), w.cpu(), gu, dn)
+        assert rel_err(got["always"].cpu(), oracle) < 2e-2
+
+
+@pytest.mark.gpu
+def test_x_copy_rule_takes_wide_experts():
+    """Under x_copy="auto" the copy is made where the rule says (I >= SAM_MOE_COPY_X_MIN_I
+    = 4096 on the wgmma.sp kernel), not for narrow experts or decode sizes; the results are
+    bit-identical either way, also captured in a CUDA graph."""
+    if not wgmma_runs():
+        pytest.skip("the rule copies only for the wgmma.sp kernel (sm_90a)")
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    K, E, H = 2, 4, 256
+    for I, T, copies in ((4096, 600, True), (1024, 600, False), (4096, 8, False)):
+        gu, dn = (a.to("cuda") for a in _layer(E, H, I, torch.bfloat16, gen))
+        x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+        idx = random_topk(T, K, E, "skewed", gen).cuda()
+        w = torch.rand(T, K, generator=gen).cuda()
+        names = kernel_names(lambda: moe_forward(x, idx, w, gu, dn))
+        assert any("gather_rows" in n for n in names) == copies, (I, T, names)
+        with sm.config(x_copy="never"):
+            want = moe_forward(x, idx, w, gu, dn)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            moe_forward(x, idx, w, gu, dn)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = moe_forward(x, idx, w, gu, dn)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, want), (I, T)
