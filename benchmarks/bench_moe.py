@@ -308,7 +308,8 @@ def bench_model(name: str, tokens, fmt: str, methods, device: str, dtype, tiny: 
 def _expert_work(cfg, packed_bytes: int):
     """(T -> the routed experts' dense-equivalent FLOP, T -> their unavoidable bytes): three
     matmuls of H x I per (token, expert) pair; x read and the output written once, and the
-    packed weights of the experts T tokens can reach (all of them once T * K >= E)."""
+    packed weights of the experts T tokens reach, expected under uniform routing
+    (E (1 - (1 - 1/E)^(T K)) of them)."""
     H = cfg.hidden_size
     I = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
     E = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or cfg.n_routed_experts
@@ -318,7 +319,7 @@ def _expert_work(cfg, packed_bytes: int):
         return 2.0 * T * K * H * 3 * I
 
     def nbytes(T):
-        return 2.0 * 2 * T * H + packed_bytes * min(1.0, T * K / E)
+        return 2.0 * 2 * T * H + packed_bytes * (1.0 - (1.0 - 1.0 / E) ** (T * K))
     return flop, nbytes
 
 

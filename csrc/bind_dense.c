@@ -133,9 +133,10 @@ PyObject *sam_py_glu(PyObject *module, PyObject *args, PyObject *kw)
     return sam_run_op(&glu_op, module, o, o_stream, 0, &x);
 }
 
-/* ---- glu_backward(out, dh, preact, scale=None, offsets=None, act=1, alpha=1.702, limit=7.0, stream=None) ---- */
+/* ---- glu_backward(out, dh, preact, scale=None, offsets=None, act=1, alpha=1.702, limit=7.0, stream=None,
+ *                   hdot=None) ---- */
 
-enum { B_PRE, B_DH, B_SCALE, B_OFFSETS, B_OUT, B_COUNT };
+enum { B_PRE, B_DH, B_SCALE, B_OFFSETS, B_OUT, B_HDOT, B_COUNT };
 enum { V_BS, V_BI, V_B2I, V_BE1 };
 
 static const sam_arg_spec glu_backward_args[] = {
@@ -145,6 +146,8 @@ static const sam_arg_spec glu_backward_args[] = {
     [B_OFFSETS] = {"offsets", SAM_DT(SAM_I32), 1, {SAM_VAR(V_BE1)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
     [B_OUT] = {"out", 0, 2, {SAM_VAR(V_BS), SAM_VAR(V_B2I)}, SAM_ARG_ROWS | SAM_ARG_OUT | SAM_ARG_F32_OR_LIKE, B_PRE,
                0, 0},
+    [B_HDOT] = {"hdot", SAM_DT(SAM_F32), 1, {SAM_VAR(V_BS)}, SAM_ARG_CONTIG | SAM_ARG_OUT | SAM_ARG_OPTIONAL, -1, 0,
+                0},
 };
 
 typedef struct glu_backward_ctx {
@@ -187,6 +190,7 @@ static int glu_backward_check(sam_op_call *c, void *vctx)
     p->out_dtype = t[B_OUT].dtype;
     p->S = t[B_PRE].shape[0];
     p->I = t[B_PRE].shape[1] / 2;
+    p->hdot = t[B_HDOT].present ? (float *)t[B_HDOT].data : NULL;
     return 0;
 }
 
@@ -197,13 +201,15 @@ static const sam_op glu_backward_op = {"glu_backward", glu_backward_args, B_COUN
 
 PyObject *sam_py_glu_backward(PyObject *module, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"out", "dh", "preact", "scale", "offsets", "act", "alpha", "limit", "stream", NULL};
+    static char *kwlist[] = {"out", "dh", "preact", "scale", "offsets", "act", "alpha", "limit", "stream", "hdot",
+                             NULL};
     PyObject *o[B_COUNT], *o_stream = Py_None;
     int act = SAM_ACT_SWIGLU;
     glu_backward_ctx x = {.p = {.alpha = 1.702f, .limit = 7.0f}};
-    o[B_SCALE] = o[B_OFFSETS] = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiffO:glu_backward", kwlist, &o[B_OUT], &o[B_DH], &o[B_PRE],
-                                     &o[B_SCALE], &o[B_OFFSETS], &act, &x.p.alpha, &x.p.limit, &o_stream))
+    o[B_SCALE] = o[B_OFFSETS] = o[B_HDOT] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiffOO:glu_backward", kwlist, &o[B_OUT], &o[B_DH], &o[B_PRE],
+                                     &o[B_SCALE], &o[B_OFFSETS], &act, &x.p.alpha, &x.p.limit, &o_stream,
+                                     &o[B_HDOT]))
         return NULL;
     if (sam_arg_range("act", act, SAM_ACT_SWIGLU, SAM_ACT_GPTOSS, "1 (swiglu) or 2 (gptoss)") < 0) return NULL;
     x.p.act = (sam_act)act;

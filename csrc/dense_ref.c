@@ -89,18 +89,26 @@ sam_status sam_glu_backward_ref(const sam_glu_backward_params *p)
     for (int64_t s = 0; s < p->S; s++) {
         if (s >= live) {
             for (int64_t i = 0; i < 2 * I; i++) sam_store_f32(p->out, p->out_dtype, s * p->ldo + i, 0.0f);
+            if (p->hdot != NULL) p->hdot[s] = 0.0f;
             continue;
         }
         const float sc = p->scale != NULL ? sam_ld_f32(p->scale, s) : 1.0f;
+        float dot = 0.0f;
         for (int64_t i = 0; i < I; i++) {
             float d = sam_load_f32(p->dh, p->dh_dtype, s * p->lddh + i), dg, du;
-            if (p->scale != NULL) d *= sc;
             const float g = sam_load_f32(p->pre, p->dtype, s * p->ldp + i);
             const float u = sam_load_f32(p->pre, p->dtype, s * p->ldp + I + i);
+            if (p->hdot != NULL) {  /* h as glu writes it: rounded to the pre-activation's dtype */
+                double h = 0.0;  /* (room for any dtype's element) */
+                sam_store_f32(&h, p->dtype, 0, sam_act_glu(p->act, g, u, p->alpha, p->limit));
+                dot += d * sam_load_f32(&h, p->dtype, 0);
+            }
+            if (p->scale != NULL) d *= sc;
             glu_backward_pair(p->act, p->alpha, p->limit, d, g, u, &dg, &du);
             sam_store_f32(p->out, p->out_dtype, s * p->ldo + i, dg);
             sam_store_f32(p->out, p->out_dtype, s * p->ldo + I + i, du);
         }
+        if (p->hdot != NULL) p->hdot[s] = dot;
     }
     return SAM_STATUS_OK;
 }

@@ -403,6 +403,10 @@ typedef struct sam_glu_backward_params {
     int64_t S, I;
     sam_act act;             /* SAM_ACT_SWIGLU or SAM_ACT_GPTOSS */
     float alpha, limit;
+    float *hdot;             /* [S] or NULL: hdot[s] = sum_i dh[s][i] * h[s][i] with dh before the
+                                scale and h = act(gate, up) rounded to dtype (what glu writes),
+                                fp32 sums (the GPU's order: per lane, then a shuffle tree); 0 for
+                                the rows past offsets[E].  An MoE backward's d routing weights. */
 } sam_glu_backward_params;
 
 /* GPU: 16-byte accesses of 8 columns where I, the row strides and the pointers allow. */
@@ -496,9 +500,14 @@ sam_status sam_moe_gather_rows_cuda(void *dst, const void *x, sam_dtype dtype, i
  * for its gate_up call (sam_ssmm_params with token_ids set) and reads the copy without a
  * row map (by TMA on the wgmma.sp kernel) instead of by index: cfg.x_copy, and under
  * AUTO the rule (cuda/ssmm.cu; docs/KERNELS.md): on the copy the call takes the wgmma.sp
- * kernel with its rows by TMA, and the expert width I = R / 2 is at least
- * SAM_MOE_COPY_X_MIN_I (the copy's bytes per gate_up multiply-add fall as 1 / I). */
+ * kernel with its rows by TMA, the expert width I = R / 2 is at least
+ * SAM_MOE_COPY_X_MIN_I (the copy's bytes per gate_up multiply-add fall as 1 / I) and the
+ * sorted rows are at least SAM_MOE_COPY_X_MIN_ROWS per expert.  Measured on an H100
+ * (dev/lab/results/h100/x_copy_4034409.json, moe.json): Mixtral-8x7B's block 1.07x / 1.13x
+ * faster at T = 4096 / 16384 (I = 14336), 0.97x at T = 256 (64 rows per expert); every
+ * model with I <= 2880 slower with the copy (0.87-0.95x). */
 #define SAM_MOE_COPY_X_MIN_I 4096
+#define SAM_MOE_COPY_X_MIN_ROWS 256
 int sam_moe_copy_x(const sam_ssmm_params *gate_up, const void *copy);
 
 /* out[t][h] = sum_k y[pos[t*K+k]][h] in fp32, fixed order; pos outside

@@ -110,7 +110,9 @@ extern "C" int sam_moe_copy_x(const sam_ssmm_params *g, const void *copy) {
     q.x = copy;
     q.T = g->S;
     q.ldx = g->d.C;
-    if (g->d.R / 2 < SAM_MOE_COPY_X_MIN_I || q.cfg.token_rows == SAM_TOKEN_ROWS_GATHER || !ssmm_tokens_mappable(&q))
+    // wide experts (the copy's bytes per multiply-add fall as 1 / I), enough rows per expert
+    if (g->d.R / 2 < SAM_MOE_COPY_X_MIN_I || g->S < (int64_t)SAM_MOE_COPY_X_MIN_ROWS * g->d.E ||
+        q.cfg.token_rows == SAM_TOKEN_ROWS_GATHER || !ssmm_tokens_mappable(&q))
         return 0;
     const SsmmDevice dev = {ssmm_wgmma_sp_available(), device_sm_count()};
     return choose_kernel(&q, dev).impl == SAM_IMPL_WGMMA_SP;

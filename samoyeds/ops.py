@@ -249,7 +249,7 @@ def glu(gate: Any, up: Any, out: Optional[Any] = None, *, act: str = "swiglu", a
 
 def glu_backward(dh: Any, preact: Any, out: Optional[Any] = None, *, scale: Optional[Any] = None,
                  offsets: Optional[Any] = None, act: str = "swiglu", alpha: float = 1.702, limit: float = 7.0,
-                 dtype: Optional[str] = None, stream: Optional[int] = None) -> Any:
+                 dtype: Optional[str] = None, stream: Optional[int] = None, hdot: Optional[Any] = None) -> Any:
     """The backward of :func:`glu` on the halves of a pre-activation: ``out = [dgate, dup]``
     for ``h = act(preact[:, :I], preact[:, I:])`` and ``dh = dL/dh`` (times ``scale[s]``
     per row), in fp32 with one rounding, one pass.  SwiGLU and GPT-OSS's clamped variant;
@@ -267,9 +267,14 @@ def glu_backward(dh: Any, preact: Any, out: Optional[Any] = None, *, scale: Opti
            (placeholders) are written as 0 and never read; read on the device (no sync).
         act: ``"swiglu"`` or ``"gptoss"`` (with ``alpha``, ``limit``).
         stream: CUDA stream; None uses the producer's current stream.
+        hdot: ``[S]`` float32, or None: also written, in the same pass, with each row's
+           ``sum_i dh[s, i] * h[s, i]`` (dh before ``scale``; h as :func:`glu` writes it,
+           rounded to preact's dtype; fp32 sums; 0 past ``offsets[E]``): an MoE backward's
+           routing-weight gradient.
     """
     if act not in ("swiglu", "silu", "gptoss"):
         raise ValueError(f"act: expected 'swiglu' or 'gptoss', got {act!r}")
+    hdot = tensor_arg(hdot, "hdot", optional=True)
     dh, preact = tensor_arg(dh, "dh"), tensor_arg(preact, "preact")
     scale, offsets = tensor_arg(scale, "scale", optional=True), tensor_arg(offsets, "offsets", optional=True)
     if out is None:
@@ -278,7 +283,7 @@ def glu_backward(dh: Any, preact: Any, out: Optional[Any] = None, *, scale: Opti
             raise TypeError(f"dtype: expected 'float32' or preact's {dtype_name(preact)!r}, got {dtype!r}")
         out = empty(preact, tuple(preact.shape), dtype or dtype_name(preact))
     _C.glu_backward(out, dh, preact, scale, offsets, act=ACTS[act], alpha=alpha, limit=limit,
-                    stream=stream if stream is not None else current_stream(preact))
+                    stream=stream if stream is not None else current_stream(preact), hdot=hdot)
     return out
 
 

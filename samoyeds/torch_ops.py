@@ -392,17 +392,14 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             res[3] = ssmm_dw(g, h, dn, r.offsets, None, ws)
         if needs & NEED_DOWN_BIAS:
             res[5] = _segment_sum(g.float() * ws[:, None], r.offsets).to(down_bias.dtype)
+        hdot = None
         if needs & NEED_WEIGHTS:
             # d w[t, k] = <dout[t], h_s @ W_e^T + b_e> = <dout[t] @ W_e, h_s> + <dout[t], b_e>
             dh_u = _matmul_w(dout, dn, r.offsets, r.token_ids, None, S, dx_path)   # x's dtype; rows past offsets[E] 0
-            dws = (dh_u.float() * h.float()).sum(1)
-            if down_bias is not None:
-                eid = torch.searchsorted(r.offsets[1:].to(torch.int64),
-                                         torch.arange(S, device=x.device), right=True).clamp(max=dn.num_experts - 1)
-                dws = dws + (g.float() * down_bias.detach().float().index_select(0, eid)).sum(1)
-            pos = r.pos.to(torch.int64)
-            res[1] = torch.where(pos >= 0, dws[pos.clamp(min=0)], 0.0).to(top_k_weights.dtype).reshape(
-                top_k_weights.shape)
+            if need_pre:   # <dh_u[s], h_s>: the row dot products, in glu_backward's pass below
+                hdot = torch.empty(S, dtype=torch.float32, device=x.device)
+            else:
+                hdot = (dh_u.float() * h.float()).sum(1)
             dh, dh_scale = dh_u, ws
         elif need_pre:
             dh, dh_scale = _matmul_w(dout, dn, r.offsets, r.token_ids, ws, S, dx_path), None
@@ -413,7 +410,17 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             if dh.dtype != preact.dtype:
                 dh = dh.float()
             dpre = glu_backward(dh, preact, scale=dh_scale, offsets=r.offsets, act=_ACT_NAMES[act], alpha=alpha,
-                                limit=limit, dtype="float32" if keep32 else _dtype_name(preact.dtype))
+                                limit=limit, dtype="float32" if keep32 else _dtype_name(preact.dtype),
+                                hdot=hdot if needs & NEED_WEIGHTS else None)
+        if needs & NEED_WEIGHTS:
+            dws = hdot
+            if down_bias is not None:
+                eid = torch.searchsorted(r.offsets[1:].to(torch.int64),
+                                         torch.arange(S, device=x.device), right=True).clamp(max=dn.num_experts - 1)
+                dws = dws + (g.float() * down_bias.detach().float().index_select(0, eid)).sum(1)
+            pos = r.pos.to(torch.int64)
+            res[1] = torch.where(pos >= 0, dws[pos.clamp(min=0)], 0.0).to(top_k_weights.dtype).reshape(
+                top_k_weights.shape)
     if need_pre and grad_preact is not None:
         dpre = grad_preact.detach().float() if dpre is None else dpre + grad_preact.detach().float()
     if dpre is not None:

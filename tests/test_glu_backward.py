@@ -244,3 +244,91 @@ def test_cuda_tail_rows_uninitialised():
     b = glu_backward(dh, pre, scale=sc, offsets=offsets, act="swiglu")
     assert torch.equal(a, b)
     assert torch.equal(a[live:].cpu(), torch.zeros(S - live, 2 * I, dtype=torch.bfloat16))
+
+
+def hdot_oracle(dh, pre, act, alpha=ALPHA, limit=LIMIT):
+    """float64 sum_i dh[s, i] * h[s, i], h = act(gate, up) rounded to pre's dtype (as glu writes it)."""
+    I = pre.shape[1] // 2
+    g, u = pre[:, :I].double(), pre[:, I:].double()
+    if act == "swiglu":
+        h = g * torch.sigmoid(g) * u
+    else:
+        gc, uc = g.clamp(max=limit), u.clamp(-limit, limit)
+        h = gc * torch.sigmoid(alpha * gc) * (uc + 1)
+    return (dh.double() * h.to(pre.dtype).double()).sum(1)
+
+
+def _hdot_close(got, want, dh, pre, dtype):
+    """fp32 sums of I products against float64: |err| within I fp32 roundings of the sum of
+    |terms|, plus h's own rounding where act(gate, up) in fp32 lands on the other side of a
+    rounding boundary of the pre-activation's dtype than in float64 (one ulp of dtype)."""
+    I = pre.shape[1] // 2
+    terms = (dh.double().abs() * (pre[:, :I].double().abs() * (pre[:, I:].double().abs() + 1) + 1)).sum(1)
+    tol = (I + 2) * 2.0 ** -23 * terms + _ulps(dtype) * terms
+    assert ((got.double() - want).abs() <= tol + 1e-30).all(), (got, want)
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+@pytest.mark.parametrize("S,I", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ref_hdot(act, S, I, dtype):
+    """hdot (the row dot products of dh before the scale with h) against float64, the other
+    output the same to the bit as without hdot; rows past offsets[E] 0."""
+    pre, dh, sc = _inputs(S, I, dtype)
+    hdot = torch.full((S,), float("nan"))
+    out = glu_backward(dh, pre, scale=sc, act=act, hdot=hdot)
+    assert torch.equal(out, glu_backward(dh, pre, scale=sc, act=act))
+    _hdot_close(hdot, hdot_oracle(dh, pre, act), dh, pre, dtype)
+    if S >= 3:
+        live = S - 2
+        offsets = torch.tensor([0, live], dtype=torch.int32)
+        hdot.fill_(float("nan"))
+        glu_backward(dh, pre, scale=sc, offsets=offsets, act=act, hdot=hdot)
+        assert torch.equal(hdot[live:], torch.zeros(2))
+        _hdot_close(hdot[:live], hdot_oracle(dh[:live], pre[:live], act), dh[:live], pre[:live], dtype)
+
+
+def test_hdot_errors_name_the_argument():
+    pre, dh, _ = _inputs(6, 8, torch.float32)
+    with pytest.raises(ValueError, match=r"^hdot: "):
+        glu_backward(dh, pre, hdot=torch.zeros(5))
+    with pytest.raises((TypeError, ValueError), match=r"^hdot: "):
+        glu_backward(dh, pre, hdot=torch.zeros(6, dtype=torch.float64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+@pytest.mark.parametrize("S,I", GPU_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dh32,out32", [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("with_offsets", [False, True])
+def test_cuda_hdot(act, S, I, dtype, dh32, out32, with_offsets):
+    """The warp-per-row kernel (hdot given): out bit for bit what the kernel without hdot
+    writes, hdot against the C reference and float64, rows past offsets[E] poisoned (never
+    read) and written as 0, deterministic."""
+    pre, dh, sc = _inputs(S, I, dtype, True)
+    dh = dh if dh32 else dh.to(dtype)
+    live, offsets = S, None
+    if with_offsets:
+        live = S * 2 // 3
+        pre[live:] = float("nan")
+        dh[live:] = float("nan")
+        sc[live:] = float("nan")
+        offsets = torch.tensor([0, live // 2, live], dtype=torch.int32).cuda()
+    odt = torch.float32 if out32 else dtype
+    args = (dh.cuda(), pre.cuda())
+    kw = dict(scale=sc.cuda(), offsets=offsets, act=act)
+    want = glu_backward(*args, torch.full((S, 2 * I), float("nan"), dtype=odt, device="cuda"), **kw)
+    hd = [torch.full((S,), float("nan"), device="cuda") for _ in range(2)]
+    got = [glu_backward(*args, torch.full((S, 2 * I), float("nan"), dtype=odt, device="cuda"), hdot=h, **kw)
+           for h in hd]
+    assert torch.equal(got[0], want) and torch.equal(got[1], want)
+    assert torch.equal(hd[0], hd[1])
+    h = hd[0].cpu()
+    assert torch.equal(h[live:], torch.zeros(S - live))
+    if live:
+        ref = torch.full((S,), float("nan"))
+        glu_backward(dh, pre, scale=sc, offsets=None if offsets is None else offsets.cpu(), act=act, hdot=ref)
+        o64 = hdot_oracle(dh[:live], pre[:live], act)
+        _hdot_close(h[:live], o64, dh[:live], pre[:live], dtype)
+        _hdot_close(ref[:live], o64, dh[:live], pre[:live], dtype)

@@ -230,14 +230,15 @@ def test_x_copy_is_bit_identical(fmt, T, pattern, impl):
 
 @pytest.mark.gpu
 def test_x_copy_rule_takes_wide_experts():
-    """Under x_copy="auto" the copy is made where the rule says (I >= SAM_MOE_COPY_X_MIN_I
-    = 4096 on the wgmma.sp kernel), not for narrow experts or decode sizes; the results are
+    """Under x_copy="auto" the copy is made where the rule says (on the wgmma.sp kernel,
+    I >= SAM_MOE_COPY_X_MIN_I = 4096 and >= SAM_MOE_COPY_X_MIN_ROWS = 256 sorted rows per
+    expert), not for narrow experts, few rows per expert or decode sizes; the results are
     bit-identical either way, also captured in a CUDA graph."""
     if not wgmma_runs():
         pytest.skip("the rule copies only for the wgmma.sp kernel (sm_90a)")
     gen = torch.Generator().manual_seed(torch.seed() % 2**31)
     K, E, H = 2, 4, 256
-    for I, T, copies in ((4096, 600, True), (1024, 600, False), (4096, 8, False)):
+    for I, T, copies in ((4096, 600, True), (1024, 600, False), (4096, 300, False), (4096, 8, False)):
         gu, dn = (a.to("cuda") for a in _layer(E, H, I, torch.bfloat16, gen))
         x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
         idx = random_topk(T, K, E, "skewed", gen).cuda()
