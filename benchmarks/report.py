@@ -674,7 +674,8 @@ def train_table(d: dict) -> str:
             out.append(f"| {c['model']} | {c['T']} | {_f(r.get('ms_fwd_bwd'), '.2f')} ms | "
                        f"{_x(c['speedup_fwd_bwd_recompute']) if c.get('speedup_fwd_bwd_recompute') else '-'} | "
                        f"{_f(r.get('activation_mib'), ',.0f')} | "
-                       f"{_x(c['activation_ratio_recompute']) if c.get('activation_ratio_recompute') else '-'} |")
+                       + (f"{_x(c['activation_ratio_recompute'])} |" if c.get('activation_ratio_recompute') else
+                          "all (only the inputs kept) |" if r.get("activation_mib") == 0 else "- |"))
     dw = d.get("dw_kernel") or []
     if dw:
         out += ["", "| model | T | projection | ssmm_dw | dense dW (grouped mm) | ratio | mma.sync | "
@@ -958,9 +959,12 @@ def readme_table(gpu: str = "h100") -> str:
     if tr and tr.get("cases"):
         sp = [c.get("speedup_fwd_bwd") for c in tr["cases"] if c.get("speedup_fwd_bwd")]
         act = [c.get("activation_ratio") for c in tr["cases"] if c.get("activation_ratio")]
+        none = [c for c in tr["cases"] if c.get("methods", {}).get("samoyeds_recompute", {}).get("activation_mib") == 0]
         rows.append(f"| MoE block forward + backward vs `grouped_mm` autograd ({len({c['model'] for c in tr['cases']})} "
                     f"models, T = {', '.join(str(t) for t in sorted({c['T'] for c in tr['cases']}))}) | {_span(sp)} | "
-                    f"activations {_range(act, '{:.1f}x')} smaller | {link('train.json')} |")
+                    f"activations {_range(act, '{:.1f}x')} smaller"
+                    + ("; `save_preact=False`: none kept beyond the inputs" if none and len(none) == len(tr["cases"]) else "")
+                    + f" | {link('train.json')} |")
     for g in _ep_dirs():
         ep, _ = _load(g, "ep.json")
         keyed = {}
