@@ -214,25 +214,14 @@ __global__ void __launch_bounds__(256) glu_backward_rows_kernel(const GluBackwar
 
 template <typename T, typename TD, typename TO>
 sam_status glu_backward_launch(const GluBackwardArgs &a, bool vec, cudaStream_t stream) {
-    const int64_t n = a.S * (vec ? a.I / 8 : a.I);
     const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
-    if (a.hdot != nullptr) {  // a warp per row, 8 rows a CTA
-        const unsigned grid = (unsigned)std::min<int64_t>((a.S + 7) / 8, (int64_t)sms * 8);
-        if (vec)
-            SAM_CUDA_TRY(launch_kernel(glu_backward_rows_kernel<T, TD, TO, 8>, dim3(grid), dim3(256), 0, stream,
-                                       pdl_enabled(), a), "glu_backward");
-        else
-            SAM_CUDA_TRY(launch_kernel(glu_backward_rows_kernel<T, TD, TO, 1>, dim3(grid), dim3(256), 0, stream,
-                                       pdl_enabled(), a), "glu_backward");
-        return launch_status("glu_backward");
-    }
-    const unsigned grid = (unsigned)std::min<int64_t>((n + 255) / 256, (int64_t)sms * 8);
-    if (vec)
-        SAM_CUDA_TRY(launch_kernel(glu_backward_kernel<T, TD, TO, 8>, dim3(grid), dim3(256), 0, stream,
-                                   pdl_enabled(), a), "glu_backward");
-    else
-        SAM_CUDA_TRY(launch_kernel(glu_backward_kernel<T, TD, TO, 1>, dim3(grid), dim3(256), 0, stream,
-                                   pdl_enabled(), a), "glu_backward");
+    const bool rows = a.hdot != nullptr;  // a warp per row, 8 rows a CTA
+    void (*kernel)(const GluBackwardArgs) =
+        rows ? (vec ? glu_backward_rows_kernel<T, TD, TO, 8> : glu_backward_rows_kernel<T, TD, TO, 1>)
+             : (vec ? glu_backward_kernel<T, TD, TO, 8> : glu_backward_kernel<T, TD, TO, 1>);
+    const int64_t threads = rows ? a.S * 32 : a.S * (vec ? a.I / 8 : a.I);
+    const unsigned grid = (unsigned)std::min<int64_t>((threads + 255) / 256, (int64_t)sms * 8);
+    SAM_CUDA_TRY(launch_kernel(kernel, dim3(grid), dim3(256), 0, stream, pdl_enabled(), a), "glu_backward");
     return launch_status("glu_backward");
 }
 

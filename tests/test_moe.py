@@ -59,6 +59,19 @@ def test_moe_forward_cuda(fmt, T):
     assert rel_err(y1, oracle) <= 2 * rel_err(ref, oracle) + 1e-6
 
 
+def _captured(fn):
+    """(a CUDA graph of fn, fn's output in the graph's memory), after one warm-up call on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = fn()
+    return g, y
+
+
 @pytest.mark.gpu
 def test_moe_forward_cuda_graph():
     gen = torch.Generator().manual_seed(3)
@@ -68,14 +81,7 @@ def test_moe_forward_cuda_graph():
     x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
     idx = random_topk(T, K, E, "uniform", gen).cuda()
     w = torch.rand(T, K, generator=gen).cuda()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        moe_forward(x, idx, w, gu, dn)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = moe_forward(x, idx, w, gu, dn)
+    g, y = _captured(lambda: moe_forward(x, idx, w, gu, dn))
     # new inputs and a new routing in the same buffers, then replay
     x.copy_(torch.randn(T, H, generator=gen).to(torch.bfloat16))
     idx.copy_(random_topk(T, K, E, "skewed", gen))
@@ -247,14 +253,7 @@ def test_x_copy_rule_takes_wide_experts():
         assert any("gather_rows" in n for n in names) == copies, (I, T, names)
         with sm.config(x_copy="never"):
             want = moe_forward(x, idx, w, gu, dn)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            moe_forward(x, idx, w, gu, dn)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            y = moe_forward(x, idx, w, gu, dn)
+        g, y = _captured(lambda: moe_forward(x, idx, w, gu, dn))
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, want), (I, T)
