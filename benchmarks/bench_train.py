@@ -331,9 +331,9 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
     dh_u = to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)
     dpre_dt = "float32" if gub is not None else xdt   # as moe_backward_eager: fp32 for the bias sum
 
-    def glu_bwd():
+    def glu_bwd():   # with the routing weights' row dot products (hdot), as moe_backward_eager
         return glu_backward(dh_u, preact, scale=ws, offsets=r.offsets, act=m.act, alpha=alpha, limit=limit,
-                            dtype=dpre_dt)
+                            dtype=dpre_dt, hdot=torch.empty(S, dtype=torch.float32, device=xd.device))
     dpre = glu_bwd()
     dpre_x = dpre.to(xd.dtype)
     dxs = to._matmul_w(dpre_x, gu, r.offsets, None, None, S)
@@ -348,8 +348,10 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
             return get()
         return fn
 
-    def dweights():
-        dws = (dh_u.float() * h.float()).sum(1)
+    hdot = torch.zeros(S, dtype=torch.float32, device=xd.device)
+
+    def dweights():   # what is left of the routing weights' gradient after glu_backward's hdot
+        dws = hdot
         if dnb is not None:
             eid = torch.searchsorted(r.offsets[1:].to(torch.int64), torch.arange(S, device=xd.device),
                                      right=True).clamp(max=dn.num_experts - 1)
@@ -372,8 +374,8 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         # optimizer step, where the format has one; else ssmm_dx (torch_ops.DX_PATHS)
         ("transposed_refresh_down", refresh(dn.values, dn.transposed) if uses_t(dn) else None),
         ("dx_down", lambda: to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)),
-        ("dweights", dweights),
         ("glu_backward", glu_bwd),
+        ("dweights", dweights),
         ("gate_up_bias_sum", (lambda: to._segment_sum(dpre, r.offsets)) if gub is not None else None),
         ("cast_dpre", (lambda: dpre.to(xd.dtype)) if gub is not None else None),
         ("ssmm_dw_gate_up", lambda: _ssmm_dw(dpre_x, xd, gu, r.offsets, r.token_ids)),
