@@ -188,9 +188,11 @@ def main(cublas: bool = True) -> None:
         dn = sm.pack(torch.randn(E, H, I, generator=gen).to(torch.bfloat16).cuda(), "samoyeds-1:2:128")
         x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
         idx = torch.randint(0, E + 1, (T, K), generator=gen).cuda()
-        sm.moe_forward(x, idx, torch.rand(T, K, generator=gen).cuda(), gu, dn, act="gptoss",
-                       gate_up_bias=torch.randn(E, 2 * I, generator=gen).cuda(),
-                       down_bias=torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda())
+        for mode in ("auto", "always"):   # gate_up's rows by index, and from the copy of x's rows
+            with sm.config(x_copy=mode):
+                sm.moe_forward(x, idx, torch.rand(T, K, generator=gen).cuda(), gu, dn, act="gptoss",
+                               gate_up_bias=torch.randn(E, 2 * I, generator=gen).cuda(),
+                               down_bias=torch.randn(E, H, generator=gen).to(torch.bfloat16).cuda())
     # split-K of the wgmma.sp kernel (forced: partial sums, the second kernel, the workspace) in
     # every splittable tile, and the pre-activation output of every kernel (gated launches)
     if torch.cuda.get_device_capability() == (9, 0):
