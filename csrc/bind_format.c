@@ -152,3 +152,48 @@ PyObject *sam_py_format_unpack(PyObject *module, PyObject *args, PyObject *kw)
     if (sam_arg_format(n, m, v, glu, &x.f) < 0) return NULL;
     return sam_run_op(&unpack_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
 }
+
+/* ---- format_gather(out, values, src, stream=None) --------------------------------------- */
+
+enum { G_VALUES, G_SRC, G_OUT, G_COUNT };
+enum { V_GN };
+static const sam_arg_spec gather_args[] = {
+    [G_VALUES] = {"values", SAM_DT_FLOAT, -1, {0}, SAM_ARG_CONTIG, -1, 0, 0},
+    [G_SRC] = {"src", SAM_DT(SAM_I32), 1, {SAM_VAR(V_GN)}, SAM_ARG_CONTIG, -1, 0, 0},
+    [G_OUT] = {"out", 0, -1, {0}, SAM_ARG_CONTIG | SAM_ARG_OUT | SAM_ARG_LIKE, G_VALUES, 0, 0},
+};
+
+static int gather_check(sam_op_call *c, void *vctx)
+{
+    (void)vctx;
+    const int64_t count = c->t[G_SRC].shape[0], n = sam_tensor_numel(&c->t[G_OUT]);
+    if (n != count) {
+        PyErr_Format(PyExc_ValueError, "out: expected %lld elements (src's), got %lld", (long long)count,
+                     (long long)n);
+        return -1;
+    }
+    return 0;
+}
+
+static sam_status gather_run(const sam_op_call *c, void *vctx, void *stream)
+{
+    (void)vctx;
+    const sam_tensor *v = &c->t[G_VALUES];
+    const int64_t n = sam_tensor_numel(v), count = c->t[G_SRC].shape[0];
+    const int eb = (int)sam_dtype_size(v->dtype);
+    const int32_t *src = (const int32_t *)c->t[G_SRC].data;
+    return SAM_DISPATCH(c, stream, sam_format_gather_ref(c->t[G_OUT].data, v->data, n, eb, src, count),
+                        sam_format_gather_cuda(c->t[G_OUT].data, v->data, n, eb, src, count, stream));
+}
+
+static const sam_op gather_op = {"format_gather", gather_args, G_COUNT, NULL, gather_check, gather_run};
+
+PyObject *sam_py_format_gather(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"out", "values", "src", "stream", NULL};
+    PyObject *o[G_COUNT], *o_stream = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:format_gather", kwlist, &o[G_OUT], &o[G_VALUES], &o[G_SRC],
+                                     &o_stream))
+        return NULL;
+    return sam_run_op(&gather_op, module, o, o_stream, 0, NULL);
+}

@@ -311,3 +311,16 @@ sam_status sam_format_unpack_ref(void *out, const void *values, const uint32_t *
     }
     return SAM_STATUS_OK;
 }
+
+sam_status sam_format_gather_ref(void *out, const void *values, int64_t n, int elem_bytes, const int32_t *src,
+                                 int64_t count)
+{
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t j = src[i];
+        if (elem_bytes == 2)
+            ((uint16_t *)out)[i] = j >= 0 && j < n ? ((const uint16_t *)values)[j] : 0;
+        else
+            ((uint32_t *)out)[i] = j >= 0 && j < n ? ((const uint32_t *)values)[j] : 0;
+    }
+    return SAM_STATUS_OK;
+}

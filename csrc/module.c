@@ -254,6 +254,9 @@ static PyMethodDef sam_methods[] = {
      "format_pack(values, meta, idx, w, mask, n, m, v, glu, stream=None)."},
     {"format_unpack", (PyCFunction)(void (*)(void))sam_py_format_unpack, METH_VARARGS | METH_KEYWORDS,
      "format_unpack(out, values, meta, idx, n, m, v, glu, stream=None)."},
+    {"format_gather", (PyCFunction)(void (*)(void))sam_py_format_gather, METH_VARARGS | METH_KEYWORDS,
+     "format_gather(out, values, src, stream=None): out[i] = values.flat[src[i]], 0 where src[i] is outside "
+     "values."},
     {"ssmm", (PyCFunction)(void (*)(void))sam_py_ssmm, METH_VARARGS | METH_KEYWORDS,
      "ssmm(out, x, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, act=0, "
      "bias=None, scale=None, alpha=1.702, limit=7.0, impl=0, stream=None)."},

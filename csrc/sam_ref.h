@@ -155,6 +155,9 @@ sam_status sam_format_mask_ref(uint8_t *mask, const void *w, sam_dtype wt,
 sam_status sam_format_pack_ref(void *values, uint32_t *meta, uint8_t *idx,
                                const void *w, const uint8_t *mask, sam_dtype t,
                                sam_format f, const sam_dims *d);
+/* out[i] = values[src[i]] for 0 <= src[i] < n, else 0 (cuda/samoyeds_cuda.h). */
+sam_status sam_format_gather_ref(void *out, const void *values, int64_t n, int elem_bytes, const int32_t *src,
+                                 int64_t count);
 sam_status sam_format_unpack_ref(void *out, const void *values, const uint32_t *meta,
                                  const uint8_t *idx, sam_dtype t,
                                  sam_format f, const sam_dims *d);

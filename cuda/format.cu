@@ -369,3 +369,58 @@ extern "C" sam_status sam_format_unpack_cuda(void *out, const void *values, cons
     default: sam::set_error("format_unpack: unsupported dtype"); return SAM_STATUS_UNSUPPORTED;
     }
 }
+
+namespace sam {
+namespace {
+
+// format_gather: 8 outputs a thread where count, out and src allow (two 16-byte loads of src,
+// 8 element loads, one or two 16-byte stores), else one; a grid-stride loop.
+template <typename E, bool VEC>
+__global__ void gather_kernel(E *out, const E *values, int64_t n, const int32_t *src, int64_t count) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    if constexpr (VEC) {
+        for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < count; i += step * 8) {
+            const int4 a = *reinterpret_cast<const int4 *>(src + i), b = *reinterpret_cast<const int4 *>(src + i + 4);
+            const int32_t j[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            E v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = j[u] >= 0 && j[u] < n ? __ldg(values + j[u]) : E(0);
+#pragma unroll
+            for (int q = 0; q < (int)(8 * sizeof(E)) / 16; q++)
+                reinterpret_cast<uint4 *>(out + i)[q] = reinterpret_cast<const uint4 *>(v)[q];
+        }
+    } else {
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step) {
+            const int32_t j = src[i];
+            out[i] = j >= 0 && j < n ? values[j] : E(0);
+        }
+    }
+}
+
+template <typename E>
+sam_status gather_typed(void *out, const void *values, int64_t n, const int32_t *src, int64_t count,
+                        cudaStream_t s) {
+    const bool vec = count % 8 == 0 && (reinterpret_cast<uintptr_t>(out) & 15) == 0 &&
+                     (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+    const int64_t threads = vec ? count / 8 : count;
+    const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+    const unsigned grid = (unsigned)std::min<int64_t>(ceil_div(threads, 256), (int64_t)sms * 16);
+    if (vec)
+        gather_kernel<E, true><<<grid, 256, 0, s>>>((E *)out, (const E *)values, n, src, count);
+    else
+        gather_kernel<E, false><<<grid, 256, 0, s>>>((E *)out, (const E *)values, n, src, count);
+    return launch_status("format_gather");
+}
+
+}  // namespace
+}  // namespace sam
+
+extern "C" sam_status sam_format_gather_cuda(void *out, const void *values, int64_t n, int elem_bytes,
+                                             const int32_t *src, int64_t count, void *stream) {
+    if (count == 0) return SAM_STATUS_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (elem_bytes == 2) return sam::gather_typed<uint16_t>(out, values, n, src, count, s);
+    if (elem_bytes == 4) return sam::gather_typed<uint32_t>(out, values, n, src, count, s);
+    sam::set_error("format_gather: elements of 2 or 4 bytes, got %d", elem_bytes);
+    return SAM_STATUS_UNSUPPORTED;
+}

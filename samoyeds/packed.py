@@ -303,11 +303,16 @@ def _relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, sha
             if entry.buf.dtype != values.dtype:
                 entry.buf = torch.zeros(entry.buf.shape, dtype=values.dtype, device=entry.buf.device)
                 entry.packed.values = entry.buf.view(entry.packed.values.shape)
-            # one gather: every place reads its value (padding: the appended zero) and the
-            # places are written in order (coalesced, each once; a scatter wrote at random
-            # and sent every padding value to one element)
-            flat = torch.cat((values.detach().reshape(-1), values.new_zeros(1)))
-            torch.index_select(flat, 0, entry.src, out=entry.buf)
+            # one gather (_C.format_gather): every place reads its value (padding: a source
+            # past the values, read as 0) and the places are written in order (coalesced,
+            # each once; a scatter wrote at random and sent every padding value to one
+            # element); no copy of the values with a zero appended
+            if entry.src.dtype == torch.int32:
+                _C.format_gather(entry.buf.view(-1), values.detach().contiguous(), entry.src,
+                                 stream=current_stream(values))
+            else:   # (2**31 places or more: torch's gather with int64 indices)
+                flat = torch.cat((values.detach().reshape(-1), values.new_zeros(1)))
+                torch.index_select(flat, 0, entry.src, out=entry.buf)
         entry.stamp = stamp
     return entry.packed
 
