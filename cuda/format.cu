@@ -374,26 +374,28 @@ namespace sam {
 namespace {
 
 // format_gather: 8 outputs a thread where count, out and src allow (two 16-byte loads of src,
-// 8 element loads, one or two 16-byte stores), else one; a grid-stride loop.
+// 8 element loads, one or two 16-byte stores), else one.  One pass of a grid in place order,
+// no grid-stride loop: the CTAs run roughly in order, so the sources in flight stay within a
+// narrow window of places and hit L2 (a grid-stride loop let the CTAs drift apart over the
+// places: Mixtral-8x7B's gate_up refresh took 4.2 ms against 2.5 ms for torch's gather).
 template <typename E, bool VEC>
 __global__ void gather_kernel(E *out, const E *values, int64_t n, const int32_t *src, int64_t count) {
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if constexpr (VEC) {
-        for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < count; i += step * 8) {
-            const int4 a = *reinterpret_cast<const int4 *>(src + i), b = *reinterpret_cast<const int4 *>(src + i + 4);
-            const int32_t j[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            E v[8];
+        const int64_t i = t * 8;
+        if (i >= count) return;
+        const int4 a = *reinterpret_cast<const int4 *>(src + i), b = *reinterpret_cast<const int4 *>(src + i + 4);
+        const int32_t j[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        E v[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = j[u] >= 0 && j[u] < n ? __ldg(values + j[u]) : E(0);
+        for (int u = 0; u < 8; u++) v[u] = j[u] >= 0 && j[u] < n ? __ldg(values + j[u]) : E(0);
 #pragma unroll
-            for (int q = 0; q < (int)(8 * sizeof(E)) / 16; q++)
-                reinterpret_cast<uint4 *>(out + i)[q] = reinterpret_cast<const uint4 *>(v)[q];
-        }
+        for (int q = 0; q < (int)(8 * sizeof(E)) / 16; q++)
+            reinterpret_cast<uint4 *>(out + i)[q] = reinterpret_cast<const uint4 *>(v)[q];
     } else {
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step) {
-            const int32_t j = src[i];
-            out[i] = j >= 0 && j < n ? values[j] : E(0);
-        }
+        if (t >= count) return;
+        const int32_t j = src[t];
+        out[t] = j >= 0 && j < n ? values[j] : E(0);
     }
 }
 
@@ -402,13 +404,15 @@ sam_status gather_typed(void *out, const void *values, int64_t n, const int32_t 
                         cudaStream_t s) {
     const bool vec = count % 8 == 0 && (reinterpret_cast<uintptr_t>(out) & 15) == 0 &&
                      (reinterpret_cast<uintptr_t>(src) & 15) == 0;
-    const int64_t threads = vec ? count / 8 : count;
-    const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
-    const unsigned grid = (unsigned)std::min<int64_t>(ceil_div(threads, 256), (int64_t)sms * 16);
+    const int64_t blocks = ceil_div(vec ? count / 8 : count, 256);
+    if (blocks > INT32_MAX) {
+        set_error("format_gather: %lld places is more than one launch takes", (long long)count);
+        return SAM_STATUS_UNSUPPORTED;
+    }
     if (vec)
-        gather_kernel<E, true><<<grid, 256, 0, s>>>((E *)out, (const E *)values, n, src, count);
+        gather_kernel<E, true><<<(unsigned)blocks, 256, 0, s>>>((E *)out, (const E *)values, n, src, count);
     else
-        gather_kernel<E, false><<<grid, 256, 0, s>>>((E *)out, (const E *)values, n, src, count);
+        gather_kernel<E, false><<<(unsigned)blocks, 256, 0, s>>>((E *)out, (const E *)values, n, src, count);
     return launch_status("format_gather");
 }
 
