@@ -739,7 +739,11 @@ TABLES = [
      "same inputs, same masked weights (`samoyeds-1:2:128`). \"vs grouped_mm\": medians of calls each started "
      "from an idle GPU (host enqueue inside); \"back to back\": the mean of calls enqueued one after another; "
      "\"GPU time\": calls enqueued behind a spin kernel, so only GPU time counts. Peak: activation memory above "
-     "the weights."),
+     "the weights. Where recorded: the routed experts' dense-equivalent FLOP over samoyeds' GPU time, that time "
+     "against the block roofline (max of those FLOP at twice the `wgmma.sp` issue rate and the experts' "
+     "unavoidable bytes at the copy rate, both measured in the run; a weight stream read once can beat a copy "
+     "rate that counts reads and writes, hence over 100 % at decode sizes), and samoyeds against itself with "
+     "gate_up's token rows read by index (`config(x_copy=\"never\")`)."),
     ("", "moe_shared_experts.json", moe_table, "MoE layer, shared experts packed too",
      "DeepSeek-V2-Lite with its shared experts packed as well (`patch_model(..., shared_experts=True)`)."),
     ("", "kernel.json", kernel_table, "Kernel: one projection over all experts",
