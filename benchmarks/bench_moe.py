@@ -323,23 +323,18 @@ def _expert_work(cfg, packed_bytes: int):
     return flop, nbytes
 
 
-def add_roofline(rows: list, ceil: dict, fmt: str) -> None:
-    """dense_equiv_tflops and frac_roofline of each samoyeds row (GPU time), against twice the
+def add_roofline(r: dict, ceil: dict, fmt: str) -> None:
+    """dense_equiv_tflops and frac_roofline of a samoyeds row (GPU time), against twice the
     wgmma.sp issue rate (the 75 % format skips half the rows; 2:4 at the rate) and the copy
     rate measured in the same run."""
-    rate = ceil.get("wgmma_sp_tflops")
-    if not rate:
+    rate, s = ceil.get("wgmma_sp_tflops"), r["methods"].get("samoyeds", {})
+    if not rate or not s.get("ms_gpu"):
         return
     rate *= 2 if fmt.startswith("samoyeds-1:2") else 1
-    for r in rows:
-        s = r["methods"].get("samoyeds", {})
-        if not s.get("ms_gpu"):
-            continue
-        t = s["ms_gpu"] * 1e-3
-        s["dense_equiv_tflops"] = r["expert_dense_equiv_flop"] / t / 1e12
-        s["roofline_ms"] = max(r["expert_dense_equiv_flop"] / (rate * 1e12),
-                               r["expert_min_bytes"] / (ceil["copy_tb_s"] * 1e12)) * 1e3
-        s["frac_roofline"] = s["roofline_ms"] / s["ms_gpu"]
+    s["dense_equiv_tflops"] = r["expert_dense_equiv_flop"] / (s["ms_gpu"] * 1e-3) / 1e12
+    s["roofline_ms"] = max(r["expert_dense_equiv_flop"] / (rate * 1e12),
+                           r["expert_min_bytes"] / (ceil["copy_tb_s"] * 1e12)) * 1e3
+    s["frac_roofline"] = s["roofline_ms"] / s["ms_gpu"]
 
 
 def bench_rounding(name: str, tokens, fmt: str, device: str, dtype, tiny: bool, seed: int) -> list:
@@ -394,7 +389,7 @@ def main() -> None:
         for r in bench_model(name, tokens, args.format, methods, args.device, dtype, args.tiny, args.seed,
                              args.shared_experts):
             if not args.shared_experts:  # (the roofline counts the routed experts only)
-                add_roofline([r], ceil, args.format)
+                add_roofline(r, ceil, args.format)
             rows.append(r)
             _print_row(r, methods)
         save(False)

@@ -410,8 +410,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             if dh.dtype != preact.dtype:
                 dh = dh.float()
             dpre = glu_backward(dh, preact, scale=dh_scale, offsets=r.offsets, act=_ACT_NAMES[act], alpha=alpha,
-                                limit=limit, dtype="float32" if keep32 else _dtype_name(preact.dtype),
-                                hdot=hdot if needs & NEED_WEIGHTS else None)
+                                limit=limit, dtype="float32" if keep32 else _dtype_name(preact.dtype), hdot=hdot)
         if needs & NEED_WEIGHTS:
             dws = hdot
             if down_bias is not None:
