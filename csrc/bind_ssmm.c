@@ -293,26 +293,29 @@ SAM_OP_RUN_PARAMS(ssmm_dx_run, ssmm_dx_ctx, sam_ssmm_dx_ref, sam_ssmm_dx_cuda)
 
 static const sam_op ssmm_dx_op = {"ssmm_dx", ssmm_dx_args, G_COUNT, ssmm_dx_derive, ssmm_dx_check, ssmm_dx_run};
 
-/* ssmm_dx(out, dy, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None) */
+/* ssmm_dx(out, dy, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None,
+ *         impl=0) */
 PyObject *sam_py_ssmm_dx(PyObject *module, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"out", "dy", "values", "meta", "idx", "offsets", "token_ids", "rows", "cols",
-                             "n", "m", "v", "glu", "scale", "stream", NULL};
+                             "n", "m", "v", "glu", "scale", "stream", "impl", NULL};
     PyObject *o[G_COUNT] = {NULL}, *o_stream = Py_None;
     long long rows, cols;
-    int n, m, v, glu;
+    int n, m, v, glu, impl = 0;
     ssmm_dx_ctx x;
     memset(&x, 0, sizeof x);
     o[G_SCALE] = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|OO:ssmm_dx", kwlist, &o[G_OUT], &o[G_DY],
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|OOi:ssmm_dx", kwlist, &o[G_OUT], &o[G_DY],
                                      &o[G_VALUES], &o[G_META], &o[G_IDX], &o[G_OFFSETS], &o[G_TOKEN_IDS], &rows,
-                                     &cols, &n, &m, &v, &glu, &o[G_SCALE], &o_stream))
+                                     &cols, &n, &m, &v, &glu, &o[G_SCALE], &o_stream, &impl))
         return NULL;
-    if (sam_arg_range("rows", rows, 0, INT32_MAX, "0 <= rows < 2**31") < 0 ||
+    if (sam_arg_range("impl", impl, 0, 2, "0 (the rule), 1 (the mma.sync kernel) or 2 (the wgmma kernel)") < 0 ||
+        sam_arg_range("rows", rows, 0, INT32_MAX, "0 <= rows < 2**31") < 0 ||
         sam_arg_range("cols", cols, 0, INT32_MAX, "0 <= cols < 2**31") < 0 ||
         sam_arg_format(n, m, v, glu, &x.f) < 0)
         return NULL;
     x.rows = rows;
     x.cols = cols;
+    x.p.impl = impl;
     return sam_run_op(&ssmm_dx_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
 }

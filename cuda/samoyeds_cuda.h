@@ -328,6 +328,7 @@ typedef struct sam_ssmm_dx_params {
     /* output: out[S][ldo], d.C columns */
     void *out;
     int64_t ldo;             /* elements between rows of out (>= C; GPU: multiple of 8) */
+    int impl;                /* GPU kernel: 0 the rule (sm_90a: wgmma), 1 mma.sync, 2 wgmma */
 } sam_ssmm_dx_params;
 
 /* The CUDA launcher (cuda/ssmm_dx.cu): same status and error convention as sam_ssmm_cuda;

@@ -121,6 +121,7 @@
 
 #include "ptx_wgmma.cuh"
 #include "ssmm_dw.cuh"
+#include "ssmm_dyt.cuh"
 #include "ssmm_work.cuh"
 #include "tma.cuh"
 
@@ -182,78 +183,6 @@ __device__ __forceinline__ float lds_f32(uint32_t addr) {
     float v;
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
     return v;
-}
-
-// Where expert e's sorted rows start among the columns of dy's transposed copy: every
-// expert's segment begins on a multiple of 8 columns and is followed by zeros up to the
-// next multiple of 8 (seg(e + 1) - seg(e) >= n_e + 9), so a 16-byte piece of a token
-// k-tile is either the expert's (zeros past its rows) or wholly past its segment.  The
-// copy has dyt_cols(S, E) = round_up8(S + 16 E) columns.
-__device__ __forceinline__ int64_t dyt_segment(const int32_t *offsets, int e) {
-    return (max((int64_t)0, (int64_t)__ldg(offsets + e)) + 16 * (int64_t)e + 7) / 8 * 8;
-}
-
-// dyt[r][c] = dy[s][r] * scale[s] rounded to T for column c = dyt_segment(e) + i of sorted
-// row s = offsets[e] + i < min(offsets[e + 1], S); 0 at every other column (the segments'
-// padding).  64 x 64 tiles through shared memory, 256 threads: each warp reads 8 rows of dy
-// (2 elements a lane, 128 bytes a row) and writes 8 rows of dyt the same way; vec: dy's
-// rows and R hold whole element pairs (4-byte loads), else element by element.
-template <typename T>
-__global__ void __launch_bounds__(256) dyt_fill_kernel(const DwArgs p, int64_t R, int64_t W, T *dyt, bool vec) {
-    __shared__ uint16_t tile[64][66];
-    __shared__ int64_t src_row[64];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t c0 = (int64_t)blockIdx.x * 64, r0 = (int64_t)blockIdx.y * 64;
-    if (threadIdx.x < 64) {
-        // the sorted row of column c0 + t (-1: padding), through the expert whose segment holds
-        // it: the last e with dyt_segment(e) <= c
-        const int64_t col = c0 + threadIdx.x;
-        int lo = 0, hi = p.E - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (dyt_segment(p.offsets, mid) <= col) lo = mid; else hi = mid - 1;
-        }
-        const int64_t i = col - dyt_segment(p.offsets, lo);
-        const int64_t sb = max((int64_t)0, (int64_t)__ldg(p.offsets + lo));
-        const int64_t se = min((int64_t)__ldg(p.offsets + lo + 1), p.S);
-        src_row[threadIdx.x] = (col < W && i >= 0 && sb + i < se) ? sb + i : -1;
-    }
-    __syncthreads();
-    const T *dy = static_cast<const T *>(p.dy);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int cl = warp + 8 * j;  // the tile's column (a sorted row of dy)
-        const int64_t s = src_row[cl];
-        const int64_t r = r0 + 2 * lane;
-        float a = 0.0f, b = 0.0f;
-        if (s >= 0) {
-            const T *row = dy + s * p.lddy + r;
-            if (vec && r + 1 < R) {
-                const uint32_t w = __ldg(reinterpret_cast<const unsigned int *>(row));
-                unpack2<T>(w, a, b);
-            } else {
-                if (r < R) a = Elem<T>::to_f(row[0]);
-                if (r + 1 < R) b = Elem<T>::to_f(row[1]);
-            }
-            if (p.scale) {
-                const float sc = __ldg(p.scale + s);
-                a *= sc;
-                b *= sc;
-            }
-        }
-        const uint32_t w = Elem<T>::pack2(a, b);
-        tile[cl][2 * lane] = (uint16_t)(w & 0xffffu);
-        tile[cl][2 * lane + 1] = (uint16_t)(w >> 16);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int rl = warp + 8 * j;
-        const int64_t r = r0 + rl, col = c0 + 2 * lane;
-        if (r >= R || col >= W) continue;
-        const uint32_t w = (uint32_t)tile[2 * lane][rl] | ((uint32_t)tile[2 * lane + 1][rl] << 16);
-        *reinterpret_cast<uint32_t *>(dyt + r * W + col) = w;  // W % 8 == 0: col + 1 < W
-    }
 }
 
 // T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2); TR: G from
@@ -646,26 +575,20 @@ template <typename T, bool TR> sam_status launch_m(const DwArgs &a, int m, bool 
     }
 }
 
-// dy's transposed copy (R x dyt_cols) in stream-ordered memory, filled, the kernel from it,
-// the copy freed on the stream; where the memory cannot be had, the gather from dy.
+// dy's transposed copy (R x dyt_cols, scaled: ssmm_dyt.cuh) in stream-ordered memory, the
+// kernel from it, the copy freed on the stream; where the memory cannot be had, the gather
+// from dy.
 template <typename T> sam_status launch_t(DwArgs a, int m, bool two, int64_t grid, cudaStream_t s) {
     const int64_t R = a.glu ? 2 * a.half_rows : a.half_rows;
-    const int64_t W = (a.S + 16 * (int64_t)a.E + 7) / 8 * 8;
-    void *buf = nullptr;
-    if (R > 0 && W > 0 && R <= INT32_MAX && W / 64 < INT32_MAX && (R + 63) / 64 <= 65535 &&
-        cudaMallocAsync(&buf, (size_t)(R * W) * sizeof(T), s) == cudaSuccess) {
-        a.dyt = buf;
-        a.ldt = W;
-        const bool vec = a.lddy % 2 == 0 && R % 2 == 0 && (reinterpret_cast<uintptr_t>(a.dy) & 3) == 0;
-        dyt_fill_kernel<T><<<dim3((unsigned)((W + 63) / 64), (unsigned)((R + 63) / 64)), 256, 0, s>>>(
-            a, R, W, static_cast<T *>(buf), vec);
-        sam_status st = launch_status("ssmm_dw");
-        if (st == SAM_STATUS_OK) st = launch_m<T, true>(a, m, two, grid, s);
-        cudaFreeAsync(buf, s);
-        return st;
-    }
-    (void)cudaGetLastError();  // the failed allocation, if any: the gather needs no memory
-    return launch_m<T, false>(a, m, two, grid, s);
+    const DytSrc src{a.dy, a.lddy, nullptr, a.S, a.scale, a.offsets, a.S, a.E};
+    sam_status st;
+    T *buf = dyt_make<T>(src, R, s, &st);
+    if (buf == nullptr) return launch_m<T, false>(a, m, two, grid, s);
+    a.dyt = buf;
+    a.ldt = dyt_cols(a.S, a.E);
+    if (st == SAM_STATUS_OK) st = launch_m<T, true>(a, m, two, grid, s);
+    cudaFreeAsync(buf, s);
+    return st;
 }
 
 }  // namespace

@@ -39,6 +39,7 @@
 #include "common.cuh"
 #include "ptx_mma.cuh"
 #include "ssmm_dw.cuh"
+#include "ssmm_dx.cuh"
 
 namespace sam {
 namespace {
@@ -54,50 +55,6 @@ constexpr int DX_BTILE = DX_BK * DX_BROW;
 constexpr int DX_STAGE = 2 * DX_ATILE + DX_BTILE;  // two A tiles (slots), then B
 constexpr int DX_SMEM = 2 * DX_STAGE;         // double buffer: 48 KB
 
-struct DxArgs {
-    const void *dy;
-    int64_t T, lddy;
-    const void *values;
-    const uint32_t *meta;
-    const uint8_t *idx;
-    const int32_t *offsets, *token_ids;
-    const float *scale;
-    void *out;
-    int64_t S, ldo;
-    int64_t C, cp, rp, half_rows, slices;
-    int E, glu, v, ncb, dy_vec;
-};
-
-__device__ __forceinline__ int64_t clamp_rows(int32_t o, int64_t S) {
-    return o < 0 ? 0 : (o > S ? S : (int64_t)o);
-}
-
-// The byte-permute selector of one dense 2-element word of a 4-column group: element i of
-// the group holds the first kept value (bytes 0-1 of the packed pair) where i == i0, the
-// second (bytes 2-3) where i == i1, else 0 (bytes of the zero operand).
-__device__ __forceinline__ uint32_t dense_sel(uint32_t i0, uint32_t i1, uint32_t i) {
-    return i == i0 ? 0x10u : i == i1 ? 0x32u : 0x44u;
-}
-
-// The rows no expert owns ([0, offsets[0]) and [offsets[E], S)): zeros, whole 16-byte pieces
-// (C and ldo multiples of 8), by the CTAs past the last item in a grid-stride loop.
-template <typename T> __device__ void zero_rows(const DxArgs &p, int64_t f, int64_t nfree) {
-    const int64_t first = clamp_rows(p.offsets[0], p.S), last = clamp_rows(p.offsets[p.E], p.S);
-    const int64_t nza = (first + DX_BM - 1) / DX_BM, nzb = (p.S - last + DX_BM - 1) / DX_BM;
-    const int64_t units = (nza + nzb) * p.ncb;
-    T *out = static_cast<T *>(p.out);
-    for (int64_t u = f; u < units; u += nfree) {
-        const int64_t zt = u / p.ncb, cb = u % p.ncb;
-        const int64_t r0 = zt < nza ? zt * DX_BM : last + (zt - nza) * DX_BM;
-        const int64_t r1 = min(r0 + DX_BM, zt < nza ? first : p.S);
-        const int64_t c0 = cb * DX_BN;
-        for (int i = threadIdx.x; i < DX_BM * (DX_BN / 8); i += DX_THREADS) {
-            const int64_t r = r0 + i / (DX_BN / 8), c = c0 + 8 * (i % (DX_BN / 8));
-            if (r < r1 && c < p.C) st_global_v4(out + r * p.ldo + c, make_uint4(0, 0, 0, 0));
-        }
-    }
-}
-
 // The kernel.  M: rows per group (1: plain 2:4, 2, 4).
 template <typename T, int M>
 __global__ void __launch_bounds__(DX_THREADS, 1) ssmm_dx_kernel(const DxArgs p) {
@@ -108,46 +65,13 @@ __global__ void __launch_bounds__(DX_THREADS, 1) ssmm_dx_kernel(const DxArgs p) 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t item = blockIdx.x;
 
-    // ---- the work item: prefix sum of the experts' row tiles, DX_THREADS experts a pass
-    if (tid == 0) s_item[0] = -1;
-    __syncthreads();  // (E == 0: no pass below, every CTA zeroes)
-    int64_t tiles = 0;  // row tiles of all experts (after the loop)
-    for (int e0 = 0; e0 < p.E; e0 += DX_THREADS) {
-        const int e = e0 + tid;
-        int nt = 0;
-        if (e < p.E) {
-            const int64_t a = clamp_rows(p.offsets[e], p.S), b = clamp_rows(p.offsets[e + 1], p.S);
-            nt = b > a ? (int)((b - a + DX_BM - 1) / DX_BM) : 0;
-        }
-        int incl = nt;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += y;
-        }
-        if (lane == 31) s_warp[warp] = incl;
-        __syncthreads();
-        int wbase = 0, total = 0;
-#pragma unroll
-        for (int w = 0; w < DX_THREADS / 32; w++) {
-            const int t = s_warp[w];
-            wbase += w < warp ? t : 0;
-            total += t;
-        }
-        const int64_t lo = (int64_t)p.ncb * (tiles + wbase + incl - nt);
-        if (nt > 0 && item >= lo && item < lo + (int64_t)p.ncb * nt) {
-            const int64_t local = item - lo;
-            s_item[0] = e;
-            s_item[1] = (int)(local % nt);
-            s_item[2] = (int)(local / nt);
-        }
-        tiles += total;
-        __syncthreads();
-    }
+    // ---- the work item: expert, row tile, column block (row tiles fastest: the CTAs that run
+    // together share an expert's weight columns and its dy rows in L2)
+    const int64_t tiles = dx_find_item<DX_BM, DX_THREADS, true>(p, item, s_warp, s_item);
     const int e = s_item[0];
     if (e < 0) {
         const int64_t busy = (int64_t)p.ncb * tiles;
-        if (item >= busy) zero_rows<T>(p, item - busy, (int64_t)gridDim.x - busy);
+        if (item >= busy) dx_zero_rows<T, DX_BM, DX_BN, DX_THREADS>(p, item - busy, (int64_t)gridDim.x - busy);
         return;
     }
     const int rt = s_item[1], cb = s_item[2];
@@ -412,7 +336,7 @@ extern "C" sam_status sam_ssmm_dx_cuda(const sam_ssmm_dx_params *ps, void *strea
     // (E == 0 still launches: every row is outside [offsets[0], offsets[E]) and is zeroed)
     if (ps->S == 0 || d.C == 0) return SAM_STATUS_OK;
 
-    DxArgs a;
+    DxArgs a{};
     a.dy = ps->dy;
     a.T = ps->T;
     a.lddy = ps->lddy;
@@ -443,6 +367,17 @@ extern "C" sam_status sam_ssmm_dx_cuda(const sam_ssmm_dx_params *ps, void *strea
         return SAM_STATUS_UNSUPPORTED;
     }
     cudaStream_t s = (cudaStream_t)stream;
+    const bool wgmma_ok = ssmm_dx_wgmma_available();
+    if (ps->impl == 2 && !wgmma_ok) {
+        set_error("ssmm_dx: impl 2 (the wgmma kernel) needs an sm_90 device and the sm_90a build");
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (dx_choose_kernel(wgmma_ok, ps->impl - 1) == DX_WGMMA && d.E > 0) {
+        bool ran = false;
+        const sam_status st = ssmm_dx_wgmma_launch(a, ps->dtype, f.m, s, &ran);
+        if (ran || st != SAM_STATUS_OK) return st;
+        // (dy's transposed copy could not be allocated: the mma.sync kernel needs no memory)
+    }
     if (ps->dtype == SAM_BF16) return launch_dtype<__nv_bfloat16>(a, f.m, grid, s);
     return launch_dtype<__half>(a, f.m, grid, s);
 }

@@ -87,6 +87,7 @@ def ssmm(x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] 
 #: ssmm_dw's kernels on the GPU: the rule's, the mma.sync one, the wgmma one with dy's kept
 #: rows gathered from dy, and with them read from a transposed copy of dy (sm_90a only).
 _DW_IMPLS = ("auto", "mma", "gather", "copy")
+_DX_IMPLS = ("auto", "mma", "wgmma")
 
 
 def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
@@ -136,7 +137,8 @@ def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Op
 
 
 def ssmm_dx(dy: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
-            scale: Optional[Any] = None, out: Optional[Any] = None, *, stream: Optional[int] = None) -> Any:
+            scale: Optional[Any] = None, out: Optional[Any] = None, *, stream: Optional[int] = None,
+            impl: str = "auto") -> Any:
     """The gradient of :func:`ssmm` (``act="none"``) with respect to its input, from the
     forward's own packing (no transposed copy of the weight).
 
@@ -158,8 +160,13 @@ def ssmm_dx(dy: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[A
         scale: ``[S]`` float32 multiplying the rows' sums, or None.
         out: ``[S, C]`` in dy's dtype (``S = len(token_ids)``, or ``T``); allocated if None.
         stream: CUDA stream; None uses the producer's current stream.
+        impl: the GPU kernel: ``"auto"`` (the rule: on sm_90a the wgmma kernel, which reads
+           dy's kept rows from a transposed copy of dy, R x (S + 16 E) elements allocated on
+           the stream from CUDA's stream-ordered pool outside torch's allocator, and falls
+           back to the mma.sync kernel where that memory cannot be had; else the mma.sync
+           kernel), ``"mma"`` or ``"wgmma"`` (needs sm_90a).  The CPU ignores it.
 
-    The GPU kernel (cuda/ssmm_dx.cu) takes formats 2:4, 1:2:V and 1:4:V with V a multiple
+    The GPU kernels (cuda/ssmm_dx.cu, cuda/ssmm_dx_wgmma.cu) take formats 2:4, 1:2:V and 1:4:V with V a multiple
     of 64 and C a multiple of 8 (:func:`ssmm_dx_supported`).
     """
     if not isinstance(w, PackedWeight):
@@ -171,8 +178,10 @@ def ssmm_dx(dy: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[A
         check_ndim(dy, "dy", 2)
         S = token_ids.shape[0] if token_ids is not None else dy.shape[0]
         out = empty(dy, (S, C), dtype_name(dy))
+    if impl not in _DX_IMPLS:
+        raise ValueError(f"impl: expected one of {', '.join(map(repr, _DX_IMPLS))}, got {impl!r}")
     _C.ssmm_dx(out, dy, w.values, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(), scale=scale,
-               stream=stream if stream is not None else current_stream(dy))
+               stream=stream if stream is not None else current_stream(dy), impl=_DX_IMPLS.index(impl))
     return out
 
 

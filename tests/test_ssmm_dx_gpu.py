@@ -1,4 +1,4 @@
-"""ssmm_dx on the GPU (cuda/ssmm_dx.cu): the CUDA kernel against the C reference (CPU, same
+"""ssmm_dx on the GPU (cuda/ssmm_dx.cu, cuda/ssmm_dx_wgmma.cu): each CUDA kernel against the C reference (CPU, same
 inputs) and a float64 torch oracle, on fresh random inputs per case, the output poisoned with
 NaN first: every entry written, rows past offsets[E] exactly 0 (their dy rows NaN, never
 read), an invalid token id a zero row, bit-identical run to run; the layer's backward on
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import samoyeds as sm
-from helpers import random_topk, rel_err
+from helpers import random_topk, rel_err, wgmma_runs
 from samoyeds.ops import ssmm_dx
 
 FORMATS = ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64", "samoyeds-1:2:192"]
@@ -23,6 +23,8 @@ CASES = [  # T, K, E, (R plain, R glu), C, pattern
     (61, 2, 3, (36, 40), 72, "uniform"),         # rows per half not a multiple of 8: dy read by elements
 ]
 VARIANTS = [(True, False), (False, True), (True, True)]  # token_ids, scale
+# the mma.sync kernel (any sm_80+) and the wgmma one (sm_90a: skipped elsewhere)
+IMPLS = ["mma", pytest.param("wgmma", marks=pytest.mark.skipif("not wgmma_runs()"))]
 
 
 def oracle_dx(dy, p, offsets, token_ids, scale, S):
@@ -65,22 +67,22 @@ def on(t, device):
     return buf[:, :t.shape[1]]
 
 
-def run_dx(p, r, dy, tok, sc, S, device):
+def run_dx(p, r, dy, tok, sc, S, device, impl="auto"):
     C = p.shape3[2]
     out = torch.full((S, C), float("nan"), dtype=dy.dtype, device=device)
     to = (lambda t: None if t is None else on(t, device))
-    assert ssmm_dx(to(dy), p.to(device), to(r.offsets), to(tok), to(sc), out=out) is out
+    assert ssmm_dx(to(dy), p.to(device), to(r.offsets), to(tok), to(sc), out=out, impl=impl) is out
     if device != "cpu":
         torch.cuda.synchronize()
     return out.cpu()
 
 
-def check(case, fmt, dtype, glu, with_ids, with_scale):
+def check(case, fmt, dtype, glu, with_ids, with_scale, impl):
     seed = torch.seed() % 2 ** 31
     p, r, dy, tok, sc, S = make_inputs(case, fmt, dtype, glu, with_ids, with_scale, seed)
     want = oracle_dx(dy, p, r.offsets, tok, sc, S)
     ref = run_dx(p, r, dy, tok, sc, S, "cpu")  # the C reference
-    got = run_dx(p, r, dy, tok, sc, S, "cuda")
+    got = run_dx(p, r, dy, tok, sc, S, "cuda", impl)
     assert torch.isfinite(got).all(), f"unwritten or non-finite entries (seed {seed})"
     n = int(r.offsets[-1])
     assert not got[n:].any(), f"rows past offsets[E] must be exactly 0 (seed {seed})"
@@ -95,31 +97,35 @@ def check(case, fmt, dtype, glu, with_ids, with_scale):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("glu", [False, True])
 @pytest.mark.parametrize("with_ids,with_scale", VARIANTS)
-def test_cuda_matches_ref_and_oracle(case, fmt, glu, with_ids, with_scale):
-    check(case, fmt, torch.bfloat16, glu, with_ids, with_scale)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cuda_matches_ref_and_oracle(case, fmt, glu, with_ids, with_scale, impl):
+    check(case, fmt, torch.bfloat16, glu, with_ids, with_scale, impl)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("glu", [False, True])
-def test_cuda_float16(case, fmt, glu):
-    check(case, fmt, torch.float16, glu, True, True)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cuda_float16(case, fmt, glu, impl):
+    check(case, fmt, torch.float16, glu, True, True, impl)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,glu", [("samoyeds-1:2:128", True), ("samoyeds-1:2:64", False), ("1:4:64", True),
                                      ("2:4", False), ("2:4", True)])
-def test_cuda_larger_and_deterministic(fmt, glu):
-    """Several row tiles per expert and column blocks, long K loops (Rp / 32 k-tiles), an A
-    tile per slice; two runs bit-identical (no atomics, a fixed order)."""
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cuda_larger_and_deterministic(fmt, glu, impl):
+    """Several row tiles per expert and column blocks, long K loops, an operand tile per
+    slice; two runs bit-identical (no atomics, a fixed order)."""
     case = (1000, 2, 8, (1024, 768), 1024, "skewed")
-    p, r, dy, tok, sc, S, got = check(case, fmt, torch.bfloat16, glu, True, glu)
-    assert torch.equal(got, run_dx(p, r, dy, tok, sc, S, "cuda")), "two runs differ"
+    p, r, dy, tok, sc, S, got = check(case, fmt, torch.bfloat16, glu, True, glu, impl)
+    assert torch.equal(got, run_dx(p, r, dy, tok, sc, S, "cuda", impl)), "two runs differ"
 
 
 @pytest.mark.gpu
-def test_cuda_invalid_token_reads_as_a_zero_row_and_outside_rows_are_zero():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cuda_invalid_token_reads_as_a_zero_row_and_outside_rows_are_zero(impl):
     gen = torch.Generator().manual_seed(5)
     E, T, K, R, C = 3, 50, 2, 136, 200
     p = sm.pack(torch.randn(E, R, C, generator=gen).to(torch.bfloat16), "samoyeds-1:2:64").to("cuda")
@@ -130,7 +136,7 @@ def test_cuda_invalid_token_reads_as_a_zero_row_and_outside_rows_are_zero():
     off = r.offsets.cuda() + 2                      # rows [0, 2) and [S - 2, S) owned by no expert
     off[-1] = min(int(off[-1]), T * K - 2)
     out = torch.full((T * K, C), float("nan"), dtype=torch.bfloat16, device="cuda")
-    ssmm_dx(dy, p, off, tok, None, out=out)
+    ssmm_dx(dy, p, off, tok, None, out=out, impl=impl)
     torch.cuda.synchronize()
     assert not out[3].any() and not out[:2].any() and not out[int(off[-1]):].any()
     assert torch.isfinite(out).all()
@@ -150,7 +156,8 @@ def test_cuda_no_experts_zeroes_every_row(fmt):
 
 
 @pytest.mark.gpu
-def test_cuda_row_strides():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cuda_row_strides(impl):
     """dy with a row stride (a slice of wider rows): the same bits as a contiguous copy."""
     gen = torch.Generator().manual_seed(5)
     E, T, K, R, C = 3, 50, 2, 136, 200
@@ -158,7 +165,7 @@ def test_cuda_row_strides():
     r = sm.route(random_topk(T, K, E, "uniform", gen), E)
     big = torch.randn(T, R + 24, generator=gen).to(torch.bfloat16).cuda()
     off, tok = r.offsets.cuda(), r.token_ids.cuda()
-    a, b = ssmm_dx(big[:, :R], p, off, tok), ssmm_dx(big[:, :R].contiguous(), p, off, tok)
+    a, b = ssmm_dx(big[:, :R], p, off, tok, impl=impl), ssmm_dx(big[:, :R].contiguous(), p, off, tok, impl=impl)
     torch.cuda.synchronize()
     assert torch.equal(a, b)
 

@@ -1,0 +1,341 @@
+// ssmm_dx_wgmma.cu -- the input gradient of an ssmm from the forward's own packing on Hopper
+// (dense wgmma.mma_async m64n256k16, sm_90a): what sam_ssmm_dx_cuda runs on sm_90 devices
+// (dx_choose_kernel, ssmm_dx.cuh).  Same definition as the mma.sync kernel (ssmm_dx.cu,
+// csrc/ssmm_ref.c sam_ssmm_dx_ref):
+//     out[s][c] = scale[s] * sum over storage rows p of dy[tok(s)][orig(p, c / V)] * Wc[p][c]
+// over the kept rows only: tokens x Rp x C multiply-adds, half the dense product at 1:2:V.
+// The 2:4 structure lies along dX's output columns, where sparse tensor cores cannot use it,
+// so this is a dense product of the kept rows, with no transposed packing to refresh after
+// an optimizer step.
+//
+// ---- the product, transposed --------------------------------------------------------------
+// D^T[c][s] = sum_p Wc[p][c] G_j[p][s], c = columns (wgmma M), s = the CTA's sorted rows
+// (wgmma N), K = storage rows; G_j[p][s] = dy[tok(s)][orig(p, j)] for the slice j of c.
+// Columns on M makes the slice a property of the A operand's 64-row block (V % 64 == 0), so
+// each consumer warpgroup's B is G for one slice, all 256 sorted rows in one m64n256k16 --
+// the weight gradient's kernel (ssmm_dw_wgmma.cu) with the roles of the operands swapped.
+// Both operands are MN-major shared-memory tiles (transpose bits set, 16-bit types):
+//   A = Wc: per k-tile the 64 storage rows' 128 columns, decompressed by the producer from
+//       the packed values (8 kept values and 16 meta bits per 16 columns, byte permutes)
+//       and stored with st.shared into two [64 rows][128 B] blocks (128-byte swizzle);
+//   B = G_j: the kept row orig(p, j) of every storage row p is one run of the CTA's 256
+//       tokens in dy's transposed copy (ssmm_dyt.cuh, written first by the launcher:
+//       dyt[r][segment(e) + i] = dy[tok(offsets[e] + i)][r]), copied as 16-byte pieces by
+//       cp.async into four [64 rows][128 B] blocks (LBO 8 KB), zero-filled past the
+//       expert's rows.  No M candidates per kept row and no permutes: the copy's one pass
+//       over dy is shared by every column block (C / 128 of them).
+// The scale multiplies the fp32 sums in the epilogue (one rounding, as the definition says).
+//
+// ---- the CTA ---------------------------------------------------------------------------
+// One CTA per (expert, 256 sorted rows, 128 columns), found on the device from the offsets
+// (dx_find_item, column blocks fastest: the CTAs that run together read the same token
+// rows of the copy for different columns); every output entry written by one CTA, k-tiles
+// in order, no atomics: deterministic.  CTAs past the last item zero the rows no expert
+// owns.  384 threads = 3 warpgroups:
+//   WG 0, producer: per k-tile of 64 storage rows, into a ring of ST stages (4 of 48 KB
+//     with one G tile, 2 of 80 KB with two: the two 64-column halves in different slices,
+//     V % 128 != 0): G by cp.async (completing on the stage's `full` barrier by
+//     cp.async.mbarrier.arrive.noinc), then A from registers loaded a k-tile ahead, stored,
+//     the generic proxy fenced against the async one, an arrive.
+//   WG 1, 2, consumers: columns c0 + 64 (wg - 1) .. + 63, all 256 rows: per k-tile 4
+//     wgmma m64n256k16 (128 fp32 accumulators per thread), one k-tile in flight, the stage
+//     released (`empty`) when the wgmmas that read it are done.
+// Per k-tile a CTA does 2.1 M multiply-adds and moves 32 KB of G and 8 KB of values from L2.
+//
+// ---- epilogue ------------------------------------------------------------------------------
+// After both consumers' last wgmma (a named barrier of the 256 consumer threads) the ring is
+// the staging area: each thread writes its sums times the row's scale, rounded once, as
+// [256 rows][128 columns] (rows 272 bytes apart: the four rows of a warp's store land in
+// different banks), then the 256 threads store whole 16-byte pieces of the rows this CTA
+// owns (s < the tile's end, c < C).
+#include <string.h>
+
+#include "ptx_wgmma.cuh"
+#include "ssmm_dx.cuh"
+#include "ssmm_dyt.cuh"
+#include "ssmm_work.cuh"
+#include "tma.cuh"
+
+namespace sam {
+namespace {
+
+constexpr int DXW_BM = 256;                    // sorted rows per CTA (wgmma N)
+constexpr int DXW_BC = 128;                    // columns per CTA (two consumer warpgroups x m64)
+constexpr int DXW_BK = 64;                     // storage rows per k-tile (4 x k16)
+constexpr int DXW_THREADS = 384;               // producer + 2 consumer warpgroups
+constexpr int DXW_ABLOCK = DXW_BK * 128;       // one 64-column block of the A tile (8 KB)
+constexpr int DXW_ABYTES = 2 * DXW_ABLOCK;
+constexpr int DXW_GBLOCK = DXW_BK * 128;       // one 64-row block of a G tile (LBO)
+constexpr int DXW_GBYTES = 4 * DXW_GBLOCK;     // one G tile: 256 sorted rows
+constexpr int DXW_STG_ROW = DXW_BC * 2 + 16;   // epilogue staging: bytes per sorted row
+
+template <int NSL> struct DxwCfg {
+    static constexpr int STAGE = DXW_ABYTES + NSL * DXW_GBYTES;
+    static constexpr int ST = NSL == 1 ? 4 : 2;
+    static constexpr int BAR_OFF = ST * STAGE;  // full[ST], empty[ST]
+    static constexpr int SMEM = BAR_OFF + 2 * ST * 8 + 1024;  // + alignment slack
+    static_assert(BAR_OFF >= DXW_BM * DXW_STG_ROW, "the epilogue's staging reuses the ring");
+    static_assert(STAGE % 1024 == 0 && DXW_ABLOCK % 1024 == 0 && DXW_GBLOCK % 1024 == 0,
+                  "1024-byte aligned tiles (128-byte swizzle atoms; descriptors with base offset 0)");
+    static_assert((DXW_GBLOCK >> 4) < (1 << 14), "LBO fits its 14-bit descriptor field");
+    static_assert(SMEM <= 227 * 1024, "shared memory");
+};
+
+// T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2).
+template <typename T, int M, int NSL>
+__global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxArgs p) {
+#ifdef SAM_HAS_WGMMA
+    using C = DxwCfg<NSL>;
+    constexpr int ST = C::ST;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __shared__ int s_warp[DXW_THREADS / 32];
+    __shared__ int s_item[3];
+    unsigned char *smem = align_smem(smem_raw);
+    const uint32_t sbase = smem_u32(smem);
+    const uint32_t bar0 = sbase + C::BAR_OFF;
+    auto full_bar = [&](int s) { return bar0 + 8u * s; };
+    auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
+    const int tid = threadIdx.x;
+    const int64_t item = blockIdx.x;
+
+    // ---- the work item: expert, row tile, column block (column blocks fastest)
+    const int64_t tiles = dx_find_item<DXW_BM, DXW_THREADS, false>(p, item, s_warp, s_item);
+    const int e = s_item[0];
+    if (e < 0) {
+        const int64_t busy = (int64_t)p.ncb * tiles;
+        if (item >= busy)
+            dx_zero_rows<T, DXW_BM, DXW_BC, DXW_THREADS>(p, item - busy, (int64_t)gridDim.x - busy);
+        return;
+    }
+    const int rt = s_item[1], cb = s_item[2];
+    const int64_t s_begin = clamp_rows(p.offsets[e], p.S) + (int64_t)rt * DXW_BM;
+    const int64_t s_end = min(clamp_rows(p.offsets[e + 1], p.S), s_begin + DXW_BM);
+    const int nrow = (int)(s_end - s_begin);  // 1 .. 256
+    const int64_t c0 = (int64_t)cb * DXW_BC;
+    const int KT = (int)(p.rp / DXW_BK);
+    // slices: half h (columns c0 + 64 h ..) lies in slice (c0 + 64 h) / V; G tile slot of half h
+    const int64_t j0 = M > 1 ? c0 / p.v : 0;
+    const int slot1 = (NSL == 2 && M > 1) ? (int)((c0 + 64) / p.v - j0) : 0;  // 0 or 1
+
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(full_bar(s), 2 * 128);   // every producer thread: its cp.asyncs (noinc) + its stores
+            mbar_init(empty_bar(s), 2 * 128);  // every consumer thread
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 128) {
+        // ================= producer =================
+        const int ptid = tid;
+        // G: token chunk gq (8 rows) of storage rows 16 gn + i (i < 16) of each k-tile; a warp
+        // copies 4 runs of 512 contiguous bytes per storage row
+        const int gq = ptid & 31, gn = ptid >> 5;
+        const T *dyt = static_cast<const T *>(p.dyt);
+        const bool tok_ok = 8 * gq < nrow;
+        const int64_t tcol = dyt_segment(p.offsets, e) + (int64_t)rt * DXW_BM + 8 * gq;
+        const uint32_t g_dst = (uint32_t)(DXW_ABYTES + (gq >> 3) * DXW_GBLOCK);  // + slot, row, chunk
+        const int nsl_cta = (NSL == 2 && slot1 == 1) ? 2 : 1;
+        // A: storage rows ar + 16 i (i < 4), columns c0 + 16 uc .. + 15
+        const int uc = ptid & 7, ar = ptid >> 3;
+        const T *values = static_cast<const T *>(p.values) + ((int64_t)e * p.rp + ar) * (p.cp / 2) + c0 / 2 + 8 * uc;
+        const int64_t mtiles = p.cp / 32;
+        const uint32_t *meta = p.meta + ((int64_t)e * (p.rp / 16) * mtiles + (c0 + 16 * uc) / 32) * 16 + (uc & 1);
+        uint4 bv[4];
+        uint32_t bm[4];
+        uint2 ix[NSL][2];  // idx of storage rows 16 gn .. + 15 of the k-tile, per slot
+        // the k-tile's A values and meta, and its idx, into registers a k-tile ahead of use
+        auto load_a = [&](int kt) {
+#pragma unroll
+            for (int s = 0; s < NSL; s++) {
+                ix[s][0] = ix[s][1] = make_uint2(0, 0);
+                if (M > 1 && s < nsl_cta && j0 + s < p.slices) {
+                    const uint2 *ip = reinterpret_cast<const uint2 *>(
+                        p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + (int64_t)kt * DXW_BK + 16 * gn);
+                    ix[s][0] = __ldg(ip);
+                    ix[s][1] = __ldg(ip + 1);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int64_t P = (int64_t)kt * DXW_BK + ar + 16 * i;
+                bv[i] = __ldg(reinterpret_cast<const uint4 *>(values + (P - ar) * (p.cp / 2)));
+                bm[i] = (__ldg(meta + (P / 16) * mtiles * 16 + 2 * (P % 8)) >> (16 * ((P % 16) / 8))) & 0xffffu;
+            }
+        };
+        auto store_a = [&](uint32_t stage) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = ar + 16 * i;
+                const uint32_t pv[4] = {bv[i].x, bv[i].y, bv[i].z, bv[i].w};
+                uint32_t w[8];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const uint32_t nib = (bm[i] >> (4 * k)) & 0xfu, i0 = nib & 3u, i1 = nib >> 2;
+                    w[2 * k] = __byte_perm(pv[k], 0u, dense_sel(i0, i1, 0) | (dense_sel(i0, i1, 1) << 8));
+                    w[2 * k + 1] = __byte_perm(pv[k], 0u, dense_sel(i0, i1, 2) | (dense_sel(i0, i1, 3) << 8));
+                }
+                const uint32_t dst = stage + (uc >> 2) * DXW_ABLOCK + r * 128;
+                const int ch = 2 * (uc & 3);
+                sts_v4(dst + ((ch ^ (r & 7)) << 4), w[0], w[1], w[2], w[3]);
+                sts_v4(dst + (((ch + 1) ^ (r & 7)) << 4), w[4], w[5], w[6], w[7]);
+            }
+        };
+        if (KT > 0) load_a(0);
+        for (int kt = 0; kt < KT; kt++) {
+            const int st = kt % ST;
+            if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
+            const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
+            // G: the kept row of every storage row of the k-tile, per slot (its slice)
+            int64_t uh = 0, uq0 = (int64_t)kt * DXW_BK + 16 * gn;  // this thread's first storage row
+            if (p.glu) {  // a k-tile lies in one GLU chunk (64 storage rows)
+                uh = kt & 1;
+                uq0 = (int64_t)(kt >> 1) * DXW_BK + 16 * gn;
+            }
+#pragma unroll
+            for (int s = 0; s < NSL; s++) {
+                if (s >= nsl_cta) continue;
+                const bool slice_ok = M == 1 || j0 + s < p.slices;
+                const uint32_t iw[4] = {ix[s][0].x, ix[s][0].y, ix[s][1].x, ix[s][1].y};
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    const int n = 16 * gn + i;
+                    const int64_t sel = M > 1 ? (int64_t)((iw[i >> 2] >> (8 * (i & 3))) & (M - 1)) : 0;
+                    const int64_t local = (uq0 + i) * M + sel;
+                    const bool ok = tok_ok && slice_ok && local < p.half_rows;
+                    const T *src = ok ? dyt + (uh * p.half_rows + local) * p.ldt + tcol : dyt;
+                    cp_async16(stage + g_dst + s * DXW_GBYTES + n * 128 + (((gq & 7) ^ (n & 7)) << 4), src, ok);
+                }
+            }
+            cp_async_mbar_arrive(full_bar(st));
+            store_a(stage);
+            if (kt + 1 < KT) load_a(kt + 1);
+            fence_proxy_async();
+            mbar_arrive(full_bar(st));
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        return;
+    }
+
+    // ================= consumers =================
+    const int wg = (tid >> 7) - 1;  // 0, 1: columns c0 + 64 wg ..
+    const int ct = tid - 128, warp = (tid & 127) >> 5, lane = tid & 31;
+    const int slot = wg == 0 ? 0 : slot1;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+    fence_regs(acc);  // the zeros are written before the first wgmma.fence
+    for (int kt = 0; kt < KT; kt++) {
+        const int st = kt % ST;
+        mbar_wait(full_bar(st), (kt / ST) & 1);
+        fence_proxy_async();  // G came through cp.async (the generic proxy)
+        const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
+        const uint32_t a0 = stage + wg * DXW_ABLOCK, b0 = stage + DXW_ABYTES + slot * DXW_GBYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < DXW_BK / 16; ks++)
+            WgmmaDenseMN256<T>::run(acc, smem_desc_mn_sw128(a0 + ks * 2048, DXW_ABLOCK),
+                                    smem_desc_mn_sw128(b0 + ks * 2048, DXW_GBLOCK), 1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(acc);
+        // the wgmmas of k-tile kt - 1 are done: release its stage
+        if (kt > 0) mbar_arrive(empty_bar((kt - 1) % ST));
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    // the ring's last reads were wgmma's (the async proxy); the staging below writes it
+    // through the generic proxy
+    fence_proxy_async();
+    // both consumers are past their last wgmma, the producer has nothing in flight (every
+    // stage it filled was waited for): the ring becomes the staging area
+    named_barrier_sync(1, 256);
+
+    // ---- epilogue: D^T fragment * scale -> staging [row][column], one rounding -> out
+    // fragment: acc[4 j + 2 h + k] = D^T[16 warp + g + 8 h][8 j + 2 q + k]
+    const int g = lane >> 2, q = lane & 3;
+    const int col = 64 * wg + 16 * warp + g;  // + 8 h
+#pragma unroll
+    for (int j = 0; j < DXW_BM / 8; j++)
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int n = 8 * j + 2 * q + k;
+            const float sc = (p.scale && n < nrow) ? __ldg(p.scale + s_begin + n) : 1.0f;
+            T *row = reinterpret_cast<T *>(smem + n * DXW_STG_ROW);
+#pragma unroll
+            for (int h = 0; h < 2; h++) row[col + 8 * h] = Elem<T>::from_f(acc[4 * j + 2 * h + k] * sc);
+        }
+    named_barrier_sync(1, 256);
+    T *out = static_cast<T *>(p.out);
+#pragma unroll 4
+    for (int i = ct; i < DXW_BM * (DXW_BC / 8); i += 256) {
+        const int n = i >> 4, ch = i & 15;
+        const int64_t c = c0 + 8 * ch;
+        if (n < nrow && c < p.C)
+            st_global_v4(out + (s_begin + n) * p.ldo + c,
+                         *reinterpret_cast<const uint4 *>(smem + n * DXW_STG_ROW + 16 * ch));
+    }
+#else
+    (void)p;
+    __trap();
+#endif
+}
+
+template <typename T, int M, int NSL> sam_status launch(const DxArgs &a, int64_t grid, cudaStream_t stream) {
+    using C = DxwCfg<NSL>;
+    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_dx_wgmma_kernel<T, M, NSL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      C::SMEM),
+                 "ssmm_dx");
+    ssmm_dx_wgmma_kernel<T, M, NSL><<<(unsigned)grid, DXW_THREADS, C::SMEM, stream>>>(a);
+    return launch_status("ssmm_dx");
+}
+
+template <typename T> sam_status launch_m(const DxArgs &a, int m, bool two, int64_t grid, cudaStream_t s) {
+    switch (m) {
+    case 1: return launch<T, 1, 1>(a, grid, s);
+    case 2: return two ? launch<T, 2, 2>(a, grid, s) : launch<T, 2, 1>(a, grid, s);
+    default: return two ? launch<T, 4, 2>(a, grid, s) : launch<T, 4, 1>(a, grid, s);
+    }
+}
+
+// dy's transposed copy (unscaled, by token id: ssmm_dyt.cuh) in stream-ordered memory, the
+// kernel from it, the copy freed on the stream; *ran false where the memory cannot be had.
+template <typename T>
+sam_status launch_t(DxArgs a, int m, bool two, int64_t grid, cudaStream_t s, bool *ran) {
+    const int64_t R = a.glu ? 2 * a.half_rows : a.half_rows;
+    const DytSrc src{a.dy, a.lddy, a.token_ids, a.T, nullptr, a.offsets, a.S, a.E};
+    sam_status st;
+    T *buf = dyt_make<T>(src, R, s, &st);
+    *ran = buf != nullptr;
+    if (buf == nullptr) return SAM_STATUS_OK;
+    a.dyt = buf;
+    a.ldt = dyt_cols(a.S, a.E);
+    if (st == SAM_STATUS_OK) st = launch_m<T>(a, m, two, grid, s);
+    cudaFreeAsync(buf, s);
+    return st;
+}
+
+}  // namespace
+
+bool ssmm_dx_wgmma_available() { return device_runs_sm90a(); }
+
+sam_status ssmm_dx_wgmma_launch(const DxArgs &in, sam_dtype dtype, int m, cudaStream_t stream, bool *ran) {
+    DxArgs a = in;
+    a.ncb = (int)ceil_div(a.cp, DXW_BC);  // cp % 128 == 0: whole blocks
+    // every row tile S rows can make (ceil(S / BM) + E: one partial tile per expert at most),
+    // per column block; the rest of the CTAs zero the rows no expert owns
+    const int64_t grid = (ceil_div(a.S, DXW_BM) + a.E) * a.ncb;
+    *ran = false;
+    if (grid > INT32_MAX) {
+        set_error("ssmm_dx: problem too large for one launch (%lld CTAs)", (long long)grid);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    // two G tiles per stage where a CTA's two 64-column halves can lie in different slices
+    const bool two = m > 1 && a.v % 128 != 0;
+    if (dtype == SAM_BF16) return launch_t<__nv_bfloat16>(a, m, two, grid, stream, ran);
+    return launch_t<__half>(a, m, two, grid, stream, ran);
+}
+
+}  // namespace sam
