@@ -159,32 +159,6 @@ template <int M, int NSL, bool TR = false> struct DwgCfg {
     static_assert(SMEM <= 227 * 1024, "shared memory");
 };
 
-// dy's candidates by cp.async.ca (through L1): for M > 1 a thread's pieces c and c + 1 are
-// the two halves of one 32-byte sector, each copy asking for 16 of its bytes; through L1 the
-// second finds the sector the first allocated (as the ld.global.nc of the register gather
-// did), where .cg (L1 bypassed) would move every sector from L2 twice.
-__device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void *src, bool valid) {
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid) {
-    int n = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ uint4 lds_v4(uint32_t addr) {
-    uint4 v;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(addr)
-                 : "memory");
-    return v;
-}
-__device__ __forceinline__ float lds_f32(uint32_t addr) {
-    float v;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-    return v;
-}
-
 // T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2); TR: G from
 // p.dyt (K-major B) instead of the gather from dy.
 template <typename T, int M, int NSL, bool TR>

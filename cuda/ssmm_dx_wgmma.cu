@@ -32,10 +32,15 @@
 // rows of the copy for different columns); every output entry written by one CTA, k-tiles
 // in order, no atomics: deterministic.  CTAs past the last item zero the rows no expert
 // owns.  384 threads = 3 warpgroups:
-//   WG 0, producer: per k-tile of 64 storage rows, into a ring of ST stages (4 of 48 KB
+//   WG 0, producer: per k-tile of 64 storage rows, into a ring of ST stages (3 of 48 KB
 //     with one G tile, 2 of 80 KB with two: the two 64-column halves in different slices,
-//     V % 128 != 0): G by cp.async (completing on the stage's `full` barrier by
-//     cp.async.mbarrier.arrive.noinc), then A from registers loaded a k-tile ahead, stored,
+//     V % 128 != 0): the k-tile's packed values, meta words and idx land by cp.async in the
+//     thread's own pieces of a raw staging ring, issued RR - 1 = 3 k-tiles ahead (nothing
+//     waits on a global load in the loop: with the values loaded into registers one k-tile
+//     ahead, every k-tile paid a round trip to L2 and the kernel ran at a third of the
+//     tensor-core rate, dev/lab/dx_probe.py); then per k-tile: G by cp.async, its source
+//     rows from the staged idx (completing on the stage's `full` barrier by
+//     cp.async.mbarrier.arrive.noinc), A decompressed from the staged values and stored,
 //     the generic proxy fenced against the async one, an arrive.
 //   WG 1, 2, consumers: columns c0 + 64 (wg - 1) .. + 63, all 256 rows: per k-tile 4
 //     wgmma m64n256k16 (128 fp32 accumulators per thread), one k-tile in flight, the stage
@@ -69,16 +74,22 @@ constexpr int DXW_GBLOCK = DXW_BK * 128;       // one 64-row block of a G tile (
 constexpr int DXW_GBYTES = 4 * DXW_GBLOCK;     // one G tile: 256 sorted rows
 constexpr int DXW_STG_ROW = DXW_BC * 2 + 16;   // epilogue staging: bytes per sorted row
 
+// The raw staging: per producer thread and k-tile, 16-byte pieces [slot][piece][thread]: its
+// 4 values pieces, NSL idx pieces (16 storage rows' selections), one piece of 4 meta words.
+constexpr int DXW_RR = 4;  // raw slots: the k-tile's raw loads are issued RR - 1 k-tiles ahead
+
 template <int NSL> struct DxwCfg {
     static constexpr int STAGE = DXW_ABYTES + NSL * DXW_GBYTES;
-    static constexpr int ST = NSL == 1 ? 4 : 2;
-    static constexpr int BAR_OFF = ST * STAGE;  // full[ST], empty[ST]
+    static constexpr int ST = NSL == 1 ? 3 : 2;
+    static constexpr int RAWN = 5 + NSL;                       // pieces per thread and slot
+    static constexpr int RAW_OFF = ST * STAGE;                 // [RR][RAWN][128 threads] x 16 B
+    static constexpr int BAR_OFF = RAW_OFF + DXW_RR * RAWN * 128 * 16;  // full[ST], empty[ST]
     static constexpr int SMEM = BAR_OFF + 2 * ST * 8 + 1024;  // + alignment slack
-    static_assert(BAR_OFF >= DXW_BM * DXW_STG_ROW, "the epilogue's staging reuses the ring");
+    static_assert(RAW_OFF >= DXW_BM * DXW_STG_ROW, "the epilogue's staging reuses the ring");
     static_assert(STAGE % 1024 == 0 && DXW_ABLOCK % 1024 == 0 && DXW_GBLOCK % 1024 == 0,
                   "1024-byte aligned tiles (128-byte swizzle atoms; descriptors with base offset 0)");
     static_assert((DXW_GBLOCK >> 4) < (1 << 14), "LBO fits its 14-bit descriptor field");
-    static_assert(SMEM <= 227 * 1024, "shared memory");
+    static_assert(SMEM + 128 <= 227 * 1024, "shared memory (+ the static part)");
 };
 
 // T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2).
@@ -142,37 +153,44 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
         const T *values = static_cast<const T *>(p.values) + ((int64_t)e * p.rp + ar) * (p.cp / 2) + c0 / 2 + 8 * uc;
         const int64_t mtiles = p.cp / 32;
         const uint32_t *meta = p.meta + ((int64_t)e * (p.rp / 16) * mtiles + (c0 + 16 * uc) / 32) * 16 + (uc & 1);
-        uint4 bv[4];
-        uint32_t bm[4];
-        uint2 ix[NSL][2];  // idx of storage rows 16 gn .. + 15 of the k-tile, per slot
-        // the k-tile's A values and meta, and its idx, into registers a k-tile ahead of use
-        auto load_a = [&](int kt) {
+        // the raw loads of k-tile k (values, meta words, idx) into this thread's pieces of slot
+        // k % RR, one cp.async group per k-tile (empty past the last: the count stays uniform)
+        const uint32_t raw0 = sbase + C::RAW_OFF + 16u * ptid;
+        auto raw_at = [&](int k, int piece) { return raw0 + (uint32_t)((k % DXW_RR) * C::RAWN + piece) * (128 * 16); };
+        auto issue_raw = [&](int k) {
+            if (k < KT) {
 #pragma unroll
-            for (int s = 0; s < NSL; s++) {
-                ix[s][0] = ix[s][1] = make_uint2(0, 0);
-                if (M > 1 && s < nsl_cta && j0 + s < p.slices) {
-                    const uint2 *ip = reinterpret_cast<const uint2 *>(
-                        p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + (int64_t)kt * DXW_BK + 16 * gn);
-                    ix[s][0] = __ldg(ip);
-                    ix[s][1] = __ldg(ip + 1);
+                for (int i = 0; i < 4; i++) {
+                    const int64_t P = (int64_t)k * DXW_BK + ar + 16 * i;
+                    cp_async16(raw_at(k, i), values + (P - ar) * (p.cp / 2), true);
+                    cp_async4(raw_at(k, 4 + NSL) + 4 * i, meta + (P / 16) * mtiles * 16 + 2 * (P % 8), true);
+                }
+#pragma unroll
+                for (int s = 0; s < NSL; s++) {
+                    const bool ok = M > 1 && s < nsl_cta && j0 + s < p.slices;
+                    const uint8_t *ip = ok ? p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + (int64_t)k * DXW_BK + 16 * gn
+                                           : p.values ? static_cast<const uint8_t *>(p.values) : nullptr;
+                    cp_async8(raw_at(k, 4 + s), ip, ok);
+                    cp_async8(raw_at(k, 4 + s) + 8, ok ? ip + 8 : ip, ok);
                 }
             }
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int64_t P = (int64_t)kt * DXW_BK + ar + 16 * i;
-                bv[i] = __ldg(reinterpret_cast<const uint4 *>(values + (P - ar) * (p.cp / 2)));
-                bm[i] = (__ldg(meta + (P / 16) * mtiles * 16 + 2 * (P % 8)) >> (16 * ((P % 16) / 8))) & 0xffffu;
-            }
+            cp_async_commit();
         };
-        auto store_a = [&](uint32_t stage) {
+        // k-tile kt's A tile from its raw pieces: 16 dense columns from 8 kept values and the
+        // row's 16 meta bits, byte permutes, two 16-byte stores per storage row
+        auto store_a = [&](int kt, uint32_t stage) {
+            const uint4 mw = lds_v4(raw_at(kt, 4 + NSL));
+            const uint32_t mws[4] = {mw.x, mw.y, mw.z, mw.w};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int r = ar + 16 * i;
-                const uint32_t pv[4] = {bv[i].x, bv[i].y, bv[i].z, bv[i].w};
+                const uint4 v = lds_v4(raw_at(kt, i));
+                const uint32_t pv[4] = {v.x, v.y, v.z, v.w};
+                const uint32_t bm = (mws[i] >> (16 * ((r % 16) / 8))) & 0xffffu;
                 uint32_t w[8];
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const uint32_t nib = (bm[i] >> (4 * k)) & 0xfu, i0 = nib & 3u, i1 = nib >> 2;
+                    const uint32_t nib = (bm >> (4 * k)) & 0xfu, i0 = nib & 3u, i1 = nib >> 2;
                     w[2 * k] = __byte_perm(pv[k], 0u, dense_sel(i0, i1, 0) | (dense_sel(i0, i1, 1) << 8));
                     w[2 * k + 1] = __byte_perm(pv[k], 0u, dense_sel(i0, i1, 2) | (dense_sel(i0, i1, 3) << 8));
                 }
@@ -182,9 +200,12 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
                 sts_v4(dst + (((ch + 1) ^ (r & 7)) << 4), w[4], w[5], w[6], w[7]);
             }
         };
-        if (KT > 0) load_a(0);
+#pragma unroll
+        for (int k = 0; k < DXW_RR - 1; k++) issue_raw(k);
         for (int kt = 0; kt < KT; kt++) {
             const int st = kt % ST;
+            // k-tile kt's raw group has landed when at most the RR - 2 after it are pending
+            cp_async_wait<DXW_RR - 2>();
             if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
             const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
             // G: the kept row of every storage row of the k-tile, per slot (its slice)
@@ -197,7 +218,14 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
             for (int s = 0; s < NSL; s++) {
                 if (s >= nsl_cta) continue;
                 const bool slice_ok = M == 1 || j0 + s < p.slices;
-                const uint32_t iw[4] = {ix[s][0].x, ix[s][0].y, ix[s][1].x, ix[s][1].y};
+                uint32_t iw[4] = {0u, 0u, 0u, 0u};
+                if (M > 1) {
+                    const uint4 v = lds_v4(raw_at(kt, 4 + s));
+                    iw[0] = v.x;
+                    iw[1] = v.y;
+                    iw[2] = v.z;
+                    iw[3] = v.w;
+                }
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
                     const int n = 16 * gn + i;
@@ -209,8 +237,10 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
                 }
             }
             cp_async_mbar_arrive(full_bar(st));
-            store_a(stage);
-            if (kt + 1 < KT) load_a(kt + 1);
+            // the raw loads RR - 1 k-tiles ahead (their slot was last read in k-tile kt - 1, in
+            // program order); G's copies above join this group
+            issue_raw(kt + DXW_RR - 1);
+            store_a(kt, stage);
             fence_proxy_async();
             mbar_arrive(full_bar(st));
         }

@@ -50,7 +50,8 @@ def main() -> None:
     calls["dx_down_transposed"] = lambda: sm.ssmm(dout, dnt, r.offsets, r.token_ids, scale=scale)
     calls["dx_gate_up_transposed"] = lambda: sm.ssmm(dpre, gut, r.offsets, None)
     if not a.no_dw:
-        calls["dw_down_copy"] = lambda: ssmm_dw(dout, hu, dn, r.offsets, None, scale, impl="copy")
+        dsort = dout[r.token_ids.long().clamp(max=T - 1)]   # the down projection's dy: sorted rows
+        calls["dw_down_copy"] = lambda: ssmm_dw(dsort, hu, dn, r.offsets, None, scale, impl="copy")
         calls["dw_gate_up_copy"] = lambda: ssmm_dw(dpre, xg, gu, r.offsets, r.token_ids, None, impl="copy")
     reps = 1 if a.ncu else a.reps
     for name, fn in calls.items():
