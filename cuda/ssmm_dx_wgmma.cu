@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ int s_warp[DXW_THREADS / 32];
     __shared__ int s_item[3];
+    __shared__ uint32_t s_lut[16];  // a 2:4 meta nibble -> the byte-permute selectors of its 4 dense columns
     unsigned char *smem = align_smem(smem_raw);
     const uint32_t sbase = smem_u32(smem);
     const uint32_t bar0 = sbase + C::BAR_OFF;
@@ -128,6 +129,13 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
     const int64_t j0 = M > 1 ? c0 / p.v : 0;
     const int slot1 = (NSL == 2 && M > 1) ? (int)((c0 + 64) / p.v - j0) : 0;  // 0 or 1
 
+    if (tid < 16) {
+        // nibble (i0 | i1 << 2): dense column j holds kept value 0 where j == i0, 1 where j == i1,
+        // else 0; columns 0, 1 in the low half-word's selector, 2, 3 in the high one's
+        const uint32_t i0 = tid & 3, i1 = tid >> 2;
+        s_lut[tid] = dense_sel(i0, i1, 0) | (dense_sel(i0, i1, 1) << 8) | (dense_sel(i0, i1, 2) << 16) |
+                     (dense_sel(i0, i1, 3) << 24);
+    }
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(full_bar(s), 2 * 128);   // every producer thread: its cp.asyncs (noinc) + its stores
@@ -186,13 +194,13 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
                 const int r = ar + 16 * i;
                 const uint4 v = lds_v4(raw_at(kt, i));
                 const uint32_t pv[4] = {v.x, v.y, v.z, v.w};
-                const uint32_t bm = (mws[i] >> (16 * ((r % 16) / 8))) & 0xffffu;
+                const uint32_t bm = mws[i] >> (16 * ((r % 16) / 8));
                 uint32_t w[8];
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const uint32_t nib = (bm >> (4 * k)) & 0xfu, i0 = nib & 3u, i1 = nib >> 2;
-                    w[2 * k] = __byte_perm(pv[k], 0u, dense_sel(i0, i1, 0) | (dense_sel(i0, i1, 1) << 8));
-                    w[2 * k + 1] = __byte_perm(pv[k], 0u, dense_sel(i0, i1, 2) | (dense_sel(i0, i1, 3) << 8));
+                    const uint32_t sel = s_lut[(bm >> (4 * k)) & 0xfu];
+                    w[2 * k] = __byte_perm(pv[k], 0u, sel);
+                    w[2 * k + 1] = __byte_perm(pv[k], 0u, sel >> 16);
                 }
                 const uint32_t dst = stage + (uc >> 2) * DXW_ABLOCK + r * 128;
                 const int ch = 2 * (uc & 3);
@@ -208,16 +216,21 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
             cp_async_wait<DXW_RR - 2>();
             if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
             const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
-            // G: the kept row of every storage row of the k-tile, per slot (its slice)
-            int64_t uh = 0, uq0 = (int64_t)kt * DXW_BK + 16 * gn;  // this thread's first storage row
-            if (p.glu) {  // a k-tile lies in one GLU chunk (64 storage rows)
+            // G: the kept row of every storage row of the k-tile, per slot (its slice): storage
+            // row 16 gn + i holds dyt row base + i M + sel (GLU: a k-tile lies in one 64-row chunk
+            // of one half), valid below the half's rows
+            int64_t uh = 0, uq0 = (int64_t)kt * DXW_BK + 16 * gn;
+            if (p.glu) {
                 uh = kt & 1;
                 uq0 = (int64_t)(kt >> 1) * DXW_BK + 16 * gn;
             }
+            const int64_t lim64 = p.half_rows - uq0 * M;  // i M + sel below this
+            const int lim = tok_ok ? (int)min(lim64, (int64_t)(16 * M)) : 0;
+            const T *gbase = dyt + (uh * p.half_rows + uq0 * M) * p.ldt + tcol;
+            const uint32_t gdst = stage + g_dst + (uint32_t)(16 * gn) * 128;
 #pragma unroll
             for (int s = 0; s < NSL; s++) {
                 if (s >= nsl_cta) continue;
-                const bool slice_ok = M == 1 || j0 + s < p.slices;
                 uint32_t iw[4] = {0u, 0u, 0u, 0u};
                 if (M > 1) {
                     const uint4 v = lds_v4(raw_at(kt, 4 + s));
@@ -226,14 +239,13 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
                     iw[2] = v.z;
                     iw[3] = v.w;
                 }
+                const int slim = (M == 1 || j0 + s < p.slices) ? lim : 0;
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
-                    const int n = 16 * gn + i;
-                    const int64_t sel = M > 1 ? (int64_t)((iw[i >> 2] >> (8 * (i & 3))) & (M - 1)) : 0;
-                    const int64_t local = (uq0 + i) * M + sel;
-                    const bool ok = tok_ok && slice_ok && local < p.half_rows;
-                    const T *src = ok ? dyt + (uh * p.half_rows + local) * p.ldt + tcol : dyt;
-                    cp_async16(stage + g_dst + s * DXW_GBYTES + n * 128 + (((gq & 7) ^ (n & 7)) << 4), src, ok);
+                    const int o = i * M + (M > 1 ? (int)((iw[i >> 2] >> (8 * (i & 3))) & (M - 1)) : 0);
+                    const bool ok = o < slim;
+                    cp_async16(gdst + s * DXW_GBYTES + i * 128 + (((gq & 7) ^ (i & 7)) << 4),
+                               ok ? gbase + (int64_t)o * p.ldt : dyt, ok);
                 }
             }
             cp_async_mbar_arrive(full_bar(st));
