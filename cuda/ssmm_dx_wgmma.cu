@@ -74,22 +74,27 @@ constexpr int DXW_GBLOCK = DXW_BK * 128;       // one 64-row block of a G tile (
 constexpr int DXW_GBYTES = 4 * DXW_GBLOCK;     // one G tile: 256 sorted rows
 constexpr int DXW_STG_ROW = DXW_BC * 2 + 16;   // epilogue staging: bytes per sorted row
 
-// The raw staging: per producer thread and k-tile, 16-byte pieces [slot][piece][thread]: its
-// 4 values pieces, NSL idx pieces (16 storage rows' selections), one piece of 4 meta words.
-constexpr int DXW_RR = 4;  // raw slots: the k-tile's raw loads are issued RR - 1 k-tiles ahead
+constexpr int DXW_VBYTES = DXW_BK * 128;       // the k-tile's packed values: [64 rows][128 B]
+constexpr int DXW_MBYTES = 4 * 256;            // its meta: 4 tile rows x 4 column tiles x 16 words
+// The producer's idx ring: per thread and k-tile, NSL 16-byte pieces (16 storage rows'
+// selections per slot) [slot][piece][thread], issued RR - 1 k-tiles ahead of their use.
+constexpr int DXW_RR = 4;
 
+// A stage: A (decompressed by the consumers), G (NSL tiles), the packed values, the meta.
 template <int NSL> struct DxwCfg {
-    static constexpr int STAGE = DXW_ABYTES + NSL * DXW_GBYTES;
+    static constexpr int G_OFF = DXW_ABYTES;
+    static constexpr int V_OFF = G_OFF + NSL * DXW_GBYTES;
+    static constexpr int M_OFF = V_OFF + DXW_VBYTES;
+    static constexpr int STAGE = M_OFF + DXW_MBYTES;
     static constexpr int ST = NSL == 1 ? 3 : 2;
-    static constexpr int RAWN = 5 + NSL;                       // pieces per thread and slot
-    static constexpr int RAW_OFF = ST * STAGE;                 // [RR][RAWN][128 threads] x 16 B
-    static constexpr int BAR_OFF = RAW_OFF + DXW_RR * RAWN * 128 * 16;  // full[ST], empty[ST]
-    static constexpr int SMEM = BAR_OFF + 2 * ST * 8 + 1024;  // + alignment slack
-    static_assert(RAW_OFF >= DXW_BM * DXW_STG_ROW, "the epilogue's staging reuses the ring");
+    static constexpr int IDX_OFF = ST * STAGE;                               // [RR][NSL][128] x 16 B
+    static constexpr int BAR_OFF = IDX_OFF + DXW_RR * NSL * 128 * 16;       // full[ST], empty[ST]
+    static constexpr int SMEM = BAR_OFF + 2 * ST * 8 + 1024;               // + alignment slack
+    static_assert(IDX_OFF >= DXW_BM * DXW_STG_ROW, "the epilogue's staging reuses the ring");
     static_assert(STAGE % 1024 == 0 && DXW_ABLOCK % 1024 == 0 && DXW_GBLOCK % 1024 == 0,
                   "1024-byte aligned tiles (128-byte swizzle atoms; descriptors with base offset 0)");
     static_assert((DXW_GBLOCK >> 4) < (1 << 14), "LBO fits its 14-bit descriptor field");
-    static_assert(SMEM + 128 <= 227 * 1024, "shared memory (+ the static part)");
+    static_assert(SMEM + 256 <= 227 * 1024, "shared memory (+ the static part)");
 };
 
 // T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2).
@@ -101,7 +106,7 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ int s_warp[DXW_THREADS / 32];
     __shared__ int s_item[3];
-    __shared__ uint32_t s_lut[16];  // a 2:4 meta nibble -> the byte-permute selectors of its 4 dense columns
+    __shared__ uint2 s_lut[16];  // a 2:4 meta nibble -> the byte-permute selectors of its 4 dense columns
     unsigned char *smem = align_smem(smem_raw);
     const uint32_t sbase = smem_u32(smem);
     const uint32_t bar0 = sbase + C::BAR_OFF;
@@ -131,14 +136,14 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
 
     if (tid < 16) {
         // nibble (i0 | i1 << 2): dense column j holds kept value 0 where j == i0, 1 where j == i1,
-        // else 0; columns 0, 1 in the low half-word's selector, 2, 3 in the high one's
+        // else 0; the selector of columns 0, 1, then of columns 2, 3
         const uint32_t i0 = tid & 3, i1 = tid >> 2;
-        s_lut[tid] = dense_sel(i0, i1, 0) | (dense_sel(i0, i1, 1) << 8) | (dense_sel(i0, i1, 2) << 16) |
-                     (dense_sel(i0, i1, 3) << 24);
+        s_lut[tid] = make_uint2(dense_sel(i0, i1, 0) | (dense_sel(i0, i1, 1) << 8),
+                                dense_sel(i0, i1, 2) | (dense_sel(i0, i1, 3) << 8));
     }
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            mbar_init(full_bar(s), 2 * 128);   // every producer thread: its cp.asyncs (noinc) + its stores
+            mbar_init(full_bar(s), 128);       // every producer thread: its cp.asyncs (noinc)
             mbar_init(empty_bar(s), 2 * 128);  // every consumer thread
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -154,65 +159,50 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
         const T *dyt = static_cast<const T *>(p.dyt);
         const bool tok_ok = 8 * gq < nrow;
         const int64_t tcol = dyt_segment(p.offsets, e) + (int64_t)rt * DXW_BM + 8 * gq;
+        const uint32_t ldb = (uint32_t)p.ldt * (uint32_t)sizeof(T);  // bytes between rows of the copy
         const uint32_t g_dst = (uint32_t)(DXW_ABYTES + (gq >> 3) * DXW_GBLOCK);  // + slot, row, chunk
         const int nsl_cta = (NSL == 2 && slot1 == 1) ? 2 : 1;
-        // A: storage rows ar + 16 i (i < 4), columns c0 + 16 uc .. + 15
-        const int uc = ptid & 7, ar = ptid >> 3;
-        const T *values = static_cast<const T *>(p.values) + ((int64_t)e * p.rp + ar) * (p.cp / 2) + c0 / 2 + 8 * uc;
+        // the raw A of each k-tile, copied into the stage for the consumers to decompress:
+        // values of storage rows ar + 16 i (i < 4), 16-byte piece uc (columns c0 + 16 uc ..);
+        // meta piece mq of tile row mr (threads < 64: 4 column tiles x 16 words = 16 pieces
+        // per tile row); running pointers (k-tiles in order)
+        const int uc = ptid & 7, ar = ptid >> 3, mq = ptid & 15, mr = (ptid >> 4) & 3;
         const int64_t mtiles = p.cp / 32;
-        const uint32_t *meta = p.meta + ((int64_t)e * (p.rp / 16) * mtiles + (c0 + 16 * uc) / 32) * 16 + (uc & 1);
-        // the raw loads of k-tile k (values, meta words, idx) into this thread's pieces of slot
-        // k % RR, one cp.async group per k-tile (empty past the last: the count stays uniform)
-        const uint32_t raw0 = sbase + C::RAW_OFF + 16u * ptid;
-        auto raw_at = [&](int k, int piece) { return raw0 + (uint32_t)((k % DXW_RR) * C::RAWN + piece) * (128 * 16); };
-        auto issue_raw = [&](int k) {
-            if (k < KT) {
+        const char *vptr = reinterpret_cast<const char *>(static_cast<const T *>(p.values) +
+                                                          ((int64_t)e * p.rp + ar) * (p.cp / 2) + c0 / 2 + 8 * uc);
+        const uint32_t vrow16 = (uint32_t)(16 * (p.cp / 2) * sizeof(T));  // bytes between rows ar + 16 i
+        const int64_t vktile = 4 * (int64_t)vrow16;
+        const uint32_t *mptr = p.meta + ((int64_t)e * (p.rp / 16) * mtiles + mr * mtiles + c0 / 32) * 16 + 4 * mq;
+        const int64_t mktile = 4 * mtiles * 16;
+        const uint32_t v_dst = (uint32_t)(C::V_OFF + ar * 128 + uc * 16), m_dst = (uint32_t)(C::M_OFF + mr * 256 + mq * 16);
+        // the idx of storage rows 16 gn .. per slot, RR - 1 k-tiles ahead, one cp.async group
+        // per k-tile (empty past the last: the count of pending groups stays uniform)
+        const uint8_t *iptr[NSL];
+        bool iok[NSL];
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int64_t P = (int64_t)k * DXW_BK + ar + 16 * i;
-                    cp_async16(raw_at(k, i), values + (P - ar) * (p.cp / 2), true);
-                    cp_async4(raw_at(k, 4 + NSL) + 4 * i, meta + (P / 16) * mtiles * 16 + 2 * (P % 8), true);
-                }
+        for (int s = 0; s < NSL; s++) {
+            iok[s] = M > 1 && s < nsl_cta && j0 + s < p.slices;
+            iptr[s] = iok[s] ? p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + 16 * gn
+                             : reinterpret_cast<const uint8_t *>(p.meta);  // (nothing is read)
+        }
+        const uint32_t idx0 = sbase + C::IDX_OFF + 16u * ptid;
+        auto idx_at = [&](int k, int s) { return idx0 + (uint32_t)(((k & (DXW_RR - 1)) * NSL + s) * (128 * 16)); };
+        auto issue_idx = [&](int k) {
+            if (M > 1 && k < KT) {
 #pragma unroll
                 for (int s = 0; s < NSL; s++) {
-                    const bool ok = M > 1 && s < nsl_cta && j0 + s < p.slices;
-                    const uint8_t *ip = ok ? p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + (int64_t)k * DXW_BK + 16 * gn
-                                           : p.values ? static_cast<const uint8_t *>(p.values) : nullptr;
-                    cp_async8(raw_at(k, 4 + s), ip, ok);
-                    cp_async8(raw_at(k, 4 + s) + 8, ok ? ip + 8 : ip, ok);
+                    cp_async8(idx_at(k, s), iptr[s], iok[s]);
+                    cp_async8(idx_at(k, s) + 8, iptr[s] + (iok[s] ? 8 : 0), iok[s]);
+                    if (iok[s]) iptr[s] += DXW_BK;
                 }
             }
             cp_async_commit();
         };
-        // k-tile kt's A tile from its raw pieces: 16 dense columns from 8 kept values and the
-        // row's 16 meta bits, byte permutes, two 16-byte stores per storage row
-        auto store_a = [&](int kt, uint32_t stage) {
-            const uint4 mw = lds_v4(raw_at(kt, 4 + NSL));
-            const uint32_t mws[4] = {mw.x, mw.y, mw.z, mw.w};
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = ar + 16 * i;
-                const uint4 v = lds_v4(raw_at(kt, i));
-                const uint32_t pv[4] = {v.x, v.y, v.z, v.w};
-                const uint32_t bm = mws[i] >> (16 * ((r % 16) / 8));
-                uint32_t w[8];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const uint32_t sel = s_lut[(bm >> (4 * k)) & 0xfu];
-                    w[2 * k] = __byte_perm(pv[k], 0u, sel);
-                    w[2 * k + 1] = __byte_perm(pv[k], 0u, sel >> 16);
-                }
-                const uint32_t dst = stage + (uc >> 2) * DXW_ABLOCK + r * 128;
-                const int ch = 2 * (uc & 3);
-                sts_v4(dst + ((ch ^ (r & 7)) << 4), w[0], w[1], w[2], w[3]);
-                sts_v4(dst + (((ch + 1) ^ (r & 7)) << 4), w[4], w[5], w[6], w[7]);
-            }
-        };
-#pragma unroll
-        for (int k = 0; k < DXW_RR - 1; k++) issue_raw(k);
+        for (int k = 0; k < DXW_RR - 1; k++) issue_idx(k);
         for (int kt = 0; kt < KT; kt++) {
             const int st = kt % ST;
-            // k-tile kt's raw group has landed when at most the RR - 2 after it are pending
+            // k-tile kt's idx has landed when at most the RR - 2 groups after it are pending
             cp_async_wait<DXW_RR - 2>();
             if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
             const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
@@ -225,36 +215,41 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
                 uq0 = (int64_t)(kt >> 1) * DXW_BK + 16 * gn;
             }
             const int64_t lim64 = p.half_rows - uq0 * M;  // i M + sel below this
-            const int lim = tok_ok ? (int)min(lim64, (int64_t)(16 * M)) : 0;
-            const T *gbase = dyt + (uh * p.half_rows + uq0 * M) * p.ldt + tcol;
+            const int lim = tok_ok ? (int)max((int64_t)0, min(lim64, (int64_t)(16 * M))) : 0;
+            // (no row valid: any valid address, nothing is read)
+            const char *gb = lim > 0 ? reinterpret_cast<const char *>(dyt + (uh * p.half_rows + uq0 * M) * p.ldt + tcol)
+                                     : reinterpret_cast<const char *>(dyt);
             const uint32_t gdst = stage + g_dst + (uint32_t)(16 * gn) * 128;
 #pragma unroll
             for (int s = 0; s < NSL; s++) {
                 if (s >= nsl_cta) continue;
                 uint32_t iw[4] = {0u, 0u, 0u, 0u};
                 if (M > 1) {
-                    const uint4 v = lds_v4(raw_at(kt, 4 + s));
+                    const uint4 v = lds_v4(idx_at(kt, s));
                     iw[0] = v.x;
                     iw[1] = v.y;
                     iw[2] = v.z;
                     iw[3] = v.w;
                 }
-                const int slim = (M == 1 || j0 + s < p.slices) ? lim : 0;
+                const uint32_t slim = (M == 1 || j0 + s < p.slices) ? (uint32_t)lim : 0u;
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
-                    const int o = i * M + (M > 1 ? (int)((iw[i >> 2] >> (8 * (i & 3))) & (M - 1)) : 0);
-                    const bool ok = o < slim;
-                    cp_async16(gdst + s * DXW_GBYTES + i * 128 + (((gq & 7) ^ (i & 7)) << 4),
-                               ok ? gbase + (int64_t)o * p.ldt : dyt, ok);
+                    const uint32_t o = i * M + (M > 1 ? (iw[i >> 2] >> (8 * (i & 3))) & (M - 1) : 0u);
+                    const bool ok = o < slim;  // o ldb < 64 x 2^26 (the launcher's bound on ldt)
+                    // (o >= slim: the address is never read, src-size 0)
+                    cp_async16(gdst + s * DXW_GBYTES + i * 128 + (((gq & 7) ^ (i & 7)) << 4), gb + (uint64_t)o * ldb, ok);
                 }
             }
+            // the raw A
+#pragma unroll
+            for (int i = 0; i < 4; i++) cp_async16(stage + v_dst + i * 16 * 128, vptr + i * vrow16, true);
+            if (ptid < 64) cp_async16(stage + m_dst, mptr, true);
+            vptr += vktile;
+            mptr += mktile;
             cp_async_mbar_arrive(full_bar(st));
-            // the raw loads RR - 1 k-tiles ahead (their slot was last read in k-tile kt - 1, in
-            // program order); G's copies above join this group
-            issue_raw(kt + DXW_RR - 1);
-            store_a(kt, stage);
-            fence_proxy_async();
-            mbar_arrive(full_bar(st));
+            // the idx RR - 1 k-tiles ahead (its slot was last read in k-tile kt - 1, in program
+            // order); this k-tile's copies above join its group
+            issue_idx(kt + DXW_RR - 1);
         }
         cp_async_commit();
         cp_async_wait<0>();
@@ -263,18 +258,54 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
 
     // ================= consumers =================
     const int wg = (tid >> 7) - 1;  // 0, 1: columns c0 + 64 wg ..
-    const int ct = tid - 128, warp = (tid & 127) >> 5, lane = tid & 31;
+    const int ct = tid - 128, warp = (tid & 127) >> 5, lane = tid & 31;  // (ct: 0 .. 255)
     const int slot = wg == 0 ? 0 : slot1;
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] = 0.0f;
     fence_regs(acc);  // the zeros are written before the first wgmma.fence
+    // this thread's share of its warpgroup's A block (64 storage rows x its 64 columns): units
+    // u = wt + 128 j (j < 2) of 16 columns, storage row u / 4, column unit 4 wg + u % 4; its meta
+    // word (tile row r / 16, column tile uc / 2, word 2 (r % 8) + uc % 2, half (r % 16) / 8)
+    const int wt = tid & 127;
+    const uint32_t lut = smem_u32(s_lut);
+    uint32_t a_src[2], a_msrc[2], a_d0[2], a_d1[2], a_sh[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int u = wt + 128 * j, r = u >> 2, ul = u & 3, ucol = 4 * wg + ul;
+        a_src[j] = (uint32_t)(C::V_OFF + r * 128 + ucol * 16);
+        a_msrc[j] = (uint32_t)(C::M_OFF + ((r / 16) * 4 + ucol / 2) * 64 + (2 * (r % 8) + (ucol & 1)) * 4);
+        a_sh[j] = (uint32_t)(16 * ((r % 16) / 8));
+        a_d0[j] = (uint32_t)(wg * DXW_ABLOCK + r * 128 + (((2 * ul) ^ (r & 7)) << 4));
+        a_d1[j] = (uint32_t)(wg * DXW_ABLOCK + r * 128 + (((2 * ul + 1) ^ (r & 7)) << 4));
+    }
     for (int kt = 0; kt < KT; kt++) {
         const int st = kt % ST;
         mbar_wait(full_bar(st), (kt / ST) & 1);
-        fence_proxy_async();  // G came through cp.async (the generic proxy)
         const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
-        const uint32_t a0 = stage + wg * DXW_ABLOCK, b0 = stage + DXW_ABYTES + slot * DXW_GBYTES;
+        // A: 16 dense columns from 8 kept values and 16 meta bits (one table lookup per
+        // 4-column group: both selectors), byte permutes, two 16-byte stores; while the
+        // wgmmas of k-tile kt - 1 run
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint4 v = lds_v4(stage + a_src[j]);
+            const uint32_t bm = lds_u32(stage + a_msrc[j]) >> a_sh[j];
+            const uint32_t pv[4] = {v.x, v.y, v.z, v.w};
+            uint32_t w[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const uint2 sel = lds_v2(lut + 8u * ((bm >> (4 * k)) & 0xfu));
+                w[2 * k] = prmt(pv[k], 0u, sel.x);
+                w[2 * k + 1] = prmt(pv[k], 0u, sel.y);
+            }
+            sts_v4(stage + a_d0[j], w[0], w[1], w[2], w[3]);
+            sts_v4(stage + a_d1[j], w[4], w[5], w[6], w[7]);
+        }
+        // G came through cp.async and A through st.shared (the generic proxy); wgmma reads
+        // through the async one: every thread fences, then the warpgroup meets
+        fence_proxy_async();
+        named_barrier_sync(2 + wg, 128);
+        const uint32_t a0 = stage + wg * DXW_ABLOCK, b0 = stage + C::G_OFF + slot * DXW_GBYTES;
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < DXW_BK / 16; ks++)
@@ -370,6 +401,8 @@ sam_status ssmm_dx_wgmma_launch(const DxArgs &in, sam_dtype dtype, int m, cudaSt
     // per column block; the rest of the CTAs zero the rows no expert owns
     const int64_t grid = (ceil_div(a.S, DXW_BM) + a.E) * a.ncb;
     *ran = false;
+    // the producer's 32-bit row offsets into the copy: 64 rows x 2 bytes x its columns < 2^32
+    if (dyt_cols(a.S, a.E) >= ((int64_t)1 << 25)) return SAM_STATUS_OK;
     if (grid > INT32_MAX) {
         set_error("ssmm_dx: problem too large for one launch (%lld CTAs)", (long long)grid);
         return SAM_STATUS_UNSUPPORTED;
