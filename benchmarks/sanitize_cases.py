@@ -59,28 +59,30 @@ def train_cases(gen: torch.Generator) -> None:
     # per CTA), 128 and 192 (a CTA's halves in one slice or two), plain and GLU layouts, rows per
     # half not a multiple of 8 (dy read by elements), token ids and scales, empty experts, a
     # 64-storage-row weight, column tails, placeholders (rows past offsets[E] zeroed, never read),
-    # an invalid token id (a zero row), T = 0, k-loops of many tiles, fp16
+    # an invalid token id (a zero row), T = 0, k-loops of many tiles, fp16; both kernels (the
+    # wgmma one of ssmm_dx_wgmma.cu, what "auto" runs on sm_90, and the mma.sync one)
     from samoyeds.ops import ssmm_dx
-    for fmt, glu, R, C, T, dt in [("samoyeds-1:2:128", True, 272, 200, 77, torch.bfloat16),
+    for impl, (fmt, glu, R, C, T, dt) in [(i, c) for i in ("mma",) + (("wgmma",) if wgmma_runs() else ()) for c in [
+                                  ("samoyeds-1:2:128", True, 272, 200, 77, torch.bfloat16),
                                   ("1:4:64", False, 136, 584, 40, torch.bfloat16),
                                   ("samoyeds-1:2:64", True, 40, 264, 33, torch.float16),
                                   ("2:4", False, 96, 128, 50, torch.bfloat16),
                                   ("2:4", True, 200, 72, 9, torch.float16),
                                   ("samoyeds-1:2:192", False, 1152, 456, 300, torch.bfloat16),
-                                  ("samoyeds-1:2:128", False, 128, 128, 0, torch.bfloat16)]:
-        print("case ssmm_dx", fmt, glu, R, C, T, flush=True)
+                                  ("samoyeds-1:2:128", False, 128, 128, 0, torch.bfloat16)]]:
+        print("case ssmm_dx", impl, fmt, glu, R, C, T, flush=True)
         E, K = 5, 2
         p = sm.pack(torch.randn(E, R, C, generator=gen).to(dt).cuda(), fmt, glu=glu)
         ids = torch.randint(0, E + 1, (T, K), generator=gen)
         ids[ids == 2] = 1                                                     # expert 2: no rows
         r = sm.route(ids.cuda(), E)                                           # E: placeholder id
         sc = torch.rand(T * K, generator=gen).cuda()
-        ssmm_dx(torch.randn(T, R, generator=gen).to(dt).cuda(), p, r.offsets, r.token_ids)
-        ssmm_dx(torch.randn(T * K, R, generator=gen).to(dt).cuda(), p, r.offsets, None, sc)
+        ssmm_dx(torch.randn(T, R, generator=gen).to(dt).cuda(), p, r.offsets, r.token_ids, impl=impl)
+        ssmm_dx(torch.randn(T * K, R, generator=gen).to(dt).cuda(), p, r.offsets, None, sc, impl=impl)
         if T > 0:
             bad = r.token_ids.clone()
             bad[0] = T + 5                                                    # read as a zero row
-            ssmm_dx(torch.randn(T, R, generator=gen).to(dt).cuda(), p, r.offsets, bad, sc)
+            ssmm_dx(torch.randn(T, R, generator=gen).to(dt).cuda(), p, r.offsets, bad, sc, impl=impl)
     # the backward of the whole layer (issue 40): the transposed packings, dX by ssmm on them,
     # ssmm_dw for both packed weights, the routing weights' and the biases' gradients
     for fmt, act in (("samoyeds-1:2:128", "swiglu"), ("1:4:64", "gptoss"), ("2:4", "swiglu")):

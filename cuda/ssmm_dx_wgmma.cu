@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
         const int64_t vktile = 4 * (int64_t)vrow16;
         const uint32_t *mptr = p.meta + ((int64_t)e * (p.rp / 16) * mtiles + mr * mtiles + c0 / 32) * 16 + 4 * mq;
         const int64_t mktile = 4 * mtiles * 16;
-        const uint32_t v_dst = (uint32_t)(C::V_OFF + ar * 128 + uc * 16), m_dst = (uint32_t)(C::M_OFF + mr * 256 + mq * 16);
+        const uint32_t v_dst = (uint32_t)(C::V_OFF + ar * 128 + ((uc ^ (ar & 7)) << 4)), m_dst = (uint32_t)(C::M_OFF + mr * 256 + mq * 16);
         // the idx of storage rows 16 gn .. per slot, RR - 1 k-tiles ahead, one cp.async group
         // per k-tile (empty past the last: the count of pending groups stays uniform)
         const uint8_t *iptr[NSL];
@@ -273,19 +273,21 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         const int u = wt + 128 * j, r = u >> 2, ul = u & 3, ucol = 4 * wg + ul;
-        a_src[j] = (uint32_t)(C::V_OFF + r * 128 + ucol * 16);
+        a_src[j] = (uint32_t)(C::V_OFF + r * 128 + ((ucol ^ (r & 7)) << 4));  // (16-byte pieces swizzled by row)
         a_msrc[j] = (uint32_t)(C::M_OFF + ((r / 16) * 4 + ucol / 2) * 64 + (2 * (r % 8) + (ucol & 1)) * 4);
         a_sh[j] = (uint32_t)(16 * ((r % 16) / 8));
         a_d0[j] = (uint32_t)(wg * DXW_ABLOCK + r * 128 + (((2 * ul) ^ (r & 7)) << 4));
         a_d1[j] = (uint32_t)(wg * DXW_ABLOCK + r * 128 + (((2 * ul + 1) ^ (r & 7)) << 4));
     }
-    for (int kt = 0; kt < KT; kt++) {
-        const int st = kt % ST;
-        mbar_wait(full_bar(st), (kt / ST) & 1);
+    // k-tile k's A block from its raw values and meta (waits for the stage's full barrier):
+    // 16 dense columns from 8 kept values and 16 meta bits (one table lookup per 4-column
+    // group: both selectors), byte permutes, two 16-byte stores per unit; then every thread
+    // fences (A by st.shared, G by cp.async: the generic proxy; wgmma reads through the async
+    // one) and the warpgroup meets
+    auto make_a = [&](int k) {
+        const int st = k % ST;
+        mbar_wait(full_bar(st), (k / ST) & 1);
         const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
-        // A: 16 dense columns from 8 kept values and 16 meta bits (one table lookup per
-        // 4-column group: both selectors), byte permutes, two 16-byte stores; while the
-        // wgmmas of k-tile kt - 1 run
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const uint4 v = lds_v4(stage + a_src[j]);
@@ -293,18 +295,19 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
             const uint32_t pv[4] = {v.x, v.y, v.z, v.w};
             uint32_t w[8];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const uint2 sel = lds_v2(lut + 8u * ((bm >> (4 * k)) & 0xfu));
-                w[2 * k] = prmt(pv[k], 0u, sel.x);
-                w[2 * k + 1] = prmt(pv[k], 0u, sel.y);
+            for (int q = 0; q < 4; q++) {
+                const uint2 sel = lds_v2(lut + 8u * ((bm >> (4 * q)) & 0xfu));
+                w[2 * q] = prmt(pv[q], 0u, sel.x);
+                w[2 * q + 1] = prmt(pv[q], 0u, sel.y);
             }
             sts_v4(stage + a_d0[j], w[0], w[1], w[2], w[3]);
             sts_v4(stage + a_d1[j], w[4], w[5], w[6], w[7]);
         }
-        // G came through cp.async and A through st.shared (the generic proxy); wgmma reads
-        // through the async one: every thread fences, then the warpgroup meets
         fence_proxy_async();
         named_barrier_sync(2 + wg, 128);
+    };
+    auto mma_k = [&](int k) {
+        const uint32_t stage = sbase + (uint32_t)(k % ST) * C::STAGE;
         const uint32_t a0 = stage + wg * DXW_ABLOCK, b0 = stage + C::G_OFF + slot * DXW_GBYTES;
         wgmma_fence();
 #pragma unroll
@@ -312,6 +315,17 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
             WgmmaDenseMN256<T>::run(acc, smem_desc_mn_sw128(a0 + ks * 2048, DXW_ABLOCK),
                                     smem_desc_mn_sw128(b0 + ks * 2048, DXW_GBLOCK), 1);
         wgmma_commit();
+    };
+    // With 3 stages A is made a k-tile ahead: while the wgmmas of k-tiles kt - 1 and kt run
+    // (the stage of kt + 1 was last read by those of kt + 1 - ST <= kt - 2, done).  With 2
+    // (NSL == 2) the producer fills kt + 1 only after kt - 1 is released, so A(kt + 1) waits
+    // for that: made at the top of its own iteration, with one k-tile of wgmmas in flight.
+    constexpr bool AHEAD = ST >= 3;
+    if (AHEAD && KT > 0) make_a(0);
+    for (int kt = 0; kt < KT; kt++) {
+        if (!AHEAD) make_a(kt);
+        mma_k(kt);
+        if (AHEAD && kt + 1 < KT) make_a(kt + 1);
         wgmma_wait<1>();
         fence_regs(acc);
         // the wgmmas of k-tile kt - 1 are done: release its stage
