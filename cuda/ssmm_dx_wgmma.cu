@@ -316,16 +316,12 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
                                     smem_desc_mn_sw128(b0 + ks * 2048, DXW_GBLOCK), 1);
         wgmma_commit();
     };
-    // With 3 stages A is made a k-tile ahead: while the wgmmas of k-tiles kt - 1 and kt run
-    // (the stage of kt + 1 was last read by those of kt + 1 - ST <= kt - 2, done).  With 2
-    // (NSL == 2) the producer fills kt + 1 only after kt - 1 is released, so A(kt + 1) waits
-    // for that: made at the top of its own iteration, with one k-tile of wgmmas in flight.
-    constexpr bool AHEAD = ST >= 3;
-    if (AHEAD && KT > 0) make_a(0);
+    // A(kt) is made while the wgmmas of kt - 1 run.  (Made a k-tile ahead instead, waiting for
+    // the full barrier of kt + 1 before releasing kt - 1, it ran 1.4x slower: the producer's
+    // copies for kt + 1 then start only one k-tile ahead of their use; docs/lab.)
     for (int kt = 0; kt < KT; kt++) {
-        if (!AHEAD) make_a(kt);
+        make_a(kt);
         mma_k(kt);
-        if (AHEAD && kt + 1 < KT) make_a(kt + 1);
         wgmma_wait<1>();
         fence_regs(acc);
         // the wgmmas of k-tile kt - 1 are done: release its stage
