@@ -44,6 +44,15 @@ template <int N> __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// After a consumer's last wgmma: every group done, the accumulators kept in place, and the
+// ring's last reads (wgmma's, the async proxy) fenced against the generic writes of an
+// epilogue that reuses it as staging.
+template <int N> __device__ __forceinline__ void wgmma_drain(float (&d)[N]) {
+    wgmma_wait<0>();
+    fence_regs(d);
+    fence_proxy_async();
+}
+
 // Shared-memory matrix descriptor of a K-major tile in a SW-byte swizzle layout:
 // rows of SW bytes, 8-row atoms 8 x SW bytes apart (and so aligned); layout type
 // 1 = 128-byte, 2 = 64-byte swizzle.  The start may step inside a row (k steps).

@@ -327,11 +327,7 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
         // the wgmmas of k-tile kt - 1 are done: release its stage
         if (kt > 0) mbar_arrive(empty_bar((kt - 1) % ST));
     }
-    wgmma_wait<0>();
-    fence_regs(acc);
-    // the ring's last reads were wgmma's (the async proxy); the staging below writes it
-    // through the generic proxy
-    fence_proxy_async();
+    wgmma_drain(acc);
     // both consumers are past their last wgmma, the producer has nothing in flight (every
     // stage it filled was waited for): the ring becomes the staging area
     named_barrier_sync(1, 256);

@@ -289,9 +289,10 @@ def _segment_sum(rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
 #: the transposed packing where the format has one, else :func:`samoyeds.ops.ssmm_dx`; on the
 #: CPU ssmm_dx), ``"ssmm_dx"`` (the forward's packing itself, no transposed copy, wherever its
 #: kernel runs) or ``"transposed"`` (:func:`samoyeds.ssmm` on :meth:`PackedWeight.transposed`,
-#: cached and refreshed after every optimizer step).  On an H100 at T = 16384 the transposed
-#: path, refresh included, took 16.2 / 3.3 / 3.8 ms per layer where ssmm_dx's mma.sync kernel
-#: took 54.7 / 8.2 / 6.6 (Mixtral-8x7B / OLMoE / Qwen3-30B-A3B; docs/TRAINING.md).
+#: cached and refreshed after every optimizer step).  On an H200 at T = 16384 the transposed
+#: path, refresh included, took 13.0 / 2.5 ms per layer (Mixtral-8x7B / Qwen3-30B-A3B) where
+#: ssmm_dx's sm_90a wgmma kernel took 16.6 / 2.9 with its copy of dy (its mma.sync kernel:
+#: 53.8 / 6.6; docs/KERNELS.md, "The wgmma kernel").
 DX_PATHS = ("auto", "ssmm_dx", "transposed")
 
 

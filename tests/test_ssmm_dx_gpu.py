@@ -216,3 +216,17 @@ def test_oracle_agrees_with_the_c_reference(fmt):
     case = (37, 2, 4, (136, 136), 200, "placeholder")
     p, r, dy, tok, sc, S = make_inputs(case, fmt, torch.float32, True, False, True, 3)
     assert rel_err(run_dx(p, r, dy, tok, sc, S, "cpu"), oracle_dx(dy, p, r.offsets, tok, sc, S)) < 1e-5
+
+
+def test_impl_is_checked_by_name():
+    """An unknown kernel name, or an impl code outside the C binding's range, raises naming impl."""
+    from samoyeds import _C
+    p = sm.pack(torch.randn(2, 64, 128), "samoyeds-1:2:64")
+    off, dy = torch.tensor([0, 2, 4], dtype=torch.int32), torch.randn(4, 64)
+    with pytest.raises(ValueError, match="^impl: expected one of 'auto', 'mma', 'wgmma'"):
+        ssmm_dx(dy, p, off, impl="fast")
+    out = torch.empty(4, 128)
+    with pytest.raises(ValueError, match="impl"):
+        _C.ssmm_dx(out, dy, p.values, p.meta, p.idx, off, None, 64, 128, *p.c_args(), impl=3)
+    _C.ssmm_dx(out, dy, p.values, p.meta, p.idx, off, None, 64, 128, *p.c_args(), impl=2)  # the CPU: ignored
+    assert torch.allclose(out, ssmm_dx(dy, p, off))
