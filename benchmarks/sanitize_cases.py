@@ -7,6 +7,7 @@ kernels (every way, on a few SMs, one and several stages) under memcheck: each
 measurement calibrates its launches to ~10 ms, which racecheck stretches past the step's
 time limit, and nothing reads what those kernels write to shared memory but their
 mbarriers."""
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -62,14 +63,15 @@ def train_cases(gen: torch.Generator) -> None:
     # an invalid token id (a zero row), T = 0, k-loops of many tiles, fp16; both kernels (the
     # wgmma one of ssmm_dx_wgmma.cu, what "auto" runs on sm_90, and the mma.sync one)
     from samoyeds.ops import ssmm_dx
-    for impl, (fmt, glu, R, C, T, dt) in [(i, c) for i in ("mma",) + (("wgmma",) if wgmma_runs() else ()) for c in [
+    dx_impls = ("mma",) + (("wgmma",) if wgmma_runs() else ())
+    for impl, (fmt, glu, R, C, T, dt) in itertools.product(dx_impls, [
                                   ("samoyeds-1:2:128", True, 272, 200, 77, torch.bfloat16),
                                   ("1:4:64", False, 136, 584, 40, torch.bfloat16),
                                   ("samoyeds-1:2:64", True, 40, 264, 33, torch.float16),
                                   ("2:4", False, 96, 128, 50, torch.bfloat16),
                                   ("2:4", True, 200, 72, 9, torch.float16),
                                   ("samoyeds-1:2:192", False, 1152, 456, 300, torch.bfloat16),
-                                  ("samoyeds-1:2:128", False, 128, 128, 0, torch.bfloat16)]]:
+                                  ("samoyeds-1:2:128", False, 128, 128, 0, torch.bfloat16)]):
         print("case ssmm_dx", impl, fmt, glu, R, C, T, flush=True)
         E, K = 5, 2
         p = sm.pack(torch.randn(E, R, C, generator=gen).to(dt).cuda(), fmt, glu=glu)

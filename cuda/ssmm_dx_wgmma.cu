@@ -15,9 +15,10 @@
 // each consumer warpgroup's B is G for one slice, all 256 sorted rows in one m64n256k16 --
 // the weight gradient's kernel (ssmm_dw_wgmma.cu) with the roles of the operands swapped.
 // Both operands are MN-major shared-memory tiles (transpose bits set, 16-bit types):
-//   A = Wc: per k-tile the 64 storage rows' 128 columns, decompressed by the producer from
-//       the packed values (8 kept values and 16 meta bits per 16 columns, byte permutes)
-//       and stored with st.shared into two [64 rows][128 B] blocks (128-byte swizzle);
+//   A = Wc: per k-tile the 64 storage rows' 128 columns, decompressed by the consumers from
+//       the packed values the producer copied into the stage (8 kept values and 16 meta bits
+//       per 16 columns, byte permutes) and stored with st.shared into two [64 rows][128 B]
+//       blocks (128-byte swizzle), one per consumer warpgroup;
 //   B = G_j: the kept row orig(p, j) of every storage row p is one run of the CTA's 256
 //       tokens in dy's transposed copy (ssmm_dyt.cuh, written first by the launcher:
 //       dyt[r][segment(e) + i] = dy[tok(offsets[e] + i)][r]), copied as 16-byte pieces by
@@ -32,19 +33,19 @@
 // rows of the copy for different columns); every output entry written by one CTA, k-tiles
 // in order, no atomics: deterministic.  CTAs past the last item zero the rows no expert
 // owns.  384 threads = 3 warpgroups:
-//   WG 0, producer: per k-tile of 64 storage rows, into a ring of ST stages (3 of 48 KB
-//     with one G tile, 2 of 80 KB with two: the two 64-column halves in different slices,
-//     V % 128 != 0): the k-tile's packed values, meta words and idx land by cp.async in the
-//     thread's own pieces of a raw staging ring, issued RR - 1 = 3 k-tiles ahead (nothing
-//     waits on a global load in the loop: with the values loaded into registers one k-tile
-//     ahead, every k-tile paid a round trip to L2 and the kernel ran at a third of the
-//     tensor-core rate, dev/lab/dx_probe.py); then per k-tile: G by cp.async, its source
-//     rows from the staged idx (completing on the stage's `full` barrier by
-//     cp.async.mbarrier.arrive.noinc), A decompressed from the staged values and stored,
-//     the generic proxy fenced against the async one, an arrive.
-//   WG 1, 2, consumers: columns c0 + 64 (wg - 1) .. + 63, all 256 rows: per k-tile 4
-//     wgmma m64n256k16 (128 fp32 accumulators per thread), one k-tile in flight, the stage
-//     released (`empty`) when the wgmmas that read it are done.
+//   WG 0, producer: per k-tile of 64 storage rows, into a ring of ST stages (3 of 57 KB
+//     with one G tile, 2 of 89 KB with two: the two 64-column halves in different slices,
+//     V % 128 != 0), by cp.async: G, its source rows from idx staged RR - 1 = 3 k-tiles
+//     ahead in the thread's own pieces of a small ring (no global load waited for in the
+//     loop), then the k-tile's packed values and meta words; all complete on the stage's
+//     `full` barrier by cp.async.mbarrier.arrive.noinc.  About 200 instructions a k-tile:
+//     when the producer also decompressed A it issued 530 and the consumers starved.
+//   WG 1, 2, consumers: columns c0 + 64 (wg - 1) .. + 63, all 256 rows: per k-tile make
+//     their A block (a 16-entry table maps a meta nibble to both byte-permute selectors of
+//     its 4 columns), fence the generic proxy against the async one, meet on a named
+//     barrier, issue 4 wgmma m64n256k16 (128 fp32 accumulators per thread), and release
+//     (`empty`) the stage of the k-tile before, whose wgmmas are then done.  A is made while
+//     the previous k-tile's wgmmas run; made a whole k-tile ahead it was slower (docs/KERNELS.md).
 // Per k-tile a CTA does 2.1 M multiply-adds and moves 32 KB of G and 8 KB of values from L2.
 //
 // ---- epilogue ------------------------------------------------------------------------------
@@ -53,8 +54,6 @@
 // [256 rows][128 columns] (rows 272 bytes apart: the four rows of a warp's store land in
 // different banks), then the 256 threads store whole 16-byte pieces of the rows this CTA
 // owns (s < the tile's end, c < C).
-#include <string.h>
-
 #include "ptx_wgmma.cuh"
 #include "ssmm_dx.cuh"
 #include "ssmm_dyt.cuh"
@@ -318,7 +317,7 @@ __global__ void __launch_bounds__(DXW_THREADS, 1) ssmm_dx_wgmma_kernel(const DxA
     };
     // A(kt) is made while the wgmmas of kt - 1 run.  (Made a k-tile ahead instead, waiting for
     // the full barrier of kt + 1 before releasing kt - 1, it ran 1.4x slower: the producer's
-    // copies for kt + 1 then start only one k-tile ahead of their use; docs/lab.)
+    // copies for kt + 1 then start only one k-tile ahead of their use; docs/KERNELS.md.)
     for (int kt = 0; kt < KT; kt++) {
         make_a(kt);
         mma_k(kt);
