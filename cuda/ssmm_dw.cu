@@ -454,7 +454,7 @@ extern "C" sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *ps, void *strea
     }
     const int force = ps->impl == 1 ? (int)DW_MMA : ps->impl >= 2 ? (int)DW_WGMMA : -1;
     if (dw_choose_kernel(ssmm_dw_wgmma_available(), force) == DW_WGMMA)
-        return ssmm_dw_wgmma_launch(a, ps->dtype, f.m, dw_use_copy(d.C, ps->impl >= 2 ? ps->impl - 2 : -1), s);
+        return ssmm_dw_wgmma_launch(a, ps->dtype, f.m, dw_use_copy(ps->impl >= 2 ? ps->impl - 2 : -1), s);
     const bool direct = f.m == 1 && ps->scale == nullptr && a.dy_vec;
     if (ps->dtype == SAM_BF16) return launch_dtype<__nv_bfloat16>(a, f.m, direct, grid, s);
     return launch_dtype<__half>(a, f.m, direct, grid, s);

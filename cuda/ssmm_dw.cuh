@@ -149,13 +149,10 @@ inline DwKernel dw_choose_kernel(bool wgmma_ok, int force) {
 // Where the wgmma kernel runs, how its producer gets dy's kept rows: from a transposed copy
 // of dy written first (one pass over dy, then 128-byte rows by cp.async), or gathered from
 // dy itself (M candidate rows per kept row, picked by byte permutes, for every column
-// block).  The copy's one pass is repaid where a row block has many column blocks to share
-// it (C >= 4096: the measured crossover, docs/KERNELS.md); `force`: 0 the gather, 1 the
-// copy (sam_ssmm_dw_params.impl 2 and 3), -1 the rule.
-inline bool dw_use_copy(int64_t C, int force) {
-    if (force >= 0) return force == 1;
-    return C >= 4096;
-}
+// block).  The copy wins at every C measured (768 to 14336, docs/KERNELS.md), so the rule
+// takes it; the gather remains the fallback where the copy's memory cannot be had.
+// `force`: 0 the gather, 1 the copy (sam_ssmm_dw_params.impl 2 and 3), -1 the rule.
+inline bool dw_use_copy(int force) { return force != 0; }
 
 // Whether the wgmma kernel can run on the current device (ssmm_dw_wgmma.cu).
 bool ssmm_dw_wgmma_available();

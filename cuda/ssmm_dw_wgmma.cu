@@ -149,7 +149,9 @@ template <int M, int NSL, bool TR = false> struct DwgCfg {
     static constexpr int RB = D / 4;
     static constexpr int RAW_OFF = PIPE;                      // [D][M][128 threads] x 16 B
     static constexpr int SC_OFF = RAW_OFF + (TR ? 0 : D * M * 128 * 16);  // [D][128 threads] x 4 B
-    static constexpr int BAR_OFF = SC_OFF + (TR ? 0 : D * 128 * 4);      // full[ST], empty[ST]
+    static constexpr int GROW_OFF = SC_OFF + (TR ? 0 : D * 128 * 4);     // TR: [NSL][256] dyt rows
+    static constexpr int XOFF_OFF = GROW_OFF + (TR ? NSL * DWG_BN * 4 : 0);  // TR: [2][64] x rows
+    static constexpr int BAR_OFF = XOFF_OFF + (TR ? 2 * DWG_BK * 8 : 0);    // full[ST], empty[ST]
     static_assert(DWG_BK / 4 % RB == 0, "whole groups per k-tile");
     static_assert(BAR_OFF >= 8 * DWG_STG_BYTES, "the epilogue's staging reuses the ring and the candidate staging");
     static_assert(STAGE % 1024 == 0 && DWG_XBYTES % 1024 == 0 && DWG_GBLOCK % 1024 == 0,
@@ -208,24 +210,28 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
     const int64_t xcol = c0 + 8 * xc;
     const bool x_colok = xcol < p.C;
     const uint32_t x_dst = (uint32_t)((xc >> 3) * DWG_BK * 128);  // + row * 128 + swizzled chunk
+    // (loads unconditional, clamped to the expert's last row: independent, all in flight at once)
     auto load_ids = [&](int kt, int32_t (&ids)[DWG_BK / 8]) {
+        int32_t v[DWG_BK / 8];
+        if (p.token_ids) {
 #pragma unroll
-        for (int i = 0; i < DWG_BK / 8; i++) {
-            const int kk = kt * DWG_BK + xr + 8 * i;
-            const int64_t s = s_begin + kk;
-            ids[i] = kk >= n_e ? -1 : p.token_ids ? __ldg(p.token_ids + s) : (int32_t)s;
+            for (int i = 0; i < DWG_BK / 8; i++)
+                v[i] = __ldg(p.token_ids + s_begin + min(kt * DWG_BK + xr + 8 * i, n_e - 1));
+        } else {
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 8; i++) v[i] = (int32_t)(s_begin + kt * DWG_BK + xr + 8 * i);
         }
+#pragma unroll
+        for (int i = 0; i < DWG_BK / 8; i++) ids[i] = kt * DWG_BK + xr + 8 * i < n_e ? v[i] : -1;
     };
+    const T *xbase = static_cast<const T *>(p.x) + (x_colok ? xcol : 0);
     auto copy_x = [&](uint32_t stage, const int32_t (&tok)[DWG_BK / 8]) {
-        const T *x = static_cast<const T *>(p.x);
 #pragma unroll
         for (int i = 0; i < DWG_BK / 8; i++) {
             const int r = xr + 8 * i;
-            int64_t t = tok[i];
-            if (t >= p.T) t = -1;
-            const bool ok = x_colok && t >= 0;
-            const T *src = ok ? x + t * p.ldx + xcol : x;
-            cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), src, ok);
+            const int32_t t = tok[i];
+            const bool ok = x_colok && t >= 0 && (int64_t)t < p.T;
+            cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), xbase + (ok ? (int64_t)t * p.ldx : 0), ok);
         }
     };
 
@@ -246,52 +252,98 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
     if (tid < 128 && TR) {
         // ================= producer, from dy's transposed copy =================
         // per k-tile: X as below; G as K-major tiles, storage row n of the CTA (slot s) one
-        // 128-byte row (64 tokens) of p.dyt: the kept row of its slice, 16-byte pieces by
-        // cp.async (a warp's copy covers 4 whole rows), zero-filled past the expert's segment
+        // 128-byte row (64 tokens) of p.dyt: the kept row of its slice (the copy's zero row R
+        // where there is none), 16-byte pieces by cp.async (a warp's copy covers 4 whole rows).
+        // The segments of the copy are 64-column aligned with zeros to the next k-tile past the
+        // expert's rows (ssmm_dyt.cuh): no predicate, each piece's source a running pointer.
         const int ptid = tid;
         const T *dyt = static_cast<const T *>(p.dyt);
         const int gq = ptid & 7, gn = ptid >> 3;  // chunk, first row (then + 16 i)
         const int nsl_cta = (NSL == 2 && slot1 == 1) ? 2 : 1;
-        int32_t grow[NSL][16];  // dyt's row for storage row gn + 16 i of slot s, -1: none
+        // the copy's row behind every storage row of the CTA and slot, into shared memory (two
+        // or four per thread, their idx loads in flight together), then each thread's 16
+        const int64_t zrow = p.glu ? 2 * p.half_rows : p.half_rows;
+        int32_t *grow_s = reinterpret_cast<int32_t *>(smem + C::GROW_OFF);
+#pragma unroll
+        for (int k0 = 0; k0 < NSL * DWG_BN; k0 += 128) {
+            const int k = k0 + ptid, s = k / DWG_BN;
+            const int64_t P = row0 + k % DWG_BN;
+            const bool live = s < nsl_cta && P < p.rp && (M == 1 || j0 + s < p.slices);
+            int64_t sel = 0;
+            if (M > 1) {
+                const uint8_t *ip = p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + P;
+                sel = __ldg(live ? ip : p.idx) & (M - 1);
+            }
+            int64_t uh = 0, uq = P;
+            if (p.glu) {
+                uh = (P / 64) & 1;
+                uq = (P / 64 >> 1) * 64 + P % 64;
+            }
+            const int64_t local = uq * M + sel;
+            grow_s[k] = (int32_t)(live && local < p.half_rows ? uh * p.half_rows + local : zrow);
+        }
+        named_barrier_sync(2, 128);
+        const int64_t seg = dyt_segment(p.offsets, e);
+        const T *gp[NSL][16];
 #pragma unroll
         for (int s = 0; s < NSL; s++)
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const int64_t P = row0 + gn + 16 * i;
-                int32_t r = -1;
-                if (s < nsl_cta && P < p.rp && (M == 1 || j0 + s < p.slices)) {
-                    int64_t uh = 0, uq = P;
-                    if (p.glu) {
-                        uh = (P / 64) & 1;
-                        uq = (P / 64 >> 1) * 64 + P % 64;
-                    }
-                    const int64_t sel =
-                        M > 1 ? (int64_t)(__ldg(p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + P) & (M - 1)) : 0;
-                    const int64_t local = uq * M + sel;
-                    if (local < p.half_rows) r = (int32_t)(uh * p.half_rows + local);
-                }
-                grow[s][i] = r;
-            }
-        const int64_t seg = dyt_segment(p.offsets, e);
-        int32_t tok_next[DWG_BK / 8];
-        if (KT > 0) load_ids(0, tok_next);
+            for (int i = 0; i < 16; i++) gp[s][i] = dyt + (int64_t)grow_s[s * DWG_BN + gn + 16 * i] * p.ldt + seg + 8 * gq;
+        const uint32_t g_dst = (uint32_t)(DWG_XBYTES + gn * 128 + ((gq ^ (gn & 7)) << 4));  // + slot, 16 i rows
+        // X: the element offset in x of each token row of a k-tile (-1: zeros), written a
+        // k-tile ahead by threads < 64 (row ptid, its token id loaded two k-tiles ahead) into
+        // xoff_s[kt & 1][xr][i] (row xr + 8 i): each thread reads its 8 rows as 64 contiguous bytes
+        int64_t *xoff_s = reinterpret_cast<int64_t *>(smem + C::XOFF_OFF);
+        auto x_id = [&](int kt) -> int64_t {
+            const int kk = kt * DWG_BK + ptid;
+            const int64_t s = s_begin + min(kk, n_e - 1);
+            const int64_t t = p.token_ids ? (int64_t)__ldg(p.token_ids + s) : s;
+            return kk < n_e ? t : -1;
+        };
+        auto x_put = [&](int kt, int64_t t) {  // (bytes; x's rows are 16-byte aligned: the binding)
+            xoff_s[(kt & 1) * DWG_BK + (ptid & 7) * 8 + (ptid >> 3)] =
+                t >= 0 && t < p.T ? t * p.ldx * (int64_t)sizeof(T) : -1;
+        };
+        int64_t id_next = -1;
+        if (ptid < DWG_BK && KT > 0) {
+            x_put(0, x_id(0));
+            if (KT > 1) id_next = x_id(1);
+        }
+        named_barrier_sync(2, 128);
+        const char *xb = reinterpret_cast<const char *>(static_cast<const T *>(p.x) + (x_colok ? xcol : 0));
+        const uint32_t xoff_rd = smem_u32(xoff_s) + (uint32_t)xr * 64;
         for (int kt = 0; kt < KT; kt++) {
             const int st = kt % ST;
-            const uint32_t stage = stage_x(kt, tok_next);
-            const bool tok_ok = kt * DWG_BK + 8 * gq < n_e;
-            const int64_t tcol = seg + (int64_t)kt * DWG_BK + 8 * gq;
+            if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
+            const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 8; i += 2) {
+                const uint4 v = lds_v4(xoff_rd + (kt & 1) * DWG_BK * 8 + 8 * i);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = xr + 8 * (i + h);
+                    const uint32_t lo = h ? v.z : v.x, hi = h ? v.w : v.y;
+                    const bool ok = x_colok && (int32_t)hi >= 0;  // -1: no row
+                    const int64_t off = ok ? (int64_t)(((uint64_t)hi << 32) | lo) : 0;
+                    cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), xb + off, ok);
+                }
+            }
 #pragma unroll
             for (int s = 0; s < NSL; s++)
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
-                    const int n = gn + 16 * i;
-                    const bool ok = tok_ok && grow[s][i] >= 0;
-                    const T *src = ok ? dyt + (int64_t)grow[s][i] * p.ldt + tcol : dyt;
-                    if (s < nsl_cta)
-                        cp_async16(stage + DWG_XBYTES + s * DWG_GBYTES + n * 128 + ((gq ^ (n & 7)) << 4), src, ok);
+                    if (s < nsl_cta) cp_async16(stage + g_dst + s * DWG_GBYTES + i * 16 * 128, gp[s][i], true);
+                    gp[s][i] += DWG_BK;
                 }
             cp_async_mbar_arrive(full_bar(st));
             mbar_arrive(full_bar(st));
+            if (kt + 1 < KT) {
+                if (ptid < DWG_BK) {
+                    x_put(kt + 1, id_next);
+                    if (kt + 2 < KT) id_next = x_id(kt + 2);
+                }
+                named_barrier_sync(2, 128);
+            }
         }
         cp_async_commit();
         cp_async_wait<0>();
@@ -486,7 +538,20 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
     const int64_t mtiles = p.cp / 32;
     const uint32_t *meta = p.meta + (int64_t)e * (p.rp / 16) * mtiles * 16;
     T *outp = static_cast<T *>(p.out) + (int64_t)e * p.rp * (p.cp / 2) + cw / 2;
-#pragma unroll 1
+    // the meta words of the lane's rows first (independent loads, all in flight at once)
+    uint32_t mwv[DWG_BN / 32];
+#pragma unroll
+    for (int i = 0; i < DWG_BN / 32; i++) {
+        const int64_t P = row0 + lane + 32 * i;
+        int64_t qq = P;
+        if (p.glu) qq = (P / 64 >> 1) * 64 + P % 64;
+        const bool live = n_e > 0 && P < p.rp && qq < p.rc;
+        // meta word: tile (P / 16, cw / 32), word 2 (P % 8) + (cw % 32) / 16, half (P % 16) / 8
+        const uint32_t *mp = meta + ((P / 16) * mtiles + cw / 32) * 16 + 2 * (P % 8) + (cw % 32) / 16;
+        const uint32_t mw = __ldg(live ? mp : p.meta);
+        mwv[i] = live ? (mw >> (16 * ((P % 16) / 8))) & 0xffffu : 0u;
+    }
+#pragma unroll
     for (int i = 0; i < DWG_BN / 32; i++) {
         const int pl = lane + 32 * i;
         const int64_t P = row0 + pl;
@@ -504,12 +569,7 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
             v[4 * k + 2] = f.z;
             v[4 * k + 3] = f.w;
         }
-        // meta word: tile (P / 16, cw / 32), word 2 (P % 8) + (cw % 32) / 16, half (P % 16) / 8
-        uint32_t half = 0;
-        if (n_e > 0 && row_live) {
-            const uint32_t mw = __ldg(meta + ((P / 16) * mtiles + cw / 32) * 16 + 2 * (P % 8) + (cw % 32) / 16);
-            half = (mw >> (16 * ((P % 16) / 8))) & 0xffffu;
-        }
+        const uint32_t half = mwv[i];
         uint32_t o[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {

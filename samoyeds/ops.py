@@ -117,10 +117,11 @@ def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Op
         out: ``[E, Rp, Cp/2]`` like ``w.values`` (x's dtype); allocated if None.
         stream: CUDA stream; None uses the producer's current stream.
         impl: the GPU kernel: ``"auto"`` (the rule: on sm_90a the wgmma kernel, reading dy's
-           kept rows from a transposed copy of dy where C >= 4096, gathering them from dy
-           elsewhere; else the mma.sync kernel), ``"mma"``, ``"gather"`` or ``"copy"`` (the
-           last two need sm_90a).  The copy (R x (S + 16 E) elements) is allocated on the
-           stream from CUDA's stream-ordered pool, outside torch's allocator.  The CPU ignores it.
+           kept rows from a transposed copy of dy, or gathering them from dy where the copy
+           cannot be allocated; else the mma.sync kernel), ``"mma"``, ``"gather"`` or ``"copy"``
+           (the last two need sm_90a).  The copy ((R + 1) x (S + 64 E) elements) is allocated
+           on the stream from CUDA's stream-ordered pool, outside torch's allocator.  The CPU
+           ignores it.
     """
     if not isinstance(w, PackedWeight):
         raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")

@@ -8,6 +8,9 @@
 #   FLAGS_A="" FLAGS_B="-DSAM_WS_STAGES_M2=6" ROUNDS=3 \
 #     bash dev/lab/ab_builds.sh dev/lab/ssmm_kernels.py --S 32768 --fmt samoyeds-1:2:128 --kernels wgmma_ws
 #
+# AB_BASE_TAR (optional): build a from this tar of a commit instead of the working tree
+# (`git archive -o .ab/base.tar REV`, .ab carried): before/after a source change in one call.
+#
 # AB_CHECK (optional): a command run in build b's copy before any timing (its tests, say,
 # PYTHONPATH leading to that copy); if it fails nothing is timed.
 #
@@ -24,7 +27,12 @@ ROOT=$PWD
 rm -rf "$WORK" && mkdir -p "$WORK" "$OUT/ab"
 for b in a b; do
   mkdir -p "$WORK/$b"
-  tar -C "$ROOT" --exclude=./build --exclude=./gpu_out --exclude='./samoyeds/_C*.so' --exclude=./.git -cf - . | tar -C "$WORK/$b" -xf -
+  if [ $b = a ] && [ -n "${AB_BASE_TAR:-}" ]; then
+    tar -C "$WORK/a" -xf "$AB_BASE_TAR"
+  else
+    tar -C "$ROOT" --exclude=./build --exclude=./gpu_out --exclude='./samoyeds/_C*.so' --exclude=./.git --exclude=./.ab \
+      --exclude=./.whl -cf - . | tar -C "$WORK/$b" -xf -
+  fi
 done
 jobs=$(( $(nproc) > 1 ? $(nproc) / 2 : 1 ))  # each build half the cores
 t0=$(date +%s)
