@@ -294,17 +294,17 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
         // k-tile ahead by threads < 64 (row ptid, its token id loaded two k-tiles ahead) into
         // xoff_s[kt & 1][xr][i] (row xr + 8 i): each thread reads its 8 rows as 64 contiguous bytes
         int64_t *xoff_s = reinterpret_cast<int64_t *>(smem + C::XOFF_OFF);
-        auto x_id = [&](int kt) -> int64_t {
-            const int kk = kt * DWG_BK + ptid;
-            const int64_t s = s_begin + min(kk, n_e - 1);
-            const int64_t t = p.token_ids ? (int64_t)__ldg(p.token_ids + s) : s;
-            return kk < n_e ? t : -1;
+        // the token id of row ptid of k-tile kt, raw (its load left in flight until x_put's use)
+        auto x_id = [&](int kt) -> int32_t {
+            const int kk = min(kt * DWG_BK + ptid, n_e - 1);
+            return p.token_ids ? __ldg(p.token_ids + s_begin + kk) : (int32_t)(s_begin + kk);
         };
-        auto x_put = [&](int kt, int64_t t) {  // (bytes; x's rows are 16-byte aligned: the binding)
+        auto x_put = [&](int kt, int32_t id) {  // (bytes; x's rows are 16-byte aligned: the binding)
+            const int64_t t = kt * DWG_BK + ptid < n_e ? (int64_t)id : -1;
             xoff_s[(kt & 1) * DWG_BK + (ptid & 7) * 8 + (ptid >> 3)] =
                 t >= 0 && t < p.T ? t * p.ldx * (int64_t)sizeof(T) : -1;
         };
-        int64_t id_next = -1;
+        int32_t id_next = 0;
         if (ptid < DWG_BK && KT > 0) {
             x_put(0, x_id(0));
             if (KT > 1) id_next = x_id(1);
@@ -314,11 +314,15 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
         const uint32_t xoff_rd = smem_u32(xoff_s) + (uint32_t)xr * 64;
         for (int kt = 0; kt < KT; kt++) {
             const int st = kt % ST;
+            // this k-tile's x offsets (written before the last barrier), read before the wait
+            uint4 xv[DWG_BK / 16];
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 16; i++) xv[i] = lds_v4(xoff_rd + (kt & 1) * DWG_BK * 8 + 16 * i);
             if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
             const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
 #pragma unroll
             for (int i = 0; i < DWG_BK / 8; i += 2) {
-                const uint4 v = lds_v4(xoff_rd + (kt & 1) * DWG_BK * 8 + 8 * i);
+                const uint4 v = xv[i / 2];
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int r = xr + 8 * (i + h);

@@ -37,8 +37,8 @@ __device__ __forceinline__ int64_t dyt_segment(const int32_t *offsets, int e) {
 }
 inline int64_t dyt_cols(int64_t S, int E) { return (S + 64 * (int64_t)E + 63) / 64 * 64; }
 
-// dyt[r][c] for r < R and c < W: a CTA (256 threads) owns 32 columns x 512 rows; each thread
-// an 8 x 8 block (columns c0 + 8 sb .., rows r0 + 8 rb ..): the 8 source rows' 16-byte pieces
+// dyt[r][c] for r < R and c < W: a CTA (256 threads) owns 32 columns and chunks of 512 rows
+// (every gridDim.y-th); per chunk each thread an 8 x 8 block (columns c0 + 8 sb .., rows r0 + 8 rb ..): the 8 source rows' 16-byte pieces
 // loaded (scaled in fp32 and rounded), transposed in registers with byte permutes, written
 // as 8 16-byte pieces.  A warp reads 4 rows x 128 bytes and writes 8 rows x 64 bytes per
 // instruction.  vec: dy's rows and R hold whole 16-byte pieces, else element by element.
@@ -76,53 +76,54 @@ __global__ void __launch_bounds__(256) dyt_fill_kernel(const DytSrc p, int64_t R
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sb = lane & 3, rb = warp * 8 + (lane >> 2);
-    const int64_t r0 = (int64_t)blockIdx.y * 512 + 8 * rb;
-    if (r0 >= R) return;
     const T *dy = static_cast<const T *>(p.dy);
-    uint32_t a[8][4];  // a[i]: column c0 + 8 sb + i's elements r0 .. r0 + 7, in pairs
+    // row chunks blockIdx.y, + gridDim.y, ...: the columns' lookup above done once for several
+    for (int64_t r0 = (int64_t)blockIdx.y * 512 + 8 * rb; r0 < R; r0 += (int64_t)gridDim.y * 512) {
+        uint32_t a[8][4];  // a[i]: column c0 + 8 sb + i's elements r0 .. r0 + 7, in pairs
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int64_t t = src_tok[8 * sb + i];
-        uint32_t w[4] = {0u, 0u, 0u, 0u};
-        if (t >= 0) {
-            const T *row = dy + t * p.lddy + r0;
-            if (vec) {
-                const uint4 v = __ldg(reinterpret_cast<const uint4 *>(row));
-                w[0] = v.x;
-                w[1] = v.y;
-                w[2] = v.z;
-                w[3] = v.w;
-            } else {
-                const unsigned short *r16 = reinterpret_cast<const unsigned short *>(row);
+        for (int i = 0; i < 8; i++) {
+            const int64_t t = src_tok[8 * sb + i];
+            uint32_t w[4] = {0u, 0u, 0u, 0u};
+            if (t >= 0) {
+                const T *row = dy + t * p.lddy + r0;
+                if (vec) {
+                    const uint4 v = __ldg(reinterpret_cast<const uint4 *>(row));
+                    w[0] = v.x;
+                    w[1] = v.y;
+                    w[2] = v.z;
+                    w[3] = v.w;
+                } else {
+                    const unsigned short *r16 = reinterpret_cast<const unsigned short *>(row);
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const uint32_t lo = r0 + 2 * k < R ? __ldg(r16 + 2 * k) : 0u;
-                    const uint32_t hi = r0 + 2 * k + 1 < R ? __ldg(r16 + 2 * k + 1) : 0u;
-                    w[k] = lo | (hi << 16);
+                    for (int k = 0; k < 4; k++) {
+                        const uint32_t lo = r0 + 2 * k < R ? __ldg(r16 + 2 * k) : 0u;
+                        const uint32_t hi = r0 + 2 * k + 1 < R ? __ldg(r16 + 2 * k + 1) : 0u;
+                        w[k] = lo | (hi << 16);
+                    }
+                }
+                if (p.scale) {
+                    const float sc = src_sc[8 * sb + i];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        float x, y;
+                        unpack2<T>(w[k], x, y);
+                        w[k] = Elem<T>::pack2(x * sc, y * sc);
+                    }
                 }
             }
-            if (p.scale) {
-                const float sc = src_sc[8 * sb + i];
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    float x, y;
-                    unpack2<T>(w[k], x, y);
-                    w[k] = Elem<T>::pack2(x * sc, y * sc);
-                }
-            }
+            for (int k = 0; k < 4; k++) a[i][k] = w[k];
         }
+        // row r0 + j of the copy: word m holds columns 2 m, 2 m + 1 = element j of a[2 m], a[2 m + 1]
 #pragma unroll
-        for (int k = 0; k < 4; k++) a[i][k] = w[k];
-    }
-    // row r0 + j of the copy: word m holds columns 2 m, 2 m + 1 = element j of a[2 m], a[2 m + 1]
+        for (int j = 0; j < 8; j++) {
+            if (r0 + j >= R) break;
+            const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
+            uint32_t b[4];
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        if (r0 + j >= R) break;
-        const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
-        uint32_t b[4];
-#pragma unroll
-        for (int m = 0; m < 4; m++) b[m] = prmt(a[2 * m][j >> 1], a[2 * m + 1][j >> 1], sel);
-        *reinterpret_cast<uint4 *>(dyt + (r0 + j) * W + c0 + 8 * sb) = make_uint4(b[0], b[1], b[2], b[3]);
+            for (int m = 0; m < 4; m++) b[m] = prmt(a[2 * m][j >> 1], a[2 * m + 1][j >> 1], sel);
+            *reinterpret_cast<uint4 *>(dyt + (r0 + j) * W + c0 + 8 * sb) = make_uint4(b[0], b[1], b[2], b[3]);
+        }
     }
 }
 
@@ -133,7 +134,7 @@ template <typename T> T *dyt_make(const DytSrc &src, int64_t R, cudaStream_t s, 
     *st = SAM_STATUS_OK;
     const int64_t W = dyt_cols(src.S, src.E);
     void *buf = nullptr;
-    if (R <= 0 || W <= 0 || R >= INT32_MAX || W / 32 >= INT32_MAX || (R + 511) / 512 > 65535 ||
+    if (R <= 0 || W <= 0 || R >= INT32_MAX || W / 32 >= INT32_MAX ||
         cudaMallocAsync(&buf, (size_t)((R + 1) * W) * sizeof(T), s) != cudaSuccess) {
         (void)cudaGetLastError();  // the failed allocation, if any
         return nullptr;
@@ -144,7 +145,8 @@ template <typename T> T *dyt_make(const DytSrc &src, int64_t R, cudaStream_t s, 
         *st = launch_status("dyt_fill");
         return dyt;
     }
-    dyt_fill_kernel<T><<<dim3((unsigned)(W / 32), (unsigned)((R + 511) / 512)), 256, 0, s>>>(src, R, W, dyt, vec);
+    const int64_t chunks = (R + 511) / 512;  // of 512 rows; a CTA takes every 4th
+    dyt_fill_kernel<T><<<dim3((unsigned)(W / 32), (unsigned)(chunks < 4 ? chunks : 4)), 256, 0, s>>>(src, R, W, dyt, vec);
     *st = launch_status("dyt_fill");
     return dyt;
 }
