@@ -37,21 +37,20 @@ __device__ __forceinline__ int64_t dyt_segment(const int32_t *offsets, int e) {
 }
 inline int64_t dyt_cols(int64_t S, int E) { return (S + 64 * (int64_t)E + 63) / 64 * 64; }
 
-// dyt[r][c] for r < R and c < W: a CTA (256 threads) owns 32 columns and chunks of 512 rows
-// (every gridDim.y-th); per chunk each thread an 8 x 8 block (columns c0 + 8 sb .., rows r0 + 8 rb ..): the 8 source rows' 16-byte pieces
-// loaded (scaled in fp32 and rounded), transposed in registers with byte permutes, written
-// as 8 16-byte pieces.  A warp reads 4 rows x 128 bytes and writes 8 rows x 64 bytes per
-// instruction.  vec: dy's rows and R hold whole 16-byte pieces, else element by element.
+// dyt[r][c] for r < R and c < W: 64 x 64 tiles through shared memory, 256 threads: each warp
+// reads 8 rows of dy (2 elements a lane, 128 bytes a row) and writes 8 rows of dyt the same
+// way; vec: dy's rows and R hold whole element pairs (4-byte loads), else element by element.
 template <typename T>
 __global__ void __launch_bounds__(256) dyt_fill_kernel(const DytSrc p, int64_t R, int64_t W, T *dyt, bool vec) {
-    __shared__ int64_t src_tok[32];  // dy's row behind column c0 + i (-1: zeros)
-    __shared__ float src_sc[32];
-    const int64_t c0 = (int64_t)blockIdx.x * 32;
-    if (threadIdx.x < 32) {
-        // through the expert whose segment holds the column: the last e with dyt_segment(e) <= col
+    __shared__ uint16_t tile[64][66];
+    __shared__ int64_t src_row[64], src_tok[64];  // sorted row (-1: none) and its row of dy
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t c0 = (int64_t)blockIdx.x * 64, r0 = (int64_t)blockIdx.y * 64;
+    if (threadIdx.x < 64) {
+        // the row of dy behind column c0 + t (-1: padding or an invalid token), through the
+        // expert whose segment holds it: the last e with dyt_segment(e) <= c
         const int64_t col = c0 + threadIdx.x;
-        int64_t tok = -1;
-        float sc = 1.0f;
+        int64_t src = -1, tok = 0;
         if (p.E > 0 && col < W) {
             int lo = 0, hi = p.E - 1;
             while (lo < hi) {
@@ -65,65 +64,49 @@ __global__ void __launch_bounds__(256) dyt_fill_kernel(const DytSrc p, int64_t R
                 const int64_t s = sb + i;
                 const int64_t t = p.token_ids ? (int64_t)__ldg(p.token_ids + s) : s;
                 if (t >= 0 && t < p.T) {
+                    src = s;
                     tok = t;
-                    if (p.scale) sc = __ldg(p.scale + s);
                 }
             }
         }
+        src_row[threadIdx.x] = src;
         src_tok[threadIdx.x] = tok;
-        src_sc[threadIdx.x] = sc;
     }
     __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int sb = lane & 3, rb = warp * 8 + (lane >> 2);
     const T *dy = static_cast<const T *>(p.dy);
-    // row chunks blockIdx.y, + gridDim.y, ...: the columns' lookup above done once for several
-    for (int64_t r0 = (int64_t)blockIdx.y * 512 + 8 * rb; r0 < R; r0 += (int64_t)gridDim.y * 512) {
-        uint32_t a[8][4];  // a[i]: column c0 + 8 sb + i's elements r0 .. r0 + 7, in pairs
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int64_t t = src_tok[8 * sb + i];
-            uint32_t w[4] = {0u, 0u, 0u, 0u};
-            if (t >= 0) {
-                const T *row = dy + t * p.lddy + r0;
-                if (vec) {
-                    const uint4 v = __ldg(reinterpret_cast<const uint4 *>(row));
-                    w[0] = v.x;
-                    w[1] = v.y;
-                    w[2] = v.z;
-                    w[3] = v.w;
-                } else {
-                    const unsigned short *r16 = reinterpret_cast<const unsigned short *>(row);
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const uint32_t lo = r0 + 2 * k < R ? __ldg(r16 + 2 * k) : 0u;
-                        const uint32_t hi = r0 + 2 * k + 1 < R ? __ldg(r16 + 2 * k + 1) : 0u;
-                        w[k] = lo | (hi << 16);
-                    }
-                }
-                if (p.scale) {
-                    const float sc = src_sc[8 * sb + i];
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        float x, y;
-                        unpack2<T>(w[k], x, y);
-                        w[k] = Elem<T>::pack2(x * sc, y * sc);
-                    }
-                }
+    for (int j = 0; j < 8; j++) {
+        const int cl = warp + 8 * j;  // the tile's column (a sorted row)
+        const int64_t s = src_row[cl];
+        const int64_t r = r0 + 2 * lane;
+        float a = 0.0f, b = 0.0f;
+        if (s >= 0) {
+            const T *row = dy + src_tok[cl] * p.lddy + r;
+            if (vec && r + 1 < R) {
+                const uint32_t w = __ldg(reinterpret_cast<const unsigned int *>(row));
+                unpack2<T>(w, a, b);
+            } else {
+                if (r < R) a = Elem<T>::to_f(row[0]);
+                if (r + 1 < R) b = Elem<T>::to_f(row[1]);
             }
-#pragma unroll
-            for (int k = 0; k < 4; k++) a[i][k] = w[k];
+            if (p.scale) {
+                const float sc = __ldg(p.scale + s);
+                a *= sc;
+                b *= sc;
+            }
         }
-        // row r0 + j of the copy: word m holds columns 2 m, 2 m + 1 = element j of a[2 m], a[2 m + 1]
+        const uint32_t w = Elem<T>::pack2(a, b);
+        tile[cl][2 * lane] = (uint16_t)(w & 0xffffu);
+        tile[cl][2 * lane + 1] = (uint16_t)(w >> 16);
+    }
+    __syncthreads();
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            if (r0 + j >= R) break;
-            const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
-            uint32_t b[4];
-#pragma unroll
-            for (int m = 0; m < 4; m++) b[m] = prmt(a[2 * m][j >> 1], a[2 * m + 1][j >> 1], sel);
-            *reinterpret_cast<uint4 *>(dyt + (r0 + j) * W + c0 + 8 * sb) = make_uint4(b[0], b[1], b[2], b[3]);
-        }
+    for (int j = 0; j < 8; j++) {
+        const int rl = warp + 8 * j;
+        const int64_t r = r0 + rl, col = c0 + 2 * lane;
+        if (r >= R || col >= W) continue;
+        const uint32_t w = (uint32_t)tile[2 * lane][rl] | ((uint32_t)tile[2 * lane + 1][rl] << 16);
+        *reinterpret_cast<uint32_t *>(dyt + r * W + col) = w;  // W % 8 == 0: col + 1 < W
     }
 }
 
@@ -134,19 +117,18 @@ template <typename T> T *dyt_make(const DytSrc &src, int64_t R, cudaStream_t s, 
     *st = SAM_STATUS_OK;
     const int64_t W = dyt_cols(src.S, src.E);
     void *buf = nullptr;
-    if (R <= 0 || W <= 0 || R >= INT32_MAX || W / 32 >= INT32_MAX ||
+    if (R <= 0 || W <= 0 || R >= INT32_MAX || W / 64 >= INT32_MAX || (R + 63) / 64 > 65535 ||
         cudaMallocAsync(&buf, (size_t)((R + 1) * W) * sizeof(T), s) != cudaSuccess) {
         (void)cudaGetLastError();  // the failed allocation, if any
         return nullptr;
     }
-    const bool vec = src.lddy % 8 == 0 && R % 8 == 0 && (reinterpret_cast<uintptr_t>(src.dy) & 15) == 0;
+    const bool vec = src.lddy % 2 == 0 && R % 2 == 0 && (reinterpret_cast<uintptr_t>(src.dy) & 3) == 0;
     T *dyt = static_cast<T *>(buf);
     if (cudaMemsetAsync(dyt + R * W, 0, (size_t)W * sizeof(T), s) != cudaSuccess) {
         *st = launch_status("dyt_fill");
         return dyt;
     }
-    const int64_t chunks = (R + 511) / 512;  // of 512 rows; a CTA takes every 4th
-    dyt_fill_kernel<T><<<dim3((unsigned)(W / 32), (unsigned)(chunks < 4 ? chunks : 4)), 256, 0, s>>>(src, R, W, dyt, vec);
+    dyt_fill_kernel<T><<<dim3((unsigned)(W / 64), (unsigned)((R + 63) / 64)), 256, 0, s>>>(src, R, W, dyt, vec);
     *st = launch_status("dyt_fill");
     return dyt;
 }
