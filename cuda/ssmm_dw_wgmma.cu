@@ -32,14 +32,20 @@
 //
 // ---- gather, or copy first (dw_use_copy, ssmm_dw.cuh) --------------------------------------
 // The gather below re-reads M candidate rows of dy per kept row and permutes them in every
-// CTA of a row block, i.e. once per column block.  Where there are many column blocks (C >=
-// 4096) the launcher instead writes dy transposed once (dyt_fill_kernel: per sorted row s of
-// expert e, column dyt_segment(e) + s - offsets[e], scaled and rounded as the gather does,
-// zeros between the experts' segments) and the producer (TR) copies each storage row's kept
-// row of it, 64 tokens = one 128-byte K-major row per k-tile, straight into a B tile by
+// CTA of a row block, i.e. once per column block.  The rule instead has the launcher write
+// dy transposed once (ssmm_dyt.cuh: per sorted row s of expert e, column dyt_segment(e) + s -
+// offsets[e], scaled and rounded as the gather does; segments on 64-column boundaries with
+// zeros to the next k-tile; a zero row R) and the producer (TR) copies each storage row's
+// kept row of it, 64 tokens = one 128-byte K-major row per k-tile, straight into a B tile by
 // cp.async: per k-tile 32 KB of dy instead of 32 M KB of candidates, no permutes, no
 // staging, so one more stage (4).  The consumers read that B K-major (wgmma's transpose bit
-// 0, the start stepping 32 bytes per k16).  Measured: docs/KERNELS.md.
+// 0, the start stepping 32 bytes per k16).  The TR producer is built to issue few
+// instructions (~190 a k-tile, from ~500; ncu showed the consumers waiting on it): the copy's
+// row of each storage row is found once per CTA (into shared memory, then 16 running
+// pointers a thread, the zero row where none is kept: no predicates), and x's row offsets
+// of a k-tile are written a k-tile ahead by 64 threads into shared memory, their token ids
+// loaded two k-tiles ahead.  The gather stays for where the copy cannot be allocated.
+// Measured: docs/KERNELS.md.
 //
 // ---- the CTA ---------------------------------------------------------------------------
 // One CTA per (expert, 256 storage rows, 128 columns): the grid is known on the host, every
