@@ -366,14 +366,17 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
         needs &= ~NEED_GATE_UP_BIAS
     if down_bias is None:
         needs &= ~NEED_DOWN_BIAS
-    res = [x.new_zeros(shape, dtype=dt) for shape, dt in _grad_shapes(x, top_k_weights, gate_up_values, down_values,
-                                                                    gate_up_bias, down_bias, needs)]
+    shapes = _grad_shapes(x, top_k_weights, gate_up_values, down_values, gate_up_bias, down_bias, needs)
+    res = [None] * len(shapes)   # each written by its op below (ssmm_dw writes every entry); zeros where none
+
+    def results():
+        return tuple(t if t is not None else x.new_zeros(shape, dtype=dt) for t, (shape, dt) in zip(res, shapes))
     x = x.detach()
     T, H = x.shape
     K = top_k_index.shape[1]
     S, I = T * K, gate_up_rows // 2
     if S == 0 or (grad_out is None and grad_preact is None) or not needs:
-        return tuple(res)
+        return results()
     gu, dn = _packed_pair(gate_up_values, gate_up_meta, gate_up_idx, gate_up_rows, gate_up_cols, down_values,
                           down_meta, down_idx, down_rows, down_cols, n, m, v)
     xdt = _dtype_name(x.dtype)
@@ -431,7 +434,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             res[2] = ssmm_dw(dpre_x, x, gu, r.offsets, r.token_ids)
         if needs & NEED_X:
             res[0] = combine(_matmul_w(dpre_x, gu, r.offsets, None, None, S, dx_path), r.pos, dtype=xdt)
-    return tuple(res)
+    return results()
 
 
 # indices of the differentiable inputs of moe_forward / moe_forward_train, and their bits
