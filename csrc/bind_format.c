@@ -197,3 +197,76 @@ PyObject *sam_py_format_gather(PyObject *module, PyObject *args, PyObject *kw)
         return NULL;
     return sam_run_op(&gather_op, module, o, o_stream, 0, NULL);
 }
+
+/* ---- format_transpose_values(out, tmeta, values, meta, idx, n, m, v, glu, rows, cols, stream=None)
+ * out: the values of W^T's plain 2:4 packing under its metadata tmeta, from the packed W
+ * (logical [E, rows, cols]): the refresh of PackedWeight.transposed() (samoyeds/packed.py). */
+
+enum { T_VALUES, T_META, T_IDX, T_OUT, T_TMETA, T_COUNT };
+enum { V_TRP = V_SL + 1, V_TCP2, V_TMR, V_TMC };
+static const sam_arg_spec transpose_args[] = {
+    PACKED(0, -1, 0),
+    [T_OUT] = {"out", 0, 3, {SAM_VAR(V_E), SAM_VAR(V_TRP), SAM_VAR(V_TCP2)},
+               SAM_ARG_CONTIG | SAM_ARG_OUT | SAM_ARG_LIKE, T_VALUES, 16, 0},
+    [T_TMETA] = {"tmeta", SAM_DT(SAM_U32), 4, {SAM_VAR(V_E), SAM_VAR(V_TMR), SAM_VAR(V_TMC), 16}, SAM_ARG_CONTIG,
+                 -1, 16, 0},
+};
+
+typedef struct transpose_ctx {
+    sam_format f;
+    sam_dims d, td;
+    int rows, cols;
+} transpose_ctx;
+
+static int transpose_derive(sam_op_call *c, void *vctx)
+{
+    transpose_ctx *x = vctx;
+    if (sam_arg_dims(x->f, c->t[T_VALUES].shape[0], x->rows, x->cols, "rows", "cols", &x->d) < 0) return -1;
+    BIND_PACKED(c, &x->d);
+    const sam_format plain = {1, 1, 0, 0};
+    if (sam_dims_make(plain, x->d.E, x->cols, x->rows, &x->td) != 0) {
+        PyErr_Format(PyExc_ValueError, "rows: expected a multiple of 4 (the columns of W^T, 2:4-packed), got %d",
+                     x->rows);
+        return -1;
+    }
+    sam_op_bind(c, V_TRP, x->td.rp);
+    sam_op_bind(c, V_TCP2, x->td.cp / 2);
+    sam_op_bind(c, V_TMR, x->td.rp / 16);
+    sam_op_bind(c, V_TMC, x->td.cp / 32);
+    return 0;
+}
+
+static sam_status transpose_run(const sam_op_call *c, void *vctx, void *stream)
+{
+    const transpose_ctx *x = vctx;
+    const sam_tensor *t = c->t;
+    const uint32_t *tmeta = (const uint32_t *)t[T_TMETA].data, *meta = (const uint32_t *)t[T_META].data;
+    const uint8_t *idx = t[T_IDX].present ? (const uint8_t *)t[T_IDX].data : NULL;
+    const int eb = (int)sam_dtype_size(t[T_VALUES].dtype);
+    return SAM_DISPATCH(c, stream,
+                        sam_format_transpose_values_ref(t[T_OUT].data, tmeta, t[T_VALUES].data, meta, idx, eb, x->f,
+                                                        &x->d, &x->td),
+                        sam_format_transpose_values_cuda(t[T_OUT].data, tmeta, t[T_VALUES].data, meta, idx, eb,
+                                                         x->f, &x->d, &x->td, stream));
+}
+
+static const sam_op transpose_op = {"format_transpose_values", transpose_args, T_COUNT, transpose_derive, NULL,
+                                    transpose_run};
+
+PyObject *sam_py_format_transpose_values(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"out", "tmeta", "values", "meta", "idx", "n", "m", "v", "glu", "rows", "cols",
+                             "stream", NULL};
+    PyObject *o[T_COUNT], *o_rows, *o_cols, *o_stream = Py_None;
+    int n, m, v, glu;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOiiipOO|O:format_transpose_values", kwlist, &o[T_OUT],
+                                     &o[T_TMETA], &o[T_VALUES], &o[T_META], &o[T_IDX], &n, &m, &v, &glu, &o_rows,
+                                     &o_cols, &o_stream))
+        return NULL;
+    transpose_ctx x;
+    if (sam_arg_format(n, m, v, glu, &x.f) < 0) return NULL;
+    if (sam_arg_int(o_rows, "rows", 0, INT32_MAX, "0 <= rows < 2**31", &x.rows) < 0 ||
+        sam_arg_int(o_cols, "cols", 0, INT32_MAX, "0 <= cols < 2**31", &x.cols) < 0)
+        return NULL;
+    return sam_run_op(&transpose_op, module, o, o_stream, sam_format_has_selection(x.f), &x);
+}

@@ -324,3 +324,59 @@ sam_status sam_format_gather_ref(void *out, const void *values, int64_t n, int e
     }
     return SAM_STATUS_OK;
 }
+
+/* The storage row holding original row orow in column c's slice (a row of the weight, both GLU
+ * halves counted); 0 when no condensed row of its group keeps it there.  ie: the expert's
+ * row indices (NULL without row selection). */
+static int storage_row_of(sam_format f, const sam_dims *d, const uint8_t *ie, int64_t orow, int64_t c, int64_t *p)
+{
+    const int h = f.glu ? (int)(orow / d->half_rows) : 0;
+    const int64_t rin = orow - (int64_t)h * d->half_rows, grp = rin / f.m;
+    const int sel = (int)(rin % f.m);
+    for (int t = 0; t < f.n; t++) {
+        const int64_t q = grp * f.n + t;
+        if (q >= d->rc) break;
+        const int64_t pp = sam_storage_index(f.glu, h, q);
+        const int s = ie != NULL ? ie[(c / f.v) * d->rp + pp] : 0;
+        if (s == sel) {
+            *p = pp;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+sam_status sam_format_transpose_values_ref(void *out, const uint32_t *tmeta, const void *values,
+                                           const uint32_t *meta, const uint8_t *idx, int elem_bytes,
+                                           sam_format f, const sam_dims *d, const sam_dims *td)
+{
+    const size_t es = (size_t)elem_bytes;
+    const int sel = sam_format_has_selection(f);
+    const int64_t nv = sam_values_per_expert(d), nm = sam_meta_per_expert(d), ni = sam_idx_per_expert(d);
+    const int64_t tnv = sam_values_per_expert(td), tnm = sam_meta_per_expert(td), tk = td->cp / 2;
+    for (int64_t e = 0; e < d->E; e++) {
+        const uint8_t *ie = sel ? idx + e * ni : NULL;
+        for (int64_t c = 0; c < td->rp; c++) {
+            for (int64_t k = 0; k < tk; k++) {
+                const int64_t o = e * tnv + c * tk + k;
+                zero_elem(out, o, es);
+                if (c >= d->C) continue;
+                /* the place's row of W: its window's first row and the position tmeta names */
+                const int64_t tc = k / 2 * 4;
+                const uint32_t tn = (sam_ld_u32(tmeta, e * tnm + sam_meta_word(td, c, tc)) >> sam_meta_shift(c, tc)) & 0xfu;
+                const int64_t orow = tc + (int64_t)((k & 1) ? tn >> 2 : tn & 3u);
+                int64_t p;
+                if (orow >= d->R || !storage_row_of(f, d, ie, orow, c, &p)) continue;
+                const uint32_t nib = (sam_ld_u32(meta, e * nm + sam_meta_word(d, p, c)) >> sam_meta_shift(p, c)) & 0xfu;
+                const int64_t vb = e * nv + p * (d->cp / 2) + c / 4 * 2;
+                /* (the second slot first: where a malformed code names one column twice, the
+                 * kernel's later write, the second slot's value, is what stays) */
+                if ((int64_t)(nib >> 2) == c % 4)
+                    copy_elem(out, o, values, vb + 1, es);
+                else if ((int64_t)(nib & 3u) == c % 4)
+                    copy_elem(out, o, values, vb, es);
+            }
+        }
+    }
+    return SAM_STATUS_OK;
+}

@@ -257,6 +257,10 @@ static PyMethodDef sam_methods[] = {
     {"format_gather", (PyCFunction)(void (*)(void))sam_py_format_gather, METH_VARARGS | METH_KEYWORDS,
      "format_gather(out, values, src, stream=None): out[i] = values.flat[src[i]], 0 where src[i] is outside "
      "values."},
+    {"format_transpose_values", (PyCFunction)(void (*)(void))sam_py_format_transpose_values,
+     METH_VARARGS | METH_KEYWORDS,
+     "format_transpose_values(out, tmeta, values, meta, idx, n, m, v, glu, rows, cols, stream=None): out = the "
+     "values of W^T's 2:4 packing under its metadata tmeta, from the packed W of logical shape [E, rows, cols]."},
     {"ssmm", (PyCFunction)(void (*)(void))sam_py_ssmm, METH_VARARGS | METH_KEYWORDS,
      "ssmm(out, x, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, act=0, "
      "bias=None, scale=None, alpha=1.702, limit=7.0, impl=0, stream=None)."},

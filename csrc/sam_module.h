@@ -31,6 +31,7 @@ PyObject *sam_py_format_mask(PyObject *module, PyObject *args, PyObject *kw);   
 PyObject *sam_py_format_pack(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_format_unpack(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_format_gather(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *sam_py_format_transpose_values(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw);           /* bind_ssmm.c */
 PyObject *sam_py_ssmm_dw(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_ssmm_dx(PyObject *module, PyObject *args, PyObject *kw);

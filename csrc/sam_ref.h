@@ -158,6 +158,12 @@ sam_status sam_format_pack_ref(void *values, uint32_t *meta, uint8_t *idx,
 /* out[i] = values[src[i]] for 0 <= src[i] < n, else 0 (cuda/samoyeds_cuda.h). */
 sam_status sam_format_gather_ref(void *out, const void *values, int64_t n, int elem_bytes, const int32_t *src,
                                  int64_t count);
+/* out (the values of W^T's plain 2:4 packing, [E][td->rp][td->cp/2]) from the packed weight W:
+ * every place the value of W that tmeta, W^T's metadata, names there, 0 where W keeps none
+ * (cuda/samoyeds_cuda.h). */
+sam_status sam_format_transpose_values_ref(void *out, const uint32_t *tmeta, const void *values,
+                                           const uint32_t *meta, const uint8_t *idx, int elem_bytes,
+                                           sam_format f, const sam_dims *d, const sam_dims *td);
 sam_status sam_format_unpack_ref(void *out, const void *values, const uint32_t *meta,
                                  const uint8_t *idx, sam_dtype t,
                                  sam_format f, const sam_dims *d);

@@ -428,3 +428,132 @@ extern "C" sam_status sam_format_gather_cuda(void *out, const void *values, int6
     sam::set_error("format_gather: elements of 2 or 4 bytes, got %d", elem_bytes);
     return SAM_STATUS_UNSUPPORTED;
 }
+
+namespace sam {
+namespace {
+
+// format_transpose_values: one CTA per tile of W^T's packing, CT rows (W's columns c0..)
+// by 64 places (W's rows r0 .. r0+127), E = the element's bits (uint16_t / uint32_t).
+// 1. W's tile, transposed, into shared memory: every condensed row whose original row falls
+//    in the tile, 4 columns a thread (one meta nibble, two values read together; a row's
+//    threads read its CT/2 values in one piece), each value written at [column][row].
+// 2. Every place of the tile reads the row its tmeta nibble names from that tile (8 places
+//    a thread: one tmeta half-word, one 16-byte store; 8 threads write a row's 128 bytes).
+// W's values are read once, the places written once; no index map.
+constexpr int TV_K = 64;          // places of a W^T row per tile
+constexpr int TV_ROWS = 2 * TV_K; // W's rows per tile
+constexpr int TV_THREADS = 256;
+
+template <typename E>
+__global__ void __launch_bounds__(TV_THREADS) transpose_values_kernel(E *out, const uint32_t *tmeta,
+                                                                      const E *values, const uint32_t *meta,
+                                                                      const uint8_t *idx, sam_format f, sam_dims d,
+                                                                      sam_dims td) {
+    constexpr int CT = 128 / (int)sizeof(E);        // W's columns per tile
+    constexpr int LD = TV_ROWS + 4 / (int)sizeof(E); // row pitch: one word more than the rows
+    constexpr int G = CT / 4;
+    __shared__ __align__(16) E tile[CT * LD];
+    const int64_t e = blockIdx.z;
+    const int64_t c0 = (int64_t)blockIdx.x * CT, k0 = (int64_t)blockIdx.y * TV_K, r0 = 2 * k0;
+    for (int i = threadIdx.x; i < CT * LD * (int)sizeof(E) / 4; i += TV_THREADS)
+        reinterpret_cast<uint32_t *>(tile)[i] = 0u;
+    __syncthreads();
+
+    const uint32_t *me = meta + e * sam_meta_per_expert(&d);
+    const uint8_t *ie = idx != nullptr ? idx + e * d.slices * d.rp : nullptr;
+    const E *ve = values + e * d.rp * (d.cp / 2);
+    for (int h = 0; h < (f.glu ? 2 : 1); h++) {
+        const int64_t base = (int64_t)h * d.half_rows;
+        const int64_t lo = r0 - base > 0 ? r0 - base : 0;
+        const int64_t hi = r0 + TV_ROWS - base < d.half_rows ? r0 + TV_ROWS - base : d.half_rows;
+        if (lo >= hi) continue;
+        const int qlo = (int)(lo / f.m * f.n);
+        const int64_t qend = (hi - 1) / f.m * f.n + f.n;
+        const int qhi = (int)(qend < d.rc ? qend : d.rc);
+        for (int it = threadIdx.x; it < (qhi - qlo) * G; it += TV_THREADS) {
+            const int q = qlo + it / G;
+            const int c = (int)c0 + 4 * (it % G);
+            if (c >= d.C) continue;
+            const int64_t p = sam_storage_index(f.glu, h, q);
+            int s = 0;
+            if (ie != nullptr) {
+                s = ie[(int64_t)(c / f.v) * d.rp + p];
+                if (s >= f.m) continue;
+            }
+            const int64_t row = base + (int64_t)(q / f.n) * f.m + s - r0;
+            if (row < 0 || row >= TV_ROWS) continue;
+            const unsigned nib = (__ldg(me + sam_meta_word(&d, p, c)) >> sam_meta_shift(p, c)) & 0xfu;
+            const E *src = ve + p * (d.cp / 2) + c / 2;
+            E v0, v1;
+            if constexpr (sizeof(E) == 2) {
+                const uint32_t two = __ldg(reinterpret_cast<const uint32_t *>(src));
+                v0 = (E)(two & 0xffffu);
+                v1 = (E)(two >> 16);
+            } else {
+                const uint2 two = __ldg(reinterpret_cast<const uint2 *>(src));
+                v0 = (E)two.x;
+                v1 = (E)two.y;
+            }
+            E *col = tile + (c - (int)c0) * LD + (int)row;
+            col[(nib & 3u) * LD] = v0;
+            col[(nib >> 2) * LD] = v1;
+        }
+    }
+    __syncthreads();
+
+    const uint32_t *tme = tmeta + e * sam_meta_per_expert(&td);
+    const int64_t tk = td.cp / 2;
+    for (int it = threadIdx.x; it < CT * (TV_K / 8); it += TV_THREADS) {
+        const int cl = it / (TV_K / 8), kc = it % (TV_K / 8);
+        const int64_t c = c0 + cl, k = k0 + 8 * kc, tc = 2 * k;
+        const uint32_t hw = (__ldg(tme + sam_meta_word(&td, c, tc)) >> sam_meta_shift(c, tc)) & 0xffffu;
+        const E *row = tile + cl * LD + 16 * kc;
+        E v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const unsigned nib = (hw >> (4 * (i / 2))) & 0xfu;
+            v[i] = row[4 * (i / 2) + ((i & 1) ? (nib >> 2) : (nib & 3u))];
+        }
+        uint4 *dst = reinterpret_cast<uint4 *>(out + (e * td.rp + c) * tk + k);
+#pragma unroll
+        for (int q = 0; q < (int)sizeof(E) / 2; q++) dst[q] = reinterpret_cast<const uint4 *>(v)[q];
+    }
+}
+
+template <typename E>
+sam_status transpose_values_typed(void *out, const uint32_t *tmeta, const void *values, const uint32_t *meta,
+                                  const uint8_t *idx, sam_format f, const sam_dims &d, const sam_dims &td,
+                                  cudaStream_t s) {
+    constexpr int CT = 128 / (int)sizeof(E);
+    const int64_t ctiles = td.rp / CT, ktiles = td.cp / 2 / TV_K;
+    if (d.E == 0 || ctiles == 0 || ktiles == 0) return SAM_STATUS_OK;
+    if (td.rp % CT != 0 || (td.cp / 2) % TV_K != 0 || ((reinterpret_cast<uintptr_t>(out) |
+                                                         reinterpret_cast<uintptr_t>(values)) & 15) != 0) {
+        set_error("format_transpose_values: out and values must start on 16 bytes, W^T's packing on whole tiles");
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (ctiles > INT32_MAX || ktiles > 65535 || d.E > 65535) {
+        set_error("format_transpose_values: a weight of %lld experts and %lld x %lld is more than one launch takes",
+                  (long long)d.E, (long long)d.R, (long long)d.C);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    transpose_values_kernel<E><<<dim3((unsigned)ctiles, (unsigned)ktiles, (unsigned)d.E), TV_THREADS, 0, s>>>(
+        (E *)out, tmeta, (const E *)values, meta, idx, f, d, td);
+    return launch_status("format_transpose_values");
+}
+
+}  // namespace
+}  // namespace sam
+
+extern "C" sam_status sam_format_transpose_values_cuda(void *out, const uint32_t *tmeta, const void *values,
+                                                       const uint32_t *meta, const uint8_t *idx, int elem_bytes,
+                                                       sam_format f, const sam_dims *d, const sam_dims *td,
+                                                       void *stream) {
+    cudaStream_t s = (cudaStream_t)stream;
+    if (elem_bytes == 2)
+        return sam::transpose_values_typed<uint16_t>(out, tmeta, values, meta, idx, f, *d, *td, s);
+    if (elem_bytes == 4)
+        return sam::transpose_values_typed<uint32_t>(out, tmeta, values, meta, idx, f, *d, *td, s);
+    sam::set_error("format_transpose_values: elements of 2 or 4 bytes, got %d", elem_bytes);
+    return SAM_STATUS_UNSUPPORTED;
+}

@@ -88,6 +88,16 @@ sam_status sam_format_pack_cuda(void *values, uint32_t *meta, uint8_t *idx,
 sam_status sam_format_gather_cuda(void *out, const void *values, int64_t n, int elem_bytes, const int32_t *src,
                                   int64_t count, void *stream);
 
+/* The values of W^T's plain 2:4 packing (out [E][td->rp][td->cp/2], tmeta its metadata,
+ * td the dims of W^T [E][C][R]) from the packed weight W (values, meta, idx in format f,
+ * dims d): every place gets the value of W that tmeta names there, 0 where W keeps none.
+ * The refresh of PackedWeight.transposed() after an optimizer step; one pass over W's
+ * values and out, no index map.  Malformed meta or idx give unspecified values, never an
+ * access outside the arrays. */
+sam_status sam_format_transpose_values_cuda(void *out, const uint32_t *tmeta, const void *values,
+                                            const uint32_t *meta, const uint8_t *idx, int elem_bytes,
+                                            sam_format f, const sam_dims *d, const sam_dims *td, void *stream);
+
 /* out[E][R][C] = the masked dense weight.  Synchronises the stream to report
  * invalid metadata or indices (SAM_STATUS_BAD_DATA). */
 sam_status sam_format_unpack_cuda(void *out, const void *values, const uint32_t *meta,

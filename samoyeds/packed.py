@@ -160,11 +160,10 @@ class PackedWeight:
         backward's ``dX = dY @ W`` runs on with :func:`samoyeds.ssmm`.
 
         Built once per mask (cached with the ``meta`` tensor, weakly: it goes with the
-        weight) together with an index map from its values to this weight's; when
-        ``values`` changed since (an optimizer step in place, a new tensor, another dtype)
-        the transposed values are refreshed by one gather through that map.  The cache
-        holds the transposed values (``E * C * R / 2`` elements) and one int32 per
-        transposed value (the index of its source, or of a zero for a padding place).
+        weight); when ``values`` changed since (an optimizer step in place, a new tensor,
+        another dtype) the transposed values are refreshed in one pass over this weight's
+        values and metadata (``_C.format_transpose_values``).  The cache holds the
+        transposed values (``E * C * R / 2`` elements) and their metadata.
 
         Raises a ValueError for a weight that is not :attr:`transposable`."""
         return transposed_arrays(self.values, self.meta, self.idx, self.fmt, self.shape3, self.glu)
@@ -255,7 +254,8 @@ class _Relayout:
         self.packed = packed   # the repacked PackedWeight; its values (a view of buf) refreshed in place
         self.buf = buf         # flat: the repacked values
         self.src = src         # int32/int64 [buf.numel()]: the flat index in values of each place's value,
-        #                        values.numel() for a padding place (the zero appended to the values)
+        #                        values.numel() for a padding place (the zero appended to the values);
+        #                        None for the transposed layout (refreshed by _C.format_transpose_values)
         self.stamp = None      # (data_ptr, _version, dtype) of the values last copied
 
 
@@ -303,11 +303,18 @@ def _relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, sha
             if entry.buf.dtype != values.dtype:
                 entry.buf = torch.zeros(entry.buf.shape, dtype=values.dtype, device=entry.buf.device)
                 entry.packed.values = entry.buf.view(entry.packed.values.shape)
-            # one gather (_C.format_gather): every place reads its value (padding: a source
-            # past the values, read as 0) and the places are written in order (coalesced,
-            # each once; a scatter wrote at random and sent every padding value to one
-            # element); no copy of the values with a zero appended
-            if entry.src.dtype == torch.int32:
+            if entry.src is None:
+                # (transposed) one pass of _C.format_transpose_values: W's values read once,
+                # every place of the transposed packing written once from the place its
+                # metadata names, no index map
+                E, R, C = shape3
+                n, m, v = fmt.c_args()
+                _C.format_transpose_values(entry.buf.view(entry.packed.values.shape), entry.packed.meta,
+                                           values.detach().contiguous(), meta, idx, n, m, v, glu, R, C,
+                                           stream=current_stream(values))
+            elif entry.src.dtype == torch.int32:
+                # one gather (_C.format_gather): every place reads its value (padding: a source
+                # past the values, read as 0) and the places are written in order
                 _C.format_gather(entry.buf.view(-1), values.detach().contiguous(), entry.src,
                                  stream=current_stream(values))
             else:   # (2**31 places or more: torch's gather with int64 indices)
@@ -334,7 +341,8 @@ def _build_relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseForma
     dev = values.device
     ntv = tdims.rp * (tdims.cp // 2)
     itype = torch.int64 if max(E * nv, E * ntv) >= 2**31 - 1 else torch.int32
-    src_of_place = torch.full((E * ntv,), E * nv, dtype=itype, device=dev)   # E * nv: the appended zero
+    # E * nv: the appended zero; the transposed packing needs no map (_C.format_transpose_values)
+    src_of_place = None if layout == "transposed" else torch.full((E * ntv,), E * nv, dtype=itype, device=dev)
     tmeta = torch.empty((E, tdims.rp // 16, tdims.cp // 32, 16), dtype=torch.uint32, device=dev)
     tidx = torch.empty((E, tdims.slices, tdims.rp), dtype=torch.uint8, device=dev) if tfmt.selects_rows else None
     coord = torch.arange(1, nv + 1, device=dev, dtype=torch.int64).reshape(1, dims.rp, dims.cp // 2)
@@ -351,10 +359,11 @@ def _build_relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseForma
             dense.append(d.transpose(1, 2).contiguous() if layout == "transposed" else d)
         m = (dense[0] != 0) | (dense[1] != 0)
         thi, tlo = (pack(d, tfmt, mask=m, glu=tglu) for d in dense)
-        src = ((thi.values.long() << 12) + tlo.values.long() - 1).reshape(-1)   # value of each place, or -1
-        expert = torch.arange(e0, e1, device=dev, dtype=torch.int64).repeat_interleave(ntv)
-        live = src >= 0
-        src_of_place[e0 * ntv:e1 * ntv][live] = (src + expert * nv)[live].to(itype)
+        if src_of_place is not None:
+            src = ((thi.values.long() << 12) + tlo.values.long() - 1).reshape(-1)   # value of each place, or -1
+            expert = torch.arange(e0, e1, device=dev, dtype=torch.int64).repeat_interleave(ntv)
+            live = src >= 0
+            src_of_place[e0 * ntv:e1 * ntv][live] = (src + expert * nv)[live].to(itype)
         tmeta[e0:e1] = thi.meta
         if tidx is not None:
             tidx[e0:e1] = thi.idx
