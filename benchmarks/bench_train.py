@@ -364,8 +364,8 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         ("ssmm_down", lambda: sm.ssmm(h, dn, r.offsets, None, bias=to._opt(dnb), scale=ws, check=False)),
         ("combine", lambda: sm.combine(y, r.pos, dtype=xdt)),
     ]
-    bwd = [
-        ("route", lambda: sm.gather_weights(w.detach().contiguous(), sm.route(idx.contiguous(), E))),
+    bwd = [   # (the backward takes the forward's routing: torch_ops._route)
+        ("gather_weights", lambda: sm.gather_weights(w.detach().contiguous(), r)),
         ("glu_recompute", lambda: sm.glu(preact[:, :I], preact[:, I:], act=m.act, alpha=alpha, limit=limit)),
         ("gather_dout", lambda: dout.index_select(0, r.token_ids)),
         ("ssmm_dw_down", lambda: _ssmm_dw(g, h, dn, r.offsets, None, ws)),

@@ -452,11 +452,23 @@ __global__ void __launch_bounds__(TV_THREADS) transpose_values_kernel(E *out, co
     constexpr int CT = 128 / (int)sizeof(E);        // W's columns per tile
     constexpr int LD = TV_ROWS + 4 / (int)sizeof(E); // row pitch: one word more than the rows
     constexpr int G = CT / 4;
+    constexpr int U = 4;                             // items of step 1 a thread has in flight
+    constexpr int P2 = CT * (TV_K / 8) / TV_THREADS; // step 2's pieces a thread
     __shared__ __align__(16) E tile[CT * LD];
     const int64_t e = blockIdx.z;
     const int64_t c0 = (int64_t)blockIdx.x * CT, k0 = (int64_t)blockIdx.y * TV_K, r0 = 2 * k0;
-    for (int i = threadIdx.x; i < CT * LD * (int)sizeof(E) / 4; i += TV_THREADS)
-        reinterpret_cast<uint32_t *>(tile)[i] = 0u;
+
+    // step 2's tmeta half-words first: they depend on nothing here
+    const uint32_t *tme = tmeta + e * sam_meta_per_expert(&td);
+    uint32_t hw[P2];
+#pragma unroll
+    for (int j = 0; j < P2; j++) {
+        const int it = threadIdx.x + j * TV_THREADS;
+        const int64_t c = c0 + it / (TV_K / 8), tc = 2 * (k0 + 8 * (it % (TV_K / 8)));
+        hw[j] = __ldg(tme + sam_meta_word(&td, c, tc)) >> sam_meta_shift(c, tc);
+    }
+    for (int i = threadIdx.x; i < CT * LD * (int)sizeof(E) / 16; i += TV_THREADS)
+        reinterpret_cast<uint4 *>(tile)[i] = make_uint4(0u, 0u, 0u, 0u);
     __syncthreads();
 
     const uint32_t *me = meta + e * sam_meta_per_expert(&d);
@@ -469,49 +481,62 @@ __global__ void __launch_bounds__(TV_THREADS) transpose_values_kernel(E *out, co
         if (lo >= hi) continue;
         const int qlo = (int)(lo / f.m * f.n);
         const int64_t qend = (hi - 1) / f.m * f.n + f.n;
-        const int qhi = (int)(qend < d.rc ? qend : d.rc);
-        for (int it = threadIdx.x; it < (qhi - qlo) * G; it += TV_THREADS) {
-            const int q = qlo + it / G;
-            const int c = (int)c0 + 4 * (it % G);
-            if (c >= d.C) continue;
-            const int64_t p = sam_storage_index(f.glu, h, q);
-            int s = 0;
-            if (ie != nullptr) {
-                s = ie[(int64_t)(c / f.v) * d.rp + p];
-                if (s >= f.m) continue;
+        const int items = ((int)(qend < d.rc ? qend : d.rc) - qlo) * G;
+        for (int i0 = 0; i0 < items; i0 += U * TV_THREADS) {
+            // U items' loads (row index, meta word, two values) in flight together
+            int s[U], q[U], c[U];
+            uint32_t w[U], two[U][sizeof(E) / 2];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int it = i0 + u * TV_THREADS + threadIdx.x;
+                q[u] = qlo + it / G;
+                c[u] = (int)c0 + 4 * (it % G);
+                s[u] = -1;
+                if (it >= items || c[u] >= d.C) continue;
+                const int64_t p = sam_storage_index(f.glu, h, q[u]);
+                s[u] = ie != nullptr ? (int)__ldg(ie + (int64_t)(c[u] / f.v) * d.rp + p) : 0;
+                w[u] = __ldg(me + sam_meta_word(&d, p, c[u])) >> sam_meta_shift(p, c[u]);
+                const E *src = ve + p * (d.cp / 2) + c[u] / 2;
+                if constexpr (sizeof(E) == 2) {
+                    two[u][0] = __ldg(reinterpret_cast<const uint32_t *>(src));
+                } else {
+                    const uint2 v2 = __ldg(reinterpret_cast<const uint2 *>(src));
+                    two[u][0] = v2.x;
+                    two[u][1] = v2.y;
+                }
             }
-            const int64_t row = base + (int64_t)(q / f.n) * f.m + s - r0;
-            if (row < 0 || row >= TV_ROWS) continue;
-            const unsigned nib = (__ldg(me + sam_meta_word(&d, p, c)) >> sam_meta_shift(p, c)) & 0xfu;
-            const E *src = ve + p * (d.cp / 2) + c / 2;
-            E v0, v1;
-            if constexpr (sizeof(E) == 2) {
-                const uint32_t two = __ldg(reinterpret_cast<const uint32_t *>(src));
-                v0 = (E)(two & 0xffffu);
-                v1 = (E)(two >> 16);
-            } else {
-                const uint2 two = __ldg(reinterpret_cast<const uint2 *>(src));
-                v0 = (E)two.x;
-                v1 = (E)two.y;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (s[u] < 0 || s[u] >= f.m) continue;
+                const int64_t row = base + (int64_t)(q[u] / f.n) * f.m + s[u] - r0;
+                if (row < 0 || row >= TV_ROWS) continue;
+                E v0, v1;
+                if constexpr (sizeof(E) == 2) {
+                    v0 = (E)(two[u][0] & 0xffffu);
+                    v1 = (E)(two[u][0] >> 16);
+                } else {
+                    v0 = (E)two[u][0];
+                    v1 = (E)two[u][1];
+                }
+                E *col = tile + (c[u] - (int)c0) * LD + (int)row;
+                col[(w[u] & 3u) * LD] = v0;
+                col[((w[u] >> 2) & 3u) * LD] = v1;
             }
-            E *col = tile + (c - (int)c0) * LD + (int)row;
-            col[(nib & 3u) * LD] = v0;
-            col[(nib >> 2) * LD] = v1;
         }
     }
     __syncthreads();
 
-    const uint32_t *tme = tmeta + e * sam_meta_per_expert(&td);
     const int64_t tk = td.cp / 2;
-    for (int it = threadIdx.x; it < CT * (TV_K / 8); it += TV_THREADS) {
+#pragma unroll
+    for (int j = 0; j < P2; j++) {
+        const int it = threadIdx.x + j * TV_THREADS;
         const int cl = it / (TV_K / 8), kc = it % (TV_K / 8);
-        const int64_t c = c0 + cl, k = k0 + 8 * kc, tc = 2 * k;
-        const uint32_t hw = (__ldg(tme + sam_meta_word(&td, c, tc)) >> sam_meta_shift(c, tc)) & 0xffffu;
+        const int64_t c = c0 + cl, k = k0 + 8 * kc;
         const E *row = tile + cl * LD + 16 * kc;
         E v[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const unsigned nib = (hw >> (4 * (i / 2))) & 0xfu;
+            const unsigned nib = (hw[j] >> (4 * (i / 2))) & 0xfu;
             v[i] = row[4 * (i / 2) + ((i & 1) ? (nib >> 2) : (nib & 3u))];
         }
         uint4 *dst = reinterpret_cast<uint4 *>(out + (e * td.rp + c) * tk + k);

@@ -176,11 +176,33 @@ def moe_forward_train_eager(x, top_k_index, top_k_weights, gate_up_values, gate_
     I = gate_up_rows // 2
     if T * K == 0:
         return x.new_zeros((T, H)), x.new_zeros((T * K, gate_up_rows))
-    r = route(top_k_index.contiguous(), gu.num_experts)
+    r = _route(top_k_index, gu.num_experts, remember=True)
     ws = gather_weights(top_k_weights.detach().contiguous(), r)
     h, preact = _gate_up(x, gu, r, gate_up_bias, act_name, alpha, limit)
     y = ssmm(h, dn, r.offsets, None, bias=_opt(down_bias), scale=ws, check=False)  # (route made the routing)
     return combine(y, r.pos, dtype=_dtype_name(x.dtype)), preact
+
+
+_ROUTES = None   # torch.utils.weak.WeakIdKeyDictionary: top_k_index -> (its _version, E, Routing)
+
+
+def _route(top_k_index: torch.Tensor, E: int, remember: bool = False):
+    """``route(top_k_index, E)``, made once per training step: the training forward
+    (``remember``) keeps the routing with the ``top_k_index`` tensor, weakly (it goes with
+    the tensor) and only while the tensor is unchanged (its version counter), and the
+    backward, which gets the same tensor back from autograd, takes it from there instead of
+    routing again."""
+    global _ROUTES
+    if _ROUTES is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+        _ROUTES = WeakIdKeyDictionary()
+    hit = _ROUTES.get(top_k_index)
+    if hit is not None and hit[0] == top_k_index._version and hit[1] == E:
+        return hit[2]
+    r = route(top_k_index.contiguous(), E)
+    if remember:
+        _ROUTES[top_k_index] = (top_k_index._version, E, r)
+    return r
 
 
 def _gate_up(x: torch.Tensor, gu: PackedWeight, r, gate_up_bias: Optional[torch.Tensor], act_name: str,
@@ -380,7 +402,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
     gu, dn = _packed_pair(gate_up_values, gate_up_meta, gate_up_idx, gate_up_rows, gate_up_cols, down_values,
                           down_meta, down_idx, down_rows, down_cols, n, m, v)
     xdt = _dtype_name(x.dtype)
-    r = route(top_k_index.contiguous(), gu.num_experts)
+    r = _route(top_k_index, gu.num_experts)
     ws = gather_weights(top_k_weights.detach().contiguous(), r)
     if preact is None:
         h, preact = _gate_up(x, gu, r, gate_up_bias, _ACT_NAMES[act], alpha, limit, zero_h=True)

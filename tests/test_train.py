@@ -790,3 +790,34 @@ def test_ssmm_dx_takes_what_the_binding_takes_on_the_gpu(shape, stride, ptr, tak
     from samoyeds import torch_ops as to
     pw = sm.pack(torch.randn(2, shape[1], 64), "samoyeds-1:2:128")
     assert to._ssmm_dx_takes(_FakeCudaRows(shape, stride, ptr), pw) is takes
+
+
+# ---- the routing, made once per training step ------------------------------------------------
+
+def test_backward_takes_the_forwards_routing(monkeypatch):
+    """The training forward keeps its routing with top_k_index; the backward takes it rather
+    than routing again, unless the tensor changed in place since (then it routes anew, and the
+    gradients follow the changed ids); the gradients equal a backward that routes itself."""
+    from samoyeds import torch_ops
+    x, ids, w, gu, dn, _, _ = make_case(24, 2, 4, 64, 32, "samoyeds-1:2:128", torch.float32, False, seed=21)
+    calls = []
+    real = torch_ops.route
+    monkeypatch.setattr(torch_ops, "route", lambda *a, **k: calls.append(1) or real(*a, **k))
+    go = torch.randn(24, 64, generator=torch.Generator().manual_seed(1))
+    out, grads = samoyeds_grads(x, ids, w, gu, dn, None, None, "swiglu", go)
+    assert len(calls) == 1                                  # the forward's alone
+    torch_ops._ROUTES.clear()                               # a backward that routes itself
+    calls.clear()
+    out2, grads2 = samoyeds_grads(x, ids, w, gu, dn, None, None, "swiglu", go, via="no_preact")
+    assert len(calls) == 1      # the backward's (moe_forward routes in samoyeds.moe and keeps nothing)
+    for k in grads:
+        torch.testing.assert_close(grads[k], grads2[k], rtol=1e-5, atol=1e-6)
+    # the ids changed in place between forward and backward: routed anew
+    calls.clear()
+    xl = x.clone().requires_grad_()
+    y = sm.moe_forward(xl, ids, w, gu, dn)
+    with torch.no_grad():
+        ids.copy_(torch.roll(ids, 1, 0))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(go)                                      # autograd itself refuses it first
+    assert len(calls) == 1
