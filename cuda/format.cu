@@ -432,187 +432,129 @@ extern "C" sam_status sam_format_gather_cuda(void *out, const void *values, int6
 namespace sam {
 namespace {
 
-// format_transpose_values: tiles of W^T's packing, CT rows (W's columns c0 ..) by 64 places
-// (W's rows r0 .. r0 + 127), E = the element's bits (uint16_t / uint32_t); CT = 256 / sizeof(E),
-// so a condensed row's values of a tile are one 128-byte line and a W^T row's places too.
-// Persistent CTAs take the tiles in turn (W's columns fastest); each tile in two steps:
-// 1. W's tile, transposed, into shared memory: every condensed row whose original row falls in
-//    the tile, 4 columns an item (one meta nibble, two values read together), each value written
-//    at [column][row] of a zeroed tile.
+// format_transpose_values: one CTA per tile of W^T's packing, CT rows (W's columns c0 ..) by
+// 64 places (W's rows r0 .. r0 + 127), E = the element's bits (uint16_t / uint32_t); CT = 256 /
+// sizeof(E), so a condensed row's values in a tile are one 128-byte line, and so are a W^T row's
+// places.  Two steps:
+// 1. W's tile, transposed, into a zeroed shared tile: every condensed row whose original row falls
+//    in the tile, 4 columns an item (one meta nibble pair, two values read together), each value
+//    written at [column][row].  A thread keeps one 4-column group for the whole tile, so its
+//    column, slice and the column parts of its addresses are computed once; per item only the
+//    condensed row's parts (shifts and one multiply), four items' loads in flight together.
 // 2. Every place reads the row its tmeta nibble names from that tile (8 places a thread: one
-//    tmeta half-word, one 16-byte store per 8 bytes of elements).
-// The next tile's loads (row indices, meta words, values, tmeta) are issued before the current
-// tile's step 2, so they are in flight while it runs.  W's values are read once, the places
-// written once; no index map.
+//    tmeta half-word, loaded before step 1; 16-byte stores, 8 threads a 128-byte row).
+// W's values are read once, the places written once; no index map.  (A first version that did
+// 64-bit divisions per item was bound by its integer instructions: 42 % of the copy rate.)
 constexpr int TV_K = 64;          // places of a W^T row per tile
 constexpr int TV_ROWS = 2 * TV_K; // W's rows per tile
 constexpr int TV_THREADS = 256;
+constexpr int TV_U = 4;           // step 1's items a thread has in flight
 
 template <typename E>
-struct TvCfg {
-    static constexpr int CT = 256 / (int)sizeof(E);         // W's columns (W^T's rows) per tile
-    static constexpr int LD = TV_ROWS + 4 / (int)sizeof(E);  // tile row pitch: one word past the rows
-    static constexpr int G = CT / 4;                         // 4-column groups per condensed row
-    static constexpr int U = 64 * G / TV_THREADS;            // items a thread prefetches (64 rows' worth)
-    static constexpr int P2 = CT * (TV_K / 8) / TV_THREADS;  // step 2's 8-place pieces a thread
-    static constexpr int W = (int)sizeof(E) / 2;             // 32-bit words of two values
-};
-
-// Where a tile's items come from: per GLU half h, condensed rows qlo[h] .. qlo[h] + nq[h] - 1.
-struct TvTile {
-    int64_t e, c0, k0, r0;
-    int qlo[2], nq[2];
-};
-
-template <typename E>
-__device__ __forceinline__ TvTile tv_tile(int64_t t, int64_t ctiles, int64_t ktiles, const sam_format &f,
-                                          const sam_dims &d) {
-    TvTile g;
-    g.c0 = t % ctiles * TvCfg<E>::CT;
-    g.k0 = t / ctiles % ktiles * TV_K;
-    g.e = t / ctiles / ktiles;
-    g.r0 = 2 * g.k0;
-    g.qlo[0] = g.qlo[1] = g.nq[0] = g.nq[1] = 0;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        if (h == 1 && !f.glu) continue;
-        const int64_t base = (int64_t)h * d.half_rows;
-        const int64_t lo = g.r0 - base > 0 ? g.r0 - base : 0;
-        const int64_t hi = g.r0 + TV_ROWS - base < d.half_rows ? g.r0 + TV_ROWS - base : d.half_rows;
-        if (lo >= hi) continue;
-        const int64_t qend = (hi - 1) / f.m * f.n + f.n;
-        g.qlo[h] = (int)(lo / f.m * f.n);
-        g.nq[h] = (int)(qend < d.rc ? qend : d.rc) - g.qlo[h];
-    }
-    return g;
-}
-
-// Item i of a tile: (half, condensed row, first column); false past the tile's items.
-template <typename E>
-__device__ __forceinline__ bool tv_item(const TvTile &g, int i, int &h, int &q, int &c) {
-    constexpr int G = TvCfg<E>::G;
-    h = i < g.nq[0] * G ? 0 : 1;
-    const int j = h == 0 ? i : i - g.nq[0] * G;
-    if (h == 1 && j >= g.nq[1] * G) return false;
-    q = (h == 0 ? g.qlo[0] : g.qlo[1]) + j / G;   // (selects: no local-memory indexing)
-    c = (int)g.c0 + 4 * (j % G);
-    return true;
-}
-
-// One item's loads: code = (row inside the tile) * 16 + its two 2:4 positions, or ~0u where
-// the item writes nothing (past the tile's items or W's columns, a malformed row index, a row
-// outside the tile); two = its two values.
-template <typename E>
-__device__ __forceinline__ void tv_load(const TvTile &g, int i, const E *values, const uint32_t *meta,
-                                        const uint8_t *idx, const sam_format &f, const sam_dims &d, uint32_t &code,
-                                        uint32_t (&two)[TvCfg<E>::W]) {
-    int h, q, c;
-    code = ~0u;
-    if (!tv_item<E>(g, i, h, q, c) || c >= d.C) return;
-    const int64_t p = sam_storage_index(f.glu, h, q);
-    const int s = idx != nullptr ? (int)__ldg(idx + (g.e * d.slices + c / f.v) * d.rp + p) : 0;
-    const uint32_t w = __ldg(meta + g.e * sam_meta_per_expert(&d) + sam_meta_word(&d, p, c)) >> sam_meta_shift(p, c);
-    const E *src = values + (g.e * d.rp + p) * (d.cp / 2) + c / 2;
-    if constexpr (sizeof(E) == 2) {
-        two[0] = __ldg(reinterpret_cast<const uint32_t *>(src));
-    } else {
-        const uint2 v2 = __ldg(reinterpret_cast<const uint2 *>(src));
-        two[0] = v2.x;
-        two[1] = v2.y;
-    }
-    const int64_t r = (int64_t)h * d.half_rows + (int64_t)(q / f.n) * f.m + s - g.r0;
-    if (s < f.m && r >= 0 && r < TV_ROWS) code = (uint32_t)r * 16u + (w & 0xfu);
-}
-
-template <typename E>
-__device__ __forceinline__ void tv_store(E *tile, const TvTile &g, int i, uint32_t code,
-                                         const uint32_t (&two)[TvCfg<E>::W]) {
-    if (code == ~0u) return;
-    constexpr int G = TvCfg<E>::G;
-    const int j = i < g.nq[0] * G ? i : i - g.nq[0] * G;   // the item's column group: j % G
-    E v0, v1;
-    if constexpr (sizeof(E) == 2) {
-        v0 = (E)(two[0] & 0xffffu);
-        v1 = (E)(two[0] >> 16);
-    } else {
-        v0 = (E)two[0];
-        v1 = (E)two[1];
-    }
-    E *col = tile + 4 * (j % G) * TvCfg<E>::LD + (int)(code >> 4);
-    col[(code & 3u) * TvCfg<E>::LD] = v0;
-    col[((code >> 2) & 3u) * TvCfg<E>::LD] = v1;
-}
-
-template <typename E>
-__global__ void __launch_bounds__(TV_THREADS, 2) transpose_values_kernel(E *out, const uint32_t *tmeta,
+__global__ void __launch_bounds__(TV_THREADS) transpose_values_kernel(E *out, const uint32_t *tmeta,
                                                                       const E *values, const uint32_t *meta,
                                                                       const uint8_t *idx, sam_format f, sam_dims d,
-                                                                      sam_dims td, int64_t ctiles, int64_t ktiles) {
-    using C = TvCfg<E>;
-    __shared__ __align__(16) E tile[C::CT * C::LD];
-    const int64_t tiles = ctiles * ktiles * d.E, tk = td.cp / 2;
-    for (int i = threadIdx.x; i < C::CT * C::LD * (int)sizeof(E) / 16; i += TV_THREADS)
-        reinterpret_cast<uint4 *>(tile)[i] = make_uint4(0u, 0u, 0u, 0u);
+                                                                      sam_dims td) {
+    constexpr int CT = 256 / (int)sizeof(E);         // W's columns (W^T's rows) per tile
+    constexpr int LD = TV_ROWS + 4 / (int)sizeof(E);  // tile row pitch: one word past the rows
+    constexpr int G = CT / 4;                         // 4-column groups per condensed row
+    constexpr int QS = TV_THREADS / G;                // condensed rows a pass of the CTA covers
+    constexpr int P2 = CT * (TV_K / 8) / TV_THREADS;  // step 2's 8-place pieces a thread
+    constexpr int W = (int)sizeof(E) / 2;             // 32-bit words of two values
+    __shared__ __align__(16) E tile[CT * LD];
+    const int64_t e = blockIdx.z;
+    const int c0 = (int)blockIdx.x * CT;
+    const int k0 = (int)blockIdx.y * TV_K, r0 = 2 * k0;
+    const int64_t tk = td.cp / 2;
 
-    // the current tile's prefetched loads
-    uint32_t code[C::U], two[C::U][C::W], hw[C::P2];
-    int64_t t = blockIdx.x;
-    TvTile g;
-    auto prefetch = [&](int64_t tt) {
-        g = tv_tile<E>(tt, ctiles, ktiles, f, d);
+    // step 2's tmeta half-words, first: they depend on nothing here
+    uint32_t hw[P2];
 #pragma unroll
-        for (int u = 0; u < C::U; u++)
-            tv_load<E>(g, threadIdx.x + u * TV_THREADS, values, meta, idx, f, d, code[u], two[u]);
-#pragma unroll
-        for (int j = 0; j < C::P2; j++) {
-            const int it = threadIdx.x + j * TV_THREADS;
-            const int64_t c = g.c0 + it / (TV_K / 8), tc = 2 * (g.k0 + 8 * (it % (TV_K / 8)));
-            hw[j] = c < td.rp ? __ldg(tmeta + g.e * sam_meta_per_expert(&td) + sam_meta_word(&td, c, tc)) >>
-                                    sam_meta_shift(c, tc)
-                              : 0u;   // (rows past W^T's last tile of 64: none)
-        }
-    };
-    if (t < tiles) prefetch(t);
+    for (int j = 0; j < P2; j++) {
+        const int it = threadIdx.x + j * TV_THREADS;
+        const int c = c0 + it / (TV_K / 8), tc = 2 * (k0 + 8 * (it % (TV_K / 8)));
+        hw[j] = c < td.rp ? __ldg(tmeta + e * sam_meta_per_expert(&td) + sam_meta_word(&td, c, tc)) >>
+                                sam_meta_shift(c, tc)
+                          : 0u;   // (W^T's rows past its last 64-row tile: none)
+    }
+    for (int i = threadIdx.x; i < CT * LD * (int)sizeof(E) / 16; i += TV_THREADS)
+        reinterpret_cast<uint4 *>(tile)[i] = make_uint4(0u, 0u, 0u, 0u);
     __syncthreads();
-    while (t < tiles) {
-        // step 1: the prefetched items, then any past them (tiles of more than 64 rows' items)
+
+    // this thread's 4-column group, for the whole tile
+    const int gl = threadIdx.x % G, c = c0 + 4 * gl;
+    if (c < d.C) {
+        const int64_t cp2 = d.cp / 2;
+        const E *vcol = values + e * d.rp * cp2 + c / 2;
+        const uint32_t *mcol = meta + e * sam_meta_per_expert(&d) + (c / 32) * 16 + (c % 32) / 16;
+        const int cshift = (c % 16) / 4 * 4;
+        const uint8_t *icol = idx != nullptr ? idx + (e * d.slices + c / f.v) * d.rp : nullptr;
+        E *tcol = tile + 4 * gl * LD;
+        for (int h = 0; h < (f.glu ? 2 : 1); h++) {
+            const int base = h * (int)d.half_rows;
+            const int lo = r0 - base > 0 ? r0 - base : 0;
+            const int hi = r0 + TV_ROWS - base < (int)d.half_rows ? r0 + TV_ROWS - base : (int)d.half_rows;
+            if (lo >= hi) continue;
+            const int qlo = lo / f.m * f.n, qend = (hi - 1) / f.m * f.n + f.n;
+            const int qhi = qend < (int)d.rc ? qend : (int)d.rc;
+            for (int q0 = qlo + (int)threadIdx.x / G; q0 < qhi; q0 += TV_U * QS) {
+                int s[TV_U], p[TV_U];
+                uint32_t w[TV_U], two[TV_U][W];
 #pragma unroll
-        for (int u = 0; u < C::U; u++) tv_store<E>(tile, g, threadIdx.x + u * TV_THREADS, code[u], two[u]);
-        const int items = (g.nq[0] + g.nq[1]) * C::G;
-        for (int i = C::U * TV_THREADS + threadIdx.x; i < items; i += TV_THREADS) {
-            uint32_t code1, two1[C::W];
-            tv_load<E>(g, i, values, meta, idx, f, d, code1, two1);
-            tv_store<E>(tile, g, i, code1, two1);
-        }
-        __syncthreads();
-        // step 2 of this tile with the next tile's loads in flight
-        const TvTile cur = g;
-        uint32_t chw[C::P2];
+                for (int u = 0; u < TV_U; u++) {
+                    const int q = q0 + u * QS;
+                    s[u] = -1;
+                    if (q >= qhi) continue;
+                    p[u] = f.glu ? ((q / SAM_GLU_CHUNK) * 2 + h) * SAM_GLU_CHUNK + q % SAM_GLU_CHUNK : q;
+                    s[u] = icol != nullptr ? (int)__ldg(icol + p[u]) : 0;
+                    w[u] = __ldg(mcol + (int64_t)(p[u] / 16) * cp2 + 2 * (p[u] % 8));
+                    const E *src = vcol + (int64_t)p[u] * cp2;
+                    if constexpr (sizeof(E) == 2) {
+                        two[u][0] = __ldg(reinterpret_cast<const uint32_t *>(src));
+                    } else {
+                        const uint2 v2 = __ldg(reinterpret_cast<const uint2 *>(src));
+                        two[u][0] = v2.x;
+                        two[u][1] = v2.y;
+                    }
+                }
 #pragma unroll
-        for (int j = 0; j < C::P2; j++) chw[j] = hw[j];
-        const int64_t next = t + gridDim.x;
-        if (next < tiles) prefetch(next);
-#pragma unroll
-        for (int j = 0; j < C::P2; j++) {
-            const int it = threadIdx.x + j * TV_THREADS;
-            const int cl = it / (TV_K / 8), kc = it % (TV_K / 8);
-            if (cur.c0 + cl >= td.rp) continue;
-            const E *src = tile + cl * C::LD + 16 * kc;
-            E v[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const unsigned nib = (chw[j] >> (4 * (i / 2))) & 0xfu;
-                v[i] = src[4 * (i / 2) + ((i & 1) ? (nib >> 2) : (nib & 3u))];
+                for (int u = 0; u < TV_U; u++) {
+                    const int q = q0 + u * QS;
+                    if (s[u] < 0 || s[u] >= f.m) continue;   // (past the rows; a malformed row index)
+                    const int row = base + (f.n == 1 ? q : q / f.n) * f.m + s[u] - r0;
+                    if (row < 0 || row >= TV_ROWS) continue;
+                    const uint32_t nib = w[u] >> ((p[u] % 16) / 8 * 16 + cshift);
+                    E v0, v1;
+                    if constexpr (sizeof(E) == 2) {
+                        v0 = (E)(two[u][0] & 0xffffu);
+                        v1 = (E)(two[u][0] >> 16);
+                    } else {
+                        v0 = (E)two[u][0];
+                        v1 = (E)two[u][1];
+                    }
+                    tcol[(nib & 3u) * LD + row] = v0;
+                    tcol[((nib >> 2) & 3u) * LD + row] = v1;
+                }
             }
-            uint4 *dst = reinterpret_cast<uint4 *>(out + (cur.e * td.rp + cur.c0 + cl) * tk + cur.k0 + 8 * kc);
-#pragma unroll
-            for (int q = 0; q < (int)sizeof(E) / 2; q++) dst[q] = reinterpret_cast<const uint4 *>(v)[q];
         }
-        __syncthreads();
-        for (int i = threadIdx.x; i < C::CT * C::LD * (int)sizeof(E) / 16; i += TV_THREADS)
-            reinterpret_cast<uint4 *>(tile)[i] = make_uint4(0u, 0u, 0u, 0u);
-        __syncthreads();
-        t = next;
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int j = 0; j < P2; j++) {
+        const int it = threadIdx.x + j * TV_THREADS;
+        const int cl = it / (TV_K / 8), kc = it % (TV_K / 8);
+        if (c0 + cl >= td.rp) continue;
+        const E *src = tile + cl * LD + 16 * kc;
+        E v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const unsigned nib = (hw[j] >> (4 * (i / 2))) & 0xfu;
+            v[i] = src[4 * (i / 2) + ((i & 1) ? (nib >> 2) : (nib & 3u))];
+        }
+        uint4 *dst = reinterpret_cast<uint4 *>(out + (e * td.rp + c0 + cl) * tk + k0 + 8 * kc);
+#pragma unroll
+        for (int q = 0; q < W; q++) dst[q] = reinterpret_cast<const uint4 *>(v)[q];
     }
 }
 
@@ -620,21 +562,21 @@ template <typename E>
 sam_status transpose_values_typed(void *out, const uint32_t *tmeta, const void *values, const uint32_t *meta,
                                   const uint8_t *idx, sam_format f, const sam_dims &d, const sam_dims &td,
                                   cudaStream_t s) {
-    constexpr int CT = TvCfg<E>::CT;
+    constexpr int CT = 256 / (int)sizeof(E);
     const int64_t ctiles = ceil_div(td.rp, (int64_t)CT), ktiles = td.cp / 2 / TV_K;
     if (d.E == 0 || ctiles == 0 || ktiles == 0) return SAM_STATUS_OK;
     if ((td.cp / 2) % TV_K != 0 || ((reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(values)) & 15)) {
         set_error("format_transpose_values: out and values must start on 16 bytes");
         return SAM_STATUS_UNSUPPORTED;
     }
-    int per_sm = 0;
-    SAM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, transpose_values_kernel<E>, TV_THREADS, 0),
-                 "format_transpose_values");
-    const int64_t sms = device_sm_count() > 0 ? device_sm_count() : 132;
-    const int64_t tiles = ctiles * ktiles * d.E;
-    const int64_t grid = std::min<int64_t>(tiles, sms * std::max(per_sm, 1));
-    transpose_values_kernel<E><<<(unsigned)grid, TV_THREADS, 0, s>>>((E *)out, tmeta, (const E *)values, meta, idx,
-                                                                     f, d, td, ctiles, ktiles);
+    // (32-bit row and column arithmetic: R and C are below 2**31 - 256, the binding's bound)
+    if (ctiles > INT32_MAX || ktiles > 65535 || d.E > 65535 || d.R > INT32_MAX - 256 || d.C > INT32_MAX - 256) {
+        set_error("format_transpose_values: a weight of %lld experts and %lld x %lld is more than one launch takes",
+                  (long long)d.E, (long long)d.R, (long long)d.C);
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    transpose_values_kernel<E><<<dim3((unsigned)ctiles, (unsigned)ktiles, (unsigned)d.E), TV_THREADS, 0, s>>>(
+        (E *)out, tmeta, (const E *)values, meta, idx, f, d, td);
     return launch_status("format_transpose_values");
 }
 
