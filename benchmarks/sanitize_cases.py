@@ -21,6 +21,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dev" / "peak"))
 import peak  # noqa: E402  (dev/peak: the fill-rate probes, built with nvcc on first use)
 
 
+def transpose_cases(gen: torch.Generator) -> None:
+    """The transposed packing's refresh alone: ``python benchmarks/sanitize_cases.py transpose``."""
+    # GLU and plain, slices narrower and wider than a tile, row tails, 2- and 4-byte values, W^T
+    # rows past the last 128-row tile, then malformed idx and meta
+    from samoyeds import _C
+    for fmt, glu, R, C, dt in [("samoyeds-1:2:128", True, 264, 200, torch.bfloat16),
+                               ("1:4:64", False, 136, 584, torch.float32),
+                               ("samoyeds-1:2:32", True, 40, 164, torch.float16)]:
+        print("case format_transpose_values", fmt, glu, R, C, dt, flush=True)
+        p = sm.pack(torch.randn(3, R, C, generator=gen).to(dt).cuda(), fmt, glu=glu)
+        t = p.transposed()
+        n, m, v = p.fmt.c_args()
+        out = torch.empty_like(t.values)
+        _C.format_transpose_values(out, t.meta, p.values, p.meta, p.idx, n, m, v, glu, R, C)
+        bad_idx = torch.randint(0, 256, p.idx.shape, generator=gen, dtype=torch.uint8).cuda()
+        bad_meta = torch.randint(0, 2**31, p.meta.shape, generator=gen, dtype=torch.int32).cuda().view(torch.uint32)
+        _C.format_transpose_values(out, t.meta, p.values, bad_meta, bad_idx, n, m, v, glu, R, C)
+
+
 def train_cases(gen: torch.Generator) -> None:
     """The training kernels (issue 40) alone: ``python benchmarks/sanitize_cases.py train``."""
     # the packed weight gradient (ssmm_dw): every row-group size, slices of 64 (four A tiles per
@@ -85,21 +104,7 @@ def train_cases(gen: torch.Generator) -> None:
             bad = r.token_ids.clone()
             bad[0] = T + 5                                                    # read as a zero row
             ssmm_dx(torch.randn(T, R, generator=gen).to(dt).cuda(), p, r.offsets, bad, sc, impl=impl)
-    # the transposed packing's refresh (format_transpose_values): GLU and plain, slices narrower
-    # and wider than a tile, row tails, 2- and 4-byte values, then malformed idx and meta
-    from samoyeds import _C
-    for fmt, glu, R, C, dt in [("samoyeds-1:2:128", True, 264, 200, torch.bfloat16),
-                               ("1:4:64", False, 136, 584, torch.float32),
-                               ("samoyeds-1:2:32", True, 40, 100, torch.float16)]:
-        print("case format_transpose_values", fmt, glu, R, C, dt, flush=True)
-        p = sm.pack(torch.randn(3, R, C, generator=gen).to(dt).cuda(), fmt, glu=glu)
-        t = p.transposed()
-        n, m, v = p.fmt.c_args()
-        out = torch.empty_like(t.values)
-        _C.format_transpose_values(out, t.meta, p.values, p.meta, p.idx, n, m, v, glu, R, C)
-        bad_idx = torch.randint(0, 256, p.idx.shape, generator=gen, dtype=torch.uint8).cuda()
-        bad_meta = torch.randint(0, 2**31, p.meta.shape, generator=gen, dtype=torch.int32).cuda().view(torch.uint32)
-        _C.format_transpose_values(out, t.meta, p.values, bad_meta, bad_idx, n, m, v, glu, R, C)
+    transpose_cases(gen)
     # the backward of the whole layer (issue 40): the transposed packings, dX by ssmm on them,
     # ssmm_dw for both packed weights, the routing weights' and the biases' gradients
     for fmt, act in (("samoyeds-1:2:128", "swiglu"), ("1:4:64", "gptoss"), ("2:4", "swiglu")):
@@ -326,7 +331,10 @@ def main(cublas: bool = True) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["train"]:
+    if sys.argv[1:] == ["transpose"]:
+        transpose_cases(torch.Generator().manual_seed(0))
+        print("sanitize cases done (transpose)")
+    elif sys.argv[1:] == ["train"]:
         train_cases(torch.Generator().manual_seed(0))
         print("sanitize cases done (train)")
     else:
