@@ -173,7 +173,6 @@ def moe_forward_train_eager(x, top_k_index, top_k_weights, gate_up_values, gate_
     check_ndim(top_k_index, "top_k_index", 2)
     T, H = x.shape
     K = top_k_index.shape[1]
-    I = gate_up_rows // 2
     if T * K == 0:
         return x.new_zeros((T, H)), x.new_zeros((T * K, gate_up_rows))
     r = _route(top_k_index, gu.num_experts, remember=True)

@@ -7,7 +7,6 @@ and the fraction of the device's copy rate that gives; both outputs compared bit
     python dev/lab/refresh_bench.py [--models mixtral-8x7b,qwen3-30b-a3b] [--out DIR]
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -85,7 +84,6 @@ def main():
             rows.append(row)
             print(f"{name:18s} {wname:8s} {tm:9.3f} {tk:9.3f} {tm / tk:5.2f} {mbytes / 1e9:7.2f} {kbytes / 1e9:9.2f} "
                   f"{row['kernel_frac_copy_rate']:7.1%}  equal={same}")
-            del pw, t, src, out_map, out_k
             torch.cuda.empty_cache()
     if args.out:
         common.write_json(str(Path(common.gpu_dir(args.out)) / "refresh_bench.json"),
