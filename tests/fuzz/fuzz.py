@@ -920,6 +920,18 @@ def gpu_case(r, rng):
 
 # ---- driver ---------------------------------------------------------------------------------------
 
+def _case_rngs(case_seed: int):
+    """A case's random sources, all from its seed: Python's, numpy's, and torch's global
+    generator (the cases draw their tensors from it), so that --replay remakes the case."""
+    try:
+        import torch
+    except ImportError:   # (the numpy-only cases)
+        pass
+    else:
+        torch.manual_seed(case_seed)
+    return random.Random(case_seed), np.random.default_rng(case_seed)
+
+
 def run(seconds: float, seed: int, only: Optional[List[str]] = None, gpu: bool = False, trace: bool = False,
         max_cases: Optional[int] = None, out=sys.stdout) -> Stats:
     r = random.Random(seed)
@@ -936,7 +948,7 @@ def run(seconds: float, seed: int, only: Optional[List[str]] = None, gpu: bool =
             case_seed = r.getrandbits(32)
             if trace:
                 print(f"case {i} {cat} seed {case_seed}", file=out, flush=True)
-            cr, rng = random.Random(case_seed), np.random.default_rng(case_seed)
+            cr, rng = _case_rngs(case_seed)
             failure, exc = None, None
             if old is not None:
                 signal.alarm(CASE_SECONDS)
@@ -973,7 +985,7 @@ def run(seconds: float, seed: int, only: Optional[List[str]] = None, gpu: bool =
 
 def replay(cat: str, case_seed: int) -> None:
     """Runs one case again (its category and case seed from a FAILURE line), raising."""
-    cr, rng = random.Random(case_seed), np.random.default_rng(case_seed)
+    cr, rng = _case_rngs(case_seed)
     if cat == "gpu":
         return gpu_case(cr, rng)
     if cat == "checkpoint":
