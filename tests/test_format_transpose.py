@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import samoyeds as sm
 from samoyeds import _C
@@ -59,6 +60,31 @@ def test_ref_is_the_2_4_packing_of_the_transpose(fmt, glu, E, R, C, dtype):
     assert not torch.isnan(out.float()).any()      # every place written, padding rows and columns 0
     assert torch.equal(out, want.values)
     assert torch.equal(sm.unpack(sm.PackedWeight(out, t.meta, None, t.fmt, t.shape, False)), dense)
+
+
+@settings(max_examples=40, deadline=None)
+@given(fmt=st.sampled_from(["samoyeds-1:2:128", "samoyeds-1:2:32", "1:4:32", "samoyeds-2:4:64", "1:8:96",
+                            "samoyeds-2:8:64"]),
+       glu=st.booleans(), E=st.integers(1, 3), groups=st.integers(1, 9), cols=st.integers(1, 70),
+       seed=st.integers(0, 2**31 - 1))
+def test_ref_any_shape(fmt, glu, E, groups, cols, seed):
+    """Every transposable format, row counts of whole groups (a multiple of 4 overall), any
+    column count that is a multiple of 4: the refresh is pack() of the transposed weight."""
+    f = sm.SparseFormat.parse(fmt)
+    half = groups * f.m
+    if half * (2 if glu else 1) % 4:
+        half *= 2                   # (R a multiple of 4: W^T's 2:4 groups)
+    R, C = (2 * half if glu else half), 4 * cols
+    gen = torch.Generator().manual_seed(seed)
+    pw = sm.pack(torch.randn(E, R, C, generator=gen), fmt, glu=glu)
+    assert pw.transposable
+    t = pw.transposed()
+    with torch.no_grad():
+        pw.values.copy_(torch.randn(pw.values.shape, generator=gen))
+    out = _transpose(pw, t)
+    assert not torch.isnan(out).any()
+    assert torch.equal(sm.unpack(sm.PackedWeight(out, t.meta, None, t.fmt, t.shape, False)),
+                       sm.unpack(pw).transpose(1, 2))
 
 
 def test_errors_name_the_argument():
