@@ -84,7 +84,7 @@ sam_status sam_format_pack_cuda(void *values, uint32_t *meta, uint8_t *idx,
 
 /* out[i] = values[src[i]] for 0 <= src[i] < n, else 0 (i < count; elements of elem_bytes
  * = 2 or 4 bytes): the refresh of a re-laid-out copy of packed values (PackedWeight.
- * transposed) through its index map, without a copy of the values with a zero appended. */
+ * unglued) through its index map, without a copy of the values with a zero appended. */
 sam_status sam_format_gather_cuda(void *out, const void *values, int64_t n, int elem_bytes, const int32_t *src,
                                   int64_t count, void *stream);
 

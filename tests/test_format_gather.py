@@ -1,5 +1,5 @@
 """_C.format_gather (csrc/format_ref.c, cuda/format.cu): out[i] = values.flat[src[i]], 0 where
-src[i] falls outside values -- the refresh of PackedWeight.transposed() after an optimizer
+src[i] falls outside values -- the refresh of PackedWeight.unglued() after an optimizer
 step.  Against torch indexing on fresh random inputs, outputs poisoned, every dtype, the
 16-byte path and the element path, out-of-range sources both ways; bad arguments name
 themselves."""
