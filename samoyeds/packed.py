@@ -307,7 +307,7 @@ def _relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, sha
                 # (transposed) one pass of _C.format_transpose_values: W's values read once,
                 # every place of the transposed packing written once from the place its
                 # metadata names, no index map
-                E, R, C = shape3
+                _, R, C = shape3
                 n, m, v = fmt.c_args()
                 _C.format_transpose_values(entry.buf.view(entry.packed.values.shape), entry.packed.meta,
                                            values.detach().contiguous(), meta, idx, n, m, v, glu, R, C,
@@ -326,9 +326,10 @@ def _relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, sha
 
 def _build_relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat,
                     shape3: Tuple[int, int, int], glu: bool, layout: str) -> _Relayout:
-    """The new layout's meta (and idx) and the index map, from the mask alone: every value
-    slot of the weight gets its flat index (+1, in two exact fp32 parts of 12 and 19 bits),
-    unpacked (and transposed) and packed in the new layout under the same mask."""
+    """The new layout's meta (and idx) and, but for the transposed layout, the index map,
+    from the mask alone: every value slot of the weight gets its flat index (+1, in two exact
+    fp32 parts of 12 and 19 bits; for the transposed layout a one), unpacked (and transposed)
+    and packed in the new layout under the same mask."""
     import torch
     E, R, C = shape3
     dims = PackedDims.of(fmt, E, R, C, glu)
@@ -345,22 +346,30 @@ def _build_relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseForma
     src_of_place = None if layout == "transposed" else torch.full((E * ntv,), E * nv, dtype=itype, device=dev)
     tmeta = torch.empty((E, tdims.rp // 16, tdims.cp // 32, 16), dtype=torch.uint32, device=dev)
     tidx = torch.empty((E, tdims.slices, tdims.rp), dtype=torch.uint8, device=dev) if tfmt.selects_rows else None
-    coord = torch.arange(1, nv + 1, device=dev, dtype=torch.int64).reshape(1, dims.rp, dims.cp // 2)
-    hi, lo = (coord >> 12).float(), (coord & 4095).float()
+    # what is unpacked and packed again: every value slot's flat index + 1 in two exact fp32
+    # parts (12 and 19 bits) for the map, or, for the transposed packing (no map), ones: where
+    # the slots are is all its metadata needs
+    if src_of_place is None:
+        parts = (torch.ones((1, dims.rp, dims.cp // 2), device=dev),)
+    else:
+        coord = torch.arange(1, nv + 1, device=dev, dtype=torch.int64).reshape(1, dims.rp, dims.cp // 2)
+        parts = ((coord >> 12).float(), (coord & 4095).float())
     chunk = max(1, (256 << 20) // max(1, R * C * 4 * 6))  # about 256 MiB of dense fp32 temporaries
     for e0 in range(0, E, chunk):
         e1 = min(E, e0 + chunk)
         n = e1 - e0
         sub_idx = None if idx is None else idx[e0:e1]
         dense = []
-        for part in (hi, lo):
+        for part in parts:
             pw = PackedWeight(part.expand(n, -1, -1).contiguous(), meta[e0:e1], sub_idx, fmt, (n, R, C), glu)
             d = unpack(pw)
             dense.append(d.transpose(1, 2).contiguous() if layout == "transposed" else d)
-        m = (dense[0] != 0) | (dense[1] != 0)
-        thi, tlo = (pack(d, tfmt, mask=m, glu=tglu) for d in dense)
+        m = dense[0] != 0
+        for d in dense[1:]:
+            m |= d != 0
+        thi, *rest = (pack(d, tfmt, mask=m, glu=tglu) for d in dense)
         if src_of_place is not None:
-            src = ((thi.values.long() << 12) + tlo.values.long() - 1).reshape(-1)   # value of each place, or -1
+            src = ((thi.values.long() << 12) + rest[0].values.long() - 1).reshape(-1)   # value of each place, or -1
             expert = torch.arange(e0, e1, device=dev, dtype=torch.int64).repeat_interleave(ntv)
             live = src >= 0
             src_of_place[e0 * ntv:e1 * ntv][live] = (src + expert * nv)[live].to(itype)

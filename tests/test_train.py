@@ -796,8 +796,9 @@ def test_ssmm_dx_takes_what_the_binding_takes_on_the_gpu(shape, stride, ptr, tak
 
 def test_backward_takes_the_forwards_routing(monkeypatch):
     """The training forward keeps its routing with top_k_index; the backward takes it rather
-    than routing again, unless the tensor changed in place since (then it routes anew, and the
-    gradients follow the changed ids); the gradients equal a backward that routes itself."""
+    than routing again, and its gradients equal a backward that routes itself.  ids changed in
+    place between the two: autograd refuses the backward (the ids are saved); _route's own
+    version check is tested below."""
     from samoyeds import torch_ops
     x, ids, w, gu, dn, _, _ = make_case(24, 2, 4, 64, 32, "samoyeds-1:2:128", torch.float32, False, seed=21)
     calls = []
@@ -821,3 +822,23 @@ def test_backward_takes_the_forwards_routing(monkeypatch):
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward(go)                                      # autograd itself refuses it first
     assert len(calls) == 1
+
+
+def test_kept_routing_is_dropped_when_the_ids_change():
+    """_route returns the kept routing only for the same, unchanged tensor and expert count:
+    after an in-place change (or for another E) it routes anew, and what it returns is the
+    routing of the ids as they are."""
+    from samoyeds import torch_ops
+    ids = torch.randint(0, 6, (9, 2), generator=torch.Generator().manual_seed(3))
+    kept = torch_ops._route(ids, 6, remember=True)
+    assert torch_ops._route(ids, 6) is kept
+    assert torch_ops._route(ids.clone(), 6) is not kept                # another tensor
+    other = torch_ops._route(ids, 7)                                    # another expert count
+    assert other is not kept and torch.equal(other.offsets, sm.route(ids, 7).offsets)
+    ids.copy_(torch.roll(ids, 1, 0).flip(1))
+    ids[0, 0] = 5
+    fresh = torch_ops._route(ids, 6)
+    assert fresh is not kept
+    want = sm.route(ids, 6)
+    for a in ("offsets", "token_ids", "perm", "pos"):
+        assert torch.equal(getattr(fresh, a), getattr(want, a)), a
