@@ -88,9 +88,11 @@ inline SsmmArgs ssmm_args(const sam_ssmm_params *ps) {
 // (c_prev - c_next) T to every share: M - 1 FFMAs per accumulator with a coefficient of -1, 0
 // or 1 (exact but for the add's rounding; a third of the instructions of swapping the
 // sets, two selects and a move per accumulator and set).  `sel` is the row the previous
-// slice selected (M: none yet).  After the last slice finish_row_sets makes set 0 row M-1
-// (T minus the shares) and turns `sel` into the perm the stores read: 4 bits per set a,
-// which row of its group it holds.
+// slice selected (M: none yet) in its low byte; bit SEL_LAST_SEEN records that some slice
+// selected row M-1.  After the last slice finish_row_sets makes set 0 row M-1 (T minus the
+// shares, or exactly 0 where no slice selected it: T minus shares that add up to T leaves
+// a rounding residual once three or more slices alternate between other rows) and turns
+// `sel` into the perm the stores read: 4 bits per set a, which row of its group it holds.
 // at(a, j, k) is the accumulator of set a, n8 tile j, fragment element k; a thread's row hh
 // owns elements k = 2hh, 2hh+1 of every tile (mma.sp and wgmma layouts alike).
 // The `sel` a row starts with: no row selected yet (M); for M = 1, where nothing is
@@ -124,23 +126,27 @@ __device__ __forceinline__ void init_row_sets(float (&acc)[M][MT][NT][4], uint32
     for (int i = 0; i < MT; i++) sel[i][0] = sel[i][1] = first_sel<M>();
 }
 
+constexpr uint32_t SEL_LAST_SEEN = 0x100u;
+
 template <int M, int NT, typename At>
 __device__ __forceinline__ void fold_row_set(At at, uint32_t &sel, uint32_t want, int hh) {
+    const uint32_t prev = sel & 0xffu;
 #pragma unroll
     for (int a = 1; a < M; a++) {
-        const float coef = (sel == (uint32_t)(a - 1) ? 1.0f : 0.0f) - (want == (uint32_t)(a - 1) ? 1.0f : 0.0f);
+        const float coef = (prev == (uint32_t)(a - 1) ? 1.0f : 0.0f) - (want == (uint32_t)(a - 1) ? 1.0f : 0.0f);
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int k = 2 * hh; k < 2 * hh + 2; k++) at(a, j, k) = fmaf(coef, at(0, j, k), at(a, j, k));
     }
-    sel = want;
+    sel = want | (sel & SEL_LAST_SEEN) | (want == (uint32_t)(M - 1) ? SEL_LAST_SEEN : 0u);
 }
 
 template <int M, int NT, typename At>
 __device__ __forceinline__ void finish_row_sets(At at, uint32_t &sel, int hh) {
     if (M == 1) return;
     fold_row_set<M, NT>(at, sel, (uint32_t)M, hh);  // past the last slice no row is selected
+    const bool last_seen = (sel & SEL_LAST_SEEN) != 0u;
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -148,7 +154,7 @@ __device__ __forceinline__ void finish_row_sets(At at, uint32_t &sel, int hh) {
             float r = at(0, j, k);
 #pragma unroll
             for (int a = 1; a < M; a++) r -= at(a, j, k);
-            at(0, j, k) = r;
+            at(0, j, k) = last_seen ? r : 0.0f;
         }
     uint32_t perm = (uint32_t)(M - 1);
 #pragma unroll
