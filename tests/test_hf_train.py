@@ -282,8 +282,9 @@ def test_inference_skips_autograd():
     with torch.inference_mode():
         assert moe_op(x, w) is torch_ops.moe_forward_eager
     assert moe_op(x.detach(), w.detach(), None) is torch_ops.moe_forward_eager
-    assert moe_op(x.detach(), w) is torch.ops.samoyeds.moe_forward            # eval: the inference output
-    assert moe_op(x, None, training=True) is not torch.ops.samoyeds.moe_forward   # train: keeps the pre-activation
+    from samoyeds.hf import experts as hf_experts
+    assert moe_op(x.detach(), w) is hf_experts._eval_forward     # eval: the inference output (no pre-activation)
+    assert moe_op(x, None, training=True) is hf_experts._train_forward   # train: keeps the pre-activation
 
     model = _model("qwen3_moe", seed=4)
     sm.patch_model(model, FMT, progress=False)

@@ -82,6 +82,12 @@ def samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go, alpha=1.702, limit=7.0,
     elif via == "config":
         with sm.config(save_preact=False):
             out = sm.moe_forward(leaves["x"], ids, leaves["w"], gu, dn, **kw)
+    elif via == "op_train":   # the training op itself (what torch.compile runs)
+        n, m, v = gu.fmt.c_args()
+        out = torch.ops.samoyeds.moe_forward_train(
+            leaves["x"], ids, leaves["w"], gu.values, gu.meta, gu.idx, gu.rows, gu.cols, dn.values, dn.meta,
+            dn.idx, dn.rows, dn.cols, n, m, v, sm.torch_ops.act_id(act), kw["gate_up_bias"], kw["down_bias"],
+            alpha, limit)[0]
     else:   # the op itself: no saved pre-activation, the backward recomputes it
         n, m, v = gu.fmt.c_args()
         out = torch.ops.samoyeds.moe_forward(
@@ -155,6 +161,60 @@ def test_the_op_recomputes_the_pre_activation_to_the_same_gradients():
     _, b = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, "swiglu", go, via="op")
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("act,bias", [("swiglu", True), ("gptoss", False)])
+def test_eager_autograd_equals_the_ops_formula(act, bias):
+    """Eager mode runs the ops' autograd formula without the dispatcher
+    (torch_ops._MoeFunction): the same output and gradients, bit for bit, as the training
+    op and the plain op (which recomputes the pre-activation)."""
+    x, ids, w, gu, dn, gub, dnb = make_case(11, 3, 5, 64, 32, "samoyeds-1:2:64", torch.float32, bias, seed=13)
+    go = torch.randn(x.shape)
+    out, a = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go)
+    out_op, b = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go, via="op_train")
+    out_nop, c = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go, via="no_preact")
+    out_op2, d = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go, via="op")
+    assert torch.equal(out, out_op) and torch.equal(out_nop, out_op2)
+    for k in a:
+        assert a[k] is not None and torch.equal(a[k], b[k]), k
+        assert torch.equal(c[k], d[k]), k
+
+
+def test_eager_autograd_steps_aside_for_modes_and_subclasses(monkeypatch):
+    """Under a dispatch mode, a torch-function mode or torch.compile the op runs (its
+    dispatcher entry is what they intercept); in plain eager mode it does not.  Double
+    backward through the eager formula raises instead of giving a wrong second gradient."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x, ids, w, gu, dn, _, _ = make_case(5, 2, 3, 64, 16, "samoyeds-1:2:128", torch.float32, False, seed=14)
+    calls = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    xg = x.clone().requires_grad_()
+    sm.moe_forward(xg, ids, w, gu, dn)
+    assert sm.torch_ops._direct((xg,))
+    with Seen():
+        sm.moe_forward(xg, ids, w, gu, dn)
+    assert any("samoyeds.moe_forward_train" in c for c in calls), calls
+    with Passing():
+        assert not sm.torch_ops._direct((xg,))
+    class Sub(torch.Tensor):
+        pass
+
+    assert not sm.torch_ops._direct((xg, torch.ones(1).as_subclass(Sub)))
+    y = sm.moe_forward(xg, ids, w, gu, dn)
+    (g,) = torch.autograd.grad(y.square().sum(), xg, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
 
 
 @pytest.mark.parametrize("via", ["no_preact", "config"])

@@ -169,11 +169,15 @@ def moe_op(x: torch.Tensor, *tensors: Optional[torch.Tensor], training: bool = F
         return torch.ops.samoyeds.moe_forward
     if not needs_grad(x, *tensors):
         return torch_ops.moe_forward_eager
-    return _train_forward if training else torch.ops.samoyeds.moe_forward
+    return _train_forward if training else _eval_forward
 
 
 def _train_forward(*args: Any) -> torch.Tensor:
     return torch_ops.moe_forward_autograd(*args, save_preact=_config.get().save_preact)
+
+
+def _eval_forward(*args: Any) -> torch.Tensor:
+    return torch_ops.moe_forward_autograd(*args, save_preact=False)
 
 
 def run_experts(mod: nn.Module, x: torch.Tensor, top_k_index: torch.Tensor,
