@@ -837,7 +837,7 @@ def test_cuda_gptoss_clamps_keep_nan():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["1:4:64", "1:8:64"])
+@pytest.mark.parametrize("fmt", ["1:4:64", "1:4:128"])
 @pytest.mark.parametrize("impl", ["mma_sp", "decode"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_never_selected_last_row_is_zero(fmt, impl, dtype):
