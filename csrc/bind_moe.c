@@ -187,6 +187,46 @@ PyObject *sam_py_moe_combine(PyObject *module, PyObject *args, PyObject *kw)
     return sam_run_op(&combine_op, module, o, o_stream, 0, NULL);
 }
 
+/* ---- moe_zero_unrouted(out, offsets, stream=None) ------------------------------------------------ */
+
+enum { Z_OUT, Z_OFFSETS, Z_COUNT };
+enum { VZ_S, VZ_E1 };
+
+static const sam_arg_spec zero_args[] = {
+    [Z_OUT] = {"out", 0, 2, {SAM_VAR(VZ_S), SAM_DIM_ANY}, SAM_ARG_ROWS | SAM_ARG_OUT, -1, 0, 0},
+    [Z_OFFSETS] = {"offsets", SAM_DT(SAM_I32), 1, {SAM_VAR(VZ_E1)}, SAM_ARG_CONTIG, -1, 0, 0},
+};
+
+static int zero_derive(sam_op_call *c, void *vctx)
+{
+    (void)vctx;
+    return expert_count("offsets", c->t[Z_OFFSETS].shape[0] - 1) < 0 ? -1 : 0;
+}
+
+static sam_status zero_run(const sam_op_call *c, void *vctx, void *stream)
+{
+    (void)vctx;
+    const sam_tensor *out = &c->t[Z_OUT];
+    const int64_t es = (int64_t)sam_dtype_size(out->dtype);
+    const int64_t S = out->shape[0], row = out->shape[1] * es, ld = c->ld[Z_OUT] * es;
+    const int64_t E = c->t[Z_OFFSETS].shape[0] - 1;
+    const int32_t *offsets = (const int32_t *)c->t[Z_OFFSETS].data;
+    return SAM_DISPATCH(c, stream, sam_moe_zero_unrouted_ref(out->data, row, ld, offsets, E, S),
+                        sam_moe_zero_unrouted_cuda(out->data, row, ld, offsets, E, S, stream));
+}
+
+static const sam_op zero_op = {"moe_zero_unrouted", zero_args, Z_COUNT, zero_derive, NULL, zero_run};
+
+PyObject *sam_py_moe_zero_unrouted(PyObject *module, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"out", "offsets", "stream", NULL};
+    PyObject *o[Z_COUNT], *o_stream = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:moe_zero_unrouted", kwlist, &o[Z_OUT], &o[Z_OFFSETS],
+                                     &o_stream))
+        return NULL;
+    return sam_run_op(&zero_op, module, o, o_stream, 0, NULL);
+}
+
 /* ---- the workspace of moe_forward ---------------------------------------------------------------- */
 
 /* Byte offsets of the intermediates in a moe_forward workspace (each 256-byte

@@ -286,6 +286,8 @@ static PyMethodDef sam_methods[] = {
      METH_VARARGS | METH_KEYWORDS, "moe_gather_weights(out, w, perm, offsets, stream=None)."},
     {"moe_combine", (PyCFunction)(void (*)(void))sam_py_moe_combine, METH_VARARGS | METH_KEYWORDS,
      "moe_combine(out, y, pos, stream=None)."},
+    {"moe_zero_unrouted", (PyCFunction)(void (*)(void))sam_py_moe_zero_unrouted, METH_VARARGS | METH_KEYWORDS,
+     "moe_zero_unrouted(out, offsets, stream=None): rows of out from offsets[E] on set to zero."},
     {"moe_forward", (PyCFunction)(void (*)(void))sam_py_moe_forward, METH_VARARGS | METH_KEYWORDS,
      "moe_forward(out, workspace, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx, "
      "down_values, down_meta, down_idx, intermediate, n, m, v, act=1, gate_up_bias=None, down_bias=None, "

@@ -16,6 +16,7 @@
 #include "sam_ref.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 sam_status sam_moe_route_ref(const void *top_k_index, sam_dtype index_dtype,
                              int64_t T, int64_t K, int64_t E,
@@ -79,5 +80,14 @@ sam_status sam_moe_combine_ref(void *out, sam_dtype out_dtype, const void *y,
             }
             sam_store_f32(out, out_dtype, t * H + h, acc);
         }
+    return SAM_STATUS_OK;
+}
+
+sam_status sam_moe_zero_unrouted_ref(void *out, int64_t row_bytes, int64_t ld_bytes, const int32_t *offsets,
+                                     int64_t E, int64_t S)
+{
+    int64_t routed = sam_ld_i32(offsets, E);
+    if (routed < 0) routed = 0;
+    for (int64_t s = routed; s < S; s++) memset((char *)out + s * ld_bytes, 0, (size_t)row_bytes);
     return SAM_STATUS_OK;
 }

@@ -42,6 +42,7 @@ PyObject *sam_py_router(PyObject *module, PyObject *args, PyObject *kw);        
 PyObject *sam_py_moe_route(PyObject *module, PyObject *args, PyObject *kw);      /* bind_moe.c */
 PyObject *sam_py_moe_gather_weights(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_moe_combine(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *sam_py_moe_zero_unrouted(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_moe_forward(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *sam_py_moe_workspace_bytes(PyObject *module, PyObject *args, PyObject *kw);
 

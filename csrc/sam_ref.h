@@ -195,6 +195,10 @@ sam_status sam_moe_route_ref(const void *top_k_index, sam_dtype index_dtype,
 sam_status sam_moe_gather_weights_ref(float *out, const void *w, sam_dtype wt,
                                       const int32_t *perm, const int32_t *offsets,
                                       int64_t E, int64_t S);
+/* Rows s of out (S rows of row_bytes, ld_bytes apart) from offsets[E] on (no routed pair)
+ * set to zero bytes; the routed rows are not touched. */
+sam_status sam_moe_zero_unrouted_ref(void *out, int64_t row_bytes, int64_t ld_bytes, const int32_t *offsets,
+                                     int64_t E, int64_t S);
 sam_status sam_moe_combine_ref(void *out, sam_dtype out_dtype, const void *y,
                                sam_dtype y_dtype, const int32_t *pos,
                                int64_t T, int64_t K, int64_t H, int64_t ldy, int64_t S);

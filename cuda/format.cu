@@ -437,18 +437,20 @@ namespace {
 // sizeof(E), so a condensed row's values in a tile are one 128-byte line, and so are a W^T row's
 // places.  Two steps:
 // 1. W's tile, transposed, into a zeroed shared tile: every condensed row whose original row falls
-//    in the tile, 4 columns an item (one meta nibble pair, two values read together), each value
-//    written at [column][row].  A thread keeps one 4-column group for the whole tile, so its
-//    column, slice and the column parts of its addresses are computed once; per item only the
-//    condensed row's parts (shifts and one multiply), four items' loads in flight together.
+//    in the tile, 16 columns an item (8 values in one or two 16-byte loads, their four meta
+//    nibbles in one word, one row index: V is a multiple of 32), each value written at
+//    [column][row].  A thread keeps one 16-column group for the whole tile, so its column, slice
+//    and the column parts of its addresses are computed once; per item only the condensed row's
+//    parts (shifts and one multiply), TV_U items' loads in flight together.
 // 2. Every place reads the row its tmeta nibble names from that tile (8 places a thread: one
 //    tmeta half-word, loaded before step 1; 16-byte stores, 8 threads a 128-byte row).
 // W's values are read once, the places written once; no index map.  (A first version that did
-// 64-bit divisions per item was bound by its integer instructions: 42 % of the copy rate.)
+// 64-bit divisions per item was bound by its integer instructions: 42 % of the copy rate; the
+// next read 4 columns an item in 4-byte loads: 67 % of an H100's copy rate, less on an H200.)
 constexpr int TV_K = 64;          // places of a W^T row per tile
 constexpr int TV_ROWS = 2 * TV_K; // W's rows per tile
 constexpr int TV_THREADS = 256;
-constexpr int TV_U = 4;           // step 1's items a thread has in flight
+constexpr int TV_U = 2;           // step 1's items a thread has in flight
 
 template <typename E>
 __global__ void __launch_bounds__(TV_THREADS) transpose_values_kernel(E *out, const uint32_t *tmeta,
@@ -457,10 +459,10 @@ __global__ void __launch_bounds__(TV_THREADS) transpose_values_kernel(E *out, co
                                                                       sam_dims td) {
     constexpr int CT = 256 / (int)sizeof(E);         // W's columns (W^T's rows) per tile
     constexpr int LD = TV_ROWS + 4 / (int)sizeof(E);  // tile row pitch: one word past the rows
-    constexpr int G = CT / 4;                         // 4-column groups per condensed row
+    constexpr int G = CT / 16;                        // 16-column groups per condensed row
     constexpr int QS = TV_THREADS / G;                // condensed rows a pass of the CTA covers
     constexpr int P2 = CT * (TV_K / 8) / TV_THREADS;  // step 2's 8-place pieces a thread
-    constexpr int W = (int)sizeof(E) / 2;             // 32-bit words of two values
+    constexpr int W = (int)sizeof(E) / 2;             // 16-byte words of eight values
     __shared__ __align__(16) E tile[CT * LD];
     const int64_t e = blockIdx.z;
     const int c0 = (int)blockIdx.x * CT;
@@ -481,15 +483,15 @@ __global__ void __launch_bounds__(TV_THREADS) transpose_values_kernel(E *out, co
         reinterpret_cast<uint4 *>(tile)[i] = make_uint4(0u, 0u, 0u, 0u);
     __syncthreads();
 
-    // this thread's 4-column group, for the whole tile
-    const int gl = threadIdx.x % G, c = c0 + 4 * gl;
+    // this thread's 16-column group, for the whole tile
+    const int gl = threadIdx.x % G, c = c0 + 16 * gl;
     if (c < d.C) {
         const int64_t cp2 = d.cp / 2;
         const E *vcol = values + e * d.rp * cp2 + c / 2;
         const uint32_t *mcol = meta + e * sam_meta_per_expert(&d) + (c / 32) * 16 + (c % 32) / 16;
-        const int cshift = (c % 16) / 4 * 4;
+        const int groups = d.C - c >= 16 ? 4 : (d.C - c + 3) / 4;   // 4-column groups inside C
         const uint8_t *icol = idx != nullptr ? idx + (e * d.slices + c / f.v) * d.rp : nullptr;
-        E *tcol = tile + 4 * gl * LD;
+        E *tcol = tile + 16 * gl * LD;
         for (int h = 0; h < (f.glu ? 2 : 1); h++) {
             const int base = h * (int)d.half_rows;
             const int lo = r0 - base > 0 ? r0 - base : 0;
@@ -499,7 +501,8 @@ __global__ void __launch_bounds__(TV_THREADS) transpose_values_kernel(E *out, co
             const int qhi = qend < (int)d.rc ? qend : (int)d.rc;
             for (int q0 = qlo + (int)threadIdx.x / G; q0 < qhi; q0 += TV_U * QS) {
                 int s[TV_U], p[TV_U];
-                uint32_t w[TV_U], two[TV_U][W];
+                uint32_t w[TV_U];
+                uint4 v8[TV_U][W];
 #pragma unroll
                 for (int u = 0; u < TV_U; u++) {
                     const int q = q0 + u * QS;
@@ -508,14 +511,9 @@ __global__ void __launch_bounds__(TV_THREADS) transpose_values_kernel(E *out, co
                     p[u] = f.glu ? ((q / SAM_GLU_CHUNK) * 2 + h) * SAM_GLU_CHUNK + q % SAM_GLU_CHUNK : q;
                     s[u] = icol != nullptr ? (int)__ldg(icol + p[u]) : 0;
                     w[u] = __ldg(mcol + (int64_t)(p[u] / 16) * cp2 + 2 * (p[u] % 8));
-                    const E *src = vcol + (int64_t)p[u] * cp2;
-                    if constexpr (sizeof(E) == 2) {
-                        two[u][0] = __ldg(reinterpret_cast<const uint32_t *>(src));
-                    } else {
-                        const uint2 v2 = __ldg(reinterpret_cast<const uint2 *>(src));
-                        two[u][0] = v2.x;
-                        two[u][1] = v2.y;
-                    }
+                    const uint4 *src = reinterpret_cast<const uint4 *>(vcol + (int64_t)p[u] * cp2);
+#pragma unroll
+                    for (int k = 0; k < W; k++) v8[u][k] = __ldg(src + k);
                 }
 #pragma unroll
                 for (int u = 0; u < TV_U; u++) {
@@ -523,17 +521,15 @@ __global__ void __launch_bounds__(TV_THREADS) transpose_values_kernel(E *out, co
                     if (s[u] < 0 || s[u] >= f.m) continue;   // (past the rows; a malformed row index)
                     const int row = base + (f.n == 1 ? q : q / f.n) * f.m + s[u] - r0;
                     if (row < 0 || row >= TV_ROWS) continue;
-                    const uint32_t nib = w[u] >> ((p[u] % 16) / 8 * 16 + cshift);
-                    E v0, v1;
-                    if constexpr (sizeof(E) == 2) {
-                        v0 = (E)(two[u][0] & 0xffffu);
-                        v1 = (E)(two[u][0] >> 16);
-                    } else {
-                        v0 = (E)two[u][0];
-                        v1 = (E)two[u][1];
+                    const uint32_t nibs = w[u] >> ((p[u] % 16) / 8 * 16);
+                    const E *v = reinterpret_cast<const E *>(v8[u]);
+#pragma unroll
+                    for (int g = 0; g < 4; g++) {
+                        if (g >= groups) break;
+                        const uint32_t nib = nibs >> (4 * g);
+                        tcol[(4 * g + (nib & 3u)) * LD + row] = v[2 * g];
+                        tcol[(4 * g + ((nib >> 2) & 3u)) * LD + row] = v[2 * g + 1];
                     }
-                    tcol[(nib & 3u) * LD + row] = v0;
-                    tcol[((nib >> 2) & 3u) * LD + row] = v1;
                 }
             }
         }

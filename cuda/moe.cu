@@ -13,6 +13,8 @@
 //   of columns of a token row.
 #include "common.cuh"
 
+#include <algorithm>
+
 namespace sam {
 namespace {
 
@@ -352,6 +354,39 @@ extern "C" sam_status sam_moe_gather_weights_cuda(float *out, const void *w, sam
     sam::gather_weights_kernel<<<(unsigned)sam::ceil_div(S, 256), 256, 0, (cudaStream_t)stream>>>(
         out, w, wt, perm, offsets, (int32_t)E, S);
     return sam::launch_status("moe_gather_weights");
+}
+
+namespace sam {
+namespace {
+// Rows [offsets[E], S) of out zeroed: 16-byte stores where rows and stride allow (vec), else
+// bytes; a grid-stride loop over the tail's pieces (none in the common case: every pair routed).
+__global__ void zero_unrouted_kernel(char *out, int64_t row_bytes, int64_t ld_bytes, const int32_t *offsets,
+                                     int32_t E, int64_t S, bool vec) {
+    const int64_t routed = max((int64_t)0, (int64_t)__ldg(offsets + E));
+    if (routed >= S) return;
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    if (vec) {
+        const int64_t per = row_bytes / 16, n = (S - routed) * per;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+            *reinterpret_cast<uint4 *>(out + (routed + i / per) * ld_bytes + 16 * (i % per)) = make_uint4(0, 0, 0, 0);
+    } else {
+        const int64_t n = (S - routed) * row_bytes;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+            out[(routed + i / row_bytes) * ld_bytes + i % row_bytes] = 0;
+    }
+}
+}  // namespace
+}  // namespace sam
+
+extern "C" sam_status sam_moe_zero_unrouted_cuda(void *out, int64_t row_bytes, int64_t ld_bytes,
+                                                 const int32_t *offsets, int64_t E, int64_t S, void *stream) {
+    if (S == 0 || row_bytes == 0) return SAM_STATUS_OK;
+    const bool vec = row_bytes % 16 == 0 && ld_bytes % 16 == 0 && (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+    const int64_t pieces = S * (vec ? row_bytes / 16 : row_bytes);
+    const unsigned blocks = (unsigned)std::min<int64_t>(sam::ceil_div(pieces, (int64_t)256), 1024);
+    sam::zero_unrouted_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(static_cast<char *>(out), row_bytes,
+                                                                         ld_bytes, offsets, (int32_t)E, S, vec);
+    return sam::launch_status("moe_zero_unrouted");
 }
 
 extern "C" sam_status sam_moe_combine_cuda(void *out, sam_dtype out_dtype, const void *y, sam_dtype y_dtype,

@@ -506,6 +506,11 @@ sam_status sam_moe_gather_weights_cuda(float *out, const void *w, sam_dtype wt,
                                        const int32_t *perm, const int32_t *offsets,
                                        int64_t E, int64_t S, void *stream);
 
+/* sam_moe_zero_unrouted_ref on the stream: rows from offsets[E] (read on the device) to S
+ * zeroed; no host sync. */
+sam_status sam_moe_zero_unrouted_cuda(void *out, int64_t row_bytes, int64_t ld_bytes, const int32_t *offsets,
+                                      int64_t E, int64_t S, void *stream);
+
 /* dst[s] = x[token_ids[s]] (H elements of dtype; x's rows ldx apart, dst's H apart) for
  * the routed rows s < offsets[E]; rows past them are not written.  A programmatic
  * dependent launch: it waits for the routing before it reads. */

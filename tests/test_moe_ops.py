@@ -77,3 +77,42 @@ def test_route_gpu_bit_identical(T, K, E, pattern):
     y = torch.randn(T * K, 136, generator=gen).to(torch.bfloat16)
     assert torch.equal(sm.combine(y.cuda(), rg.pos).cpu(), sm.combine(y, rc.pos))
     assert torch.equal(sm.combine(y.cuda(), rg.pos, dtype="float32").cpu(), sm.combine(y, rc.pos, dtype="float32"))
+
+
+# ---- moe_zero_unrouted: the rows no routed pair owns ---------------------------------------------------
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.uint8])
+@pytest.mark.parametrize("routed,cols,strided", [(5, 8, False), (0, 3, False), (9, 8, False), (7, 5, True),
+                                                 (2, 64, True)])
+def test_zero_unrouted_zeroes_exactly_the_rows_past_offsets(device, dtype, routed, cols, strided):
+    """Rows [offsets[E], S) become 0 (bytes), every other byte of the tensor, routed rows and
+    the gaps of a row stride alike, stays as it was; offsets[E] >= S (all rows routed) and a
+    negative offsets[E] (read as 0) are safe."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    S = 9
+    base = torch.randint(1, 100, (S, cols + 3 if strided else cols)).to(dtype).to(device)
+    out = base[:, :cols] if strided else base
+    before = base.clone()
+    offsets = torch.tensor([0, min(routed, S), routed], dtype=torch.int32, device=device)
+    sm._C.moe_zero_unrouted(out, offsets)
+    want = before.clone()
+    want[max(0, routed):, :cols] = 0
+    assert torch.equal(base.cpu(), want.cpu())
+    offsets[-1] = -4
+    sm._C.moe_zero_unrouted(out, offsets)
+    want[:, :cols] = 0
+    assert torch.equal(base.cpu(), want.cpu())
+
+
+def test_zero_unrouted_names_bad_arguments():
+    out = torch.ones(4, 3)
+    with pytest.raises(TypeError, match="offsets"):
+        sm._C.moe_zero_unrouted(out, torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="out"):
+        sm._C.moe_zero_unrouted(torch.ones(4), torch.tensor([0, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="offsets"):
+        sm._C.moe_zero_unrouted(out, torch.zeros(0, dtype=torch.int32))
+    with pytest.raises(TypeError, match="out"):
+        sm._C.moe_zero_unrouted([1, 2], torch.tensor([0, 2], dtype=torch.int32))
