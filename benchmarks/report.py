@@ -664,6 +664,14 @@ def train_table(d: dict) -> str:
                    f"{_f(g.get('activation_mib'), ',.0f')} / {_f(s.get('activation_mib'), ',.0f')} | "
                    f"{_f(g.get('peak_fwd_bwd_mib'), ',.0f')} / {_f(s.get('peak_fwd_bwd_mib'), ',.0f')} | "
                    f"{_f(g.get('frac_roofline'), '.0%')} / {_f(s.get('frac_roofline'), '.0%')} |")
+    steady = [c for c in d.get("cases", []) if c.get("speedup_fwd_bwd_steady")]
+    if steady:
+        out += ["", "Steps back to back, as a training loop runs them (the table above times each step from "
+                "an idle GPU):", "", "| model | T | grouped_mm | samoyeds | vs grouped_mm |", "|---|---:|---:|---:|---:|"]
+        for c in steady:
+            g, s = c["methods"]["grouped_mm"], c["methods"]["samoyeds"]
+            out.append(f"| {c['model']} | {c['T']} | {_f(g.get('ms_fwd_bwd_steady'), '.2f')} ms | "
+                       f"{_f(s.get('ms_fwd_bwd_steady'), '.2f')} ms | {_x(c['speedup_fwd_bwd_steady'])} |")
     rc = [c for c in d.get("cases", []) if "samoyeds_recompute" in c.get("methods", {})]
     if rc:
         out += ["", "With `save_preact=False` (the pre-activation recomputed in the backward):", "",
