@@ -16,7 +16,30 @@ def _gpu_ready() -> bool:
 GPU = _gpu_ready()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run only the K-th of N equal shares of the collected tests (K from 1; every "
+                          "N-th test in collection order), so that the GPU suite fits the device's "
+                          "per-call time limit in N calls")
+
+
+def _shard(config, items):
+    spec = config.getoption("--shard")
+    if not spec:
+        return
+    try:
+        k, n = (int(v) for v in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard: expected K/N with 1 <= K <= N, got {spec!r}") from None
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard: expected K/N with 1 <= K <= N, got {spec!r}")
+    keep = [it for i, it in enumerate(items) if i % n == k - 1]
+    config.hook.pytest_deselected(items=[it for i, it in enumerate(items) if i % n != k - 1])
+    items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
+    _shard(config, items)
     if GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU and a CUDA build of samoyeds")
