@@ -37,7 +37,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
-from common import (call_times, environment, measure_ceilings, peak_mib, result_path, setup_run,  # noqa: E402
+from common import (back_to_back_ms, call_times, environment, measure_ceilings, peak_mib, result_path, setup_run,  # noqa: E402
                     write_json)
 
 
@@ -117,20 +117,7 @@ def _time_stream(fn, device: str, per_call_ms: float, budget_s: float = None) ->
     overlap this one's GPU work; for host-bound sizes, the host's time per call."""
     budget_s = BUDGET_S if budget_s is None else budget_s
     n = max(5, min(200, int(budget_s * 1e3 / 2 / max(per_call_ms, 1e-3))))
-    if device != "cuda":
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - t0) * 1e3 / n
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / n
+    return back_to_back_ms(fn, device, n)
 
 
 _CYCLES_PER_MS = None

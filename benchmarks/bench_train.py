@@ -50,7 +50,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samoyeds as sm  # noqa: E402
-from common import (add_run_args, call_times, environment, error_text, free_memory, is_oom, peak_mib,  # noqa: E402
+from common import (add_run_args, back_to_back_ms, call_times, environment, error_text, free_memory, is_oom, peak_mib,  # noqa: E402
                     result_path, setup_run, time_graph, wgmma_runs, write_json)
 
 MODELS = "mixtral-8x7b,qwen3-30b-a3b,olmoe,deepseek-v2-lite,gpt-oss-20b"
@@ -122,23 +122,9 @@ def fwd_bwd(method, x, idx, w, gout):
 
 
 def steady_ms(fn, device: str, ms_one: float, span_ms: float = 150.0) -> float:
-    """Milliseconds per call of fn() run back to back, no sync between calls (CUDA events
-    around the run, after one untimed call): at least 5 calls and about span_ms in all."""
-    n = max(5, min(200, int(span_ms / max(ms_one, 1e-3))))
-    fn()
-    if device != "cuda":
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - t0) * 1e3 / n
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / n
+    """Milliseconds per call of fn() run back to back (common.back_to_back_ms): at least 5
+    calls and about span_ms in all."""
+    return back_to_back_ms(fn, device, max(5, min(200, int(span_ms / max(ms_one, 1e-3)))))
 
 
 def activation_mib(method, x, idx, w, device) -> float:
