@@ -5,7 +5,8 @@ products past int64), dtypes, strides (non-contiguous, negative, overlapping),
 format strings and (n, m, v), expert and token ids (negative, out of range),
 corrupted packed arrays and metadata, hand-built DLPack capsules with tampered
 fields, corrupted checkpoints (truncation, bit flips, header edits), the
-backward's ops (ssmm_dw, ssmm_dx, glu_backward) -- calls it, and judges the outcome with
+backward's ops (ssmm_dw, ssmm_dx, glu_backward; on the GPU also the transposed packing's
+build and refresh and moe_zero_unrouted) -- calls it, and judges the outcome with
 one oracle:
 
 * a clean result must equal the C reference on a sane copy of the same
@@ -802,8 +803,37 @@ def _gpu_backward_ops(r, w, fmt, glu, p_cpu, p_gpu, x, rc, rg):
     S, (E, R, C) = rc.token_ids.shape[0], p_cpu.shape3
     p_abs = sm.pack(w.abs(), fmt, mask=sm.unpack(p_cpu) != 0, glu=glu)
     sc = torch.rand(S) if r.random() < 0.5 else None
-    k = r.randrange(3)
+    k = r.randrange(5)
     try:
+        if k == 3:
+            # the transposed packing, built then refreshed after the values change in place (an
+            # optimizer step): data movement, so bit-equal to the C reference
+            if not p_cpu.transposable:
+                return
+            # (copies of the values: the case's later checks read p_cpu / p_gpu as packed from w)
+            qc, qg = (sm.PackedWeight(q.values.clone(), q.meta, q.idx, q.fmt, q.shape, q.glu) for q in (p_cpu, p_gpu))
+            for step in range(2):
+                if step:
+                    bump = torch.randn(qc.values.shape).to(dt)
+                    qc.values.add_(bump)
+                    qg.values.add_(bump.cuda())
+                tc, tg = qc.transposed(), qg.transposed()
+                for a in ("values", "meta"):
+                    if not torch.equal(getattr(tg, a).cpu(), getattr(tc, a)):
+                        when = "refreshed" if step else "built"
+                        raise Failure(f"transposed {fmt.name} {str(dt)[6:]} on the GPU ({when}): {a} differs from "
+                                      "the C reference")
+            return
+        if k == 4:
+            # the rows no routed pair owns, zeroed on the device; every other byte kept
+            cols = r.choice([1, 3, 8, 33])
+            base = torch.randn(S, cols + r.choice([0, 5])).to(dt)
+            want, got = base.clone(), base.cuda()
+            sm._C.moe_zero_unrouted(want[:, :cols], rc.offsets)
+            sm._C.moe_zero_unrouted(got[:, :cols], rg.offsets)
+            if not torch.equal(got.cpu(), want):
+                raise Failure(f"moe_zero_unrouted on the GPU differs from the C reference ({S} x {cols})")
+            return
         if k == 0:
             dy = torch.randn(S, R).to(dt)
             want = ops.ssmm_dw(dy, x, p_cpu, rc.offsets, rc.token_ids, sc)
