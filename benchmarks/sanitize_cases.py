@@ -105,6 +105,14 @@ def train_cases(gen: torch.Generator) -> None:
             bad[0] = T + 5                                                    # read as a zero row
             ssmm_dx(torch.randn(T, R, generator=gen).to(dt).cuda(), p, r.offsets, bad, sc, impl=impl)
     transpose_cases(gen)
+    # the unrouted rows zeroed by bytes (rows of 10 bytes 26 apart, then whole rows of 26 bytes;
+    # the layer backward below runs the 16-byte path), offsets[E] inside S, at S and past it
+    print("case moe_zero_unrouted", flush=True)
+    base = torch.randn(40, 13, generator=gen).to(torch.bfloat16).cuda()
+    for routed in (7, 40, 99):
+        off = torch.tensor([0, min(routed, 40), routed], dtype=torch.int32, device="cuda")
+        _C.moe_zero_unrouted(base[:, :5], off)
+        _C.moe_zero_unrouted(base, off)
     # the backward of the whole layer (issue 40): the transposed packings, dX by ssmm on them,
     # ssmm_dw for both packed weights, the routing weights' and the biases' gradients
     for fmt, act in (("samoyeds-1:2:128", "swiglu"), ("1:4:64", "gptoss"), ("2:4", "swiglu")):
