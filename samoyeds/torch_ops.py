@@ -18,6 +18,7 @@ recompute; :func:`moe_forward_packed` picks it when an input requires grad.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Optional, Tuple
 
 import torch
@@ -544,10 +545,10 @@ class _MoeFunction(torch.autograd.Function):
         return (None, *_backward_grads(ctx, grad_out, None, needs, moe_backward_eager))
 
 
-_PARAMS = ("x", "top_k_index", "top_k_weights", "gate_up_values", "gate_up_meta", "gate_up_idx", "gate_up_rows",
-           "gate_up_cols", "down_values", "down_meta", "down_idx", "down_rows", "down_cols", "n", "m", "v", "act",
-           "gate_up_bias", "down_bias", "alpha", "limit")
-_DEFAULTS = {"gate_up_bias": None, "down_bias": None, "alpha": 1.702, "limit": 7.0}
+# the ops' 21 parameters in order, and the defaults of the trailing ones (from the body's signature)
+_SIGNATURE = inspect.signature(moe_forward_train_eager).parameters
+_PARAMS = tuple(_SIGNATURE)
+_DEFAULTS = {k: p.default for k, p in _SIGNATURE.items() if p.default is not inspect.Parameter.empty}
 
 
 def _direct(args) -> bool:

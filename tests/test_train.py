@@ -180,7 +180,7 @@ def test_eager_autograd_equals_the_ops_formula(act, bias):
         assert torch.equal(c[k], d[k]), k
 
 
-def test_eager_autograd_steps_aside_for_modes_and_subclasses(monkeypatch):
+def test_eager_autograd_steps_aside_for_modes_and_subclasses():
     """Under a dispatch mode, a torch-function mode or torch.compile the op runs (its
     dispatcher entry is what they intercept); in plain eager mode it does not.  Double
     backward through the eager formula raises instead of giving a wrong second gradient."""
@@ -200,13 +200,15 @@ def test_eager_autograd_steps_aside_for_modes_and_subclasses(monkeypatch):
             return func(*args, **(kwargs or {}))
 
     xg = x.clone().requires_grad_()
-    sm.moe_forward(xg, ids, w, gu, dn)
+    assert type(sm.moe_forward(xg, ids, w, gu, dn).grad_fn).__name__ == "_MoeFunctionBackward"
     assert sm.torch_ops._direct((xg,))
     with Seen():
-        sm.moe_forward(xg, ids, w, gu, dn)
+        y = sm.moe_forward(xg, ids, w, gu, dn)
     assert any("samoyeds.moe_forward_train" in c for c in calls), calls
+    assert type(y.grad_fn).__name__ != "_MoeFunctionBackward"
     with Passing():
         assert not sm.torch_ops._direct((xg,))
+
     class Sub(torch.Tensor):
         pass
 

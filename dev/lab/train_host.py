@@ -14,9 +14,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bench_moe  # noqa: E402
-import bench_train as bt  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_trace import samoyeds_step  # noqa: E402
 
 
 def main():
@@ -27,19 +26,13 @@ def main():
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
     name, T, n = args.model, args.tokens, args.steps
-    H, I, E, K = bt.dims(bench_moe._block(name, False)[1])
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    m = bt.SamoyedsExperts(E, H, I, "samoyeds-1:2:128", "swiglu", False, "cuda", torch.bfloat16, gen)
-    x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_(True)
-    idx, w = bt.routing(T, E, K, "cuda", torch.bfloat16, gen)
-    w.requires_grad_(True)
-    gout = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+    step = samoyeds_step(name, T)
     for _ in range(5):
-        bt.fwd_bwd(m, x, idx, w, gout)
+        step()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
-        bt.fwd_bwd(m, x, idx, w, gout)
+        step()
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     t2 = time.perf_counter()
@@ -47,7 +40,7 @@ def main():
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(n):
-        bt.fwd_bwd(m, x, idx, w, gout)
+        step()
     pr.disable()
     torch.cuda.synchronize()
     pstats.Stats(pr).sort_stats("tottime").print_stats(args.top)

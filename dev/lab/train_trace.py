@@ -19,6 +19,21 @@ import bench_train as bt  # noqa: E402
 import common  # noqa: E402
 
 
+def samoyeds_step(name: str, T: int):
+    """One training step of samoyeds' layer for model ``name`` at T tokens (bench_train.py's
+    fwd_bwd on its inputs, bf16, samoyeds-1:2:128; GPT-OSS with its activation and biases),
+    as a function of no arguments."""
+    H, I, E, K = bt.dims(bench_moe._block(name, False)[1])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    act = "gptoss" if name.startswith("gpt-oss") else "swiglu"
+    m = bt.SamoyedsExperts(E, H, I, "samoyeds-1:2:128", act, act == "gptoss", "cuda", torch.bfloat16, gen)
+    x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_(True)
+    idx, w = bt.routing(T, E, K, "cuda", torch.bfloat16, gen)
+    w.requires_grad_(True)
+    gout = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+    return lambda: bt.fwd_bwd(m, x, idx, w, gout)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen3-30b-a3b")
@@ -29,20 +44,13 @@ def main():
     args = ap.parse_args()
     from torch.profiler import ProfilerActivity, profile
     name, T = args.model, args.tokens
-    H, I, E, K = bt.dims(bench_moe._block(name, False)[1])
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    act = "gptoss" if name.startswith("gpt-oss") else "swiglu"
-    m = bt.SamoyedsExperts(E, H, I, "samoyeds-1:2:128", act, act == "gptoss", "cuda", torch.bfloat16, gen)
-    x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_(True)
-    idx, w = bt.routing(T, E, K, "cuda", torch.bfloat16, gen)
-    w.requires_grad_(True)
-    gout = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+    step = samoyeds_step(name, T)
     for _ in range(3):
-        bt.fwd_bwd(m, x, idx, w, gout)
+        step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(args.steps):
-            bt.fwd_bwd(m, x, idx, w, gout)
+            step()
         torch.cuda.synchronize()
     ev = prof.events()
     kern = sorted((e for e in ev if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
