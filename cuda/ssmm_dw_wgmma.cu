@@ -175,8 +175,6 @@ template <int M, int NSL, bool TR = false> struct DwgCfg {
     static_assert(SMEM <= 227 * 1024, "shared memory");
 };
 
-// T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2); TR: G from
-// p.dyt (K-major B) instead of the gather from dy.
 // The work item L of a launch: (expert, row block, column block), column blocks fastest.
 struct DwItem {
     int e, rb, cb, n_e, KT, slot1;
@@ -200,6 +198,7 @@ template <int M, int NSL> __device__ __forceinline__ DwItem dw_item(const DwArgs
     return it;
 }
 
+#ifdef SAM_HAS_WGMMA
 // The consumers' k-tiles of one item: KT k-tiles from the ring's position g on (stage g % ST),
 // each stage released (`empty`) once the wgmmas that read it are done, the last one included;
 // acc holds D^T of the warpgroup's 64 columns x 256 storage rows; g advanced by KT.
@@ -234,7 +233,10 @@ __device__ __forceinline__ void dw_consume(float (&acc)[128], uint32_t sbase, ui
     wgmma_drain(acc);
     if (KT > 0) mbar_arrive(bar0 + 8u * (ST + (g - 1) % ST));
 }
+#endif  // SAM_HAS_WGMMA
 
+// The gather kernel (dy's kept rows gathered by the producer), one CTA per item.  T: bf16 /
+// fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2).
 template <typename T, int M, int NSL>
 __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwArgs p) {
 #ifdef SAM_HAS_WGMMA
@@ -525,6 +527,7 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
 #endif
 }
 
+#ifdef SAM_HAS_WGMMA
 // The copy kernel's epilogue, from registers: the warp's 16 columns cw .. cw + 15 x the 256
 // storage rows of its warpgroup's D^T fragment (acc[4 j + 2 h + k] = D^T[16 warp + g + 8 h]
 // [8 j + 2 q + k], g = lane / 4, q = lane % 4), picked to the 2 kept of every 4 columns and
@@ -604,6 +607,8 @@ __device__ __forceinline__ void dw_store_regs(const DwArgs &p, const DwItem &it,
         }
     }
 }
+
+#endif  // SAM_HAS_WGMMA
 
 // The copy kernel (dy from its transposed copy p.dyt): persistent, one CTA per SM taking the
 // items blockIdx.x, blockIdx.x + gridDim.x, ..., the ring's position running on across items,
