@@ -19,11 +19,6 @@ __device__ __forceinline__ void st_global_v4(void *p, uint4 v) {
                  : "memory");
 }
 
-// One 8-byte store to global memory (p 8-byte aligned), as one instruction.
-__device__ __forceinline__ void st_global_v2(void *p, uint32_t a, uint32_t b) {
-    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(p), "r"(a), "r"(b) : "memory");
-}
-
 // 16-byte asynchronous copy global -> shared; src_bytes = 0 writes zeros and
 // reads nothing (tails and out-of-range rows).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {

@@ -48,14 +48,9 @@
 // Measured: docs/KERNELS.md.
 //
 // ---- the CTA ---------------------------------------------------------------------------
-// A work item is (expert, 256 storage rows, 128 columns), column blocks fastest: every output
-// entry is written by exactly one item (experts without rows: zeros), no atomics, a fixed
-// order per entry (k-tiles in order, wgmma's fp32 accumulation): deterministic.  The gather
-// kernel runs one CTA per item.  The copy kernel is persistent (one CTA per SM, items
-// blockIdx.x + n gridDim.x): its ring runs on across items, so its producer loads the next
-// item's first stages while the consumers store this one, and its epilogue works in
-// registers (below).  With few k-tiles an item (Qwen3-30B-A3B at T = 4096: 4) a CTA per item
-// had spent most of its time filling the pipeline and in the epilogue, with nothing overlapping.
+// One CTA per (expert, 256 storage rows, 128 columns): the grid is known on the host, every
+// output entry is written by exactly one CTA (experts without rows: zeros), no atomics, a
+// fixed order per entry (k-tiles in order, wgmma's fp32 accumulation): deterministic.
 // 384 threads = 3 warpgroups:
 //   WG 0, producer: per k-tile of 64 sorted rows, into a ring of ST stages:
 //     X: the 64 tokens' rows of x, columns c0 .. c0 + 127, gathered by token id with
@@ -121,9 +116,7 @@
 //   NSL = 2: 80 KB, 2 stages + 36 / 34 KB (M = 2 / 4).
 //
 // ---- epilogue ------------------------------------------------------------------------------
-// The copy kernel: from registers (dw_store_regs): the 4 columns of a 2:4 group lie in lanes 4
-// apart, transposed among them by shuffles, picked, and stored 8 bytes a lane.
-// The gather kernel: after both consumers' last wgmma (a named barrier of the 256 consumer threads; the
+// After both consumers' last wgmma (a named barrier of the 256 consumer threads; the
 // producer has nothing in flight then), the ring and the candidate staging are reused: each warp writes its
 // 16 columns x 256 storage rows of fp32 sums transposed, [p][20 words] (no bank conflicts
 // for the fragment's writes), then each lane finishes storage rows lane + 32 i: reads its 16
@@ -166,8 +159,7 @@ template <int M, int NSL, bool TR = false> struct DwgCfg {
     static constexpr int XOFF_OFF = GROW_OFF + (TR ? NSL * DWG_BN * 4 : 0);  // TR: [2][64] x rows
     static constexpr int BAR_OFF = XOFF_OFF + (TR ? 2 * DWG_BK * 8 : 0);    // full[ST], empty[ST]
     static_assert(DWG_BK / 4 % RB == 0, "whole groups per k-tile");
-    static_assert(TR || BAR_OFF >= 8 * DWG_STG_BYTES,
-                  "the gather kernel's epilogue staging reuses the ring and the candidate staging");
+    static_assert(BAR_OFF >= 8 * DWG_STG_BYTES, "the epilogue's staging reuses the ring and the candidate staging");
     static_assert(STAGE % 1024 == 0 && DWG_XBYTES % 1024 == 0 && DWG_GBLOCK % 1024 == 0,
                   "1024-byte aligned tiles (128-byte swizzle atoms; descriptors with base offset 0)");
     static_assert((DWG_GBLOCK >> 4) < (1 << 14), "LBO fits its 14-bit descriptor field");
@@ -175,72 +167,12 @@ template <int M, int NSL, bool TR = false> struct DwgCfg {
     static_assert(SMEM <= 227 * 1024, "shared memory");
 };
 
-// The work item L of a launch: (expert, row block, column block), column blocks fastest.
-struct DwItem {
-    int e, rb, cb, n_e, KT, slot1;
-    int64_t row0, c0, s_begin, j0;
-};
-template <int M, int NSL> __device__ __forceinline__ DwItem dw_item(const DwArgs &p, int64_t L) {
-    DwItem it;
-    it.cb = (int)(L % p.ncb);
-    L /= p.ncb;
-    it.rb = (int)(L % p.nrb);
-    it.e = (int)(L / p.nrb);
-    it.row0 = (int64_t)it.rb * DWG_BN;
-    it.c0 = (int64_t)it.cb * DWG_BC;
-    it.s_begin = max(0, __ldg(p.offsets + it.e));
-    const int64_t s_end = min((int64_t)__ldg(p.offsets + it.e + 1), p.S);
-    it.n_e = (int)max((int64_t)0, s_end - it.s_begin);
-    it.KT = (it.n_e + DWG_BK - 1) / DWG_BK;
-    // slices: half h (columns c0 + 64 h ..) lies in slice (c0 + 64 h) / V; G tile slot of half h
-    it.j0 = M > 1 ? it.c0 / p.v : 0;
-    it.slot1 = (NSL == 2 && M > 1) ? (int)((it.c0 + 64) / p.v - it.j0) : 0;  // 0 or 1
-    return it;
-}
-
-#ifdef SAM_HAS_WGMMA
-// The consumers' k-tiles of one item: KT k-tiles from the ring's position g on (stage g % ST),
-// each stage released (`empty`) once the wgmmas that read it are done, the last one included;
-// acc holds D^T of the warpgroup's 64 columns x 256 storage rows; g advanced by KT.
-template <typename T, int ST, int STAGE, bool TR>
-__device__ __forceinline__ void dw_consume(float (&acc)[128], uint32_t sbase, uint32_t bar0, int wg, int slot, int KT,
-                                           int &g) {
-#pragma unroll
-    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
-    fence_regs(acc);  // the zeros are written before the first wgmma.fence
-    for (int kt = 0; kt < KT; kt++, g++) {
-        const int st = g % ST;
-        mbar_wait(bar0 + 8u * st, (g / ST) & 1);
-        fence_proxy_async();  // x came through cp.async (the generic proxy)
-        const uint32_t stage = sbase + (uint32_t)st * STAGE;
-        const uint32_t a0 = stage + wg * DWG_BK * 128, b0 = stage + DWG_XBYTES + slot * DWG_GBYTES;
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < DWG_BK / 16; ks++) {
-            if constexpr (TR)
-                WgmmaDenseMN256<T>::template run<true>(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
-                                                       smem_desc_sw128(b0 + ks * 32), 1);
-            else
-                WgmmaDenseMN256<T>::run(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
-                                        smem_desc_mn_sw128(b0 + ks * 2048, DWG_GBLOCK), 1);
-        }
-        wgmma_commit();
-        wgmma_wait<1>();
-        fence_regs(acc);
-        // the wgmmas of the k-tile before are done: release its stage
-        if (kt > 0) mbar_arrive(bar0 + 8u * (ST + (g - 1) % ST));
-    }
-    wgmma_drain(acc);
-    if (KT > 0) mbar_arrive(bar0 + 8u * (ST + (g - 1) % ST));
-}
-#endif  // SAM_HAS_WGMMA
-
-// The gather kernel (dy's kept rows gathered by the producer), one CTA per item.  T: bf16 /
-// fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2).
-template <typename T, int M, int NSL>
+// T: bf16 / fp16; M: rows per group (1, 2, 4); NSL: G tiles per stage (1 or 2); TR: G from
+// p.dyt (K-major B) instead of the gather from dy.
+template <typename T, int M, int NSL, bool TR>
 __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwArgs p) {
 #ifdef SAM_HAS_WGMMA
-    using C = DwgCfg<M, NSL, false>;
+    using C = DwgCfg<M, NSL, TR>;
     constexpr int ST = C::ST;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char *smem = align_smem(smem_raw);
@@ -250,10 +182,20 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
     auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
     const int tid = threadIdx.x;
 
-    // ---- the work item: one per CTA
-    const DwItem it = dw_item<M, NSL>(p, blockIdx.x);
-    const int e = it.e, n_e = it.n_e, KT = it.KT, slot1 = it.slot1;
-    const int64_t row0 = it.row0, c0 = it.c0, s_begin = it.s_begin, j0 = it.j0;
+    // ---- the work item: (expert, row block, column block), column blocks fastest
+    int64_t item = blockIdx.x;
+    const int cb = (int)(item % p.ncb);
+    item /= p.ncb;
+    const int rb = (int)(item % p.nrb);
+    const int e = (int)(item / p.nrb);
+    const int64_t row0 = (int64_t)rb * DWG_BN, c0 = (int64_t)cb * DWG_BC;
+    const int64_t s_begin = max(0, p.offsets[e]);
+    const int64_t s_end = min((int64_t)p.offsets[e + 1], p.S);
+    const int n_e = (int)max((int64_t)0, s_end - s_begin);
+    const int KT = (n_e + DWG_BK - 1) / DWG_BK;
+    // slices: half h (columns c0 + 64 h ..) lies in slice (c0 + 64 h) / V; G tile slot of half h
+    const int64_t j0 = M > 1 ? c0 / p.v : 0;
+    const int slot1 = (NSL == 2 && M > 1) ? (int)((c0 + 64) / p.v - j0) : 0;  // 0 or 1
 
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
@@ -313,6 +255,110 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
         return stage;
     };
 
+    if (tid < 128 && TR) {
+        // ================= producer, from dy's transposed copy =================
+        // per k-tile: X as below; G as K-major tiles, storage row n of the CTA (slot s) one
+        // 128-byte row (64 tokens) of p.dyt: the kept row of its slice (the copy's zero row R
+        // where there is none), 16-byte pieces by cp.async (a warp's copy covers 4 whole rows).
+        // The segments of the copy are 64-column aligned with zeros to the next k-tile past the
+        // expert's rows (ssmm_dyt.cuh): no predicate, each piece's source a running pointer.
+        const int ptid = tid;
+        const T *dyt = static_cast<const T *>(p.dyt);
+        const int gq = ptid & 7, gn = ptid >> 3;  // chunk, first row (then + 16 i)
+        const int nsl_cta = (NSL == 2 && slot1 == 1) ? 2 : 1;
+        // the copy's row behind every storage row of the CTA and slot, into shared memory (two
+        // or four per thread, their idx loads in flight together), then each thread's 16
+        const int64_t zrow = p.glu ? 2 * p.half_rows : p.half_rows;
+        int32_t *grow_s = reinterpret_cast<int32_t *>(smem + C::GROW_OFF);
+#pragma unroll
+        for (int k0 = 0; k0 < NSL * DWG_BN; k0 += 128) {
+            const int k = k0 + ptid, s = k / DWG_BN;
+            const int64_t P = row0 + k % DWG_BN;
+            const bool live = s < nsl_cta && P < p.rp && (M == 1 || j0 + s < p.slices);
+            int64_t sel = 0;
+            if (M > 1) {
+                const uint8_t *ip = p.idx + ((int64_t)e * p.slices + j0 + s) * p.rp + P;
+                sel = __ldg(live ? ip : p.idx) & (M - 1);
+            }
+            int64_t uh = 0, uq = P;
+            if (p.glu) {
+                uh = (P / 64) & 1;
+                uq = (P / 64 >> 1) * 64 + P % 64;
+            }
+            const int64_t local = uq * M + sel;
+            grow_s[k] = (int32_t)(live && local < p.half_rows ? uh * p.half_rows + local : zrow);
+        }
+        named_barrier_sync(2, 128);
+        const int64_t seg = dyt_segment(p.offsets, e);
+        const T *gp[NSL][16];
+#pragma unroll
+        for (int s = 0; s < NSL; s++)
+#pragma unroll
+            for (int i = 0; i < 16; i++) gp[s][i] = dyt + (int64_t)grow_s[s * DWG_BN + gn + 16 * i] * p.ldt + seg + 8 * gq;
+        const uint32_t g_dst = (uint32_t)(DWG_XBYTES + gn * 128 + ((gq ^ (gn & 7)) << 4));  // + slot, 16 i rows
+        // X: the element offset in x of each token row of a k-tile (-1: zeros), written a
+        // k-tile ahead by threads < 64 (row ptid, its token id loaded two k-tiles ahead) into
+        // xoff_s[kt & 1][xr][i] (row xr + 8 i): each thread reads its 8 rows as 64 contiguous bytes
+        int64_t *xoff_s = reinterpret_cast<int64_t *>(smem + C::XOFF_OFF);
+        // the token id of row ptid of k-tile kt, raw (its load left in flight until x_put's use)
+        auto x_id = [&](int kt) -> int32_t {
+            const int kk = min(kt * DWG_BK + ptid, n_e - 1);
+            return p.token_ids ? __ldg(p.token_ids + s_begin + kk) : (int32_t)(s_begin + kk);
+        };
+        auto x_put = [&](int kt, int32_t id) {  // (bytes; x's rows are 16-byte aligned: the binding)
+            const int64_t t = kt * DWG_BK + ptid < n_e ? (int64_t)id : -1;
+            xoff_s[(kt & 1) * DWG_BK + (ptid & 7) * 8 + (ptid >> 3)] =
+                t >= 0 && t < p.T ? t * p.ldx * (int64_t)sizeof(T) : -1;
+        };
+        int32_t id_next = 0;
+        if (ptid < DWG_BK && KT > 0) {
+            x_put(0, x_id(0));
+            if (KT > 1) id_next = x_id(1);
+        }
+        named_barrier_sync(2, 128);
+        const char *xb = reinterpret_cast<const char *>(static_cast<const T *>(p.x) + (x_colok ? xcol : 0));
+        const uint32_t xoff_rd = smem_u32(xoff_s) + (uint32_t)xr * 64;
+        for (int kt = 0; kt < KT; kt++) {
+            const int st = kt % ST;
+            // this k-tile's x offsets (written before the last barrier), read before the wait
+            uint4 xv[DWG_BK / 16];
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 16; i++) xv[i] = lds_v4(xoff_rd + (kt & 1) * DWG_BK * 8 + 16 * i);
+            if (kt >= ST) mbar_wait(empty_bar(st), ((kt / ST) - 1) & 1);
+            const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
+#pragma unroll
+            for (int i = 0; i < DWG_BK / 8; i += 2) {
+                const uint4 v = xv[i / 2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = xr + 8 * (i + h);
+                    const uint32_t lo = h ? v.z : v.x, hi = h ? v.w : v.y;
+                    const bool ok = x_colok && (int32_t)hi >= 0;  // -1: no row
+                    const int64_t off = ok ? (int64_t)(((uint64_t)hi << 32) | lo) : 0;
+                    cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), xb + off, ok);
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < NSL; s++)
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    if (s < nsl_cta) cp_async16(stage + g_dst + s * DWG_GBYTES + i * 16 * 128, gp[s][i], true);
+                    gp[s][i] += DWG_BK;
+                }
+            cp_async_mbar_arrive(full_bar(st));
+            mbar_arrive(full_bar(st));
+            if (kt + 1 < KT) {
+                if (ptid < DWG_BK) {
+                    x_put(kt + 1, id_next);
+                    if (kt + 2 < KT) id_next = x_id(kt + 2);
+                }
+                named_barrier_sync(2, 128);
+            }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        return;
+    }
     if (tid < 128) {
         // ================= producer =================
         const int ptid = tid;
@@ -457,8 +503,32 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
     const int wt = tid & 127, warp = wt >> 5, lane = tid & 31;
     const int slot = wg == 0 ? 0 : slot1;
     float acc[128];
-    int ring = 0;
-    dw_consume<T, ST, C::STAGE, false>(acc, sbase, bar0, wg, slot, KT, ring);
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+    fence_regs(acc);  // the zeros are written before the first wgmma.fence
+    for (int kt = 0; kt < KT; kt++) {
+        const int st = kt % ST;
+        mbar_wait(full_bar(st), (kt / ST) & 1);
+        fence_proxy_async();  // x came through cp.async (the generic proxy)
+        const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
+        const uint32_t a0 = stage + wg * DWG_BK * 128, b0 = stage + DWG_XBYTES + slot * DWG_GBYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < DWG_BK / 16; ks++) {
+            if constexpr (TR)
+                WgmmaDenseMN256<T>::template run<true>(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
+                                                       smem_desc_sw128(b0 + ks * 32), 1);
+            else
+                WgmmaDenseMN256<T>::run(acc, smem_desc_mn_sw128(a0 + ks * 2048, DWG_GBLOCK),
+                                        smem_desc_mn_sw128(b0 + ks * 2048, DWG_GBLOCK), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(acc);
+        // the wgmmas of k-tile kt - 1 are done: release its stage
+        if (kt > 0) mbar_arrive(empty_bar((kt - 1) % ST));
+    }
+    wgmma_drain(acc);
     // both consumers are past their last wgmma, the producer has nothing in flight (every
     // stage it filled was waited for): the ring becomes the staging area
     named_barrier_sync(1, 256);
@@ -527,296 +597,36 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
 #endif
 }
 
-#ifdef SAM_HAS_WGMMA
-// The copy kernel's epilogue, from registers: the warp's 16 columns cw .. cw + 15 x the 256
-// storage rows of its warpgroup's D^T fragment (acc[4 j + 2 h + k] = D^T[16 warp + g + 8 h]
-// [8 j + 2 q + k], g = lane / 4, q = lane % 4), picked to the 2 kept of every 4 columns and
-// stored as the values of rows row0 .. row0 + 255 (no shared memory: the producer is
-// filling the ring with the next item meanwhile).
-//  1. A column group (4 consecutive columns: g % 4 = 0 .. 3 at one g / 4 and h) of one storage
-//     row lies in 4 lanes 4 apart; per h and block b of 4 consecutive t = 2 j + k the 4 x 4
-//     values are transposed among those lanes (two shuffle rounds): lane g % 4 = r then holds
-//     the group's 4 columns of row t = 4 b + r, storage row 16 b + 8 (r / 2) + 2 q + r % 2.
-//  2. Its meta nibble picks 2 of the 4 (pick4), rounded once into one word (0 at padding
-//     rows and columns past C).
-//  3. The lanes 16 apart (g / 4 = 0, 1: groups a + 2 h) swap one word each, so that each
-//     holds groups 2 a and 2 a + 1 of the row: 8 contiguous bytes, one store.
-template <typename T>
-__device__ __forceinline__ void dw_store_regs(const DwArgs &p, const DwItem &it, float (&acc)[128], int wg, int warp,
-                                              int lane) {
-    const int g8 = lane >> 2, q = lane & 3, r = g8 & 3, a = g8 >> 2;
-    const int64_t cw = it.c0 + 64 * wg + 16 * warp;  // the warp's first column (16-aligned)
-    const int64_t mtiles = p.cp / 32;
-    const uint32_t *meta = p.meta + (int64_t)it.e * (p.rp / 16) * mtiles * 16;
-    T *outp = static_cast<T *>(p.out) + (int64_t)it.e * p.rp * (p.cp / 2) + cw / 2 + 4 * a;
-    const int prow = 8 * (r >> 1) + 2 * q + (r & 1);  // the lane's storage row in each block of 16
-    // the meta halves of the lane's 16 rows, two to a register (independent loads, all in
-    // flight at once)
-    uint32_t mwv[DWG_BN / 32];
-#pragma unroll
-    for (int b = 0; b < DWG_BN / 32; b++) mwv[b] = 0u;
-#pragma unroll
-    for (int b = 0; b < DWG_BN / 16; b++) {
-        const int64_t P = it.row0 + 16 * b + prow;
-        int64_t qq = P;
-        if (p.glu) qq = (P / 64 >> 1) * 64 + P % 64;
-        const bool live = it.n_e > 0 && P < p.rp && qq < p.rc;
-        // meta word: tile (P / 16, cw / 32), word 2 (P % 8) + (cw % 32) / 16, half (P % 16) / 8
-        const uint32_t *mp = meta + ((P / 16) * mtiles + cw / 32) * 16 + 2 * (P % 8) + (cw % 32) / 16;
-        const uint32_t mw = __ldg(live ? mp : p.meta);
-        mwv[b / 2] |= (live ? (mw >> (16 * ((P % 16) / 8))) & 0xffffu : 0u) << (16 * (b % 2));
-    }
-    const int64_t rows_here = p.rp - it.row0;  // a multiple of 64: uniform per block b
-#pragma unroll
-    for (int b = 0; b < DWG_BN / 16; b++) {
-        uint32_t w[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float x[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int t = 4 * b + u;
-                x[u] = acc[4 * (t >> 1) + 2 * h + (t & 1)];
-            }
-#pragma unroll
-            for (int s = 1; s <= 2; s <<= 1) {
-                const bool hi = (r & s) != 0;
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    if (u & s) continue;
-                    const float send = hi ? x[u] : x[u | s];
-                    const float recv = __shfl_xor_sync(0xffffffffu, send, 4 * s);
-                    if (hi) x[u] = recv;
-                    else x[u | s] = recv;
-                }
-            }
-            const int G = a + 2 * h;  // the column group within the warp's 16
-            const int64_t P = it.row0 + 16 * b + prow;
-            int64_t qq = P;
-            if (p.glu) qq = (P / 64 >> 1) * 64 + P % 64;
-            const uint32_t nib = (mwv[b / 2] >> (16 * (b % 2) + 4 * G)) & 0xfu;
-            const float lo = pick4(x[0], x[1], x[2], x[3], nib & 3u);
-            const float hv = pick4(x[0], x[1], x[2], x[3], nib >> 2);
-            const bool ok = qq < p.rc && cw + 4 * G < p.C;
-            w[h] = ok ? Elem<T>::pack2(lo, hv) : 0u;
-        }
-        const uint32_t recv = __shfl_xor_sync(0xffffffffu, a ? w[0] : w[1], 16);
-        if (16 * b < rows_here) {
-            const int64_t P = it.row0 + 16 * b + prow;
-            st_global_v2(outp + P * (p.cp / 2), a ? recv : w[0], a ? w[1] : recv);
-        }
-    }
-}
-
-#endif  // SAM_HAS_WGMMA
-
-// The copy kernel (dy from its transposed copy p.dyt): persistent, one CTA per SM taking the
-// items blockIdx.x, blockIdx.x + gridDim.x, ..., the ring's position running on across items,
-// so the producer fills the next item's stages while the consumers finish and store this one
-// (their epilogue reads no shared memory).  T: bf16 / fp16; M: rows per group (1, 2, 4); NSL:
-// G tiles per stage (1 or 2).
-template <typename T, int M, int NSL>
-__global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_copy_kernel(const DwArgs p, int64_t items) {
-#ifdef SAM_HAS_WGMMA
-    using C = DwgCfg<M, NSL, true>;
-    constexpr int ST = C::ST;
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    unsigned char *smem = align_smem(smem_raw);
-    const uint32_t sbase = smem_u32(smem);
-    const uint32_t bar0 = sbase + C::BAR_OFF;
-    auto full_bar = [&](int s) { return bar0 + 8u * s; };
-    auto empty_bar = [&](int s) { return bar0 + 8u * (ST + s); };
-    const int tid = threadIdx.x;
-    if (tid == 0) {
-        for (int s = 0; s < ST; s++) {
-            mbar_init(full_bar(s), 2 * 128);  // every producer thread: its cp.asyncs (noinc) + its arrive
-            mbar_init(empty_bar(s), 2 * 128);  // every consumer thread
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    // registers: the producer holds 16 NSL running pointers, the consumers 128 accumulators and,
-    // in the epilogue, their transposes and meta words (128 * PREGS + 256 * CREGS <= 384 * 168)
-    constexpr int PREGS = NSL == 1 ? 80 : 104, CREGS = NSL == 1 ? 208 : 200;
-    static_assert(128 * PREGS + 256 * CREGS <= DWG_THREADS * 168, "setmaxnreg register pool");
-    if (tid < 128) {
-        setmaxnreg_dec<PREGS>();
-        // ================= producer =================
-        // per k-tile: X, chunk xc (16 bytes; column block xc / 8, chunk xc % 8) of token rows
-        // xr + 8 i, gathered by token id with cp.async (zero-filled past the expert's rows, for
-        // invalid tokens and past C); G as K-major tiles, storage row n of the CTA (slot s) one
-        // 128-byte row (64 tokens) of p.dyt: the kept row of its slice (the copy's zero row R
-        // where there is none), 16-byte pieces by cp.async (a warp's copy covers 4 whole rows).
-        // The segments of the copy are 64-column aligned with zeros to the next k-tile past the
-        // expert's rows (ssmm_dyt.cuh): no predicate, each piece's source a running pointer.
-        const int ptid = tid;
-        const T *dyt = static_cast<const T *>(p.dyt);
-        const int gq = ptid & 7, gn = ptid >> 3;  // chunk, first row (then + 16 i)
-        const int xc = tid & 15, xr = tid >> 4;
-        const uint32_t x_dst = (uint32_t)((xc >> 3) * DWG_BK * 128);  // + row * 128 + swizzled chunk
-        const uint32_t g_dst = (uint32_t)(DWG_XBYTES + gn * 128 + ((gq ^ (gn & 7)) << 4));  // + slot, 16 i rows
-        const int64_t zrow = p.glu ? 2 * p.half_rows : p.half_rows;
-        int32_t *grow_s = reinterpret_cast<int32_t *>(smem + C::GROW_OFF);
-        // X: the byte offset in x of each token row of a k-tile (-1: zeros), written a k-tile
-        // ahead by threads < 64 (row ptid, its token id loaded two k-tiles ahead) into
-        // xoff_s[kt & 1][xr][i] (row xr + 8 i): each thread reads its 8 rows as 64 contiguous bytes
-        int64_t *xoff_s = reinterpret_cast<int64_t *>(smem + C::XOFF_OFF);
-        const uint32_t xoff_rd = smem_u32(xoff_s) + (uint32_t)xr * 64;
-        int g = 0;  // k-tiles this CTA has issued: the ring's position
-        for (int64_t L = blockIdx.x; L < items; L += gridDim.x) {
-            const DwItem it = dw_item<M, NSL>(p, L);
-            const int nsl_cta = (NSL == 2 && it.slot1 == 1) ? 2 : 1;
-            const int64_t xcol = it.c0 + 8 * xc;
-            const bool x_colok = xcol < p.C;
-            const int n_e = it.n_e, KT = it.KT;
-            // every producer thread is past its reads of the last item's grow_s and xoff_s
-            named_barrier_sync(2, 128);
-            // the copy's row behind every storage row of the CTA and slot, into shared memory (two
-            // or four per thread, their idx loads in flight together), then each thread's 16
-#pragma unroll
-            for (int k0 = 0; k0 < NSL * DWG_BN; k0 += 128) {
-                const int k = k0 + ptid, s = k / DWG_BN;
-                const int64_t P = it.row0 + k % DWG_BN;
-                const bool live = s < nsl_cta && P < p.rp && (M == 1 || it.j0 + s < p.slices);
-                int64_t sel = 0;
-                if (M > 1) {
-                    const uint8_t *ip = p.idx + ((int64_t)it.e * p.slices + it.j0 + s) * p.rp + P;
-                    sel = __ldg(live ? ip : p.idx) & (M - 1);
-                }
-                int64_t uh = 0, uq = P;
-                if (p.glu) {
-                    uh = (P / 64) & 1;
-                    uq = (P / 64 >> 1) * 64 + P % 64;
-                }
-                const int64_t local = uq * M + sel;
-                grow_s[k] = (int32_t)(live && local < p.half_rows ? uh * p.half_rows + local : zrow);
-            }
-            // the token id of row ptid of k-tile kt, raw (its load left in flight until x_put's use)
-            auto x_id = [&](int kt) -> int32_t {
-                const int kk = min(kt * DWG_BK + ptid, n_e - 1);
-                return p.token_ids ? __ldg(p.token_ids + it.s_begin + kk) : (int32_t)(it.s_begin + kk);
-            };
-            auto x_put = [&](int kt, int32_t id) {  // (bytes; x's rows are 16-byte aligned: the binding)
-                const int64_t t = kt * DWG_BK + ptid < n_e ? (int64_t)id : -1;
-                xoff_s[(kt & 1) * DWG_BK + (ptid & 7) * 8 + (ptid >> 3)] =
-                    t >= 0 && t < p.T ? t * p.ldx * (int64_t)sizeof(T) : -1;
-            };
-            int32_t id_next = 0;
-            if (ptid < DWG_BK && KT > 0) {
-                x_put(0, x_id(0));
-                if (KT > 1) id_next = x_id(1);
-            }
-            named_barrier_sync(2, 128);
-            const int64_t seg = dyt_segment(p.offsets, it.e);
-            const T *gp[NSL][16];
-#pragma unroll
-            for (int s = 0; s < NSL; s++)
-#pragma unroll
-                for (int i = 0; i < 16; i++)
-                    gp[s][i] = dyt + (int64_t)grow_s[s * DWG_BN + gn + 16 * i] * p.ldt + seg + 8 * gq;
-            const char *xb = reinterpret_cast<const char *>(static_cast<const T *>(p.x) + (x_colok ? xcol : 0));
-            for (int kt = 0; kt < KT; kt++, g++) {
-                const int st = g % ST;
-                // this k-tile's x offsets (written before the last barrier), read before the wait
-                uint4 xv[DWG_BK / 16];
-#pragma unroll
-                for (int i = 0; i < DWG_BK / 16; i++) xv[i] = lds_v4(xoff_rd + (kt & 1) * DWG_BK * 8 + 16 * i);
-                if (g >= ST) mbar_wait(empty_bar(st), ((g / ST) - 1) & 1);
-                const uint32_t stage = sbase + (uint32_t)st * C::STAGE;
-#pragma unroll
-                for (int i = 0; i < DWG_BK / 8; i += 2) {
-                    const uint4 v = xv[i / 2];
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int r = xr + 8 * (i + h);
-                        const uint32_t lo = h ? v.z : v.x, hi = h ? v.w : v.y;
-                        const bool ok = x_colok && (int32_t)hi >= 0;  // -1: no row
-                        const int64_t off = ok ? (int64_t)(((uint64_t)hi << 32) | lo) : 0;
-                        cp_async16(stage + x_dst + r * 128 + (((xc & 7) ^ (r & 7)) << 4), xb + off, ok);
-                    }
-                }
-#pragma unroll
-                for (int s = 0; s < NSL; s++)
-#pragma unroll
-                    for (int i = 0; i < 16; i++) {
-                        if (s < nsl_cta) cp_async16(stage + g_dst + s * DWG_GBYTES + i * 16 * 128, gp[s][i], true);
-                        gp[s][i] += DWG_BK;
-                    }
-                cp_async_mbar_arrive(full_bar(st));
-                mbar_arrive(full_bar(st));
-                if (kt + 1 < KT) {
-                    if (ptid < DWG_BK) {
-                        x_put(kt + 1, id_next);
-                        if (kt + 2 < KT) id_next = x_id(kt + 2);
-                    }
-                    named_barrier_sync(2, 128);
-                }
-            }
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        return;
-    }
-
-    // ================= consumers =================
-    setmaxnreg_inc<CREGS>();
-    const int wg = (tid >> 7) - 1;  // 0, 1: columns c0 + 64 wg ..
-    const int warp = (tid & 127) >> 5, lane = tid & 31;
-    int g = 0;
-    for (int64_t L = blockIdx.x; L < items; L += gridDim.x) {
-        const DwItem it = dw_item<M, NSL>(p, L);
-        float acc[128];
-        dw_consume<T, ST, C::STAGE, true>(acc, sbase, bar0, wg, wg == 0 ? 0 : it.slot1, it.KT, g);
-        dw_store_regs<T>(p, it, acc, wg, warp, lane);
-    }
-#else
-    (void)p;
-    (void)items;
-    __trap();
-#endif
-}
-
 template <typename T, int M, int NSL, bool TR>
-sam_status launch(const DwArgs &a, int64_t items, cudaStream_t stream) {
+sam_status launch(const DwArgs &a, int64_t grid, cudaStream_t stream) {
     using C = DwgCfg<M, NSL, TR>;
-    if constexpr (TR) {
-        // persistent: one CTA per SM at most
-        const int64_t sms = device_sm_count();
-        const int64_t grid = sms > 0 && items > sms ? sms : items;
-        SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_dw_wgmma_copy_kernel<T, M, NSL>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
-                     "ssmm_dw");
-        ssmm_dw_wgmma_copy_kernel<T, M, NSL><<<(unsigned)grid, DWG_THREADS, C::SMEM, stream>>>(a, items);
-    } else {
-        SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_dw_wgmma_kernel<T, M, NSL>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
-                     "ssmm_dw");
-        ssmm_dw_wgmma_kernel<T, M, NSL><<<(unsigned)items, DWG_THREADS, C::SMEM, stream>>>(a);
-    }
+    SAM_CUDA_TRY(cudaFuncSetAttribute(ssmm_dw_wgmma_kernel<T, M, NSL, TR>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
+                 "ssmm_dw");
+    ssmm_dw_wgmma_kernel<T, M, NSL, TR><<<(unsigned)grid, DWG_THREADS, C::SMEM, stream>>>(a);
     return launch_status("ssmm_dw");
 }
 
-template <typename T, bool TR> sam_status launch_m(const DwArgs &a, int m, bool two, int64_t items, cudaStream_t s) {
+template <typename T, bool TR> sam_status launch_m(const DwArgs &a, int m, bool two, int64_t grid, cudaStream_t s) {
     switch (m) {
-    case 1: return launch<T, 1, 1, TR>(a, items, s);
-    case 2: return two ? launch<T, 2, 2, TR>(a, items, s) : launch<T, 2, 1, TR>(a, items, s);
-    default: return two ? launch<T, 4, 2, TR>(a, items, s) : launch<T, 4, 1, TR>(a, items, s);
+    case 1: return launch<T, 1, 1, TR>(a, grid, s);
+    case 2: return two ? launch<T, 2, 2, TR>(a, grid, s) : launch<T, 2, 1, TR>(a, grid, s);
+    default: return two ? launch<T, 4, 2, TR>(a, grid, s) : launch<T, 4, 1, TR>(a, grid, s);
     }
 }
 
 // dy's transposed copy (R x dyt_cols, scaled: ssmm_dyt.cuh) in stream-ordered memory, the
 // kernel from it, the copy freed on the stream; where the memory cannot be had, the gather
 // from dy.
-template <typename T> sam_status launch_t(DwArgs a, int m, bool two, int64_t items, cudaStream_t s) {
+template <typename T> sam_status launch_t(DwArgs a, int m, bool two, int64_t grid, cudaStream_t s) {
     const int64_t R = a.glu ? 2 * a.half_rows : a.half_rows;
     const DytSrc src{a.dy, a.lddy, nullptr, a.S, a.scale, a.offsets, a.S, a.E};
     sam_status st;
     T *buf = dyt_make<T>(src, R, s, &st);
-    if (buf == nullptr) return launch_m<T, false>(a, m, two, items, s);
+    if (buf == nullptr) return launch_m<T, false>(a, m, two, grid, s);
     a.dyt = buf;
     a.ldt = dyt_cols(a.S, a.E);
-    if (st == SAM_STATUS_OK) st = launch_m<T, true>(a, m, two, items, s);
+    if (st == SAM_STATUS_OK) st = launch_m<T, true>(a, m, two, grid, s);
     cudaFreeAsync(buf, s);
     return st;
 }
@@ -829,20 +639,20 @@ sam_status ssmm_dw_wgmma_launch(const DwArgs &in, sam_dtype dtype, int m, bool c
     DwArgs a = in;
     a.nrb = (int)ceil_div(a.rp, DWG_BN);
     a.ncb = (int)ceil_div(a.cp, DWG_BC);  // cp % 128 == 0: whole blocks
-    const int64_t items = (int64_t)a.E * a.nrb * a.ncb;  // (the gather kernel: one CTA each)
-    if (items > INT32_MAX) {
-        set_error("ssmm_dw: problem too large for one launch (%lld CTAs)", (long long)items);
+    const int64_t grid = (int64_t)a.E * a.nrb * a.ncb;
+    if (grid > INT32_MAX) {
+        set_error("ssmm_dw: problem too large for one launch (%lld CTAs)", (long long)grid);
         return SAM_STATUS_UNSUPPORTED;
     }
-    if (items == 0) return SAM_STATUS_OK;
+    if (grid == 0) return SAM_STATUS_OK;
     // two G tiles per stage where a CTA's two 64-column halves can lie in different slices
     const bool two = m > 1 && a.v % 128 != 0;
     if (!copy) {
-        if (dtype == SAM_BF16) return launch_m<__nv_bfloat16, false>(a, m, two, items, stream);
-        return launch_m<__half, false>(a, m, two, items, stream);
+        if (dtype == SAM_BF16) return launch_m<__nv_bfloat16, false>(a, m, two, grid, stream);
+        return launch_m<__half, false>(a, m, two, grid, stream);
     }
-    if (dtype == SAM_BF16) return launch_t<__nv_bfloat16>(a, m, two, items, stream);
-    return launch_t<__half>(a, m, two, items, stream);
+    if (dtype == SAM_BF16) return launch_t<__nv_bfloat16>(a, m, two, grid, stream);
+    return launch_t<__half>(a, m, two, grid, stream);
 }
 
 }  // namespace sam

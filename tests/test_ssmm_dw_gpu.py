@@ -259,23 +259,3 @@ def test_cuda_kernels_agree(fmt, glu):
     want, _ = oracle_dw(dy, x, p, r.offsets, tok, sc)
     assert rel_err(a, want) < 2e-2 and rel_err(b, want) < 2e-2
     assert rel_err(a, b.double()) < 2e-2
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64", "2:4"])
-@pytest.mark.parametrize("glu", [False, True])
-def test_cuda_copy_kernel_many_items_per_cta(fmt, glu):
-    """The copy kernel is persistent (one CTA per SM at most): with 320-640 work items on an
-    H100 / H200's 132 SMs each CTA takes several, of different k-tile counts, empty experts
-    among them, its ring running on from one item to the next (1:2:64: two G tiles a stage)."""
-    if not wgmma_runs():
-        pytest.skip("the copy kernel needs an sm_90 device and the sm_90a build")
-    case = (600, 2, 40, (512, 512), 1024, "skewed")
-    IMPL["impl"] = "copy"
-    try:
-        p, r, dy, x, tok, sc, got = check(case, fmt, torch.bfloat16, glu, True, True)
-        assert torch.equal(got, run_dw(p, r, dy, x, tok, sc, "cuda")), "two runs differ"
-    finally:
-        IMPL["impl"] = "auto"
-    items = 40 * -(-p.values.shape[1] // 256) * -(-p.values.shape[2] * 2 // 128)
-    assert items > torch.cuda.get_device_properties(0).multi_processor_count
