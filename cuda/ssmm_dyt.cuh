@@ -110,6 +110,103 @@ __global__ void __launch_bounds__(256) dyt_fill_kernel(const DytSrc p, int64_t R
     }
 }
 
+// The same copy where dy's rows hold whole 16-byte pieces (vec16: lddy % 8 == 0, R % 8 == 0,
+// dy 16-byte aligned): one CTA per 64 columns (64 sorted rows, all of one expert: segments are
+// 64-column aligned) and DYT_RCH rows of the copy, in 64 x 64 tiles.  The block's expert is
+// found once (warp 0: a ballot over the segments' starts, four loads a lane in flight) and
+// its 64 source rows' offsets and scales go to shared memory; then per tile each thread loads
+// two rows' 16-byte pieces (8 of dy's columns), pairs their elements into 32-bit words (one
+// byte permute each) and stores the 8 words transposed, and reads back 16-byte pieces of the
+// copy's rows.  The [64][33]-word tile is conflict-free both ways: a warp writes row pairs
+// m = lane % 8 of pieces lane / 8 (banks 8 piece + m), and reads rows lane / 8 of 8-column
+// pieces lane % 8 (banks row + 4 piece).  The per-element kernel above paid a 64-thread binary
+// search over the experts (one dependent load per step) and two token-id round trips for every
+// 8 KB it moved, and ran at half the copy rate.
+constexpr int DYT_RCH = 256;  // the copy's rows per CTA (4 tiles)
+
+template <typename T>
+__global__ void __launch_bounds__(256) dyt_fill16_kernel(const DytSrc p, int64_t R, int64_t W, T *dyt) {
+    __shared__ uint32_t tile[64 * 33];
+    __shared__ int64_t src_off[64];  // element offset of the column's row of dy (-1: zeros)
+    __shared__ float src_sc[64];
+    __shared__ int blk_e;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t c0 = (int64_t)blockIdx.x * 64;
+    const int64_t rbeg = (int64_t)blockIdx.y * DYT_RCH, rend = min(R, rbeg + DYT_RCH);
+    if (warp == 0) {
+        // the block's expert: the number of experts whose segment starts at or before c0, less one
+        int cnt = 0;
+        for (int base = 0; base < p.E; base += 128) {
+            bool ok[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int e = base + 32 * u + lane;
+                ok[u] = e < p.E && dyt_segment(p.offsets, e) <= c0;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) cnt += __popc(__ballot_sync(0xffffffffu, ok[u]));
+        }
+        if (lane == 0) blk_e = max(cnt - 1, 0);
+    }
+    __syncthreads();
+    if (threadIdx.x < 64) {
+        const int e = blk_e;
+        int64_t off = -1;
+        float sc = 1.0f;
+        if (p.E > 0) {
+            const int64_t i = c0 + threadIdx.x - dyt_segment(p.offsets, e);
+            const int64_t sb = max((int64_t)0, (int64_t)__ldg(p.offsets + e));
+            const int64_t se = min((int64_t)__ldg(p.offsets + e + 1), p.S);
+            if (i >= 0 && sb + i < se) {
+                const int64_t s = sb + i;
+                const int64_t t = p.token_ids ? (int64_t)__ldg(p.token_ids + s) : s;
+                if (t >= 0 && t < p.T) {
+                    off = t * p.lddy;
+                    if (p.scale) sc = __ldg(p.scale + s);
+                }
+            }
+        }
+        src_off[threadIdx.x] = off;
+        src_sc[threadIdx.x] = sc;
+    }
+    __syncthreads();
+    const T *dy = static_cast<const T *>(p.dy);
+    // load side: row pair m (columns 2m, 2m + 1 of the block), piece pc (the copy's rows 8 pc ..)
+    const int m = 8 * (warp & 3) + (lane & 7), pc = 4 * (warp >> 2) + (lane >> 3);
+    const int64_t off0 = src_off[2 * m], off1 = src_off[2 * m + 1];
+    const float sc0 = src_sc[2 * m], sc1 = src_sc[2 * m + 1];
+    // store side: the copy's rows rl = 4 warp + lane / 8 (+ 32), 8-column piece q = lane % 8
+    const int q = lane & 7, rl0 = 4 * warp + (lane >> 3);
+    for (int64_t r0 = rbeg; r0 < rend; r0 += 64) {
+        const int64_t r = r0 + 8 * pc;
+        uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+        if (r < R) {
+            if (off0 >= 0) a = __ldg(reinterpret_cast<const uint4 *>(dy + off0 + r));
+            if (off1 >= 0) b = __ldg(reinterpret_cast<const uint4 *>(dy + off1 + r));
+            if (p.scale) {
+                a = make_uint4(scale2<T>(a.x, sc0), scale2<T>(a.y, sc0), scale2<T>(a.z, sc0), scale2<T>(a.w, sc0));
+                b = make_uint4(scale2<T>(b.x, sc1), scale2<T>(b.y, sc1), scale2<T>(b.z, sc1), scale2<T>(b.w, sc1));
+            }
+        }
+        const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            tile[(8 * pc + 2 * j) * 33 + m] = __byte_perm(aw[j], bw[j], 0x5410);      // element 2 j of both rows
+            tile[(8 * pc + 2 * j + 1) * 33 + m] = __byte_perm(aw[j], bw[j], 0x7632);  // element 2 j + 1
+        }
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int rl = rl0 + 32 * h;
+            if (r0 + rl < R) {
+                const uint32_t *t = tile + rl * 33 + 4 * q;
+                *reinterpret_cast<uint4 *>(dyt + (r0 + rl) * W + c0 + 8 * q) = make_uint4(t[0], t[1], t[2], t[3]);
+            }
+        }
+        __syncthreads();
+    }
+}
+
 // The copy in stream-ordered memory ((R + 1) x dyt_cols(S, E) elements of T: row R zeros),
 // filled on the stream; null (the error cleared) where it cannot be allocated or the grid
 // cannot be launched.  Freed by the caller with cudaFreeAsync on the same stream.
@@ -123,12 +220,17 @@ template <typename T> T *dyt_make(const DytSrc &src, int64_t R, cudaStream_t s, 
         return nullptr;
     }
     const bool vec = src.lddy % 2 == 0 && R % 2 == 0 && (reinterpret_cast<uintptr_t>(src.dy) & 3) == 0;
+    const bool vec16 = src.lddy % 8 == 0 && R % 8 == 0 && (reinterpret_cast<uintptr_t>(src.dy) & 15) == 0;
     T *dyt = static_cast<T *>(buf);
     if (cudaMemsetAsync(dyt + R * W, 0, (size_t)W * sizeof(T), s) != cudaSuccess) {
         *st = launch_status("dyt_fill");
         return dyt;
     }
-    dyt_fill_kernel<T><<<dim3((unsigned)(W / 64), (unsigned)((R + 63) / 64)), 256, 0, s>>>(src, R, W, dyt, vec);
+    if (vec16)
+        dyt_fill16_kernel<T><<<dim3((unsigned)(W / 64), (unsigned)((R + DYT_RCH - 1) / DYT_RCH)), 256, 0, s>>>(src, R, W,
+                                                                                                             dyt);
+    else
+        dyt_fill_kernel<T><<<dim3((unsigned)(W / 64), (unsigned)((R + 63) / 64)), 256, 0, s>>>(src, R, W, dyt, vec);
     *st = launch_status("dyt_fill");
     return dyt;
 }
