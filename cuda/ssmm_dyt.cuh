@@ -37,6 +37,18 @@ __device__ __forceinline__ int64_t dyt_segment(const int32_t *offsets, int e) {
 }
 inline int64_t dyt_cols(int64_t S, int E) { return (S + 64 * (int64_t)E + 63) / 64 * 64; }
 
+// The sorted row s and the row t of dy behind column col of expert e's segment; false where
+// there is none (past the expert's rows, or a token id outside [0, T): a zero column).
+__device__ __forceinline__ bool dyt_source(const DytSrc &p, int e, int64_t col, int64_t &s, int64_t &t) {
+    const int64_t i = col - dyt_segment(p.offsets, e);
+    const int64_t sb = max((int64_t)0, (int64_t)__ldg(p.offsets + e));
+    const int64_t se = min((int64_t)__ldg(p.offsets + e + 1), p.S);
+    if (i < 0 || sb + i >= se) return false;
+    s = sb + i;
+    t = p.token_ids ? (int64_t)__ldg(p.token_ids + s) : s;
+    return t >= 0 && t < p.T;
+}
+
 // dyt[r][c] for r < R and c < W: 64 x 64 tiles through shared memory, 256 threads: each warp
 // reads 8 rows of dy (2 elements a lane, 128 bytes a row) and writes 8 rows of dyt the same
 // way; vec: dy's rows and R hold whole element pairs (4-byte loads), else element by element.
@@ -57,16 +69,10 @@ __global__ void __launch_bounds__(256) dyt_fill_kernel(const DytSrc p, int64_t R
                 const int mid = (lo + hi + 1) / 2;
                 if (dyt_segment(p.offsets, mid) <= col) lo = mid; else hi = mid - 1;
             }
-            const int64_t i = col - dyt_segment(p.offsets, lo);
-            const int64_t sb = max((int64_t)0, (int64_t)__ldg(p.offsets + lo));
-            const int64_t se = min((int64_t)__ldg(p.offsets + lo + 1), p.S);
-            if (i >= 0 && sb + i < se) {
-                const int64_t s = sb + i;
-                const int64_t t = p.token_ids ? (int64_t)__ldg(p.token_ids + s) : s;
-                if (t >= 0 && t < p.T) {
-                    src = s;
-                    tok = t;
-                }
+            int64_t s, t;
+            if (dyt_source(p, lo, col, s, t)) {
+                src = s;
+                tok = t;
             }
         }
         src_row[threadIdx.x] = src;
@@ -153,18 +159,10 @@ __global__ void __launch_bounds__(256) dyt_fill16_kernel(const DytSrc p, int64_t
         const int e = blk_e;
         int64_t off = -1;
         float sc = 1.0f;
-        if (p.E > 0) {
-            const int64_t i = c0 + threadIdx.x - dyt_segment(p.offsets, e);
-            const int64_t sb = max((int64_t)0, (int64_t)__ldg(p.offsets + e));
-            const int64_t se = min((int64_t)__ldg(p.offsets + e + 1), p.S);
-            if (i >= 0 && sb + i < se) {
-                const int64_t s = sb + i;
-                const int64_t t = p.token_ids ? (int64_t)__ldg(p.token_ids + s) : s;
-                if (t >= 0 && t < p.T) {
-                    off = t * p.lddy;
-                    if (p.scale) sc = __ldg(p.scale + s);
-                }
-            }
+        int64_t s, t;
+        if (p.E > 0 && dyt_source(p, e, c0 + threadIdx.x, s, t)) {
+            off = t * p.lddy;
+            if (p.scale) sc = __ldg(p.scale + s);
         }
         src_off[threadIdx.x] = off;
         src_sc[threadIdx.x] = sc;
