@@ -13,6 +13,7 @@
 #                                [dx-check: ssmm_dx's standalone check, dev/dx_check]
 # test:  TEST_SHARD=K/N runs every N-th GPU test from the K-th on, TEST_JOBS=J with pytest-xdist;
 #   the whole suite takes ~12 minutes with 8 jobs on an H200, over one call's limit: 1/2 then 2/2.
+#   TEST_FILES="tests/a.py tests/b.py": those files' GPU tests only (default: all of tests/).
 # Probes, profilers and A/B drivers live in dev/lab/ (run them directly).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
@@ -42,8 +43,8 @@ run() {
 }
 for step in $steps; do
   case $step in
-    test) run test_gpu 25 $PY -m pytest tests -q -m gpu -p no:cacheprovider ${TEST_SHARD:+--shard $TEST_SHARD} \
-            ${TEST_JOBS:+-n $TEST_JOBS} ;;
+    test) run test_gpu 25 $PY -m pytest ${TEST_FILES:-tests} -q -m gpu -p no:cacheprovider \
+            ${TEST_SHARD:+--shard $TEST_SHARD} ${TEST_JOBS:+-n $TEST_JOBS} ;;
     test-ssmm) run test_ssmm 25 $PY -m pytest tests/test_ssmm.py -x -q -m gpu -p no:cacheprovider ;;
     test-all) run test_all 25 $PY -m pytest tests -q -p no:cacheprovider ;;
     test-k) run test_k 25 $PY -m pytest tests -x -q -m gpu -p no:cacheprovider -k "${PYTEST_K:?set PYTEST_K}" ;;
