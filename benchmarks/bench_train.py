@@ -240,17 +240,17 @@ def dense_dw(dy_t, xg, offsets):
         return torch.stack([dy_t[:, off[e]:off[e + 1]] @ xg[off[e]:off[e + 1]] for e in range(len(off) - 1)])
 
 
-def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
-    """ssmm_dw alone against the dense weight gradient, per projection."""
-    from samoyeds.ops import ssmm_dw
+def dw_problems(name, tokens, fmt, device, dtype, tiny, seed):
+    """The inputs of ssmm_dw for each T in tokens and projection of model ``name``'s layer,
+    packed weights drawn once: a dict per problem with proj, T, R, C, E, S, the weight w, the
+    routing r, dy, x as ssmm_dw reads it (xin, by token ids tok or in sorted order), the
+    routing scale (down) and, for the dense reference, x gathered (xg) and dy scaled (dys)."""
     import bench_moe
     _, cfg = bench_moe._block(name, tiny)
     H, I, E, K = dims(cfg)
-    density = sm.SparseFormat.parse(fmt).density
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     gu = sm.pack((torch.randn(E, 2 * I, H, device=device, generator=gen) * H ** -0.5).to(dtype), fmt, glu=True)
     dn = sm.pack((torch.randn(E, H, I, device=device, generator=gen) * I ** -0.5).to(dtype), fmt)
-    rows = []
     for T in tokens:
         S = T * K
         idx, _ = routing(T, E, K, device, dtype, gen)
@@ -260,43 +260,54 @@ def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
             dy = torch.randn(S, R, device=device, generator=gen).to(dtype)
             if proj == "gate_up":
                 xin, tok, scale = x, r.token_ids, None
-                xg = x[r.token_ids.long()]
-                dys = dy
+                xg, dys = x[r.token_ids.long()], dy
             else:
                 xin, tok = torch.randn(S, C, device=device, generator=gen).to(dtype), None
                 scale = torch.rand(S, device=device, generator=gen)
                 xg, dys = xin, (dy.float() * scale[:, None]).to(dtype)
-            res = {"model": name, "T": T, "projection": proj, "format": fmt, "R": R, "C": C, "E": E,
-                   "routed_rows": S, "flop_dense": 2.0 * S * R * C}
-            try:
-                out = torch.empty_like(w.values)
-                t_s = statistics.median(call_times(lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out),
-                                                   device, budget_s=BUDGET_S / 2, min_iters=3))
-                dyt = dys.t()
-                t_d = statistics.median(call_times(lambda: dense_dw(dyt, xg, r.offsets), device,
-                                                   budget_s=BUDGET_S / 2, min_iters=3))
-                if device == "cuda":   # the mma.sync kernel too (the wgmma one's baseline) and, on sm_90a,
-                    # both producers of the wgmma kernel, whichever the rule picks
-                    for impl in ("mma", "gather", "copy"):
-                        if impl != "mma" and not wgmma_runs():
-                            continue
-                        t_m = statistics.median(call_times(
-                            lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out, impl=impl),
-                            device, budget_s=BUDGET_S / 2, min_iters=3))
-                        res.update({f"ms_ssmm_dw_{impl}": t_m, f"speedup_{impl}": t_d / t_m})
-                res.update(ms_ssmm_dw=t_s, ms_dense=t_d, speedup=t_d / t_s,
-                           tflops_dense_equiv_ssmm_dw=res["flop_dense"] / (t_s * 1e-3) / 1e12,
-                           tflops_kept_ssmm_dw=res["flop_dense"] * density / (t_s * 1e-3) / 1e12,
-                           tflops_dense=res["flop_dense"] / (t_d * 1e-3) / 1e12)
-            except Exception as exc:
-                res["error"] = error_text(exc)
-            rows.append(res)
-            print(f"  dW {name:<16} T={T:>6} {proj:<8} ssmm_dw {res.get('ms_ssmm_dw', float('nan')):8.3f} ms  "
-                  f"dense {res.get('ms_dense', float('nan')):8.3f} ms  {res.get('speedup', float('nan')):5.2f}x  "
-                  f"(mma.sync {res.get('ms_ssmm_dw_mma', float('nan')):7.3f}, wgmma gather "
-                  f"{res.get('ms_ssmm_dw_gather', float('nan')):7.3f}, copy {res.get('ms_ssmm_dw_copy', float('nan')):7.3f} ms)",
-                  flush=True)
-            free_memory(device)
+            yield dict(proj=proj, T=T, R=R, C=C, E=E, S=S, w=w, r=r, dy=dy, xin=xin, tok=tok, scale=scale, xg=xg,
+                       dys=dys)
+
+
+def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
+    """ssmm_dw alone against the dense weight gradient, per projection."""
+    from samoyeds.ops import ssmm_dw
+    density = sm.SparseFormat.parse(fmt).density
+    rows = []
+    for pb in dw_problems(name, tokens, fmt, device, dtype, tiny, seed):
+        proj, T, R, C, E, S = pb["proj"], pb["T"], pb["R"], pb["C"], pb["E"], pb["S"]
+        w, r, dy, xin, tok, scale, xg, dys = (pb[k] for k in ("w", "r", "dy", "xin", "tok", "scale", "xg", "dys"))
+        res = {"model": name, "T": T, "projection": proj, "format": fmt, "R": R, "C": C, "E": E,
+               "routed_rows": S, "flop_dense": 2.0 * S * R * C}
+        try:
+            out = torch.empty_like(w.values)
+            t_s = statistics.median(call_times(lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out),
+                                               device, budget_s=BUDGET_S / 2, min_iters=3))
+            dyt = dys.t()
+            t_d = statistics.median(call_times(lambda: dense_dw(dyt, xg, r.offsets), device,
+                                               budget_s=BUDGET_S / 2, min_iters=3))
+            if device == "cuda":   # the mma.sync kernel too (the wgmma one's baseline) and, on sm_90a,
+                # both producers of the wgmma kernel, whichever the rule picks
+                for impl in ("mma", "gather", "copy"):
+                    if impl != "mma" and not wgmma_runs():
+                        continue
+                    t_m = statistics.median(call_times(
+                        lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out, impl=impl),
+                        device, budget_s=BUDGET_S / 2, min_iters=3))
+                    res.update({f"ms_ssmm_dw_{impl}": t_m, f"speedup_{impl}": t_d / t_m})
+            res.update(ms_ssmm_dw=t_s, ms_dense=t_d, speedup=t_d / t_s,
+                       tflops_dense_equiv_ssmm_dw=res["flop_dense"] / (t_s * 1e-3) / 1e12,
+                       tflops_kept_ssmm_dw=res["flop_dense"] * density / (t_s * 1e-3) / 1e12,
+                       tflops_dense=res["flop_dense"] / (t_d * 1e-3) / 1e12)
+        except Exception as exc:
+            res["error"] = error_text(exc)
+        rows.append(res)
+        print(f"  dW {name:<16} T={T:>6} {proj:<8} ssmm_dw {res.get('ms_ssmm_dw', float('nan')):8.3f} ms  "
+              f"dense {res.get('ms_dense', float('nan')):8.3f} ms  {res.get('speedup', float('nan')):5.2f}x  "
+              f"(mma.sync {res.get('ms_ssmm_dw_mma', float('nan')):7.3f}, wgmma gather "
+              f"{res.get('ms_ssmm_dw_gather', float('nan')):7.3f}, copy {res.get('ms_ssmm_dw_copy', float('nan')):7.3f} ms)",
+              flush=True)
+        free_memory(device)
     return rows
 
 

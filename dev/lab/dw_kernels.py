@@ -1,6 +1,7 @@
 """GPU time of ssmm_dw's kernels alone (torch.profiler: the dW kernel and dy's transposed copy,
-summed over N calls, per call), on the models' projections with bench_train's inputs; rows for
-dev/lab/ab_summary.py (before / after a kernel change in one call).  Host time, allocation
+summed over N calls, per call), on the models' projections with bench_train's inputs
+(bench_train.dw_problems); rows for dev/lab/ab_summary.py (before / after a kernel change in
+one call).  Host time, allocation
 and launch latency are left out, which bench_train's per-call timing counts.
 
     python dev/lab/dw_kernels.py [--models a,b] [--tokens 4096,16384] [--calls 10] --out DIR
@@ -13,7 +14,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
-import bench_moe  # noqa: E402
 import bench_train  # noqa: E402
 from common import environment, write_json  # noqa: E402
 
@@ -44,36 +44,21 @@ def main():
     ap.add_argument("--tokens", default="4096,16384")
     ap.add_argument("--format", default="samoyeds-1:2:128")
     ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    dev, dt = "cuda", torch.bfloat16
     rows = []
+    density = sm.SparseFormat.parse(a.format).density
     for name in a.models.split(","):
-        _, cfg = bench_moe._block(name, False)
-        H, I, E, K = bench_train.dims(cfg)
-        gen = torch.Generator(device=dev).manual_seed(1)
-        gu = sm.pack((torch.randn(E, 2 * I, H, device=dev, generator=gen) * H ** -0.5).to(dt), a.format, glu=True)
-        dn = sm.pack((torch.randn(E, H, I, device=dev, generator=gen) * I ** -0.5).to(dt), a.format)
-        for T in [int(t) for t in a.tokens.split(",")]:
-            S = T * K
-            idx, _ = bench_train.routing(T, E, K, dev, dt, gen)
-            r = sm.route(idx, E)
-            x = torch.randn(T, H, device=dev, generator=gen).to(dt)
-            for proj, w, R, C in (("gate_up", gu, 2 * I, H), ("down", dn, H, I)):
-                dy = torch.randn(S, R, device=dev, generator=gen).to(dt)
-                if proj == "gate_up":
-                    xin, tok, scale = x, r.token_ids, None
-                else:
-                    xin, tok = torch.randn(S, C, device=dev, generator=gen).to(dt), None
-                    scale = torch.rand(S, device=dev, generator=gen)
-                out = torch.empty_like(w.values)
-                k = kernel_ms(lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out, impl="copy"), a.calls)
-                rows.append({"model": name, "T": T, "proj": proj, "kernel_dw_ms": k["dw"], "dyt_fill_ms": k["dyt"],
-                             "flop_kept": 2.0 * S * R * C * sm.SparseFormat.parse(a.format).density})
-                print(f"{name:<16} T={T:>6} {proj:<8} dW kernel {k['dw']:7.3f} ms  dyt_fill {k['dyt']:7.3f} ms",
-                      flush=True)
-            torch.cuda.empty_cache()
-        del gu, dn
+        for pb in bench_train.dw_problems(name, [int(t) for t in a.tokens.split(",")], a.format, "cuda",
+                                          torch.bfloat16, False, a.seed):
+            w, r, out = pb["w"], pb["r"], torch.empty_like(pb["w"].values)
+            k = kernel_ms(lambda: ssmm_dw(pb["dy"], pb["xin"], w, r.offsets, pb["tok"], pb["scale"], out=out,
+                                          impl="copy"), a.calls)
+            rows.append({"model": name, "T": pb["T"], "proj": pb["proj"], "kernel_dw_ms": k["dw"],
+                         "dyt_fill_ms": k["dyt"], "flop_kept": 2.0 * pb["S"] * pb["R"] * pb["C"] * density})
+            print(f"{name:<16} T={pb['T']:>6} {pb['proj']:<8} dW kernel {k['dw']:7.3f} ms  "
+                  f"dyt_fill {k['dyt']:7.3f} ms", flush=True)
         torch.cuda.empty_cache()
     os.makedirs(a.out, exist_ok=True)
     write_json(os.path.join(a.out, "dw_kernels.json"), {"env": environment(), "rows": rows})
