@@ -42,6 +42,7 @@ def transpose_cases(gen: torch.Generator) -> None:
 
 def train_cases(gen: torch.Generator) -> None:
     """The training kernels (issue 40) alone: ``python benchmarks/sanitize_cases.py train``."""
+    from samoyeds import _C
     # the packed weight gradient (ssmm_dw): every row-group size, slices of 64 (four A tiles per
     # CTA), 128 and 192 (slices straddling a CTA's columns), plain and GLU layouts, rows per half
     # not a multiple of 8 (dy read by elements), token ids and routing scales, empty experts,
