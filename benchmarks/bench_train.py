@@ -243,8 +243,10 @@ def dense_dw(dy_t, xg, offsets):
 def dw_problems(name, tokens, fmt, device, dtype, tiny, seed):
     """The inputs of ssmm_dw for each T in tokens and projection of model ``name``'s layer,
     packed weights drawn once: a dict per problem with proj, T, R, C, E, S, the weight w, the
-    routing r, dy, x as ssmm_dw reads it (xin, by token ids tok or in sorted order), the
-    routing scale (down) and, for the dense reference, x gathered (xg) and dy scaled (dys)."""
+    routing r, dy and x as ssmm_dw reads them (dyin: by token ids dy_ids (down: the layer's
+    output gradient, as its backward passes it) or in sorted order; xin: by token ids tok or in
+    sorted order), the routing scale (down) and, for the dense reference, dy and x in sorted
+    order (dy, xg) and dy scaled (dys).  :func:`run_dw` makes the call."""
     import bench_moe
     _, cfg = bench_moe._block(name, tiny)
     H, I, E, K = dims(cfg)
@@ -257,31 +259,39 @@ def dw_problems(name, tokens, fmt, device, dtype, tiny, seed):
         r = sm.route(idx, E)
         x = torch.randn(T, H, device=device, generator=gen).to(dtype)
         for proj, w, R, C in (("gate_up", gu, 2 * I, H), ("down", dn, H, I)):
-            dy = torch.randn(S, R, device=device, generator=gen).to(dtype)
             if proj == "gate_up":
-                xin, tok, scale = x, r.token_ids, None
+                dy = dyin = torch.randn(S, R, device=device, generator=gen).to(dtype)
+                dy_ids, xin, tok, scale = None, x, r.token_ids, None
                 xg, dys = x[r.token_ids.long()], dy
             else:
+                dyin, dy_ids = torch.randn(T, R, device=device, generator=gen).to(dtype), r.token_ids
+                dy = dyin[dy_ids.long()]
                 xin, tok = torch.randn(S, C, device=device, generator=gen).to(dtype), None
                 scale = torch.rand(S, device=device, generator=gen)
                 xg, dys = xin, (dy.float() * scale[:, None]).to(dtype)
-            yield dict(proj=proj, T=T, R=R, C=C, E=E, S=S, w=w, r=r, dy=dy, xin=xin, tok=tok, scale=scale, xg=xg,
-                       dys=dys)
+            yield dict(proj=proj, T=T, R=R, C=C, E=E, S=S, w=w, r=r, dy=dy, dyin=dyin, dy_ids=dy_ids, xin=xin,
+                       tok=tok, scale=scale, xg=xg, dys=dys)
+
+
+def run_dw(pb: dict, out, impl: str = "auto"):
+    """ssmm_dw on a :func:`dw_problems` problem, as the layer's backward calls it."""
+    from samoyeds.ops import ssmm_dw
+    return ssmm_dw(pb["dyin"], pb["xin"], pb["w"], pb["r"].offsets, pb["tok"], pb["scale"], out=out, impl=impl,
+                   dy_token_ids=pb["dy_ids"])
 
 
 def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
     """ssmm_dw alone against the dense weight gradient, per projection."""
-    from samoyeds.ops import ssmm_dw
     density = sm.SparseFormat.parse(fmt).density
     rows = []
     for pb in dw_problems(name, tokens, fmt, device, dtype, tiny, seed):
         proj, T, R, C, E, S = pb["proj"], pb["T"], pb["R"], pb["C"], pb["E"], pb["S"]
-        w, r, dy, xin, tok, scale, xg, dys = (pb[k] for k in ("w", "r", "dy", "xin", "tok", "scale", "xg", "dys"))
+        w, r, xg, dys = (pb[k] for k in ("w", "r", "xg", "dys"))
         res = {"model": name, "T": T, "projection": proj, "format": fmt, "R": R, "C": C, "E": E,
                "routed_rows": S, "flop_dense": 2.0 * S * R * C}
         try:
             out = torch.empty_like(w.values)
-            t_s = statistics.median(call_times(lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out),
+            t_s = statistics.median(call_times(lambda: run_dw(pb, out),
                                                device, budget_s=BUDGET_S / 2, min_iters=3))
             dyt = dys.t()
             t_d = statistics.median(call_times(lambda: dense_dw(dyt, xg, r.offsets), device,
@@ -292,7 +302,7 @@ def bench_dw(name, tokens, fmt, device, dtype, tiny, seed) -> list:
                     if impl != "mma" and not wgmma_runs():
                         continue
                     t_m = statistics.median(call_times(
-                        lambda: ssmm_dw(dy, xin, w, r.offsets, tok, scale, out=out, impl=impl),
+                        lambda: run_dw(pb, out, impl),
                         device, budget_s=BUDGET_S / 2, min_iters=3))
                     res.update({f"ms_ssmm_dw_{impl}": t_m, f"speedup_{impl}": t_d / t_m})
             res.update(ms_ssmm_dw=t_s, ms_dense=t_d, speedup=t_d / t_s,
@@ -348,7 +358,7 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
     h, preact = to._gate_up(xd, gu, r, to._opt(gub), m.act, alpha, limit)
     y = sm.ssmm(h, dn, r.offsets, None, bias=to._opt(dnb), scale=ws, check=False)
     dout = gout.detach().to(xd.dtype).contiguous()
-    g = dout.index_select(0, r.token_ids)
+    g = dout.index_select(0, r.token_ids) if dnb is not None else None   # (only a down bias's terms read it)
     dh_u = to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)
     dpre_dt = "float32" if gub is not None else xdt   # as moe_backward_eager: fp32 for the bias sum
 
@@ -388,8 +398,8 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
     bwd = [   # (the backward takes the forward's routing: torch_ops._route)
         ("gather_weights", lambda: sm.gather_weights(w.detach().contiguous(), r)),
         ("glu_recompute", lambda: sm.glu(preact[:, :I], preact[:, I:], act=m.act, alpha=alpha, limit=limit)),
-        ("gather_dout", lambda: dout.index_select(0, r.token_ids)),
-        ("ssmm_dw_down", lambda: _ssmm_dw(g, h, dn, r.offsets, None, ws)),
+        ("gather_dout", (lambda: dout.index_select(0, r.token_ids)) if dnb is not None else None),
+        ("ssmm_dw_down", lambda: _ssmm_dw(dout, h, dn, r.offsets, None, ws, dy_token_ids=r.token_ids)),
         ("down_bias_sum", (lambda: to._segment_sum(g.float() * ws[:, None], r.offsets)) if dnb is not None else None),
         # dX by the default path: on the GPU the transposed packing, refreshed as after an
         # optimizer step, where the format has one; else ssmm_dx (torch_ops.DX_PATHS)

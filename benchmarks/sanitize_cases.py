@@ -76,6 +76,11 @@ def train_cases(gen: torch.Generator) -> None:
             sc = torch.rand(T * K, generator=gen).cuda()
             ssmm_dw(dy, torch.randn(T, C, generator=gen).to(dt).cuda(), p, r.offsets, r.token_ids, impl=impl)
             ssmm_dw(dy, torch.randn(T * K, C, generator=gen).to(dt).cuda(), p, r.offsets, None, sc, impl=impl)
+            # dy by token id (the down projection's output gradient), ids outside dy read as zero rows
+            ids = r.token_ids.clone()
+            ids[:3] = torch.tensor([T + 5, -1, T - 1], dtype=torch.int32)
+            ssmm_dw(dy[:T], torch.randn(T * K, C, generator=gen).to(dt).cuda(), p, r.offsets, None, sc, impl=impl,
+                    dy_token_ids=ids)
     # dX from the forward's packing (ssmm_dx): every row-group size, slices of 64 (two A tiles
     # per CTA), 128 and 192 (a CTA's halves in one slice or two), plain and GLU layouts, rows per
     # half not a multiple of 8 (dy read by elements), token ids and scales, empty experts, a

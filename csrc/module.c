@@ -265,8 +265,8 @@ static PyMethodDef sam_methods[] = {
      "ssmm(out, x, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, act=0, "
      "bias=None, scale=None, alpha=1.702, limit=7.0, impl=0, stream=None)."},
     {"ssmm_dw", (PyCFunction)(void (*)(void))sam_py_ssmm_dw, METH_VARARGS | METH_KEYWORDS,
-     "ssmm_dw(out, dy, x, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None): "
-     "the gradient of an ssmm with respect to the packed values, in their layout."},
+     "ssmm_dw(out, dy, x, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None, "
+     "impl=0, dy_token_ids=None): the gradient of an ssmm with respect to the packed values, in their layout."},
     {"ssmm_dx", (PyCFunction)(void (*)(void))sam_py_ssmm_dx, METH_VARARGS | METH_KEYWORDS,
      "ssmm_dx(out, dy, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None): "
      "the gradient of an ssmm with respect to its input, from the forward's packing (no transposed copy)."},

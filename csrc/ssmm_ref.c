@@ -164,8 +164,9 @@ sam_status sam_ssmm_ref(const sam_ssmm_params *p)
 /*
  * The weight gradient of an ssmm in the packed layout (cuda/samoyeds_cuda.h,
  * sam_ssmm_dw_params): for every kept value of expert e,
- *     out[e][p][j] = sum over sorted rows s of e of dy[s][r] * scale[s] * x[t][col]
- * (r, col: the original row and column the value sits at), fp32, one rounding.
+ *     out[e][p][j] = sum over sorted rows s of e of dy[u][r] * scale[s] * x[t][col]
+ * (r, col: the original row and column the value sits at; t = token_ids[s], u = dy_ids[s],
+ * or s), fp32, one rounding.
  *
  * Work per expert: the storage rows are decoded once into (row per slice, column
  * per value) lists; then every sorted row adds its outer-product terms to an fp32
@@ -185,6 +186,14 @@ sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p)
     const sam_status ok = check_call(p->offsets, p->token_ids, p->S, p->T, "dy", "x", p->meta, p->idx, f, d,
                                      &first, &last);
     if (ok != SAM_STATUS_OK) return ok;
+    for (int64_t s = first; p->dy_ids && s < last; s++) {
+        const int64_t u = sam_ld_i32(p->dy_ids, s);
+        if (u < 0 || u >= p->Tdy) {
+            sam_ref_set_error("dy_token_ids: dy_token_ids[%lld] = %lld is outside dy's %lld rows", (long long)s,
+                              (long long)u, (long long)p->Tdy);
+            return SAM_STATUS_INVALID_ARGUMENT;
+        }
+    }
 
     const int64_t nv = sam_values_per_expert(d);
     float *acc = (float *)malloc(sizeof(float) * (size_t)(nv + 1));
@@ -208,7 +217,8 @@ sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p)
                 const int64_t t = p->token_ids ? sam_ld_i32(p->token_ids, s) : s;
                 const float sc = p->scale ? sam_ld_f32(p->scale, s) : 1.0f;
                 for (int64_t c = 0; c < C; c++) xf[c] = sam_load_f32(p->x, p->dtype, t * p->ldx + c);
-                for (int64_t r = 0; r < R; r++) gf[r] = sam_load_f32(p->dy, p->dtype, s * p->lddy + r) * sc;
+                const int64_t u = p->dy_ids ? sam_ld_i32(p->dy_ids, s) : s;
+                for (int64_t r = 0; r < R; r++) gf[r] = sam_load_f32(p->dy, p->dtype, u * p->lddy + r) * sc;
                 for (int64_t q = 0; q < rp; q++) {
                     for (int64_t j = 0; j < nslices; j++) {
                         const int64_t r = rowof[q * nslices + j];

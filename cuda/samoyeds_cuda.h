@@ -257,24 +257,28 @@ int sam_ssmm_use_decode(const sam_ssmm_params *p);
 /* For every expert e < E, storage row p < Rp and packed column j < Cp/2 (the k-th
  * kept value, k = j % 2, of the 4-column group c4 = 2 * (j - k)):
  *     out[e][p][j] = sum over s in [offsets[e], offsets[e+1]), in increasing s, of
- *                    dy[s][r] * scale[s] * x[t][col]
+ *                    dy[u][r] * scale[s] * x[t][col]
  * with r = the original row storage row p holds in slice c4 / V (docs/FORMAT.md,
  * "Storage row -> original rows": idx, GLU interleave; plain 2:4: no slices),
  * col = c4 + the k-th position of the group's meta nibble, t = token_ids[s] (or s),
- * scale[s] = 1 when scale is NULL.  Accumulated in fp32, rounded once to dtype.
+ * u = dy_ids[s] (or s), scale[s] = 1 when scale is NULL.  Accumulated in fp32, rounded once to dtype.
  * Every entry of out is written: padding rows (q >= rc) and padding columns
  * (c4 >= C) get 0, as do the values of an expert without rows.  Deterministic
  * (no float atomics, a fixed order per entry).  Sorted rows outside the offsets'
  * ranges (placeholders past offsets[E]) are never read.
  * The C reference checks offsets (non-decreasing, offsets[0] >= 0, offsets[E] <= S),
- * token ids of the covered rows (in [0, T)) and the packed meta/idx (as ssmm does)
- * before writing anything. */
+ * token ids and dy ids of the covered rows (in [0, T), [0, Tdy)) and the packed
+ * meta/idx (as ssmm does) before writing anything; the GPU kernels read a dy id outside
+ * [0, Tdy) as a zero row. */
 typedef struct sam_ssmm_dw_params {
-    /* the upstream gradient: dy[S][lddy], d.R columns (the weight's logical rows:
-     * gate rows then up rows for a GLU weight), sorted rows */
+    /* the upstream gradient: dy[Tdy][lddy], d.R columns (the weight's logical rows:
+     * gate rows then up rows for a GLU weight); sorted row s reads row dy_ids[s], or row s
+     * where dy_ids is NULL (Tdy = S) */
     const void *dy;
     int64_t lddy;            /* elements between rows of dy (>= R; GPU: multiple of 8) */
-    int64_t S;               /* rows of dy (capacity of the sorted rows) */
+    int64_t S;               /* capacity of the sorted rows */
+    const int32_t *dy_ids;   /* [S] or NULL: the row of dy each sorted row reads */
+    int64_t Tdy;             /* rows of dy */
     /* activations: x[T][ldx], row token_ids[s] (or s when token_ids is NULL) */
     const void *x;
     int64_t T;               /* rows of x */

@@ -171,8 +171,9 @@ __global__ void __launch_bounds__(DW_THREADS, 1) ssmm_dw_kernel(const DwArgs p) 
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 const int kk = kt * DW_BK + kr + 16 * u;
-                const bool ok = kk < n_e && (u_rowok & 1u);
-                const T *src = ok ? dy + (s_begin + kk) * p.lddy + u_base : dy;
+                const int64_t row = kk < n_e ? dw_dy_row(p, s_begin + kk) : -1;
+                const bool ok = row >= 0 && (u_rowok & 1u);
+                const T *src = ok ? dy + row * p.lddy + u_base : dy;
                 cp_async16(st + DW_XBYTES + a_dst + u * 16 * DW_AROW, src, ok);
             }
         }
@@ -185,11 +186,12 @@ __global__ void __launch_bounds__(DW_THREADS, 1) ssmm_dw_kernel(const DwArgs p) 
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const int kk = kt * DW_BK + kr + 16 * u;
-            const bool tv = kk < n_e;
             const int64_t s = s_begin + kk;
+            const int64_t row = kk < n_e ? dw_dy_row(p, s) : -1;
+            const bool tv = row >= 0;
             rsc[u] = p.scale ? (tv ? __ldg(p.scale + s) : 0.0f) : 1.0f;
-            load_candidates<T, M>(raw[u], dy + s * p.lddy, u_base, u_local, p.half_rows, u_rowok, tv, ub_live,
-                                  p.dy_vec);
+            load_candidates<T, M>(raw[u], dy + (tv ? row : 0) * p.lddy, u_base, u_local, p.half_rows, u_rowok, tv,
+                                  ub_live, p.dy_vec);
         }
     };
     auto prep = [&](int buf) {
@@ -411,6 +413,8 @@ extern "C" sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *ps, void *strea
     a.dy = ps->dy;
     a.lddy = ps->lddy;
     a.S = ps->S;
+    a.dy_ids = ps->dy_ids;
+    a.Tdy = ps->Tdy;
     a.x = ps->x;
     a.T = ps->T;
     a.ldx = ps->ldx;

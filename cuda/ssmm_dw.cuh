@@ -12,6 +12,8 @@ namespace sam {
 struct DwArgs {
     const void *dy;
     int64_t lddy, S;
+    const int32_t *dy_ids;  // null: sorted row s reads dy's row s
+    int64_t Tdy;            // rows of dy (an id outside [0, Tdy) reads as a zero row)
     const void *x;
     int64_t T, ldx;
     const uint32_t *meta;
@@ -28,6 +30,13 @@ struct DwArgs {
 
 // (device helpers: internal to each kernel file)
 namespace {
+
+// The row of dy that sorted row s reads: s, or dy_ids[s]; -1 where that id lies outside dy.
+__device__ __forceinline__ int64_t dw_dy_row(const DwArgs &p, int64_t s) {
+    if (p.dy_ids == nullptr) return s;
+    const int64_t u = __ldg(p.dy_ids + s);
+    return u >= 0 && u < p.Tdy ? u : -1;
+}
 
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
                                               uint32_t &r3) {

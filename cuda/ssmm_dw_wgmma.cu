@@ -405,10 +405,11 @@ __global__ void __launch_bounds__(DWG_THREADS, 1) ssmm_dw_wgmma_kernel(const DwA
                 for (int b = 0; b < RB; b++) {
                     const int d = RB * (n & 3) + b;
                     const int kk = kt * DWG_BK + kr + 4 * (i0 + b);
-                    const bool tv = kk < n_e;
                     const int64_t s = s_begin + kk;
+                    const int64_t u = kk < n_e ? dw_dy_row(p, s) : -1;
+                    const bool tv = u >= 0;  // (an id outside dy: a zero row)
                     if (p.scale) cp_async4(sc_at(d), tv ? p.scale + s : p.scale, tv);
-                    const T *row = dy + (tv ? s : 0) * p.lddy;
+                    const T *row = dy + (tv ? u : 0) * p.lddy;
                     if (p.dy_vec) {
 #pragma unroll
                         for (int c = 0; c < M; c++) {
@@ -620,7 +621,7 @@ template <typename T, bool TR> sam_status launch_m(const DwArgs &a, int m, bool 
 // from dy.
 template <typename T> sam_status launch_t(DwArgs a, int m, bool two, int64_t grid, cudaStream_t s) {
     const int64_t R = a.glu ? 2 * a.half_rows : a.half_rows;
-    const DytSrc src{a.dy, a.lddy, nullptr, a.S, a.scale, a.offsets, a.S, a.E};
+    const DytSrc src{a.dy, a.lddy, a.dy_ids, a.Tdy, a.scale, a.offsets, a.S, a.E};
     sam_status st;
     T *buf = dyt_make<T>(src, R, s, &st);
     if (buf == nullptr) return launch_m<T, false>(a, m, two, grid, s);

@@ -92,21 +92,23 @@ _DX_IMPLS = ("auto", "mma", "wgmma")
 
 def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
             scale: Optional[Any] = None, out: Optional[Any] = None, *, stream: Optional[int] = None,
-            impl: str = "auto") -> Any:
+            impl: str = "auto", dy_token_ids: Optional[Any] = None) -> Any:
     """The gradient of :func:`ssmm` (``act="none"``) with respect to ``w.values``, in their
     packed layout.
 
     For every expert ``e`` and every kept value of ``W_e`` at original row ``r`` and column
     ``c`` (its place in ``w.values``)::
 
-        grad = sum over sorted rows s of e of dy[s, r] * scale[s] * x[token_ids[s], c]
+        grad = sum over sorted rows s of e of dy[dy_token_ids[s], r] * scale[s] * x[token_ids[s], c]
 
     fp32 accumulation in increasing ``s``, one rounding (deterministic).  Padding entries of
     the layout are 0; every entry of ``out`` is written.
 
     Args:
         dy: ``[S, R]`` upstream gradient of the sorted rows (``R`` the weight's logical rows:
-           gate rows then up rows for a ``glu`` weight), x's dtype, rows of unit column stride.
+           gate rows then up rows for a ``glu`` weight), x's dtype, rows of unit column stride;
+           with ``dy_token_ids``, ``[T', R]`` read by those ids (the down projection's output
+           gradient by token, without its gathered ``[S, R]`` copy).
         x: ``[T, C]`` activations (bf16/fp16 on the GPU; also fp32 on the CPU), read by
            ``token_ids`` (or row ``s`` when None).
         w: the packed weight (its mask; its values are not read).
@@ -122,18 +124,23 @@ def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Op
            (the last two need sm_90a).  The copy ((R + 1) x (S + 64 E) elements) is allocated
            on the stream from CUDA's stream-ordered pool, outside torch's allocator.  The CPU
            ignores it.
+        dy_token_ids: ``[S]`` int32 or None (None: sorted row ``s`` reads ``dy[s]``).  The C
+           reference refuses an id of a routed row outside ``[0, T')``; the GPU kernels read
+           it as a zero row.
     """
     if not isinstance(w, PackedWeight):
         raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")
     dy, x, scale = tensor_arg(dy, "dy"), tensor_arg(x, "x"), for_c(scale)
     token_ids = tensor_arg(token_ids, "token_ids", optional=True)
+    dy_token_ids = tensor_arg(dy_token_ids, "dy_token_ids", optional=True)
     E, R, C = w.shape3
     if out is None:
         out = empty(x, tuple(w.values.shape), dtype_name(x))
     if impl not in _DW_IMPLS:
         raise ValueError(f"impl: expected one of {', '.join(map(repr, _DW_IMPLS))}, got {impl!r}")
     _C.ssmm_dw(out, dy, x, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(), scale=scale,
-               stream=stream if stream is not None else current_stream(x), impl=_DW_IMPLS.index(impl))
+               stream=stream if stream is not None else current_stream(x), impl=_DW_IMPLS.index(impl),
+               dy_token_ids=dy_token_ids)
     return out
 
 

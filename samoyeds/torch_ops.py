@@ -424,9 +424,11 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
     dpre = None
     if grad_out is not None:
         dout = grad_out.detach().to(x.dtype).contiguous()
-        g = dout.index_select(0, r.token_ids)       # [S, H]: the sorted rows' output gradients (unscaled)
-        if needs & NEED_DOWN:
-            res[3] = ssmm_dw(g, h, dn, r.offsets, None, ws)
+        g = None   # [S, H]: the sorted rows' output gradients (unscaled), only for a down bias's terms
+        if needs & NEED_DOWN_BIAS or (needs & NEED_WEIGHTS and down_bias is not None):
+            g = dout.index_select(0, r.token_ids)
+        if needs & NEED_DOWN:   # dout's rows read by token id: no [S, H] copy
+            res[3] = ssmm_dw(dout, h, dn, r.offsets, None, ws, dy_token_ids=r.token_ids)
         if needs & NEED_DOWN_BIAS:
             res[5] = _segment_sum(g.float() * ws[:, None], r.offsets).to(down_bias.dtype)
         hdot = None

@@ -96,11 +96,12 @@ def on(t, device):
     return buf[:, :t.shape[1]]
 
 
-def run_dw(p, r, dy, x, tok, sc, device):
+def run_dw(p, r, dy, x, tok, sc, device, dy_ids=None):
     pd = p.to(device)
     out = torch.full(p.values.shape, float("nan"), dtype=dy.dtype, device=device)
     to = (lambda t: None if t is None else on(t, device))
-    got = ssmm_dw(to(dy), to(x), pd, to(r.offsets), to(tok), to(sc), out=out, impl=IMPL["impl"])
+    got = ssmm_dw(to(dy), to(x), pd, to(r.offsets), to(tok), to(sc), out=out, impl=IMPL["impl"],
+                  dy_token_ids=to(dy_ids))
     assert got is out
     if device != "cpu":
         torch.cuda.synchronize()
@@ -259,3 +260,62 @@ def test_cuda_kernels_agree(fmt, glu):
     want, _ = oracle_dw(dy, x, p, r.offsets, tok, sc)
     assert rel_err(a, want) < 2e-2 and rel_err(b, want) < 2e-2
     assert rel_err(a, b.double()) < 2e-2
+
+
+# ---- dy read by token id (dy_token_ids: the down projection's output gradient without its
+# gathered [S, R] copy): every kernel against the same call on the gathered rows
+
+def dy_by_ids(case, fmt, glu, seed, with_scale=True):
+    """make_inputs' problem with x in sorted order (routing scales or none), and dy as [T + 3, R]
+    rows by token (a source row per token, 3 rows no sorted row reads), the sorted rows'
+    ids into it, and those rows gathered ([S, R], NaN past offsets[E])."""
+    p, r, dy, x, tok, sc = make_inputs(case, fmt, torch.bfloat16, glu, False, with_scale, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    T, R, n = case[0], dy.shape[1], int(r.offsets[-1])
+    src = torch.randn(T + 3, (R + 7) // 8 * 8, generator=gen).to(torch.bfloat16)[:, :R]
+    ids = (r.token_ids.long() + 3).to(torch.int32)   # rows 0..2 of src: read by no sorted row
+    full = on(src[ids.long()], "cpu")
+    full[n:] = float("nan")
+    return p, r, src, ids, full, x, sc
+
+
+@pytest.mark.parametrize("fmt,glu", [("samoyeds-1:2:64", True), ("2:4", False)])
+def test_dy_token_ids_c_reference(fmt, glu):
+    """The C reference reading dy by id: the bits of the call on the gathered rows; an id of a
+    routed row outside dy, or ids of another length, refused naming dy_token_ids."""
+    p, r, src, ids, full, x, sc = dy_by_ids(CASES[4], fmt, glu, 7)
+    got = run_dw(p, r, src, x, None, sc, "cpu", dy_ids=ids)
+    assert torch.equal(got, run_dw(p, r, full, x, None, sc, "cpu"))
+    want, _ = oracle_dw(full, x, p, r.offsets, None, sc)
+    assert rel_err(got, want) < 2e-2
+    bad = ids.clone()
+    bad[int(r.offsets[1]) - 1] = src.shape[0]
+    with pytest.raises(ValueError, match=r"dy_token_ids\[\d+\] = \d+ is outside dy's"):
+        run_dw(p, r, src, x, None, sc, "cpu", dy_ids=bad)
+    with pytest.raises(ValueError, match=r"^dy_token_ids: expected shape"):
+        run_dw(p, r, src, x, None, sc, "cpu", dy_ids=ids[:-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[2], CASES[4], CASES[5], WGMMA_CASES[0]])
+@pytest.mark.parametrize("fmt,glu", [("samoyeds-1:2:128", True), ("samoyeds-1:2:192", False), ("1:4:64", True),
+                                     ("2:4", False)])
+def test_cuda_dy_token_ids(case, fmt, glu, impl):
+    """Every kernel reading dy by id: the bits of the same kernel on the gathered rows, within
+    the C reference's error of the oracle; an id outside dy read as a zero row.  2:4 without
+    scales: the mma.sync kernel's direct path (dy's rows by cp.async)."""
+    seed = torch.seed() % 2 ** 31
+    p, r, src, ids, full, x, sc = dy_by_ids(case, fmt, glu, seed, with_scale=fmt != "2:4")
+    got = run_dw(p, r, src, x, None, sc, "cuda", dy_ids=ids)
+    assert torch.isfinite(got).all(), f"unwritten or non-finite entries (seed {seed})"
+    assert torch.equal(got, run_dw(p, r, full, x, None, sc, "cuda")), f"differs from the gathered rows (seed {seed})"
+    want, _ = oracle_dw(full, x, p, r.offsets, None, sc)
+    ref = run_dw(p, r, src, x, None, sc, "cpu", dy_ids=ids)
+    assert rel_err(got, want) <= 3.0 * rel_err(ref, want) + 1e-6, seed
+    n = int(r.offsets[-1])
+    if n:
+        bad, zeroed = ids.clone(), full.clone()
+        bad[n // 2] = -7 if n % 2 else src.shape[0] + 40
+        zeroed[n // 2] = 0
+        got = run_dw(p, r, src, x, None, sc, "cuda", dy_ids=bad)
+        assert torch.equal(got, run_dw(p, r, zeroed, x, None, sc, "cuda")), f"a bad id is a zero row (seed {seed})"

@@ -18,7 +18,6 @@ import bench_train  # noqa: E402
 from common import environment, write_json  # noqa: E402
 
 import samoyeds as sm  # noqa: E402
-from samoyeds.ops import ssmm_dw  # noqa: E402
 
 
 def kernel_ms(fn, calls):
@@ -52,9 +51,8 @@ def main():
     for name in a.models.split(","):
         for pb in bench_train.dw_problems(name, [int(t) for t in a.tokens.split(",")], a.format, "cuda",
                                           torch.bfloat16, False, a.seed):
-            w, r, out = pb["w"], pb["r"], torch.empty_like(pb["w"].values)
-            k = kernel_ms(lambda: ssmm_dw(pb["dy"], pb["xin"], w, r.offsets, pb["tok"], pb["scale"], out=out,
-                                          impl="copy"), a.calls)
+            out = torch.empty_like(pb["w"].values)
+            k = kernel_ms(lambda: bench_train.run_dw(pb, out, "copy"), a.calls)
             rows.append({"model": name, "T": pb["T"], "proj": pb["proj"], "kernel_dw_ms": k["dw"],
                          "dyt_fill_ms": k["dyt"], "flop_kept": 2.0 * pb["S"] * pb["R"] * pb["C"] * density})
             print(f"{name:<16} T={pb['T']:>6} {pb['proj']:<8} dW kernel {k['dw']:7.3f} ms  "
