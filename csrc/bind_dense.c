@@ -134,10 +134,10 @@ PyObject *sam_py_glu(PyObject *module, PyObject *args, PyObject *kw)
 }
 
 /* ---- glu_backward(out, dh, preact, scale=None, offsets=None, act=1, alpha=1.702, limit=7.0, stream=None,
- *                   hdot=None) ---- */
+ *                   hdot=None, out_t=None) ---- */
 
-enum { B_PRE, B_DH, B_SCALE, B_OFFSETS, B_OUT, B_HDOT, B_COUNT };
-enum { V_BS, V_BI, V_B2I, V_BE1 };
+enum { B_PRE, B_DH, B_SCALE, B_OFFSETS, B_OUT, B_HDOT, B_OUT_T, B_COUNT };
+enum { V_BS, V_BI, V_B2I, V_BE1, V_B2I1, V_BW };
 
 static const sam_arg_spec glu_backward_args[] = {
     [B_PRE] = {"preact", SAM_DT_FLOAT, 2, {SAM_VAR(V_BS), SAM_VAR(V_B2I)}, SAM_ARG_ROWS, -1, 0, 0},
@@ -148,6 +148,8 @@ static const sam_arg_spec glu_backward_args[] = {
                0, 0},
     [B_HDOT] = {"hdot", SAM_DT(SAM_F32), 1, {SAM_VAR(V_BS)}, SAM_ARG_CONTIG | SAM_ARG_OUT | SAM_ARG_OPTIONAL, -1, 0,
                 0},
+    [B_OUT_T] = {"out_t", 0, 2, {SAM_VAR(V_B2I1), SAM_VAR(V_BW)},
+                 SAM_ARG_CONTIG | SAM_ARG_OUT | SAM_ARG_LIKE | SAM_ARG_OPTIONAL, B_PRE, 16, 0},
 };
 
 typedef struct glu_backward_ctx {
@@ -169,6 +171,15 @@ static int glu_backward_derive(sam_op_call *c, void *vctx)
         return -1;
     }
     sam_op_bind(c, V_BI, pre->shape[1] / 2);
+    if (c->t[B_OUT_T].present) { /* 2I + 1 rows of the segmented columns (samoyeds_layout.h) */
+        if (!off->present) {
+            PyErr_SetString(PyExc_ValueError, "offsets: expected the expert offsets with out_t (its columns are "
+                            "laid out by expert), got None");
+            return -1;
+        }
+        sam_op_bind(c, V_B2I1, pre->shape[1] + 1);
+        sam_op_bind(c, V_BW, sam_dyt_cols(pre->shape[0], off->shape[0] - 1));
+    }
     return 0;
 }
 
@@ -191,6 +202,7 @@ static int glu_backward_check(sam_op_call *c, void *vctx)
     p->S = t[B_PRE].shape[0];
     p->I = t[B_PRE].shape[1] / 2;
     p->hdot = t[B_HDOT].present ? (float *)t[B_HDOT].data : NULL;
+    p->out_t = t[B_OUT_T].present ? t[B_OUT_T].data : NULL;
     return 0;
 }
 
@@ -202,14 +214,14 @@ static const sam_op glu_backward_op = {"glu_backward", glu_backward_args, B_COUN
 PyObject *sam_py_glu_backward(PyObject *module, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"out", "dh", "preact", "scale", "offsets", "act", "alpha", "limit", "stream", "hdot",
-                             NULL};
+                             "out_t", NULL};
     PyObject *o[B_COUNT], *o_stream = Py_None;
     int act = SAM_ACT_SWIGLU;
     glu_backward_ctx x = {.p = {.alpha = 1.702f, .limit = 7.0f}};
-    o[B_SCALE] = o[B_OFFSETS] = o[B_HDOT] = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiffOO:glu_backward", kwlist, &o[B_OUT], &o[B_DH], &o[B_PRE],
+    o[B_SCALE] = o[B_OFFSETS] = o[B_HDOT] = o[B_OUT_T] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOiffOOO:glu_backward", kwlist, &o[B_OUT], &o[B_DH], &o[B_PRE],
                                      &o[B_SCALE], &o[B_OFFSETS], &act, &x.p.alpha, &x.p.limit, &o_stream,
-                                     &o[B_HDOT]))
+                                     &o[B_HDOT], &o[B_OUT_T]))
         return NULL;
     if (sam_arg_range("act", act, SAM_ACT_SWIGLU, SAM_ACT_GPTOSS, "1 (swiglu) or 2 (gptoss)") < 0) return NULL;
     x.p.act = (sam_act)act;

@@ -124,8 +124,8 @@ PyObject *sam_py_ssmm(PyObject *module, PyObject *args, PyObject *kw)
  * value's original row r and column col (cuda/samoyeds_cuda.h, sam_ssmm_dw_params): the packed
  * layout of the weight described by meta, idx and the format, every entry written.
  */
-enum { W_E, W_RP, W_CP2, W_MR, W_MC, W_SL, W_T, W_C, W_R, W_E1, W_S, W_TDY };
-enum { D_OUT, D_DY, D_X, D_META, D_IDX, D_OFFSETS, D_TOKEN_IDS, D_SCALE, D_DY_IDS, D_COUNT };
+enum { W_E, W_RP, W_CP2, W_MR, W_MC, W_SL, W_T, W_C, W_R, W_E1, W_S, W_TDY, W_R1, W_DYC };
+enum { D_OUT, D_DY, D_X, D_META, D_IDX, D_OFFSETS, D_TOKEN_IDS, D_SCALE, D_DY_IDS, D_DY_T, D_COUNT };
 
 static const sam_arg_spec ssmm_dw_args[] = {
     [D_OUT] = {"out", 0, 3, {SAM_VAR(W_E), SAM_VAR(W_RP), SAM_VAR(W_CP2)},
@@ -141,6 +141,8 @@ static const sam_arg_spec ssmm_dw_args[] = {
     [D_SCALE] = {"scale", SAM_DT(SAM_F32), 1, {SAM_VAR(W_S)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0, 0},
     [D_DY_IDS] = {"dy_token_ids", SAM_DT(SAM_I32), 1, {SAM_VAR(W_S)}, SAM_ARG_CONTIG | SAM_ARG_OPTIONAL, -1, 0,
                   0},
+    [D_DY_T] = {"dy_t", 0, 2, {SAM_VAR(W_R1), SAM_VAR(W_DYC)}, SAM_ARG_CONTIG | SAM_ARG_LIKE | SAM_ARG_OPTIONAL, D_X,
+                16, 0},
 };
 
 #if SAM_WITH_CUDA
@@ -172,7 +174,11 @@ static int ssmm_dw_derive(sam_op_call *c, void *vctx)
     sam_op_bind(c, W_R, d.R);
     sam_op_bind(c, W_E1, d.E + 1);
     /* the sorted rows: dy's own, or as many as dy_token_ids names (dy then any number of rows) */
-    if (!c->t[D_DY_IDS].present) sam_op_bind(c, W_S, c->t[D_DY].shape[0]);
+    const int64_t S = c->t[D_DY_IDS].present ? c->t[D_DY_IDS].shape[0] : c->t[D_DY].shape[0];
+    if (!c->t[D_DY_IDS].present) sam_op_bind(c, W_S, S);
+    /* dy_t: R + 1 rows of the segmented columns (samoyeds_layout.h) */
+    sam_op_bind(c, W_R1, d.R + 1);
+    sam_op_bind(c, W_DYC, sam_dyt_cols(S, d.E));
     x->p.d = d;
     return 0;
 }
@@ -195,6 +201,7 @@ static int ssmm_dw_check(sam_op_call *c, void *vctx)
     p->Tdy = t[D_DY].shape[0];
     p->dy_ids = t[D_DY_IDS].present ? (const int32_t *)t[D_DY_IDS].data : NULL;
     p->S = p->dy_ids ? t[D_DY_IDS].shape[0] : p->Tdy;
+    p->dy_t = t[D_DY_T].present ? t[D_DY_T].data : NULL;
     p->meta = (const uint32_t *)t[D_META].data;
     p->idx = t[D_IDX].present ? (const uint8_t *)t[D_IDX].data : NULL;
     p->f = x->f;
@@ -210,20 +217,21 @@ SAM_OP_RUN_PARAMS(ssmm_dw_run, ssmm_dw_ctx, sam_ssmm_dw_ref, sam_ssmm_dw_cuda)
 static const sam_op ssmm_dw_op = {"ssmm_dw", ssmm_dw_args, D_COUNT, ssmm_dw_derive, ssmm_dw_check, ssmm_dw_run};
 
 /* ssmm_dw(out, dy, x, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None,
- *         impl=0, dy_token_ids=None) */
+ *         impl=0, dy_token_ids=None, dy_t=None) */
 PyObject *sam_py_ssmm_dw(PyObject *module, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"out", "dy", "x", "meta", "idx", "offsets", "token_ids", "rows", "cols",
-                             "n", "m", "v", "glu", "scale", "stream", "impl", "dy_token_ids", NULL};
+                             "n", "m", "v", "glu", "scale", "stream", "impl", "dy_token_ids", "dy_t", NULL};
     PyObject *o[D_COUNT] = {NULL}, *o_stream = Py_None;
     long long rows, cols;
     int n, m, v, glu, impl = 0;
     ssmm_dw_ctx x;
     memset(&x, 0, sizeof x);
-    o[D_SCALE] = o[D_DY_IDS] = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|OOiO:ssmm_dw", kwlist, &o[D_OUT], &o[D_DY], &o[D_X],
+    o[D_SCALE] = o[D_DY_IDS] = o[D_DY_T] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOLLiiip|OOiOO:ssmm_dw", kwlist, &o[D_OUT], &o[D_DY], &o[D_X],
                                      &o[D_META], &o[D_IDX], &o[D_OFFSETS], &o[D_TOKEN_IDS], &rows, &cols, &n, &m,
-                                     &v, &glu, &o[D_SCALE], &o_stream, &impl, &o[D_DY_IDS]))
+                                     &v, &glu, &o[D_SCALE], &o_stream, &impl, &o[D_DY_IDS],
+                                     &o[D_DY_T]))
         return NULL;
     if (sam_arg_range("impl", impl, 0, 3, "0 (the rule), 1 (the mma.sync kernel), 2 (the wgmma kernel, dy "
                       "gathered) or 3 (the wgmma kernel, dy's transposed copy)") < 0 ||

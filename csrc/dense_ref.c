@@ -86,6 +86,16 @@ sam_status sam_glu_backward_ref(const sam_glu_backward_params *p)
         return SAM_STATUS_INVALID_ARGUMENT;
     }
     const int64_t I = p->I, live = p->offsets != NULL ? (int64_t)sam_ld_i32(p->offsets, p->E) : p->S;
+    if (p->out_t != NULL) { /* its columns come from the offsets: checked before anything is written */
+        for (int64_t e = 0; e <= p->E; e++) {
+            const int64_t a = sam_ld_i32(p->offsets, e), lo = e > 0 ? sam_ld_i32(p->offsets, e - 1) : 0;
+            if (a < lo || a > p->S) {
+                sam_ref_set_error("offsets: offsets[%lld] = %lld; expected non-decreasing offsets in [0, %lld] "
+                                  "(the rows of preact) with out_t", (long long)e, (long long)a, (long long)p->S);
+                return SAM_STATUS_INVALID_ARGUMENT;
+            }
+        }
+    }
     for (int64_t s = 0; s < p->S; s++) {
         if (s >= live) {
             for (int64_t i = 0; i < 2 * I; i++) sam_store_f32(p->out, p->out_dtype, s * p->ldo + i, 0.0f);
@@ -109,6 +119,18 @@ sam_status sam_glu_backward_ref(const sam_glu_backward_params *p)
             sam_store_f32(p->out, p->out_dtype, s * p->ldo + I + i, du);
         }
         if (p->hdot != NULL) p->hdot[s] = dot;
+    }
+    if (p->out_t != NULL) { /* out again, rounded to dtype, transposed by expert segment */
+        const int64_t W = sam_dyt_cols(p->S, p->E);
+        for (int64_t k = 0; k < (2 * I + 1) * W; k++) sam_store_f32(p->out_t, p->dtype, k, 0.0f);
+        for (int64_t e = 0; e < p->E; e++) {
+            const int64_t s0 = sam_ld_i32(p->offsets, e), s1 = sam_ld_i32(p->offsets, e + 1);
+            const int64_t c0 = sam_dyt_segment(s0, e);
+            for (int64_t s = s0; s < s1; s++)
+                for (int64_t i = 0; i < 2 * I; i++)
+                    sam_store_f32(p->out_t, p->dtype, i * W + c0 + s - s0,
+                                  sam_load_f32(p->out, p->out_dtype, s * p->ldo + i));
+        }
     }
     return SAM_STATUS_OK;
 }

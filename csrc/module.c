@@ -266,7 +266,7 @@ static PyMethodDef sam_methods[] = {
      "bias=None, scale=None, alpha=1.702, limit=7.0, impl=0, stream=None)."},
     {"ssmm_dw", (PyCFunction)(void (*)(void))sam_py_ssmm_dw, METH_VARARGS | METH_KEYWORDS,
      "ssmm_dw(out, dy, x, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None, "
-     "impl=0, dy_token_ids=None): the gradient of an ssmm with respect to the packed values, in their layout."},
+     "impl=0, dy_token_ids=None, dy_t=None): the gradient of an ssmm with respect to the packed values, in their layout."},
     {"ssmm_dx", (PyCFunction)(void (*)(void))sam_py_ssmm_dx, METH_VARARGS | METH_KEYWORDS,
      "ssmm_dx(out, dy, values, meta, idx, offsets, token_ids, rows, cols, n, m, v, glu, scale=None, stream=None): "
      "the gradient of an ssmm with respect to its input, from the forward's packing (no transposed copy)."},
@@ -275,7 +275,8 @@ static PyMethodDef sam_methods[] = {
     {"glu", (PyCFunction)(void (*)(void))sam_py_glu, METH_VARARGS | METH_KEYWORDS,
      "glu(out, gate, up, act=1, alpha=1.702, limit=7.0, stream=None): out = act(gate, up) elementwise."},
     {"glu_backward", (PyCFunction)(void (*)(void))sam_py_glu_backward, METH_VARARGS | METH_KEYWORDS,
-     "glu_backward(out, dh, preact, scale=None, offsets=None, act=1, alpha=1.702, limit=7.0, stream=None): "
+     "glu_backward(out, dh, preact, scale=None, offsets=None, act=1, alpha=1.702, limit=7.0, stream=None, hdot=None, "
+     "out_t=None): "
      "out = (d gate, d up) of act(gate, up) = preact's halves from dh (times scale), rows past offsets[E] 0."},
     {"router", (PyCFunction)(void (*)(void))sam_py_router, METH_VARARGS | METH_KEYWORDS,
      "router(logits, weights, ids, x, w, k, bias=None, mode=0, n_group=1, topk_group=1, renorm=False, scale=1.0, "

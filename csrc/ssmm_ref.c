@@ -218,7 +218,12 @@ sam_status sam_ssmm_dw_ref(const sam_ssmm_dw_params *p)
                 const float sc = p->scale ? sam_ld_f32(p->scale, s) : 1.0f;
                 for (int64_t c = 0; c < C; c++) xf[c] = sam_load_f32(p->x, p->dtype, t * p->ldx + c);
                 const int64_t u = p->dy_ids ? sam_ld_i32(p->dy_ids, s) : s;
-                for (int64_t r = 0; r < R; r++) gf[r] = sam_load_f32(p->dy, p->dtype, u * p->lddy + r) * sc;
+                if (p->dy_t != NULL) { /* dy * scale, transposed by segment (samoyeds_layout.h) */
+                    const int64_t W = sam_dyt_cols(p->S, E), col = sam_dyt_segment(s0, e) + s - s0;
+                    for (int64_t r = 0; r < R; r++) gf[r] = sam_load_f32(p->dy_t, p->dtype, r * W + col);
+                } else {
+                    for (int64_t r = 0; r < R; r++) gf[r] = sam_load_f32(p->dy, p->dtype, u * p->lddy + r) * sc;
+                }
                 for (int64_t q = 0; q < rp; q++) {
                     for (int64_t j = 0; j < nslices; j++) {
                         const int64_t r = rowof[q * nslices + j];

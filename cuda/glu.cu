@@ -15,7 +15,15 @@
 // multiply-adds) in the order torch's elementwise backward takes, so that the two agree
 // up to the final rounding.  Rows past offsets[E] (placeholder rows of an MoE's sorted
 // rows, uninitialised) are written as zeros without reading them.
+//
+// With out_t (the gate_up weight gradient's transposed copy of dy, samoyeds_layout.h's
+// sam_dyt_cols layout, what ssmm_dw's wgmma kernel reads) the routed rows go through
+// glu_backward_t_kernel instead: built like dyt_fill16_kernel (ssmm_dyt.cuh), one CTA per 64
+// columns of the copy (64 sorted rows of one expert), it computes the rows it loads and
+// writes them twice, row-major to out and through a shared tile transposed to out_t; the rows
+// outside [offsets[0], offsets[E]) are then the other kernels' (GluBackwardArgs::rest).
 #include "common.cuh"
+#include "ssmm_dyt.cuh"
 
 namespace sam {
 namespace {
@@ -83,6 +91,23 @@ struct GluBackwardArgs {
     sam_act act;
     float alpha, limit;
     float *hdot;  // [S] or null: sum_i dh[s][i] * h[s][i] (glu_backward_rows_kernel)
+    void *out_t;  // [2I + 1][ldt] or null (glu_backward_t_kernel)
+    int64_t ldt;
+    bool rest;    // only the rows outside [offsets[0], offsets[E]) (glu_backward_t_kernel has the others)
+};
+
+// The rows a kernel of this file takes: all S, or with rest those outside [offsets[0],
+// offsets[E]) (clamped to [0, S]): row_of(j) for j < count.
+struct GluRows {
+    int64_t skip_lo, skip_n, count;
+    __device__ GluRows(const GluBackwardArgs &p) : skip_lo(0), skip_n(0), count(p.S) {
+        if (p.rest) {
+            skip_lo = min(max((int64_t)p.offsets[0], (int64_t)0), p.S);
+            skip_n = min(max((int64_t)p.offsets[p.E], skip_lo), p.S) - skip_lo;
+            count = p.S - skip_n;
+        }
+    }
+    __device__ int64_t row_of(int64_t j) const { return j < skip_lo ? j : j + skip_n; }
 };
 
 // W consecutive elements as fp32: W = 8 as 16-byte loads (one, two for fp32), W = 1 one element.
@@ -141,10 +166,11 @@ __global__ void __launch_bounds__(256) glu_backward_kernel(const GluBackwardArgs
     pdl_trigger();
     // rows from `live` on are placeholders: written, never read
     const int64_t live = p.offsets != nullptr ? (int64_t)p.offsets[p.E] : p.S;
+    const GluRows rows(p);
     const int64_t per = p.I / W;  // pieces of a row
-    const int64_t n = p.S * per;
+    const int64_t n = rows.count * per;
     for (int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; id < n; id += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t s = id / per, c = (id - s * per) * W;
+        const int64_t j = id / per, s = rows.row_of(j), c = (id - j * per) * W;
         float dg[W], du[W];
         if (s < live) {
             float d[W], g[W], u[W];
@@ -175,9 +201,11 @@ __global__ void __launch_bounds__(256) glu_backward_rows_kernel(const GluBackwar
     pdl_wait();
     pdl_trigger();
     const int64_t live = p.offsets != nullptr ? (int64_t)p.offsets[p.E] : p.S;
+    const GluRows rows(p);
     const int lane = threadIdx.x % 32;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t s = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; s < p.S; s += warps) {
+    for (int64_t j = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; j < rows.count; j += warps) {
+        const int64_t s = rows.row_of(j);
         float dot = 0.0f;
         TO *orow = static_cast<TO *>(p.out) + s * p.ldo;
         if (s >= live) {
@@ -212,9 +240,152 @@ __global__ void __launch_bounds__(256) glu_backward_rows_kernel(const GluBackwar
     }
 }
 
+// The routed rows with out_t: one CTA per 64 columns of the copy (64 consecutive sorted rows
+// of one expert, or zero columns), looping over I in 64-column steps.  Thread (m, pc) takes
+// the row pair 2m, 2m + 1 and the 8 columns 8 pc of the step (dyt_fill16_kernel's mapping):
+// it loads dh, gate and up of both rows (16-byte pieces where VEC, else element by element),
+// computes them as glu_backward_rows_kernel does, stores dgate and dup row-major, and puts
+// the element pairs of the two rows, rounded to T, in a shared [gate | up][64][33]-word tile;
+// then the tile's rows go out as 16-byte pieces of out_t's rows i and I + i.  hdot: each
+// thread sums its columns of a row in column order, then the 8 threads of a row are added
+// in piece order (deterministic; not the rows kernel's order).  Each CTA also writes its 64
+// columns of out_t's last row (zeros).
+template <typename T, typename TD, typename TO, bool VEC>
+__global__ void __launch_bounds__(256) glu_backward_t_kernel(const GluBackwardArgs p) {
+    pdl_wait();
+    pdl_trigger();
+    __shared__ uint32_t tile[2 * 64 * 33];
+    __shared__ int64_t src_row[64];
+    __shared__ float src_sc[64];
+    __shared__ float part[8][64];
+    __shared__ int blk_e;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t c0 = (int64_t)blockIdx.x * 64, W = p.ldt, I = p.I;
+    const DytSrc src{nullptr, 0, nullptr, p.S, nullptr, p.offsets, p.S, (int)p.E};
+    if (warp == 0) {
+        const int e = dyt_block_expert(src, c0, lane);
+        if (lane == 0) blk_e = e;
+    }
+    __syncthreads();
+    if (threadIdx.x < 64) {
+        int64_t s = -1, t;
+        if (!dyt_source(src, blk_e, c0 + threadIdx.x, s, t)) s = -1;
+        src_row[threadIdx.x] = s;
+        src_sc[threadIdx.x] = (s >= 0 && p.scale != nullptr) ? p.scale[s] : 1.0f;
+    }
+    if (threadIdx.x < 8)
+        *reinterpret_cast<uint4 *>(static_cast<T *>(p.out_t) + 2 * I * W + c0 + 8 * threadIdx.x) = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    const int m = 8 * (warp & 3) + (lane & 7), pc = 4 * (warp >> 2) + (lane >> 3);
+    const int64_t srow[2] = {src_row[2 * m], src_row[2 * m + 1]};
+    const float ssc[2] = {src_sc[2 * m], src_sc[2 * m + 1]};
+    float dot[2] = {0.0f, 0.0f};
+    const int q = lane & 7, rl0 = 4 * warp + (lane >> 3);
+    const TD *dh = static_cast<const TD *>(p.dh);
+    const T *pre = static_cast<const T *>(p.pre);
+    T *out_t = static_cast<T *>(p.out_t);
+    for (int64_t i0 = 0; i0 < I; i0 += 64) {
+        const int64_t i = i0 + 8 * pc;
+        float d[2][8], g[2][8], u[2][8];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int64_t s = srow[r];
+#pragma unroll
+            for (int j = 0; j < 8; j++) d[r][j] = g[r][j] = u[r][j] = 0.0f;
+            if (s < 0 || i >= I) continue;
+            if (VEC) {
+                load_cols<8>(dh + s * p.lddh + i, d[r]);
+                load_cols<8>(pre + s * p.ldp + i, g[r]);
+                load_cols<8>(pre + s * p.ldp + I + i, u[r]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (i + j >= I) break;
+                    d[r][j] = Elem<TD>::to_f(dh[s * p.lddh + i + j]);
+                    g[r][j] = Elem<T>::to_f(pre[s * p.ldp + i + j]);
+                    u[r][j] = Elem<T>::to_f(pre[s * p.ldp + I + i + j]);
+                }
+            }
+        }
+        float dg[2][8], du[2][8];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) dg[r][j] = du[r][j] = 0.0f;
+            if (srow[r] < 0 || i >= I) continue;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (!VEC && i + j >= I) break;
+                if (p.hdot != nullptr) {
+                    const float h = Elem<T>::to_f(Elem<T>::from_f(gated_act(p.act, p.alpha, p.limit, g[r][j], u[r][j])));
+                    dot[r] = __fadd_rn(dot[r], __fmul_rn(d[r][j], h));
+                }
+                glu_backward_pair(p.act, p.alpha, p.limit, p.scale != nullptr ? __fmul_rn(d[r][j], ssc[r]) : d[r][j],
+                                  g[r][j], u[r][j], dg[r][j], du[r][j]);
+            }
+            TO *o = static_cast<TO *>(p.out) + srow[r] * p.ldo + i;
+            if (VEC) {
+                store_cols<8>(o, dg[r]);
+                store_cols<8>(o + I, du[r]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (i + j >= I) break;
+                    o[j] = Elem<TO>::from_f(dg[r][j]);
+                    o[I + j] = Elem<TO>::from_f(du[r][j]);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            tile[(8 * pc + j) * 33 + m] = Elem<T>::pack2(dg[0][j], dg[1][j]);
+            tile[64 * 33 + (8 * pc + j) * 33 + m] = Elem<T>::pack2(du[0][j], du[1][j]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const int rl = rl0 + 32 * h, half = rl >> 6, rr = rl & 63;  // gate rows, then up rows
+            if (i0 + rr < I) {
+                const uint32_t *t = tile + half * 64 * 33 + rr * 33 + 4 * q;
+                *reinterpret_cast<uint4 *>(out_t + (half * I + i0 + rr) * W + c0 + 8 * q) =
+                    make_uint4(t[0], t[1], t[2], t[3]);
+            }
+        }
+        __syncthreads();
+    }
+    if (p.hdot != nullptr) {
+        part[pc][2 * m] = dot[0];
+        part[pc][2 * m + 1] = dot[1];
+        __syncthreads();
+        if (threadIdx.x < 64 && src_row[threadIdx.x] >= 0) {
+            float t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) t = __fadd_rn(t, part[k][threadIdx.x]);
+            p.hdot[src_row[threadIdx.x]] = t;
+        }
+    }
+}
+
 template <typename T, typename TD, typename TO>
-sam_status glu_backward_launch(const GluBackwardArgs &a, bool vec, cudaStream_t stream) {
+sam_status glu_backward_launch(GluBackwardArgs a, bool vec, cudaStream_t stream) {
     const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+    if (a.out_t != nullptr) {
+        if constexpr (sizeof(T) == 2) {
+            // the routed rows and out_t, then (below) the rows outside [offsets[0], offsets[E])
+            const int64_t nb = a.ldt / 64;
+            if (nb > INT32_MAX) {
+                set_error("glu_backward: out_t too wide for one launch (%lld columns)", (long long)a.ldt);
+                return SAM_STATUS_UNSUPPORTED;
+            }
+            void (*tk)(const GluBackwardArgs) =
+                vec ? glu_backward_t_kernel<T, TD, TO, true> : glu_backward_t_kernel<T, TD, TO, false>;
+            SAM_CUDA_TRY(launch_kernel(tk, dim3((unsigned)nb), dim3(256), 0, stream, pdl_enabled(), a), "glu_backward");
+            a.rest = true;
+        } else {
+            set_error("glu_backward: out_t on the GPU takes a bfloat16 or float16 pre-activation");
+            return SAM_STATUS_UNSUPPORTED;
+        }
+    }
     const bool rows = a.hdot != nullptr;  // a warp per row, 8 rows a CTA
     void (*kernel)(const GluBackwardArgs) =
         rows ? (vec ? glu_backward_rows_kernel<T, TD, TO, 8> : glu_backward_rows_kernel<T, TD, TO, 1>)
@@ -284,7 +455,17 @@ extern "C" sam_status sam_glu_backward_cuda(const sam_glu_backward_params *p, vo
         set_error("glu_backward: dh and out take float32 or the pre-activation's dtype");
         return SAM_STATUS_INVALID_ARGUMENT;
     }
-    if (p->S == 0 || p->I == 0) return SAM_STATUS_OK;
+    if (p->out_t != NULL && p->dtype == SAM_F32) {
+        set_error("glu_backward: out_t on the GPU takes a bfloat16 or float16 pre-activation (ssmm_dw's dtypes)");
+        return SAM_STATUS_UNSUPPORTED;
+    }
+    if (p->S == 0 || p->I == 0) {  // out_t: only its zeros
+        if (p->out_t != NULL && p->E > 0) {
+            const size_t bytes = (size_t)((2 * p->I + 1) * sam_dyt_cols(p->S, p->E)) * 2;
+            SAM_CUDA_TRY(cudaMemsetAsync(p->out_t, 0, bytes, (cudaStream_t)stream), "glu_backward");
+        }
+        return SAM_STATUS_OK;
+    }
     GluBackwardArgs a;
     a.dh = p->dh;
     a.lddh = p->lddh;
@@ -301,6 +482,9 @@ extern "C" sam_status sam_glu_backward_cuda(const sam_glu_backward_params *p, vo
     a.alpha = p->alpha;
     a.limit = p->limit;
     a.hdot = p->hdot;
+    a.out_t = p->out_t;
+    a.ldt = p->out_t != NULL ? sam_dyt_cols(p->S, p->E) : 0;
+    a.rest = false;
     const uintptr_t mis = (reinterpret_cast<uintptr_t>(p->dh) | reinterpret_cast<uintptr_t>(p->pre) |
                            reinterpret_cast<uintptr_t>(p->out)) & 15u;
     const bool vec = mis == 0 && p->I % 8 == 0 && p->lddh % 8 == 0 && p->ldp % 8 == 0 && p->ldo % 8 == 0;

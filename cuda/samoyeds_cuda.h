@@ -279,6 +279,12 @@ typedef struct sam_ssmm_dw_params {
     int64_t S;               /* capacity of the sorted rows */
     const int32_t *dy_ids;   /* [S] or NULL: the row of dy each sorted row reads */
     int64_t Tdy;             /* rows of dy */
+    /* dy * scale, rounded to dtype, in the transposed layout by expert segment
+     * ([R + 1][sam_dyt_cols(S, E)], samoyeds_layout.h), or NULL: made by the caller (glu_backward's
+     * out_t) and then read instead of dy (and scale) by the C reference and the wgmma kernel's
+     * copy producer, the only ones that take it (the GPU refuses it with impl 1 and 2, and
+     * without the sm_90a kernel) */
+    const void *dy_t;
     /* activations: x[T][ldx], row token_ids[s] (or s when token_ids is NULL) */
     const void *x;
     int64_t T;               /* rows of x */
@@ -428,6 +434,10 @@ typedef struct sam_glu_backward_params {
                                 scale and h = act(gate, up) rounded to dtype (what glu writes),
                                 fp32 sums (the GPU's order: per lane, then a shuffle tree); 0 for
                                 the rows past offsets[E].  An MoE backward's d routing weights. */
+    void *out_t;             /* [2I + 1][sam_dyt_cols(S, E)] in dtype, or NULL (needs offsets): out
+                                again, rounded to dtype, in the transposed layout by expert segment
+                                (samoyeds_layout.h, sam_dyt_segment) that ssmm_dw's dy_t takes: the
+                                gate_up weight gradient's copy of dy without a pass of its own */
 } sam_glu_backward_params;
 
 /* GPU: 16-byte accesses of 8 columns where I, the row strides and the pointers allow. */

@@ -152,4 +152,14 @@ SAM_HD int sam_nibble_valid(unsigned nib)
     return i0 < i1;
 }
 
+/* The transposed copy of an upstream gradient dy[S][R] by expert segment, what ssmm_dw's
+ * wgmma kernel reads dy's kept rows from (ssmm_dw's dy_t, glu_backward's out_t,
+ * cuda/ssmm_dyt.cuh): (R + 1) rows of sam_dyt_cols(S, E) columns; row r < R holds, for every
+ * sorted row s of expert e (offsets[e] <= s < offsets[e+1]), dy[s][r] at column
+ * sam_dyt_segment(offsets[e], e) + s - offsets[e]; every other element, and all of row R, is 0.
+ * Each segment starts on a multiple of 64 columns and is followed by at least one zero column
+ * before the next (a 64-token k-tile from its start never reaches the next expert). */
+SAM_HD int64_t sam_dyt_segment(int64_t off_e, int64_t e) { return sam_round_up((off_e > 0 ? off_e : 0) + 64 * e, 64); }
+SAM_HD int64_t sam_dyt_cols(int64_t S, int64_t E) { return sam_round_up(S + 64 * E, 64); }
+
 #endif /* SAMOYEDS_LAYOUT_H */

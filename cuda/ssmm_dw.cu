@@ -409,12 +409,14 @@ extern "C" sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *ps, void *strea
     }
     if (d.E == 0 || d.rp == 0 || d.cp == 0) return SAM_STATUS_OK;
 
-    DwArgs a{};  // (dyt stays null: the wgmma launcher sets it where it makes the copy)
+    DwArgs a{};
     a.dy = ps->dy;
     a.lddy = ps->lddy;
     a.S = ps->S;
     a.dy_ids = ps->dy_ids;
     a.Tdy = ps->Tdy;
+    a.dyt = ps->dy_t;  // (null: the wgmma launcher makes the copy where it takes one)
+    a.ldt = ps->dy_t != nullptr ? sam_dyt_cols(ps->S, d.E) : 0;
     a.x = ps->x;
     a.T = ps->T;
     a.ldx = ps->ldx;
@@ -456,9 +458,16 @@ extern "C" sam_status sam_ssmm_dw_cuda(const sam_ssmm_dw_params *ps, void *strea
         set_error("ssmm_dw: impl %d (the wgmma kernel) needs the sm_90a build on an sm_90 device", ps->impl);
         return SAM_STATUS_UNSUPPORTED;
     }
+    if (ps->dy_t != nullptr && (ps->impl == 1 || ps->impl == 2 || !ssmm_dw_wgmma_available())) {
+        set_error("ssmm_dw: dy_t is read by the wgmma kernel's copy producer only (impl 0 or 3, the sm_90a build "
+                  "on an sm_90 device)");
+        return SAM_STATUS_UNSUPPORTED;
+    }
     const int force = ps->impl == 1 ? (int)DW_MMA : ps->impl >= 2 ? (int)DW_WGMMA : -1;
-    if (dw_choose_kernel(ssmm_dw_wgmma_available(), force) == DW_WGMMA)
-        return ssmm_dw_wgmma_launch(a, ps->dtype, f.m, dw_use_copy(ps->impl >= 2 ? ps->impl - 2 : -1), s);
+    if (dw_choose_kernel(ssmm_dw_wgmma_available(), force) == DW_WGMMA) {
+        const bool copy = a.dyt != nullptr || dw_use_copy(ps->impl >= 2 ? ps->impl - 2 : -1);
+        return ssmm_dw_wgmma_launch(a, ps->dtype, f.m, copy, s);
+    }
     const bool direct = f.m == 1 && ps->scale == nullptr && a.dy_vec;
     if (ps->dtype == SAM_BF16) return launch_dtype<__nv_bfloat16>(a, f.m, direct, grid, s);
     return launch_dtype<__half>(a, f.m, direct, grid, s);

@@ -618,8 +618,9 @@ template <typename T, bool TR> sam_status launch_m(const DwArgs &a, int m, bool 
 
 // dy's transposed copy (R x dyt_cols, scaled: ssmm_dyt.cuh) in stream-ordered memory, the
 // kernel from it, the copy freed on the stream; where the memory cannot be had, the gather
-// from dy.
+// from dy.  The caller's copy (dy_t, a.dyt set) where it made one.
 template <typename T> sam_status launch_t(DwArgs a, int m, bool two, int64_t grid, cudaStream_t s) {
+    if (a.dyt != nullptr) return launch_m<T, true>(a, m, two, grid, s);  // the caller's copy (dy_t)
     const int64_t R = a.glu ? 2 * a.half_rows : a.half_rows;
     const DytSrc src{a.dy, a.lddy, a.dy_ids, a.Tdy, a.scale, a.offsets, a.S, a.E};
     sam_status st;

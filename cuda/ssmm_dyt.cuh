@@ -32,10 +32,11 @@ namespace {
 // segment's start never reaches the next expert: past the expert's rows it reads zeros.  The
 // copy has dyt_cols(S, E) = round_up64(S + 64 E) columns, and one more row than dy has
 // columns, all zeros (dyt_make): the row a storage row without a kept row reads.
+// (samoyeds_layout.h: sam_dyt_segment, sam_dyt_cols, the one definition)
 __device__ __forceinline__ int64_t dyt_segment(const int32_t *offsets, int e) {
-    return (max((int64_t)0, (int64_t)__ldg(offsets + e)) + 64 * (int64_t)e + 63) / 64 * 64;
+    return sam_dyt_segment((int64_t)__ldg(offsets + e), e);
 }
-inline int64_t dyt_cols(int64_t S, int E) { return (S + 64 * (int64_t)E + 63) / 64 * 64; }
+inline int64_t dyt_cols(int64_t S, int E) { return sam_dyt_cols(S, E); }
 
 // The sorted row s and the row t of dy behind column col of expert e's segment; false where
 // there is none (past the expert's rows, or a token id outside [0, T): a zero column).
@@ -47,6 +48,24 @@ __device__ __forceinline__ bool dyt_source(const DytSrc &p, int e, int64_t col, 
     s = sb + i;
     t = p.token_ids ? (int64_t)__ldg(p.token_ids + s) : s;
     return t >= 0 && t < p.T;
+}
+
+// The expert whose segment holds columns c0 .. c0 + 63 (c0 a multiple of 64: one expert's, or
+// padding after it), called by the 32 lanes of one warp, each getting it: the number of
+// experts whose segment starts at or before c0, less one, by ballots (four loads a lane in flight).
+__device__ __forceinline__ int dyt_block_expert(const DytSrc &p, int64_t c0, int lane) {
+    int cnt = 0;
+    for (int base = 0; base < p.E; base += 128) {
+        bool ok[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int e = base + 32 * u + lane;
+            ok[u] = e < p.E && dyt_segment(p.offsets, e) <= c0;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) cnt += __popc(__ballot_sync(0xffffffffu, ok[u]));
+    }
+    return max(cnt - 1, 0);
 }
 
 // dyt[r][c] for r < R and c < W: 64 x 64 tiles through shared memory, 256 threads: each warp
@@ -141,19 +160,8 @@ __global__ void __launch_bounds__(256) dyt_fill16_kernel(const DytSrc p, int64_t
     const int64_t c0 = (int64_t)blockIdx.x * 64;
     const int64_t rbeg = (int64_t)blockIdx.y * DYT_RCH, rend = min(R, rbeg + DYT_RCH);
     if (warp == 0) {
-        // the block's expert: the number of experts whose segment starts at or before c0, less one
-        int cnt = 0;
-        for (int base = 0; base < p.E; base += 128) {
-            bool ok[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int e = base + 32 * u + lane;
-                ok[u] = e < p.E && dyt_segment(p.offsets, e) <= c0;
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) cnt += __popc(__ballot_sync(0xffffffffu, ok[u]));
-        }
-        if (lane == 0) blk_e = max(cnt - 1, 0);
+        const int e = dyt_block_expert(p, c0, lane);  // (every lane: the ballots need them all)
+        if (lane == 0) blk_e = e;
     }
     __syncthreads();
     if (threadIdx.x < 64) {

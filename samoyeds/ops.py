@@ -92,7 +92,7 @@ _DX_IMPLS = ("auto", "mma", "wgmma")
 
 def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
             scale: Optional[Any] = None, out: Optional[Any] = None, *, stream: Optional[int] = None,
-            impl: str = "auto", dy_token_ids: Optional[Any] = None) -> Any:
+            impl: str = "auto", dy_token_ids: Optional[Any] = None, dy_t: Optional[Any] = None) -> Any:
     """The gradient of :func:`ssmm` (``act="none"``) with respect to ``w.values``, in their
     packed layout.
 
@@ -127,12 +127,19 @@ def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Op
         dy_token_ids: ``[S]`` int32 or None (None: sorted row ``s`` reads ``dy[s]``).  The C
            reference refuses an id of a routed row outside ``[0, T')``; the GPU kernels read
            it as a zero row.
+        dy_t: ``dy * scale`` already in the wgmma kernel's transposed layout (``[R + 1,
+           cols]``, :func:`dy_t_shape`, as :func:`glu_backward`'s ``out_t`` writes it), or
+           None: then read instead of dy and scale (dy gives the shape and dtype), and the
+           kernel makes no copy of its own.  Taken by the C reference and, on the GPU, by the
+           wgmma kernel's copy producer only (``impl`` ``"auto"`` or ``"copy"`` on sm_90a;
+           :func:`ssmm_dw_takes_dy_t`); the others refuse it.
     """
     if not isinstance(w, PackedWeight):
         raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")
     dy, x, scale = tensor_arg(dy, "dy"), tensor_arg(x, "x"), for_c(scale)
     token_ids = tensor_arg(token_ids, "token_ids", optional=True)
     dy_token_ids = tensor_arg(dy_token_ids, "dy_token_ids", optional=True)
+    dy_t = tensor_arg(dy_t, "dy_t", optional=True)
     E, R, C = w.shape3
     if out is None:
         out = empty(x, tuple(w.values.shape), dtype_name(x))
@@ -140,8 +147,33 @@ def ssmm_dw(dy: Any, x: Any, w: PackedWeight, expert_offsets: Any, token_ids: Op
         raise ValueError(f"impl: expected one of {', '.join(map(repr, _DW_IMPLS))}, got {impl!r}")
     _C.ssmm_dw(out, dy, x, w.meta, w.idx, expert_offsets, token_ids, R, C, *w.c_args(), scale=scale,
                stream=stream if stream is not None else current_stream(x), impl=_DW_IMPLS.index(impl),
-               dy_token_ids=dy_token_ids)
+               dy_token_ids=dy_token_ids, dy_t=dy_t)
     return out
+
+
+def dy_t_shape(rows: int, sorted_rows: int, num_experts: int) -> tuple:
+    """The shape of an upstream gradient's transposed copy by expert segment (:func:`ssmm_dw`'s
+    ``dy_t``, :func:`glu_backward`'s ``out_t``) for ``rows`` columns of dy (R), ``sorted_rows``
+    rows (S) and ``num_experts`` (E): ``(R + 1, cols)``, ``cols`` = S + 64 E rounded up to 64.
+    Expert e's sorted rows lie at columns ``seg(e) + s - offsets[e]``, ``seg(e)`` =
+    ``max(offsets[e], 0) + 64 e`` rounded up to 64; every other element, and the last row, is 0."""
+    for name, v in (("rows", rows), ("sorted_rows", sorted_rows), ("num_experts", num_experts)):
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+    return rows + 1, (sorted_rows + 64 * num_experts + 63) // 64 * 64
+
+
+def ssmm_dw_takes_dy_t(t: Any) -> bool:
+    """Whether :func:`ssmm_dw` (``impl="auto"``) takes a ``dy_t`` for tensors on ``t``'s
+    device: on the CPU (the C reference) always; on a GPU where the sm_90a wgmma kernel runs
+    (an sm_90 device and a build holding sm_90a code)."""
+    kind, index = tensor_arg(t, "t").__dlpack_device__()
+    if int(kind) == 1:   # kDLCPU
+        return True
+    if int(kind) != 2 or "sm_90a" not in str(_C.build_info().get("cuda_archs", "")):   # kDLCUDA
+        return False
+    import torch
+    return torch.cuda.get_device_capability(int(index)) == (9, 0)
 
 
 def ssmm_dx(dy: Any, w: PackedWeight, expert_offsets: Any, token_ids: Optional[Any] = None,
@@ -266,7 +298,8 @@ def glu(gate: Any, up: Any, out: Optional[Any] = None, *, act: str = "swiglu", a
 
 def glu_backward(dh: Any, preact: Any, out: Optional[Any] = None, *, scale: Optional[Any] = None,
                  offsets: Optional[Any] = None, act: str = "swiglu", alpha: float = 1.702, limit: float = 7.0,
-                 dtype: Optional[str] = None, stream: Optional[int] = None, hdot: Optional[Any] = None) -> Any:
+                 dtype: Optional[str] = None, stream: Optional[int] = None, hdot: Optional[Any] = None,
+                 out_t: Optional[Any] = None) -> Any:
     """The backward of :func:`glu` on the halves of a pre-activation: ``out = [dgate, dup]``
     for ``h = act(preact[:, :I], preact[:, I:])`` and ``dh = dL/dh`` (times ``scale[s]``
     per row), in fp32 with one rounding, one pass.  SwiGLU and GPT-OSS's clamped variant;
@@ -288,10 +321,16 @@ def glu_backward(dh: Any, preact: Any, out: Optional[Any] = None, *, scale: Opti
            ``sum_i dh[s, i] * h[s, i]`` (dh before ``scale``; h as :func:`glu` writes it,
            rounded to preact's dtype; fp32 sums; 0 past ``offsets[E]``): an MoE backward's
            routing-weight gradient.
+        out_t: ``[2I + 1, cols]`` in preact's dtype (:func:`dy_t_shape` ``(2I, S, E)``), or
+           None: also written, in the same pass, with ``out`` rounded to preact's dtype in the
+           transposed layout by expert segment that :func:`ssmm_dw` takes as ``dy_t`` (needs
+           ``offsets``; the C reference refuses offsets that are not non-decreasing in
+           ``[0, S]``; on the GPU a bf16 or fp16 preact).  The gate_up weight gradient then
+           makes no copy of its own.
     """
     if act not in ("swiglu", "silu", "gptoss"):
         raise ValueError(f"act: expected 'swiglu' or 'gptoss', got {act!r}")
-    hdot = tensor_arg(hdot, "hdot", optional=True)
+    hdot, out_t = tensor_arg(hdot, "hdot", optional=True), tensor_arg(out_t, "out_t", optional=True)
     dh, preact = tensor_arg(dh, "dh"), tensor_arg(preact, "preact")
     scale, offsets = tensor_arg(scale, "scale", optional=True), tensor_arg(offsets, "offsets", optional=True)
     if out is None:
@@ -300,7 +339,7 @@ def glu_backward(dh: Any, preact: Any, out: Optional[Any] = None, *, scale: Opti
             raise TypeError(f"dtype: expected 'float32' or preact's {dtype_name(preact)!r}, got {dtype!r}")
         out = empty(preact, tuple(preact.shape), dtype or dtype_name(preact))
     _C.glu_backward(out, dh, preact, scale, offsets, act=ACTS[act], alpha=alpha, limit=limit,
-                    stream=stream if stream is not None else current_stream(preact), hdot=hdot)
+                    stream=stream if stream is not None else current_stream(preact), hdot=hdot, out_t=out_t)
     return out
 
 

@@ -29,7 +29,8 @@ from . import moe as _moe
 from ._array import check_ndim, check_shape
 from .ops import ACTS, dense_decode, glu, glu_backward
 from .format import SparseFormat
-from .ops import combine, gather_weights, route, ssmm, ssmm_dw, ssmm_dx, ssmm_dx_supported
+from .ops import combine, dy_t_shape, gather_weights, route, ssmm, ssmm_dw, ssmm_dw_takes_dy_t, ssmm_dx
+from .ops import ssmm_dx_supported
 from .packed import PackedWeight
 
 __all__ = ["ACT_IDS", "act_id", "moe_backward", "moe_forward", "moe_forward_autograd", "moe_forward_eager",
@@ -385,6 +386,20 @@ def _matmul_w(dy: torch.Tensor, w: PackedWeight, offsets: torch.Tensor, token_id
     return out
 
 
+def _dy_t_buffer(preact: torch.Tensor, x: torch.Tensor, gu: PackedWeight, S: int) -> Optional[torch.Tensor]:
+    """Room for the gate_up weight gradient's copy of d(preact) (:func:`samoyeds.ops.dy_t_shape`)
+    where glu_backward writes it and ssmm_dw reads it: a bf16/fp16 GPU tensor like x on a device
+    where ssmm_dw takes it; None elsewhere, and where the memory cannot be had (ssmm_dw then
+    makes its own copy, or gathers)."""
+    if not (preact.is_cuda and preact.dtype == x.dtype and x.dtype in (torch.bfloat16, torch.float16)
+            and ssmm_dw_takes_dy_t(preact)):
+        return None
+    try:
+        return preact.new_empty(dy_t_shape(preact.shape[1], S, gu.num_experts))
+    except torch.cuda.OutOfMemoryError:
+        return None
+
+
 def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
                        gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v,
                        act, gate_up_bias, down_bias, alpha, limit, preact=None, grad_preact=None,
@@ -421,7 +436,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
         preact = preact.detach()
         h = glu(preact[:, :I], preact[:, I:], act=_ACT_NAMES[act], alpha=alpha, limit=limit)   # [S, I]
     need_pre = needs & (NEED_X | NEED_GATE_UP | NEED_GATE_UP_BIAS)
-    dpre = None
+    dpre = dpre_t = None
     if grad_out is not None:
         dout = grad_out.detach().to(x.dtype).contiguous()
         g = None   # [S, H]: the sorted rows' output gradients (unscaled), only for a down bias's terms
@@ -448,8 +463,12 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             keep32 = bool(needs & NEED_GATE_UP_BIAS) or grad_preact is not None
             if dh.dtype != preact.dtype:
                 dh = dh.float()
+            # on the GPU the gate_up weight gradient's transposed copy of d(preact), written by
+            # the same pass (ssmm_dw then makes none)
+            dpre_t = _dy_t_buffer(preact, x, gu, S) if needs & NEED_GATE_UP and grad_preact is None else None
             dpre = glu_backward(dh, preact, scale=dh_scale, offsets=r.offsets, act=_ACT_NAMES[act], alpha=alpha,
-                                limit=limit, dtype="float32" if keep32 else _dtype_name(preact.dtype), hdot=hdot)
+                                limit=limit, dtype="float32" if keep32 else _dtype_name(preact.dtype), hdot=hdot,
+                                out_t=dpre_t)
         if needs & NEED_WEIGHTS:
             dws = hdot
             if down_bias is not None:
@@ -466,7 +485,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             res[4] = _segment_sum(dpre, r.offsets).to(gate_up_bias.dtype)
         dpre_x = dpre.to(x.dtype)   # (no copy where glu_backward wrote x's dtype)
         if needs & NEED_GATE_UP:
-            res[2] = ssmm_dw(dpre_x, x, gu, r.offsets, r.token_ids)
+            res[2] = ssmm_dw(dpre_x, x, gu, r.offsets, r.token_ids, dy_t=dpre_t)
         if needs & NEED_X:
             res[0] = combine(_matmul_w(dpre_x, gu, r.offsets, None, None, S, dx_path), r.pos, dtype=xdt)
     return results()

@@ -332,3 +332,123 @@ def test_cuda_hdot(act, S, I, dtype, dh32, out32, with_offsets):
         o64 = hdot_oracle(dh[:live], pre[:live], act)
         _hdot_close(h[:live], o64, dh[:live], pre[:live], dtype)
         _hdot_close(ref[:live], o64, dh[:live], pre[:live], dtype)
+
+
+# ---- out_t: out again in ssmm_dw's transposed layout by expert segment (samoyeds.ops.dy_t_shape)
+
+def dy_t_of(out, offsets, dtype):
+    """The transposed layout of ``out`` by expert segment, built in torch from its definition
+    (samoyeds_layout.h, sam_dyt_segment): zeros but for each expert's rows at its segment."""
+    from samoyeds.ops import dy_t_shape
+    S, R = out.shape
+    off = [int(v) for v in offsets.tolist()]
+    E = len(off) - 1
+    t = torch.zeros(dy_t_shape(R, S, E), dtype=dtype)
+    for e in range(E):
+        c0 = (max(off[e], 0) + 64 * e + 63) // 64 * 64
+        t[:R, c0:c0 + off[e + 1] - off[e]] = out[off[e]:off[e + 1]].to(dtype).T
+    return t
+
+
+def _routed(S, gen, empty_first=False):
+    """Offsets of a few experts over S sorted rows: empty experts, a placeholder tail."""
+    E = 5
+    cuts = sorted(torch.randint(0, max(S - 2, 0) + 1, (E - 1,), generator=gen).tolist())
+    off = [0] + cuts + [max(S - 2, 0)]
+    if empty_first:
+        off[1] = 0
+    return torch.tensor(off, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+@pytest.mark.parametrize("S,I", [(37, 13), (0, 5), (70, 64), (9, 8)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ref_out_t(act, S, I, dtype):
+    """The C reference's out_t: out rounded to preact's dtype in the segmented transposed
+    layout (built in torch from its definition), out and hdot the same bits as without it."""
+    gen = torch.Generator().manual_seed(S * 31 + I)
+    pre, dh, sc = _inputs(S, I, dtype, gen=gen)
+    offsets = _routed(S, gen, empty_first=True)
+    from samoyeds.ops import dy_t_shape
+    out_t = torch.full(dy_t_shape(2 * I, S, offsets.numel() - 1), float("nan"), dtype=dtype)
+    hd, hd2 = torch.full((S,), float("nan")), torch.full((S,), float("nan"))
+    out = glu_backward(dh, pre, scale=sc, offsets=offsets, act=act, hdot=hd, dtype="float32", out_t=out_t)
+    assert torch.equal(out, glu_backward(dh, pre, scale=sc, offsets=offsets, act=act, hdot=hd2, dtype="float32"))
+    assert torch.equal(hd, hd2)
+    assert torch.equal(out_t, dy_t_of(out, offsets, dtype))
+
+
+def test_out_t_errors_name_the_argument():
+    from samoyeds.ops import dy_t_shape
+    pre, dh, _ = _inputs(6, 8, torch.bfloat16)
+    off = torch.tensor([0, 2, 6], dtype=torch.int32)
+    good = dy_t_shape(16, 6, 2)
+    with pytest.raises(ValueError, match=r"^offsets: expected the expert offsets with out_t"):
+        glu_backward(dh, pre, out_t=torch.zeros(good, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"^out_t: expected shape"):
+        glu_backward(dh, pre, offsets=off, out_t=torch.zeros(good[0], good[1] + 64, dtype=torch.bfloat16))
+    with pytest.raises((TypeError, ValueError), match=r"^out_t: "):
+        glu_backward(dh, pre, offsets=off, out_t=torch.zeros(good, dtype=torch.float16))
+    bad = torch.tensor([0, 4, 2], dtype=torch.int32)
+    out_t = torch.full(good, 7.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"offsets: offsets\[2\] = 2; expected non-decreasing"):
+        glu_backward(dh, pre, offsets=bad, out_t=out_t)
+    assert (out_t == 7.0).all(), "nothing written before the offsets are checked"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["swiglu", "gptoss"])
+@pytest.mark.parametrize("S,I", [(1, 8), (37, 13), (0, 5), (300, 64), (130, 200), (700, 768)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dh32,out32", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("with_hdot", [False, True])
+def test_cuda_out_t(act, S, I, dtype, dh32, out32, with_hdot):
+    """The fused kernel (glu_backward_t_kernel): out the same bits as the kernel without out_t,
+    out_t the layout of that out (built in torch), hdot against float64; empty experts, a
+    placeholder tail poisoned (never read, written as 0), I not a multiple of 8 (element-wise
+    loads), everything poisoned first."""
+    from samoyeds.ops import dy_t_shape
+    gen = torch.Generator().manual_seed(torch.seed() % 2 ** 31)
+    pre, dh, sc = _inputs(S, I, dtype, gen=gen)
+    dh = dh if dh32 else dh.to(dtype)
+    offsets = _routed(S, gen, empty_first=S % 2 == 1)
+    live = int(offsets[-1])
+    pre[live:], dh[live:] = float("nan"), float("nan")
+    odt = torch.float32 if out32 else dtype
+    kw = dict(scale=sc.cuda(), offsets=offsets.cuda(), act=act)
+    args = (dh.cuda(), pre.cuda())
+    h1 = torch.full((S,), float("nan"), device="cuda") if with_hdot else None
+    want = glu_backward(*args, torch.full((S, 2 * I), float("nan"), dtype=odt, device="cuda"), hdot=h1, **kw)
+    out_t = torch.full(dy_t_shape(2 * I, S, offsets.numel() - 1), float("nan"), dtype=dtype, device="cuda")
+    h2 = torch.full((S,), float("nan"), device="cuda") if with_hdot else None
+    got = glu_backward(*args, torch.full((S, 2 * I), float("nan"), dtype=odt, device="cuda"), hdot=h2, out_t=out_t,
+                       **kw)
+    assert torch.equal(got, want)
+    assert torch.equal(got[live:].cpu(), torch.zeros(S - live, 2 * I, dtype=odt))
+    assert torch.equal(out_t.cpu(), dy_t_of(got.cpu(), offsets, dtype))
+    if with_hdot:
+        h = h2.cpu()
+        assert torch.equal(h[live:], torch.zeros(S - live))
+        if live:
+            _hdot_close(h[:live], hdot_oracle(dh[:live].float(), pre[:live], act), dh[:live].float(), pre[:live],
+                        dtype)
+
+
+@pytest.mark.gpu
+def test_cuda_out_t_rows_outside_the_offsets():
+    """offsets[0] > 0: the rows before it are computed (as without out_t) by the other kernel,
+    in no segment of out_t; the fused kernel twice gives the same bits (deterministic)."""
+    from samoyeds.ops import dy_t_shape
+    gen = torch.Generator().manual_seed(3)
+    S, I = 200, 64
+    pre, dh, sc = _inputs(S, I, torch.bfloat16, gen=gen)
+    offsets = torch.tensor([17, 60, 60, 150], dtype=torch.int32)
+    args, kw = (dh.cuda(), pre.cuda()), dict(scale=sc.cuda(), offsets=offsets.cuda())
+    want = glu_backward(*args, **kw)
+    ts = [torch.full(dy_t_shape(2 * I, S, 3), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    hs = [torch.full((S,), float("nan"), device="cuda") for _ in range(2)]
+    outs = [glu_backward(*args, out_t=t, hdot=h, **kw) for t, h in zip(ts, hs)]
+    assert torch.equal(outs[0], want) and torch.equal(outs[1], want)
+    assert torch.equal(ts[0], ts[1]) and torch.equal(hs[0], hs[1])
+    assert torch.equal(ts[0].cpu(), dy_t_of(want.cpu(), offsets, torch.bfloat16))
+    assert torch.isfinite(hs[0][:150]).all() and not hs[0][150:].any()

@@ -319,3 +319,61 @@ def test_cuda_dy_token_ids(case, fmt, glu, impl):
         zeroed[n // 2] = 0
         got = run_dw(p, r, src, x, None, sc, "cuda", dy_ids=bad)
         assert torch.equal(got, run_dw(p, r, zeroed, x, None, sc, "cuda")), f"a bad id is a zero row (seed {seed})"
+
+
+# ---- dy_t: dy * scale already in the copy producer's transposed layout (glu_backward's out_t)
+
+def dy_t_of(dy, offsets, E, scale=None):
+    """dy (times scale, rounded to dy's dtype) in the segmented transposed layout, built in
+    torch from its definition (samoyeds_layout.h: sam_dyt_segment)."""
+    from samoyeds.ops import dy_t_shape
+    S, R = dy.shape
+    off = [int(v) for v in offsets.tolist()]
+    d = dy if scale is None else (dy.float() * scale[:, None]).to(dy.dtype)
+    t = torch.zeros(dy_t_shape(R, S, E), dtype=dy.dtype)
+    for e in range(E):
+        c0 = (max(off[e], 0) + 64 * e + 63) // 64 * 64
+        t[:R, c0:c0 + off[e + 1] - off[e]] = d[off[e]:off[e + 1]].T
+    return t
+
+
+@pytest.mark.parametrize("fmt,glu", [("samoyeds-1:2:64", True), ("2:4", False)])
+def test_dy_t_c_reference(fmt, glu):
+    """The C reference reading dy_t: without a scale the bits of the call on dy; with one,
+    within the oracle's tolerance (dy * scale rounded once more); a dy_t of another shape
+    refused naming it."""
+    for with_scale in (False, True):
+        p, r, dy, x, tok, sc = make_inputs(CASES[4], fmt, torch.float32, glu, True, with_scale, 5)
+        E = p.num_experts
+        t = dy_t_of(dy, r.offsets, E, sc)
+        got = ssmm_dw(dy, x, p, r.offsets, tok, sc, dy_t=t)
+        if not with_scale:
+            assert torch.equal(got, ssmm_dw(dy, x, p, r.offsets, tok, sc))
+        want, _ = oracle_dw(dy, x, p, r.offsets, tok, sc)
+        assert rel_err(got, want) < 1e-5
+    with pytest.raises(ValueError, match=r"^dy_t: expected shape"):
+        ssmm_dw(dy, x, p, r.offsets, tok, sc, dy_t=t[:-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[2], CASES[4], WGMMA_CASES[0], WGMMA_CASES[1]])
+@pytest.mark.parametrize("fmt,glu", [("samoyeds-1:2:128", True), ("samoyeds-1:2:192", False), ("1:4:64", True),
+                                     ("2:4", False)])
+@pytest.mark.parametrize("with_scale", [False, True])
+def test_cuda_dy_t(case, fmt, glu, with_scale):
+    """The copy producer reading the caller's dy_t: the bits of the kernel making its own copy
+    (the same values, rounded the same way); the other kernels refuse it."""
+    if not wgmma_runs():
+        pytest.skip("dy_t is read by the sm_90a wgmma kernel only")
+    seed = torch.seed() % 2 ** 31
+    p, r, dy, x, tok, sc = make_inputs(case, fmt, torch.bfloat16, glu, True, with_scale, seed)
+    t = dy_t_of(dy, r.offsets, p.num_experts, sc).cuda()
+    pd, to = p.to("cuda"), (lambda a: None if a is None else on(a, "cuda"))
+    args = (to(dy), to(x), pd, to(r.offsets), to(tok), to(sc))
+    want = ssmm_dw(*args, impl="copy")
+    for impl in ("auto", "copy"):
+        got = ssmm_dw(*args, torch.full_like(want, float("nan")), impl=impl, dy_t=t)
+        assert torch.equal(got, want), (impl, seed)
+    for impl in ("mma", "gather"):
+        with pytest.raises(NotImplementedError, match=r"^ssmm_dw: dy_t is read by the wgmma kernel's copy producer"):
+            ssmm_dw(*args, impl=impl, dy_t=t)
