@@ -362,9 +362,13 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
     dh_u = to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)
     dpre_dt = "float32" if gub is not None else xdt   # as moe_backward_eager: fp32 for the bias sum
 
+    # where ssmm_dw takes it, glu_backward also writes the gate_up dW's copy of d(preact), as
+    # moe_backward_eager does
+    dpre_t = to._dy_t_buffer(preact, xd, gu, S)
+
     def glu_bwd():   # with the routing weights' row dot products (hdot), as moe_backward_eager
         return glu_backward(dh_u, preact, scale=ws, offsets=r.offsets, act=m.act, alpha=alpha, limit=limit,
-                            dtype=dpre_dt, hdot=torch.empty(S, dtype=torch.float32, device=xd.device))
+                            dtype=dpre_dt, hdot=torch.empty(S, dtype=torch.float32, device=xd.device), out_t=dpre_t)
     dpre = glu_bwd()
     dpre_x = dpre.to(xd.dtype)
     dxs = to._matmul_w(dpre_x, gu, r.offsets, None, None, S)
@@ -409,7 +413,7 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         ("dweights", dweights),
         ("gate_up_bias_sum", (lambda: to._segment_sum(dpre, r.offsets)) if gub is not None else None),
         ("cast_dpre", (lambda: dpre.to(xd.dtype)) if gub is not None else None),
-        ("ssmm_dw_gate_up", lambda: _ssmm_dw(dpre_x, xd, gu, r.offsets, r.token_ids)),
+        ("ssmm_dw_gate_up", lambda: _ssmm_dw(dpre_x, xd, gu, r.offsets, r.token_ids, dy_t=dpre_t)),
         ("transposed_refresh_gate_up", refresh(gu.values, gu.transposed) if uses_t(gu) else None),
         ("dx_gate_up", lambda: to._matmul_w(dpre_x, gu, r.offsets, None, None, S)),
         ("combine", lambda: sm.combine(dxs, r.pos, dtype=xdt)),

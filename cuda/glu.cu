@@ -93,6 +93,8 @@ struct GluBackwardArgs {
     float *hdot;  // [S] or null: sum_i dh[s][i] * h[s][i] (glu_backward_rows_kernel)
     void *out_t;  // [2I + 1][ldt] or null (glu_backward_t_kernel)
     int64_t ldt;
+    int64_t ich;  // glu_backward_t_kernel: columns of I per CTA (blockIdx.y), a multiple of 64
+    float *hpart; // [gridDim.y][S] hdot partials where gridDim.y > 1 (summed by glu_hdot_sum_kernel)
     bool rest;    // only the rows outside [offsets[0], offsets[E]) (glu_backward_t_kernel has the others)
 };
 
@@ -248,8 +250,10 @@ __global__ void __launch_bounds__(256) glu_backward_rows_kernel(const GluBackwar
 // the element pairs of the two rows, rounded to T, in a shared [gate | up][64][33]-word tile;
 // then the tile's rows go out as 16-byte pieces of out_t's rows i and I + i.  hdot: each
 // thread sums its columns of a row in column order, then the 8 threads of a row are added
-// in piece order (deterministic; not the rows kernel's order).  Each CTA also writes its 64
-// columns of out_t's last row (zeros).
+// in piece order (deterministic; not the rows kernel's order).  Where the grid splits I
+// (blockIdx.y: ich columns each, so that a few long experts still fill the GPU), those sums
+// go to hpart and glu_hdot_sum_kernel adds them in blockIdx.y order.  The CTAs of
+// blockIdx.y = 0 also write their 64 columns of out_t's last row (zeros).
 template <typename T, typename TD, typename TO, bool VEC>
 __global__ void __launch_bounds__(256) glu_backward_t_kernel(const GluBackwardArgs p) {
     pdl_wait();
@@ -273,7 +277,7 @@ __global__ void __launch_bounds__(256) glu_backward_t_kernel(const GluBackwardAr
         src_row[threadIdx.x] = s;
         src_sc[threadIdx.x] = (s >= 0 && p.scale != nullptr) ? p.scale[s] : 1.0f;
     }
-    if (threadIdx.x < 8)
+    if (threadIdx.x < 8 && blockIdx.y == 0)
         *reinterpret_cast<uint4 *>(static_cast<T *>(p.out_t) + 2 * I * W + c0 + 8 * threadIdx.x) = make_uint4(0, 0, 0, 0);
     __syncthreads();
     const int m = 8 * (warp & 3) + (lane & 7), pc = 4 * (warp >> 2) + (lane >> 3);
@@ -284,7 +288,8 @@ __global__ void __launch_bounds__(256) glu_backward_t_kernel(const GluBackwardAr
     const TD *dh = static_cast<const TD *>(p.dh);
     const T *pre = static_cast<const T *>(p.pre);
     T *out_t = static_cast<T *>(p.out_t);
-    for (int64_t i0 = 0; i0 < I; i0 += 64) {
+    const int64_t ibeg = (int64_t)blockIdx.y * p.ich, iend = min(I, ibeg + p.ich);
+    for (int64_t i0 = ibeg; i0 < iend; i0 += 64) {
         const int64_t i = i0 + 8 * pc;
         float d[2][8], g[2][8], u[2][8];
 #pragma unroll
@@ -361,8 +366,23 @@ __global__ void __launch_bounds__(256) glu_backward_t_kernel(const GluBackwardAr
             float t = 0.0f;
 #pragma unroll
             for (int k = 0; k < 8; k++) t = __fadd_rn(t, part[k][threadIdx.x]);
-            p.hdot[src_row[threadIdx.x]] = t;
+            if (gridDim.y == 1) p.hdot[src_row[threadIdx.x]] = t;
+            else p.hpart[(int64_t)blockIdx.y * p.S + src_row[threadIdx.x]] = t;
         }
+    }
+}
+
+// hdot[s] for the routed rows s in [offsets[0], offsets[E]) (clamped to [0, S]): the ny
+// partials of glu_backward_t_kernel's column blocks, added in block order.
+__global__ void __launch_bounds__(256) glu_hdot_sum_kernel(const GluBackwardArgs p, int ny) {
+    pdl_wait();
+    pdl_trigger();
+    const int64_t lo = min(max((int64_t)p.offsets[0], (int64_t)0), p.S);
+    const int64_t hi = min(max((int64_t)p.offsets[p.E], lo), p.S);
+    for (int64_t s = lo + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < hi; s += (int64_t)gridDim.x * blockDim.x) {
+        float t = 0.0f;
+        for (int y = 0; y < ny; y++) t = __fadd_rn(t, p.hpart[(int64_t)y * p.S + s]);
+        p.hdot[s] = t;
     }
 }
 
@@ -377,9 +397,29 @@ sam_status glu_backward_launch(GluBackwardArgs a, bool vec, cudaStream_t stream)
                 set_error("glu_backward: out_t too wide for one launch (%lld columns)", (long long)a.ldt);
                 return SAM_STATUS_UNSUPPORTED;
             }
+            // I split over ny CTAs per 64 columns where the columns alone give fewer than ~8 CTAs an SM
+            const int64_t isteps = (a.I + 63) / 64;
+            int64_t ny = std::min<int64_t>(isteps, std::max<int64_t>(1, (8 * (int64_t)sms + nb - 1) / std::max<int64_t>(nb, 1)));
+            a.ich = 64 * ((isteps + ny - 1) / ny);
+            ny = (a.I + a.ich - 1) / a.ich;
+            a.hpart = nullptr;
+            if (ny > 1 && a.hdot != nullptr &&
+                cudaMallocAsync(reinterpret_cast<void **>(&a.hpart), (size_t)(ny * a.S) * sizeof(float), stream) !=
+                    cudaSuccess) {
+                (void)cudaGetLastError();  // no room for the partials: one CTA per 64 columns, all of I
+                a.hpart = nullptr;
+                ny = 1;
+                a.ich = 64 * isteps;
+            }
             void (*tk)(const GluBackwardArgs) =
                 vec ? glu_backward_t_kernel<T, TD, TO, true> : glu_backward_t_kernel<T, TD, TO, false>;
-            SAM_CUDA_TRY(launch_kernel(tk, dim3((unsigned)nb), dim3(256), 0, stream, pdl_enabled(), a), "glu_backward");
+            cudaError_t err = launch_kernel(tk, dim3((unsigned)nb, (unsigned)ny), dim3(256), 0, stream, pdl_enabled(), a);
+            if (err == cudaSuccess && a.hpart != nullptr) {
+                const unsigned g = (unsigned)std::min<int64_t>((a.S + 255) / 256, (int64_t)sms * 4);
+                err = launch_kernel(glu_hdot_sum_kernel, dim3(g), dim3(256), 0, stream, pdl_enabled(), a, (int)ny);
+            }
+            if (a.hpart != nullptr) cudaFreeAsync(a.hpart, stream);  // (stream-ordered: after the kernels)
+            if (err != cudaSuccess) return cuda_status(err, "glu_backward");
             a.rest = true;
         } else {
             set_error("glu_backward: out_t on the GPU takes a bfloat16 or float16 pre-activation");
@@ -485,6 +525,8 @@ extern "C" sam_status sam_glu_backward_cuda(const sam_glu_backward_params *p, vo
     a.out_t = p->out_t;
     a.ldt = p->out_t != NULL ? sam_dyt_cols(p->S, p->E) : 0;
     a.rest = false;
+    a.ich = 0;
+    a.hpart = nullptr;
     const uintptr_t mis = (reinterpret_cast<uintptr_t>(p->dh) | reinterpret_cast<uintptr_t>(p->pre) |
                            reinterpret_cast<uintptr_t>(p->out)) & 15u;
     const bool vec = mis == 0 && p->I % 8 == 0 && p->lddh % 8 == 0 && p->ldp % 8 == 0 && p->ldo % 8 == 0;
