@@ -362,13 +362,13 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
     dh_u = to._matmul_w(dout, dn, r.offsets, r.token_ids, None, S)
     dpre_dt = "float32" if gub is not None else xdt   # as moe_backward_eager: fp32 for the bias sum
 
-    # where ssmm_dw takes it, glu_backward also writes the gate_up dW's copy of d(preact), as
-    # moe_backward_eager does
+    # the other dw_copy path (torch_ops.DW_COPY_PATHS, group "dw_copy_other", not in the sums):
+    # glu_backward also writing the gate_up dW's copy of d(preact), ssmm_dw reading it
     dpre_t = to._dy_t_buffer(preact, xd, gu, S)
 
-    def glu_bwd():   # with the routing weights' row dot products (hdot), as moe_backward_eager
+    def glu_bwd(out_t=None):   # with the routing weights' row dot products (hdot), as moe_backward_eager
         return glu_backward(dh_u, preact, scale=ws, offsets=r.offsets, act=m.act, alpha=alpha, limit=limit,
-                            dtype=dpre_dt, hdot=torch.empty(S, dtype=torch.float32, device=xd.device), out_t=dpre_t)
+                            dtype=dpre_dt, hdot=torch.empty(S, dtype=torch.float32, device=xd.device), out_t=out_t)
     dpre = glu_bwd()
     dpre_x = dpre.to(xd.dtype)
     dxs = to._matmul_w(dpre_x, gu, r.offsets, None, None, S)
@@ -413,7 +413,7 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         ("dweights", dweights),
         ("gate_up_bias_sum", (lambda: to._segment_sum(dpre, r.offsets)) if gub is not None else None),
         ("cast_dpre", (lambda: dpre.to(xd.dtype)) if gub is not None else None),
-        ("ssmm_dw_gate_up", lambda: _ssmm_dw(dpre_x, xd, gu, r.offsets, r.token_ids, dy_t=dpre_t)),
+        ("ssmm_dw_gate_up", lambda: _ssmm_dw(dpre_x, xd, gu, r.offsets, r.token_ids)),
         ("transposed_refresh_gate_up", refresh(gu.values, gu.transposed) if uses_t(gu) else None),
         ("dx_gate_up", lambda: to._matmul_w(dpre_x, gu, r.offsets, None, None, S)),
         ("combine", lambda: sm.combine(dxs, r.pos, dtype=xdt)),
@@ -428,6 +428,9 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         return [(f"transposed_refresh_{proj}", refresh(wp.values, wp.transposed)),
                 (f"dx_transposed_{proj}", lambda: to._matmul_w(dy, wp, r.offsets, tok, None, S, "transposed"))]
     alt = other(dout, dn, r.token_ids, "down") + other(dpre_x, gu, None, "gate_up")
+    copy_other = [] if dpre_t is None else [
+        ("glu_backward_out_t", lambda: glu_bwd(dpre_t)),
+        ("ssmm_dw_gate_up_dy_t", lambda: _ssmm_dw(dpre_x, xd, gu, r.offsets, r.token_ids, dy_t=dpre_t))]
     n, mm, v = gu.fmt.c_args()
     _, gr, gc = gu.shape3
     _, dr, dc = dn.shape3
@@ -441,7 +444,8 @@ def breakdown_stages(m: "SamoyedsExperts", x, idx, w, gout):
         ("fwd_bwd", "autograd", lambda: fwd_bwd(m, x, idx, w, gout)),
     ]
     return ([("fwd", s, f) for s, f in fwd if f is not None] + [("bwd", s, f) for s, f in bwd if f is not None]
-            + [("dx_other", s, f) for s, f in alt if f is not None] + total)
+            + [("dx_other", s, f) for s, f in alt if f is not None] + [("dw_copy_other", s, f) for s, f in copy_other]
+            + total)
 
 
 def bench_breakdown(name, tokens, fmt, device, dtype, tiny, seed) -> list:

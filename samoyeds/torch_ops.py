@@ -328,6 +328,14 @@ def _segment_sum(rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
 #: 53.8 / 6.6; docs/KERNELS.md, "The wgmma kernel").
 DX_PATHS = ("auto", "ssmm_dx", "transposed")
 
+#: Who makes the gate_up weight gradient's transposed copy of d(pre-activation) on the GPU:
+#: ``"ssmm_dw"`` (the default: its own copy kernel, dyt_fill16) or ``"glu_backward"`` (the GLU
+#: backward's pass writes it too, ``out_t``, and ssmm_dw reads it, ``dy_t``: one read of
+#: d(pre-activation) and one launch less).  On an H200 at T = 4096 the fused pass ran at about
+#: 45 % of the copy rate and the two paths took 1.17 + 2.20 ms (Mixtral-8x7B; glu_backward +
+#: ssmm_dw) against 0.37 + 0.31 of the separate kernels plus the dW kernel: the default stays.
+DW_COPY_PATHS = ("ssmm_dw", "glu_backward")
+
 
 def _ssmm_dx_takes(dy: torch.Tensor, w: PackedWeight) -> bool:
     """Whether :func:`samoyeds.ops.ssmm_dx` runs this product: on the CPU always (the C
@@ -403,10 +411,13 @@ def _dy_t_buffer(preact: torch.Tensor, x: torch.Tensor, gu: PackedWeight, S: int
 def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
                        gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v,
                        act, gate_up_bias, down_bias, alpha, limit, preact=None, grad_preact=None,
-                       needs=(1 << 6) - 1, dx_path: str = "auto"):
+                       needs=(1 << 6) - 1, dx_path: str = "auto", dw_copy: str = "ssmm_dw"):
     """The body of :func:`moe_backward` (samoyeds ops and elementwise torch).  ``dx_path``:
-    how the two dX products run (:data:`DX_PATHS`, :func:`_matmul_w`; the op always takes
-    the default)."""
+    how the two dX products run (:data:`DX_PATHS`, :func:`_matmul_w`); ``dw_copy``: who makes
+    the gate_up dW's copy of d(pre-activation) (:data:`DW_COPY_PATHS`).  The op always takes
+    the defaults."""
+    if dw_copy not in DW_COPY_PATHS:
+        raise ValueError(f"dw_copy: expected one of {DW_COPY_PATHS}, got {dw_copy!r}")
     _check_logical(x, gate_up_rows, gate_up_cols, down_rows, down_cols)
     if act not in _ACT_NAMES:
         raise ValueError(f"act: expected 1 (swiglu) or 2 (gptoss), got {act}")
@@ -463,9 +474,10 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             keep32 = bool(needs & NEED_GATE_UP_BIAS) or grad_preact is not None
             if dh.dtype != preact.dtype:
                 dh = dh.float()
-            # on the GPU the gate_up weight gradient's transposed copy of d(preact), written by
-            # the same pass (ssmm_dw then makes none)
-            dpre_t = _dy_t_buffer(preact, x, gu, S) if needs & NEED_GATE_UP and grad_preact is None else None
+            # dw_copy "glu_backward": on the GPU the gate_up weight gradient's transposed copy of
+            # d(preact), written by the same pass (ssmm_dw then makes none)
+            dpre_t = (_dy_t_buffer(preact, x, gu, S)
+                      if dw_copy == "glu_backward" and needs & NEED_GATE_UP and grad_preact is None else None)
             dpre = glu_backward(dh, preact, scale=dh_scale, offsets=r.offsets, act=_ACT_NAMES[act], alpha=alpha,
                                 limit=limit, dtype="float32" if keep32 else _dtype_name(preact.dtype), hdot=hdot,
                                 out_t=dpre_t)
