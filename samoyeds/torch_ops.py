@@ -331,9 +331,11 @@ DX_PATHS = ("auto", "ssmm_dx", "transposed")
 #: Who makes the gate_up weight gradient's transposed copy of d(pre-activation) on the GPU:
 #: ``"ssmm_dw"`` (the default: its own copy kernel, dyt_fill16) or ``"glu_backward"`` (the GLU
 #: backward's pass writes it too, ``out_t``, and ssmm_dw reads it, ``dy_t``: one read of
-#: d(pre-activation) and one launch less).  On an H200 at T = 4096 the fused pass ran at about
-#: 45 % of the copy rate and the two paths took 1.17 + 2.20 ms (Mixtral-8x7B; glu_backward +
-#: ssmm_dw) against 0.37 + 0.31 of the separate kernels plus the dW kernel: the default stays.
+#: d(pre-activation) and one launch less).  Not settled on an H200 (Mixtral-8x7B, T = 4096): in
+#: one call's breakdown the fused path's glu_backward + ssmm_dw took 1.06 + 2.23 ms against
+#: 0.38 + 3.17 (dev/lab/results/h200/train_breakdown_4096_873b1c6.json), yet the whole step
+#: with it on ran at 1.63x of grouped_mm where another call with it off ran at 1.70x (the
+#: fused pass alone at ~45 % of the copy rate): the default stays until one call times both.
 DW_COPY_PATHS = ("ssmm_dw", "glu_backward")
 
 
