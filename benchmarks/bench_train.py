@@ -7,7 +7,9 @@ dense bf16 weights), on the same routing, at the five models' shapes.
 Per model and T (tokens): ms of a forward with grad enabled and of forward + backward
 (gradients of x, the routing weights and every expert weight; grads reset to None before each
 call), the ratio grouped_mm / samoyeds (and for "samoyeds_recompute": the same packed weights
-with ``save_preact=False``, the backward recomputing the pre-activation), the activation memory the forward keeps for the
+with ``save_preact=False``, the backward recomputing the pre-activation; on the GPU for
+"samoyeds_glu_copy": ``samoyeds.config(dw_copy="glu_backward")``, the gate_up weight gradient's
+copy of dy written by the GLU backward), the activation memory the forward keeps for the
 backward (torch.cuda.memory_allocated after the forward minus before, the output excluded),
 the peak memory of forward + backward above what was allocated before, and the fraction of
 the roofline: dense-equivalent FLOPs (18 S H I for S = T K routed rows: forward 6 S H I, dX
@@ -78,6 +80,7 @@ class SamoyedsExperts:
 
     def __init__(self, E, H, I, fmt, act, bias, device, dtype, gen, save_preact=True):
         self.save_preact = save_preact
+        self.config = {}   # samoyeds.config fields its forward and backward run under (fwd_bwd)
         self.gu = sm.pack((torch.randn(E, 2 * I, H, device=device, generator=gen) * H ** -0.5).to(dtype), fmt,
                           glu=True)
         self.dn = sm.pack((torch.randn(E, H, I, device=device, generator=gen) * I ** -0.5).to(dtype), fmt)
@@ -89,8 +92,9 @@ class SamoyedsExperts:
         self.params = [p for p in (self.gu.values, self.dn.values, self.gub, self.dnb) if p is not None]
 
     def __call__(self, x, idx, w):
-        return sm.moe_forward(x, idx, w, self.gu, self.dn, act=self.act, gate_up_bias=self.gub, down_bias=self.dnb,
-                              save_preact=self.save_preact)
+        with sm.config(**self.config):
+            return sm.moe_forward(x, idx, w, self.gu, self.dn, act=self.act, gate_up_bias=self.gub,
+                                  down_bias=self.dnb, save_preact=self.save_preact)
 
 
 class GroupedMMExperts:
@@ -117,8 +121,9 @@ def fwd_bwd(method, x, idx, w, gout):
         p.grad = None
         _force_refresh(p)
     x.grad = w.grad = None
-    out = method(x, idx, w)
-    out.backward(gout)
+    with sm.config(**getattr(method, "config", {})):
+        out = method(x, idx, w)
+        out.backward(gout)
 
 
 def steady_ms(fn, device: str, ms_one: float, span_ms: float = 150.0) -> float:
@@ -167,6 +172,9 @@ def bench_block(name, tokens, fmt, device, dtype, tiny, seed, dense_tflops) -> l
     recompute.save_preact = False
     methods = {"grouped_mm": GroupedMMExperts(name, device, dtype, tiny, seed), "samoyeds": sam,
                "samoyeds_recompute": recompute}
+    if device == "cuda":   # samoyeds_glu_copy: the same, the gate_up dW's copy of dy made by glu_backward
+        methods["samoyeds_glu_copy"] = copy.copy(sam)
+        methods["samoyeds_glu_copy"].config = {"dw_copy": "glu_backward"}
     print(f"{name}: experts built and packed in {time.perf_counter() - t0:.1f} s", flush=True)
     rows = []
     for T in tokens:
@@ -213,7 +221,8 @@ def bench_block(name, tokens, fmt, device, dtype, tiny, seed, dense_tflops) -> l
             r["tflops"] = tflops
             r["frac_roofline"] = tflops / (2 * dense_tflops if sparse else dense_tflops)
         g = res["methods"].get("grouped_mm", {})
-        for key, suffix in (("samoyeds", ""), ("samoyeds_recompute", "_recompute")):
+        for key, suffix in (("samoyeds", ""), ("samoyeds_recompute", "_recompute"),
+                            ("samoyeds_glu_copy", "_glu_copy")):
             s = res["methods"].get(key, {})
             if "ms_fwd_bwd" in s and "ms_fwd_bwd" in g:
                 res["speedup_fwd_bwd" + suffix] = g["ms_fwd_bwd"] / s["ms_fwd_bwd"]
@@ -511,6 +520,7 @@ def _print_case(r) -> None:
           f"roofline {g.get('frac_roofline', nan):.2f} / {s.get('frac_roofline', nan):.2f}"
           f"  | pre-activation recomputed: {r.get('speedup_fwd_bwd_recompute', nan):.2f}x, "
           f"activations {r['methods'].get('samoyeds_recompute', {}).get('activation_mib', nan):.0f} MiB"
+          f"  | dy's gate_up copy by glu_backward: {r.get('speedup_fwd_bwd_glu_copy', nan):.2f}x"
           + "".join(f"  [{k}: {v['error']}]" for k, v in r["methods"].items() if "error" in v), flush=True)
 
 

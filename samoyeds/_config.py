@@ -38,6 +38,7 @@ __all__ = ["Config", "get", "override"]
 _TILES: Dict[str, int] = {"auto": 0, "128x128": 1, "256x64": 2, "256x96": 3}
 _TOKEN_ROWS: Dict[str, int] = {"auto": 0, "gather": 1, "tma": 2}
 _X_COPY: Dict[str, int] = {"auto": 0, "never": 1, "always": 2}
+_DW_COPY: Dict[str, int] = {"ssmm_dw": 0, "glu_backward": 1}   # (Python only: torch_ops.DW_COPY_PATHS)
 _INT_MAX = 2**31 - 1
 
 
@@ -71,6 +72,11 @@ class Config:
             ``[T*K, 2I]`` for the backward; False keeps only x and the routing and the
             backward recomputes it with one more gate_up matmul (less activation memory,
             more time; docs/TRAINING.md).
+        dw_copy: who makes the gate_up weight gradient's transposed copy of the
+            pre-activation's gradient in a GPU backward: ``"ssmm_dw"`` (its own copy kernel)
+            or ``"glu_backward"`` (the GLU backward's pass writes it as well: the weight
+            gradients the same to the bit, the routing weights' summed in another order;
+            docs/TRAINING.md).
     """
 
     tile: str = "auto"
@@ -82,9 +88,11 @@ class Config:
     pdl: bool = True
     dense_decode_max_rows: int = 16
     save_preact: bool = True
+    dw_copy: str = "ssmm_dw"
 
     def __post_init__(self) -> None:
-        for name, names in (("tile", _TILES), ("token_rows", _TOKEN_ROWS), ("x_copy", _X_COPY)):
+        for name, names in (("tile", _TILES), ("token_rows", _TOKEN_ROWS), ("x_copy", _X_COPY),
+                            ("dw_copy", _DW_COPY)):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in names:
                 raise ValueError(f"{name}: expected one of {sorted(names)}, got {value!r}")

@@ -336,7 +336,7 @@ DX_PATHS = ("auto", "ssmm_dx", "transposed")
 #: 0.38 + 3.17 (dev/lab/results/h200/train_breakdown_4096_873b1c6.json), yet the whole step
 #: with it on ran at 1.63x of grouped_mm where another call with it off ran at 1.70x (the
 #: fused pass alone at ~45 % of the copy rate): the default stays until one call times both.
-DW_COPY_PATHS = ("ssmm_dw", "glu_backward")
+DW_COPY_PATHS = tuple(_config._DW_COPY)   # ("ssmm_dw", "glu_backward"): samoyeds.config(dw_copy=...)
 
 
 def _ssmm_dx_takes(dy: torch.Tensor, w: PackedWeight) -> bool:
@@ -413,11 +413,13 @@ def _dy_t_buffer(preact: torch.Tensor, x: torch.Tensor, gu: PackedWeight, S: int
 def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, gate_up_meta, gate_up_idx,
                        gate_up_rows, gate_up_cols, down_values, down_meta, down_idx, down_rows, down_cols, n, m, v,
                        act, gate_up_bias, down_bias, alpha, limit, preact=None, grad_preact=None,
-                       needs=(1 << 6) - 1, dx_path: str = "auto", dw_copy: str = "ssmm_dw"):
+                       needs=(1 << 6) - 1, dx_path: str = "auto", dw_copy: Optional[str] = None):
     """The body of :func:`moe_backward` (samoyeds ops and elementwise torch).  ``dx_path``:
     how the two dX products run (:data:`DX_PATHS`, :func:`_matmul_w`); ``dw_copy``: who makes
-    the gate_up dW's copy of d(pre-activation) (:data:`DW_COPY_PATHS`).  The op always takes
-    the defaults."""
+    the gate_up dW's copy of d(pre-activation) (:data:`DW_COPY_PATHS`; None: ``samoyeds.config``'s,
+    what the op and the autograd formula take).  The op takes the default ``dx_path``."""
+    if dw_copy is None:
+        dw_copy = _config.get().dw_copy
     if dw_copy not in DW_COPY_PATHS:
         raise ValueError(f"dw_copy: expected one of {DW_COPY_PATHS}, got {dw_copy!r}")
     _check_logical(x, gate_up_rows, gate_up_cols, down_rows, down_cols)

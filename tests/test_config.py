@@ -89,7 +89,7 @@ def test_a_call_alone_stays_in_force_and_checks_at_once():
     ({"token_rows": "rows"}, "token_rows"), ({"x_copy": "sometimes"}, "x_copy"), ({"x_copy": 2}, "x_copy"),
     ({"decode_max_rows": -1}, "decode_max_rows"), ({"decode_max_rows": 1.0}, "decode_max_rows"),
     ({"decode_max_rows": True}, "decode_max_rows"), ({"decode_rows_per_expert": 2**31}, "decode_rows_per_expert"),
-    ({"pdl": 0}, "pdl"), ({"pdl": "no"}, "pdl"), ({"save_preact": 0}, "save_preact"),
+    ({"pdl": 0}, "pdl"), ({"pdl": "no"}, "pdl"), ({"save_preact": 0}, "save_preact"), ({"dw_copy": "glu"}, "dw_copy"),
     ({"split_k": -1}, "split_k"), ({"split_k": None}, "split_k"), ({"split_k": True}, "split_k"),
     ({"dense_decode_max_rows": None}, "dense_decode_max_rows"),
     ({"dense_decode_max_rows": -3}, "dense_decode_max_rows"),

@@ -904,3 +904,22 @@ def test_kept_routing_is_dropped_when_the_ids_change():
     want = sm.route(ids, 6)
     for a in ("offsets", "token_ids", "perm", "pos"):
         assert torch.equal(getattr(fresh, a), getattr(want, a)), a
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fmt,act,bias", [("samoyeds-1:2:128", "swiglu", False), ("samoyeds-1:4:64", "gptoss", True)])
+def test_dw_copy_by_the_glu_backward_gives_the_same_gradients(device, fmt, act, bias):
+    """samoyeds.config(dw_copy="glu_backward"): on the GPU the GLU backward also writes the
+    gate_up dW's copy of d(pre-activation) (glu_backward(out_t=), ssmm_dw(dy_t=)); every
+    weight and input gradient the same bits as the default's, the routing weights' within
+    fp32 summation order (another order of the row dot products); on the CPU nothing changes."""
+    x, ids, w, gu, dn, gub, dnb = make_case(150, 4, 6, 256, 192, fmt, torch.bfloat16, bias, seed=21, device=device)
+    go = torch.randn(x.shape, device=device).bfloat16()
+    _, a = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go)
+    with sm.config(dw_copy="glu_backward"):
+        _, b = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go)
+    for k in a:
+        if k == "w" and device == "cuda":
+            torch.testing.assert_close(b[k].float(), a[k].float(), rtol=2e-2, atol=1e-2 * a[k].abs().max().item())
+        else:
+            assert torch.equal(a[k], b[k]), k
