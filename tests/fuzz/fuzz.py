@@ -711,6 +711,39 @@ def _ssmm_dx_case(r, rng):
     _equal(got, ops.ssmm_dx(sane_args[0], p, *sane_args[1:]), f"ssmm_dx with {name} mutated")
 
 
+def _dy_t_np(dy: np.ndarray, offsets) -> np.ndarray:
+    """dy's transposed copy by expert segment (samoyeds.ops.dy_t_shape; samoyeds_layout.h's
+    sam_dyt_segment), built in numpy from the definition."""
+    off = [int(v) for v in np.asarray(offsets)]
+    S, R = dy.shape
+    t = np.zeros(ops.dy_t_shape(R, S, len(off) - 1), dy.dtype)
+    for e in range(len(off) - 1):
+        c0 = (max(off[e], 0) + 64 * e + 63) // 64 * 64
+        t[:R, c0:c0 + off[e + 1] - off[e]] = dy[off[e]:off[e + 1]].T
+    return t
+
+
+def _ssmm_dw_dy_forms(r, rng, dy, x, p, rt, scale) -> None:
+    """ssmm_dw's other forms of dy: by token id (dy_token_ids, dy with a row per token) and
+    already transposed (dy_t, without a scale: it holds dy * scale rounded): the bits of the
+    call on dy's sorted rows; a mutated dy_token_ids a clean refusal or the sane result."""
+    S, R = dy.shape
+    T = x.shape[0]
+    ids = np.asarray(rt.token_ids, np.int32)
+    src = rng.standard_normal((T + r.choice([0, 2]), R)).astype(dy.dtype)
+    rows = np.ascontiguousarray(src[ids]) if S else np.zeros((0, R), dy.dtype)
+    want = ops.ssmm_dw(rows, x, p, rt.offsets, rt.token_ids, scale)
+    _equal(ops.ssmm_dw(src, x, p, rt.offsets, rt.token_ids, scale, dy_token_ids=ids), want,
+           "ssmm_dw reading dy by token id")
+    if scale is None:
+        _equal(ops.ssmm_dw(rows, x, p, rt.offsets, rt.token_ids, dy_t=_dy_t_np(rows, rt.offsets)), want,
+               "ssmm_dw reading dy_t")
+    bad = _mutate(r, ids)
+    got = ops.ssmm_dw(src, x, p, rt.offsets, rt.token_ids, scale, dy_token_ids=bad)
+    _equal(got, ops.ssmm_dw(src, x, p, rt.offsets, rt.token_ids, scale, dy_token_ids=np.ascontiguousarray(bad)),
+           "ssmm_dw with dy_token_ids mutated")
+
+
 def case_train(r, rng):
     """The backward's ops: ssmm_dw (dW at the kept entries, in the packed layout, every entry
     written) and glu_backward against float64 oracles; then one argument mutated: a clean
@@ -741,6 +774,8 @@ def case_train(r, rng):
             got = sm.unpack(sm.PackedWeight(out, p.meta, p.idx, p.fmt, p.shape, p.glu))
             _assert_close(got, want, float(np.abs(want).max(initial=0)),
                           "ssmm_dw vs float64 dY^T X at the kept entries")
+        if r.random() < 0.5:
+            _ssmm_dw_dy_forms(r, rng, dy, x, p, rt, scale)
         args = {"dy": dy, "x": x, "offsets": rt.offsets, "token_ids": rt.token_ids, "scale": scale}
         name = r.choice(list(args))
         args[name] = _mutate(r, args[name])
@@ -762,8 +797,13 @@ def case_train(r, rng):
         cut = sorted(r.randrange(S + 1) for _ in range(r.choice([1, 2, 4])))
         offsets = np.array([0] + cut, np.int32)
     out = np.full((S, 2 * I), np.nan, np.float32)
-    ops.glu_backward(dh, pre, out, scale=scale, offsets=offsets, act=act)
+    out_t = None
+    if offsets is not None and r.random() < 0.5:   # also the transposed copy by expert segment
+        out_t = np.full(ops.dy_t_shape(2 * I, S, len(offsets) - 1), np.nan, dt)
+    ops.glu_backward(dh, pre, out, scale=scale, offsets=offsets, act=act, out_t=out_t)
     _assert_close(out, _glu_backward_oracle(dh, pre, act, scale, offsets), 1.0, f"glu_backward {act}")
+    if out_t is not None:
+        _equal(out_t, _dy_t_np(out.astype(dt), offsets), "glu_backward's out_t against its layout built from out")
     args = {"dh": dh, "preact": pre, "scale": scale, "offsets": offsets}
     name = r.choice(list(args))
     args[name] = _mutate(r, args[name])
@@ -844,6 +884,19 @@ def _gpu_backward_ops(r, w, fmt, glu, p_cpu, p_gpu, x, rc, rg):
                               None if sc is None else sc.cuda(), out=out)
             bound = ops.ssmm_dw(dy.abs(), x.abs(), p_abs, rc.offsets, rc.token_ids, sc)
             _gpu_close(f"ssmm_dw {fmt.name} {str(dt)[6:]}", got, want, bound, eps)
+            # dy by token id (a row per token, some rows no sorted row reads): the same kernel's
+            # bits as on the gathered rows
+            if S and R % 8 == 0:
+                src = torch.randn(x.shape[0] + 2, R).to(dt)
+                ids = (rc.token_ids.long() + 2).to(torch.int32)
+                kw = dict(out=torch.full_like(out, float("nan")))
+                by_id = ops.ssmm_dw(src.cuda(), x.cuda(), p_gpu, rg.offsets, rg.token_ids,
+                                    None if sc is None else sc.cuda(), dy_token_ids=ids.cuda(), **kw)
+                rows = ops.ssmm_dw(src[ids.long()].cuda(), x.cuda(), p_gpu, rg.offsets, rg.token_ids,
+                                   None if sc is None else sc.cuda())
+                if not torch.equal(by_id, rows):
+                    raise Failure(f"ssmm_dw {fmt.name} {str(dt)[6:]} on the GPU: dy by token id differs from the "
+                                  "gathered rows")
         elif k == 1:
             dy = torch.randn(x.shape[0], R).to(dt)
             want = ops.ssmm_dx(dy, p_cpu, rc.offsets, rc.token_ids, sc)
@@ -863,6 +916,15 @@ def _gpu_backward_ops(r, w, fmt, glu, p_cpu, p_gpu, x, rc, rg):
             # the same fp32 arithmetic but for a differently rounded exp: a few ulps of the tensor
             _gpu_close(f"glu_backward {act} {str(dt)[6:]}", got, want,
                        want.abs().max() if want.numel() else torch.zeros(()), 1e-6)
+            # with out_t (the fused kernel): out the same bits, out_t that out's layout
+            out_t = torch.full(ops.dy_t_shape(2 * I, S, E), float("nan"), dtype=dt, device="cuda")
+            again = ops.glu_backward(dh.cuda(), pre.cuda(), torch.full_like(out, float("nan")),
+                                     scale=None if sc is None else sc.cuda(), offsets=rg.offsets, act=act, out_t=out_t)
+            if not torch.equal(again, got):
+                raise Failure(f"glu_backward {act} {str(dt)[6:]} on the GPU: out differs with out_t")
+            if not torch.equal(out_t.cpu(), torch.from_numpy(_dy_t_np(got.to(dt).float().cpu().numpy(),
+                                                                       rc.offsets)).to(dt)):
+                raise Failure(f"glu_backward {act} {str(dt)[6:]} on the GPU: out_t is not out's layout")
     except NotImplementedError as exc:   # a format or shape the GPU kernel does not take (documented)
         if "GPU kernel" not in str(exc):
             raise
