@@ -9,7 +9,8 @@ Per model and T (tokens): ms of a forward with grad enabled and of forward + bac
 call), the ratio grouped_mm / samoyeds (and for "samoyeds_recompute": the same packed weights
 with ``save_preact=False``, the backward recomputing the pre-activation; on the GPU for
 "samoyeds_glu_copy": ``samoyeds.config(dw_copy="glu_backward")``, the gate_up weight gradient's
-copy of dy written by the GLU backward), the activation memory the forward keeps for the
+copy of dy written by the GLU backward; for "samoyeds_save_gate": ``save_preact="gate"``, the
+gate half of the pre-activation kept and the up half recomputed), the activation memory the forward keeps for the
 backward (torch.cuda.memory_allocated after the forward minus before, the output excluded),
 the peak memory of forward + backward above what was allocated before, and the fraction of
 the roofline: dense-equivalent FLOPs (18 S H I for S = T K routed rows: forward 6 S H I, dX
@@ -172,6 +173,9 @@ def bench_block(name, tokens, fmt, device, dtype, tiny, seed, dense_tflops) -> l
     recompute.save_preact = False
     methods = {"grouped_mm": GroupedMMExperts(name, device, dtype, tiny, seed), "samoyeds": sam,
                "samoyeds_recompute": recompute}
+    gate = copy.copy(sam)   # samoyeds_save_gate: only the gate half kept, the up half recomputed
+    gate.save_preact = "gate"
+    methods["samoyeds_save_gate"] = gate
     if device == "cuda":   # samoyeds_glu_copy: the same, the gate_up dW's copy of dy made by glu_backward
         methods["samoyeds_glu_copy"] = copy.copy(sam)
         methods["samoyeds_glu_copy"].config = {"dw_copy": "glu_backward"}
@@ -222,7 +226,7 @@ def bench_block(name, tokens, fmt, device, dtype, tiny, seed, dense_tflops) -> l
             r["frac_roofline"] = tflops / (2 * dense_tflops if sparse else dense_tflops)
         g = res["methods"].get("grouped_mm", {})
         for key, suffix in (("samoyeds", ""), ("samoyeds_recompute", "_recompute"),
-                            ("samoyeds_glu_copy", "_glu_copy")):
+                            ("samoyeds_glu_copy", "_glu_copy"), ("samoyeds_save_gate", "_save_gate")):
             s = res["methods"].get(key, {})
             if "ms_fwd_bwd" in s and "ms_fwd_bwd" in g:
                 res["speedup_fwd_bwd" + suffix] = g["ms_fwd_bwd"] / s["ms_fwd_bwd"]
@@ -520,6 +524,8 @@ def _print_case(r) -> None:
           f"roofline {g.get('frac_roofline', nan):.2f} / {s.get('frac_roofline', nan):.2f}"
           f"  | pre-activation recomputed: {r.get('speedup_fwd_bwd_recompute', nan):.2f}x, "
           f"activations {r['methods'].get('samoyeds_recompute', {}).get('activation_mib', nan):.0f} MiB"
+          f"  | gate half kept: {r.get('speedup_fwd_bwd_save_gate', nan):.2f}x, activations "
+          f"{r['methods'].get('samoyeds_save_gate', {}).get('activation_mib', nan):.0f} MiB"
           f"  | dy's gate_up copy by glu_backward: {r.get('speedup_fwd_bwd_glu_copy', nan):.2f}x"
           + "".join(f"  [{k}: {v['error']}]" for k, v in r["methods"].items() if "error" in v), flush=True)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from . import _C
 
@@ -69,9 +69,11 @@ class Config:
             (0: never).
         save_preact: a differentiable MoE forward (:func:`samoyeds.moe_forward` with grad,
             a patched model in training mode) keeps the gate_up pre-activation
-            ``[T*K, 2I]`` for the backward; False keeps only x and the routing and the
-            backward recomputes it with one more gate_up matmul (less activation memory,
-            more time; docs/TRAINING.md).
+            ``[T*K, 2I]`` for the backward; ``"gate"`` keeps its gate half ``[T*K, I]`` and
+            the backward recomputes the up half (half a gate_up matmul, on
+            :meth:`PackedWeight.up_half`; in eager mode: under ``torch.compile`` it keeps the
+            whole); False keeps only x and the routing and the backward recomputes it with one
+            more gate_up matmul (less activation memory, more time; docs/TRAINING.md).
         dw_copy: who makes the gate_up weight gradient's transposed copy of the
             pre-activation's gradient in a GPU backward: ``"ssmm_dw"`` (its own copy kernel)
             or ``"glu_backward"`` (the GLU backward's pass writes it as well: the weight
@@ -87,7 +89,7 @@ class Config:
     decode_rows_per_expert: Optional[int] = None
     pdl: bool = True
     dense_decode_max_rows: int = 16
-    save_preact: bool = True
+    save_preact: Union[bool, str] = True
     dw_copy: str = "ssmm_dw"
 
     def __post_init__(self) -> None:
@@ -103,9 +105,10 @@ class Config:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
                 what = "an int" if name in ("split_k", "dense_decode_max_rows") else "None or an int"
                 raise ValueError(f"{name}: expected {what} in [0, {_INT_MAX}], got {value!r}")
-        for name in ("pdl", "save_preact"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.pdl, bool):
+            raise ValueError(f"pdl: expected a bool, got {self.pdl!r}")
+        if not (isinstance(self.save_preact, bool) or self.save_preact == "gate"):
+            raise ValueError(f"save_preact: expected a bool or 'gate', got {self.save_preact!r}")
 
 
 def _apply(cfg: Config) -> None:

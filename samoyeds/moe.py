@@ -3,7 +3,7 @@ fused epilogues, and a deterministic combine (DESIGN.md's forward contract)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from . import _C
 from ._array import check_ndim, check_shape, current_stream, dtype_name, empty, for_c, tensor_arg
@@ -14,7 +14,7 @@ from .packed import PackedWeight
 def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWeight, down: PackedWeight,
                 *, act: str = "swiglu", gate_up_bias: Optional[Any] = None, down_bias: Optional[Any] = None,
                 alpha: float = 1.702, limit: float = 7.0, impl: str = "auto",
-                out: Optional[Any] = None, check_ids: bool = False, save_preact: Optional[bool] = None) -> Any:
+                out: Optional[Any] = None, check_ids: bool = False, save_preact: Optional[Union[bool, str]] = None) -> Any:
     """Mixture-of-experts feed-forward with packed expert weights.
 
     Args:
@@ -32,9 +32,10 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
             otherwise drops that expert's share without a word).  It reads the ids
             back, one host sync per call; off by default.
         save_preact: with grad, keep the gate_up pre-activation ``[T*K, 2I]`` for the
-            backward (True), or keep only x and the routing and recompute it there with one
-            more gate_up matmul (False: less activation memory, more time); None takes
-            ``samoyeds.config``'s ``save_preact`` (True unless changed).
+            backward (True), only its gate half (``"gate"``: the backward recomputes the up
+            half with half a gate_up matmul; eager mode), or keep only x and the routing and
+            recompute it there with one more gate_up matmul (False: less activation memory,
+            more time); None takes ``samoyeds.config``'s ``save_preact`` (True unless changed).
     Returns:
         ``[T, H]`` in x's dtype: ``sum_k w[t,k] * down_e(act(gate_up_e(x[t])))``.
 
@@ -51,8 +52,8 @@ def moe_forward(x: Any, top_k_index: Any, top_k_weights: Any, gate_up: PackedWei
     for name, pw in (("gate_up", gate_up), ("down", down)):
         if not isinstance(pw, PackedWeight):
             raise TypeError(f"{name}: expected a PackedWeight, got {type(pw).__name__}")
-    if save_preact is not None and not isinstance(save_preact, bool):
-        raise TypeError(f"save_preact: expected None or a bool, got {type(save_preact).__name__}")
+    if save_preact is not None and not isinstance(save_preact, bool) and save_preact != "gate":
+        raise TypeError(f"save_preact: expected None, a bool or 'gate', got {save_preact!r}")
     if not gate_up.glu:
         raise ValueError("gate_up: expected a weight packed with glu=True (gate rows, then up rows)")
     # the logical shapes and the format: the extension sees only the padded packed arrays

@@ -177,6 +177,15 @@ class PackedWeight:
         value."""
         return unglued_arrays(self.values, self.meta, self.idx, self.fmt, self.shape3, self.glu)
 
+    def up_half(self) -> "PackedWeight":
+        """The up rows of a ``glu=True`` weight (``[E, 2I, C]``: gate rows, then up rows) as a
+        weight of their own, ``[E, I, C]`` packed with ``glu=False`` (torch only): the same
+        format, mask and values, so that an ssmm without activation writes the up half of the
+        pre-activation alone (the backward of ``save_preact="gate"``).  Cached and refreshed as
+        :meth:`transposed`; it holds a copy of half the values and one int32 per value."""
+        return _relayout(self.values, self.meta, self.idx, self.fmt, self.shape3, self.glu, "up") if self.glu \
+            else _refuse_up_half()
+
     @property
     def logical_nbytes(self) -> int:
         """Bytes the packed data would take without the padding to whole tiles: the kept
@@ -281,6 +290,10 @@ def unglued_arrays(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat
     return _relayout(values, meta, idx, fmt, shape3, glu, "unglued")
 
 
+def _refuse_up_half() -> "PackedWeight":
+    raise ValueError("glu: expected a weight packed with glu=True (gate rows, then up rows) for up_half()")
+
+
 def _relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, shape3: Tuple[int, int, int],
               glu: bool, layout: str) -> "PackedWeight":
     global _RELAYOUTS
@@ -336,6 +349,8 @@ def _build_relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseForma
     nv = dims.rp * (dims.cp // 2)
     if layout == "transposed":
         tfmt, tshape, tglu = SparseFormat.parse("2:4"), (E, C, R), False
+    elif layout == "up":   # the up half's rows alone (a GLU half is whole row groups)
+        tfmt, tshape, tglu = fmt, (E, R // 2, C), False
     else:
         tfmt, tshape, tglu = fmt, (E, R, C), False
     tdims = PackedDims.of(tfmt, *tshape, tglu)
@@ -363,7 +378,11 @@ def _build_relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseForma
         for part in parts:
             pw = PackedWeight(part.expand(n, -1, -1).contiguous(), meta[e0:e1], sub_idx, fmt, (n, R, C), glu)
             d = unpack(pw)
-            dense.append(d.transpose(1, 2).contiguous() if layout == "transposed" else d)
+            if layout == "transposed":
+                d = d.transpose(1, 2).contiguous()
+            elif layout == "up":
+                d = d[:, R // 2:].contiguous()
+            dense.append(d)
         m = dense[0] != 0
         for d in dense[1:]:
             m |= d != 0

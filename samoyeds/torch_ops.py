@@ -224,6 +224,21 @@ def _gate_up(x: torch.Tensor, gu: PackedWeight, r, gate_up_bias: Optional[torch.
     return h, preact
 
 
+def _full_preact(x: torch.Tensor, gate: torch.Tensor, gu: PackedWeight, r, gate_up_bias: Optional[torch.Tensor]
+                 ) -> torch.Tensor:
+    """The pre-activation ``[S, 2I]`` from its saved gate half ``[S, I]`` (save_preact="gate"):
+    the gate columns copied, the up columns recomputed by one ssmm on the up rows alone
+    (:meth:`PackedWeight.up_half`) into them, in the forward's arithmetic (fp32 sums of the same
+    products, plus the up half's bias, one rounding); rows past offsets[E] 0."""
+    S, I = gate.shape
+    full = x.new_empty((S, 2 * I))
+    full[:, :I].copy_(gate)
+    bias = None if gate_up_bias is None else gate_up_bias.detach()[:, I:].contiguous()
+    ssmm(x, gu.up_half(), r.offsets, r.token_ids, full[:, I:], bias=bias, check=False)
+    _zero_unrouted(full, r.offsets)
+    return full
+
+
 def _zero_unrouted(out: torch.Tensor, offsets: torch.Tensor) -> None:
     """Rows of ``out`` from ``offsets[E]`` on (no routed pair) set to 0, on the device, without
     a host sync: what the kernels leave unwritten (a fill of the whole tensor first had cost a
@@ -449,6 +464,8 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
         h, preact = _gate_up(x, gu, r, gate_up_bias, _ACT_NAMES[act], alpha, limit, zero_h=True)
     else:
         preact = preact.detach()
+        if preact.shape[1] == I and I > 0:   # the gate half (save_preact="gate")
+            preact = _full_preact(x, preact, gu, r, gate_up_bias)
         h = glu(preact[:, :I], preact[:, I:], act=_ACT_NAMES[act], alpha=alpha, limit=limit)   # [S, I]
     need_pre = needs & (NEED_X | NEED_GATE_UP | NEED_GATE_UP_BIAS)
     dpre = dpre_t = None
@@ -567,12 +584,14 @@ class _MoeFunction(torch.autograd.Function):
     both ways."""
 
     @staticmethod
-    def forward(ctx, save_preact: bool, *args):
+    def forward(ctx, save_preact, *args):
         if save_preact:
             out, preact = moe_forward_train_eager(*args)
+            if save_preact == "gate":   # the gate half alone: the backward recomputes the up half
+                preact = preact[:, :args[6] // 2].contiguous()
         else:
             out, preact = moe_forward_eager(*args), None
-        _setup_context(ctx, args, (out, preact), save_preact)
+        _setup_context(ctx, args, (out, preact), bool(save_preact))
         return out
 
     @staticmethod
@@ -600,12 +619,14 @@ def _direct(args) -> bool:
     return all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args if isinstance(a, torch.Tensor))
 
 
-def moe_forward_autograd(*args, save_preact: bool = True, **kwargs) -> torch.Tensor:
+def moe_forward_autograd(*args, save_preact=True, **kwargs) -> torch.Tensor:
     """``torch.ops.samoyeds.moe_forward(*args)``'s output, differentiable: through
     :func:`moe_forward_train` (the pre-activation ``[T*K, 2I]`` saved for the backward)
     with ``save_preact``, else through ``moe_forward`` (nothing more saved; the backward
     recomputes the pre-activation with one more gate_up matmul).  In eager mode the same
-    formula runs without the dispatcher (:class:`_MoeFunction`)."""
+    formula runs without the dispatcher (:class:`_MoeFunction`), and ``save_preact="gate"``
+    saves the gate half alone (the backward recomputes the up half: :func:`_full_preact`);
+    through the ops (compiling, tracing) ``"gate"`` saves the whole, as True."""
     if len(args) + len(kwargs) <= len(_PARAMS) and _direct(args + tuple(kwargs.values())):
         full = list(args) + [None] * (len(_PARAMS) - len(args))
         for i in range(len(args), len(_PARAMS)):
@@ -618,7 +639,7 @@ def moe_forward_autograd(*args, save_preact: bool = True, **kwargs) -> torch.Ten
                 raise TypeError(f"moe_forward_autograd: missing argument {name!r}")
         if kwargs:
             raise TypeError(f"moe_forward_autograd: unexpected arguments {sorted(kwargs)}")
-        return _MoeFunction.apply(bool(save_preact), *full)
+        return _MoeFunction.apply(save_preact if save_preact == "gate" else bool(save_preact), *full)
     if save_preact:
         return torch.ops.samoyeds.moe_forward_train(*args, **kwargs)[0]
     return torch.ops.samoyeds.moe_forward(*args, **kwargs)
@@ -632,14 +653,14 @@ def _needs_grad(*tensors) -> bool:
 def moe_forward_packed(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                        gate_up: PackedWeight, down: PackedWeight, *, act: str = "swiglu",
                        gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
-                       alpha: float = 1.702, limit: float = 7.0, save_preact: Optional[bool] = None) -> torch.Tensor:
+                       alpha: float = 1.702, limit: float = 7.0, save_preact=None) -> torch.Tensor:
     """:func:`samoyeds.moe.moe_forward` through the custom op (compilable).
 
     Same arguments and result as :func:`samoyeds.moe.moe_forward`: ``x [T, H]``,
     ``top_k_index``/``top_k_weights [T, K]``, packed ``gate_up [E, 2I, H]``
     (``glu=True``) and ``down [E, H, I]`` in one format; returns ``[T, H]`` in x's dtype.
     ``save_preact`` (None: ``samoyeds.config``'s): with grad, keep the pre-activation for
-    the backward, or recompute it there.
+    the backward (True), its gate half (``"gate"``, eager mode), or recompute it there (False).
     """
     if gate_up.fmt != down.fmt:
         raise ValueError(f"down: expected the format of gate_up ({gate_up.fmt.name}), got {down.fmt.name}")

@@ -230,9 +230,10 @@ def test_save_preact_false_recomputes_to_the_same_gradients(via):
         assert torch.equal(a[k], b[k]), k
 
 
-@pytest.mark.parametrize("save_preact", [True, False])
+@pytest.mark.parametrize("save_preact", [True, False, "gate"])
 def test_save_preact_decides_what_the_forward_keeps(save_preact):
-    """The autograd graph holds the [T*K, 2I] pre-activation only with save_preact."""
+    """The autograd graph holds the [T*K, 2I] pre-activation only with save_preact=True, its
+    [T*K, I] gate half with "gate"."""
     T, K, E, H, I = 9, 2, 4, 64, 32
     x, ids, w, gu, dn, _, _ = make_case(T, K, E, H, I, "samoyeds-1:2:64", torch.float32, False, seed=6)
     gu = sm.PackedWeight(torch.nn.Parameter(gu.values.clone()), gu.meta, gu.idx, gu.fmt, gu.shape, gu.glu)
@@ -244,15 +245,39 @@ def test_save_preact_decides_what_the_forward_keeps(save_preact):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = sm.moe_forward(x.requires_grad_(), ids, w, gu, dn, save_preact=save_preact)
-    assert ((T * K, 2 * I) in shapes) == save_preact, shapes
+    assert ((T * K, 2 * I) in shapes) == (save_preact is True), shapes
+    assert ((T * K, I) in shapes) == (save_preact == "gate"), shapes
     out.sum().backward()
     assert gu.values.grad is not None and x.grad is not None
 
 
 def test_save_preact_must_be_a_bool():
     x, ids, w, gu, dn, _, _ = make_case(3, 2, 2, 64, 32, "samoyeds-1:2:64", torch.float32, False, seed=2)
-    with pytest.raises(TypeError, match=r"^save_preact: expected None or a bool, got str"):
+    with pytest.raises(TypeError, match=r"^save_preact: expected None, a bool or 'gate', got 'no'"):
         sm.moe_forward(x, ids, w, gu, dn, save_preact="no")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fmt,act,bias", [("samoyeds-1:2:64", "swiglu", True), ("samoyeds-1:4:64", "gptoss", False),
+                                          ("2:4", "swiglu", True)])
+def test_save_preact_gate_recomputes_the_up_half_to_the_same_gradients(device, fmt, act, bias):
+    """save_preact="gate": the up half recomputed on PackedWeight.up_half (the same products,
+    fp32 sums in the same order on the C reference: the same gradients to the bit on the CPU;
+    on the GPU another kernel's order, within the oracle's tolerance), placeholders included."""
+    E = 4
+    ids = torch.randint(0, E + 1, (21, 2), generator=torch.Generator().manual_seed(8))   # E: a placeholder
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    x, ids, w, gu, dn, gub, dnb = make_case(21, 2, E, 128, 64, fmt, dt, bias, seed=8, ids=ids, device=device)
+    go = torch.randn(x.shape, device=device).to(dt)
+    _, a = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go)
+    with sm.config(save_preact="gate"):
+        _, b = samoyeds_grads(x, ids, w, gu, dn, gub, dnb, act, go)
+    assert sm.get_config().save_preact is True
+    for k in a:
+        if device == "cpu":
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert_near(b[k], a[k], 2e-2, k)
 
 
 def test_backward_is_deterministic():
