@@ -820,6 +820,27 @@ def test_unglued_is_the_same_weight_in_the_plain_layout(fmt, I):
         u.unglued()
 
 
+@pytest.mark.parametrize("fmt,I", [("samoyeds-1:2:128", 64), ("2:4", 36), ("1:4:64", 72), ("samoyeds-1:2:32", 8)])
+def test_up_half_is_the_up_rows_as_a_weight_of_their_own(fmt, I):
+    """PackedWeight.up_half(): the up rows [E, I, C] packed plain, the same mask and values;
+    an ssmm on it writes the up half of the pre-activation; refreshed after an in-place
+    update; refused for a plain weight."""
+    pw = sm.pack(torch.randn(3, 2 * I, 136, dtype=torch.bfloat16), fmt, glu=True)
+    u = pw.up_half()
+    assert not u.glu and u.fmt == pw.fmt and u.shape3 == (3, I, 136)
+    assert torch.equal(sm.unpack(u), sm.unpack(pw)[:, I:])
+    r = sm.route(torch.randint(0, 4, (5, 2)), 3)
+    x = torch.randn(5, 136, dtype=torch.bfloat16)
+    n = int(r.offsets[-1])
+    assert torch.equal(sm.ssmm(x, u, r.offsets, r.token_ids)[:n],
+                       sm.ssmm(x, pw.unglued(), r.offsets, r.token_ids)[:n, I:])
+    with torch.no_grad():
+        pw.values.mul_(-2)
+    assert pw.up_half() is u and torch.equal(sm.unpack(u), sm.unpack(pw)[:, I:])
+    with pytest.raises(ValueError, match=r"^glu: expected a weight packed with glu=True"):
+        u.up_half()
+
+
 @pytest.mark.parametrize("fmt", ["samoyeds-1:2:128", "2:4", "1:4:64"])
 @pytest.mark.parametrize("act", ["swiglu", "gptoss"])
 def test_ssmm_preact_is_the_plain_layouts_output(fmt, act):
