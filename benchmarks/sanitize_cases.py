@@ -132,6 +132,23 @@ def train_cases(gen: torch.Generator) -> None:
         idx = torch.randint(0, E + 1, (T, K), generator=gen).cuda()
         gub = torch.randn(E, 2 * I, generator=gen).cuda().requires_grad_()
         sm.moe_forward(x, idx, w, gu, dn, act=act, gate_up_bias=gub).float().square().sum().backward()
+        # the same with the GLU backward writing ssmm_dw's copy (glu_backward_t_kernel, ssmm_dw's
+        # dy_t) where ssmm_dw takes it, and with only the gate half kept (the up half recomputed)
+        for fields in ({"dw_copy": "glu_backward"}, {"save_preact": "gate"}):
+            print("case layer backward", fmt, act, fields, flush=True)
+            with sm.config(**fields):
+                sm.moe_forward(x, idx, w, gu, dn, act=act, gate_up_bias=gub).float().square().sum().backward()
+    # glu_backward's out_t alone: I split over CTAs (row dot products as partials), 16-byte and
+    # element-wise rows, offsets[0] > 0 (rows before it by the other kernel), a placeholder tail
+    from samoyeds.ops import dy_t_shape, glu_backward
+    for S, I, off in ((700, 768, [0, 200, 200, 650]), (130, 13, [9, 60, 100]), (64, 200, [0, 0, 64])):
+        print("case glu_backward out_t", S, I, flush=True)
+        pre = torch.randn(S, 2 * I, generator=gen).to(torch.bfloat16).cuda()
+        dh = torch.randn(S, I, generator=gen).to(torch.bfloat16).cuda()
+        offs = torch.tensor(off, dtype=torch.int32, device="cuda")
+        out_t = torch.empty(dy_t_shape(2 * I, S, len(off) - 1), dtype=torch.bfloat16, device="cuda")
+        glu_backward(dh, pre, scale=torch.rand(S, generator=gen).cuda(), offsets=offs, out_t=out_t,
+                     hdot=torch.empty(S, device="cuda"))
     torch.cuda.synchronize()
 
 
