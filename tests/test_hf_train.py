@@ -208,9 +208,11 @@ def test_gradients_match_masked_dense_and_a_step_moves_only_kept_weights(family)
 
 
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
-def test_config_save_preact_false_gives_the_same_gradients(family):
+@pytest.mark.parametrize("mode", [False, "gate"])
+def test_config_save_preact_false_gives_the_same_gradients(family, mode):
     """samoyeds.config(save_preact=False): a patched model in training mode keeps no
-    pre-activation and recomputes it in the backward, to the same gradients."""
+    pre-activation and recomputes it in the backward, to the same gradients; "gate" keeps its
+    gate half and recomputes the up half, to the same gradients too."""
     model, _, _ = _pair(family)
     ids = _ids()
     saved = []
@@ -230,7 +232,7 @@ def test_config_save_preact_false_gives_the_same_gradients(family):
     loss = run()
     want = _grads(model)
     model.zero_grad(set_to_none=True)
-    with sm.config(save_preact=False):
+    with sm.config(save_preact=mode):
         again = run()
     got = _grads(model)
     assert saved[1] < saved[0], saved   # the pre-activations were not kept
