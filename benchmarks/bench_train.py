@@ -158,7 +158,10 @@ def dense_rate_tflops(device: str) -> float:
     return 2 * n ** 3 / (t * 1e-3) / 1e12
 
 
-def bench_block(name, tokens, fmt, device, dtype, tiny, seed, dense_tflops) -> list:
+VARIANTS = ("recompute", "save_gate", "glu_copy")   # samoyeds_<variant>: --variants
+
+
+def bench_block(name, tokens, fmt, device, dtype, tiny, seed, dense_tflops, variants=VARIANTS) -> list:
     import bench_moe
     _, cfg = bench_moe._block(name, tiny)
     H, I, E, K = dims(cfg)
@@ -169,14 +172,14 @@ def bench_block(name, tokens, fmt, device, dtype, tiny, seed, dense_tflops) -> l
     sam = SamoyedsExperts(E, H, I, fmt, "gptoss" if gptoss else "swiglu", gptoss, device, dtype, gen)
     # samoyeds_recompute: the same packed weights, the pre-activation recomputed in the backward
     # (save_preact=False: the least activation memory)
-    recompute = copy.copy(sam)
-    recompute.save_preact = False
-    methods = {"grouped_mm": GroupedMMExperts(name, device, dtype, tiny, seed), "samoyeds": sam,
-               "samoyeds_recompute": recompute}
-    gate = copy.copy(sam)   # samoyeds_save_gate: only the gate half kept, the up half recomputed
-    gate.save_preact = "gate"
-    methods["samoyeds_save_gate"] = gate
-    if device == "cuda":   # samoyeds_glu_copy: the same, the gate_up dW's copy of dy made by glu_backward
+    methods = {"grouped_mm": GroupedMMExperts(name, device, dtype, tiny, seed), "samoyeds": sam}
+    if "recompute" in variants:
+        methods["samoyeds_recompute"] = copy.copy(sam)
+        methods["samoyeds_recompute"].save_preact = False
+    if "save_gate" in variants:   # only the gate half kept, the up half recomputed
+        methods["samoyeds_save_gate"] = copy.copy(sam)
+        methods["samoyeds_save_gate"].save_preact = "gate"
+    if "glu_copy" in variants and device == "cuda":   # the gate_up dW's copy of dy made by glu_backward
         methods["samoyeds_glu_copy"] = copy.copy(sam)
         methods["samoyeds_glu_copy"].config = {"dw_copy": "glu_backward"}
     print(f"{name}: experts built and packed in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -537,6 +540,10 @@ def main() -> None:
     ap.add_argument("--tokens", default="4096,16384")
     ap.add_argument("--format", default="samoyeds-1:2:128")
     ap.add_argument("--no-kernel", action="store_true", help="skip the ssmm_dw kernel-level timing")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="samoyeds variants timed beside it (comma-separated, '' for none): recompute "
+                         "(save_preact=False), save_gate (save_preact='gate'), glu_copy (GPU: "
+                         "config(dw_copy='glu_backward'))")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time every stage of samoyeds' layer forward and backward separately "
                          "(rows under 'breakdown' in the JSON)")
@@ -547,6 +554,9 @@ def main() -> None:
     global BUDGET_S
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     tokens = [int(t) for t in args.tokens.split(",")]
+    variants = tuple(v for v in args.variants.split(",") if v)
+    if any(v not in VARIANTS for v in variants):
+        ap.error(f"--variants: expected names from {', '.join(VARIANTS)}, got {args.variants!r}")
     if args.tiny:
         tokens = sorted({min(t, 64) for t in tokens})
         BUDGET_S = 0.02
@@ -563,7 +573,8 @@ def main() -> None:
                               "dense_bf16_tflops": dense, "cases": cases, "dw_kernel": dw, "breakdown": parts})
     for name in args.models.split(","):
         if not only:
-            cases += bench_block(name, tokens, args.format, args.device, dtype, args.tiny, args.seed, dense)
+            cases += bench_block(name, tokens, args.format, args.device, dtype, args.tiny, args.seed, dense,
+                                 variants)
         if args.breakdown or only:
             parts += bench_breakdown(name, tokens, args.format, args.device, dtype, args.tiny, args.seed)
         if not args.no_kernel:
