@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(256) dyt_fill_kernel(const DytSrc p, int64_t R
 // pieces lane % 8 (banks row + 4 piece).  The per-element kernel above paid a 64-thread binary
 // search over the experts (one dependent load per step) and two token-id round trips for every
 // 8 KB it moved, and ran at half the copy rate.  Two tiles an iteration (four loads a thread in
-// flight before the first shared store): 0.87-0.90x the time of one on an H200.
+// flight before the first shared store): 0.87-0.91x the time of one on an H200.
 constexpr int DYT_RCH = 256;  // the copy's rows per CTA (4 tiles)
 
 template <typename T>
