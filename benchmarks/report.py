@@ -672,17 +672,25 @@ def train_table(d: dict) -> str:
             g, s = c["methods"]["grouped_mm"], c["methods"]["samoyeds"]
             out.append(f"| {c['model']} | {c['T']} | {_f(g.get('ms_fwd_bwd_steady'), '.2f')} ms | "
                        f"{_f(s.get('ms_fwd_bwd_steady'), '.2f')} ms | {_x(c['speedup_fwd_bwd_steady'])} |")
-    rc = [c for c in d.get("cases", []) if "samoyeds_recompute" in c.get("methods", {})]
-    if rc:
-        out += ["", "With `save_preact=False` (the pre-activation recomputed in the backward):", "",
+    for key, suffix, title in (
+            ("samoyeds_recompute", "_recompute", "With `save_preact=False` (the pre-activation recomputed in the backward):"),
+            ("samoyeds_save_gate", "_save_gate",
+             "With `save_preact=\"gate\"` (its gate half kept, the up half recomputed in the backward):"),
+            ("samoyeds_glu_copy", "_glu_copy",
+             "With `samoyeds.config(dw_copy=\"glu_backward\")` (the gate_up dW's copy of dy written by the GLU "
+             "backward):")):
+        rc = [c for c in d.get("cases", []) if key in c.get("methods", {})]
+        if not rc:
+            continue
+        out += ["", title, "",
                 "| model | T | samoyeds fwd+bwd | vs grouped_mm | activations (MiB) | grouped_mm's / these |",
                 "|---|---:|---:|---:|---:|---:|"]
         for c in rc:
-            r = c["methods"]["samoyeds_recompute"]
+            r = c["methods"][key]
             out.append(f"| {c['model']} | {c['T']} | {_f(r.get('ms_fwd_bwd'), '.2f')} ms | "
-                       f"{_x(c['speedup_fwd_bwd_recompute']) if c.get('speedup_fwd_bwd_recompute') else '-'} | "
+                       f"{_x(c['speedup_fwd_bwd' + suffix]) if c.get('speedup_fwd_bwd' + suffix) else '-'} | "
                        f"{_f(r.get('activation_mib'), ',.0f')} | "
-                       + (f"{_x(c['activation_ratio_recompute'])} |" if c.get('activation_ratio_recompute') else
+                       + (f"{_x(c['activation_ratio' + suffix])} |" if c.get('activation_ratio' + suffix) else
                           "all (only the inputs kept) |" if r.get("activation_mib") == 0 else "- |"))
     dw = d.get("dw_kernel") or []
     if dw:
