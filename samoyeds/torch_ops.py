@@ -487,8 +487,11 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             else:
                 hdot = (dh_u.float() * h.float()).sum(1)
             dh, dh_scale = dh_u, ws
+            dh_u = None
         elif need_pre:
             dh, dh_scale = _matmul_w(dout, dn, r.offsets, r.token_ids, ws, S, dx_path), None
+        # (the peak of the step: each [S, I] or [S, 2I] temporary dropped after its last reader)
+        h = None   # (read by the down dW and the row dot products above; glu_backward recomputes its own)
         if need_pre:
             # one pass (samoyeds.ops.glu_backward: _glu_backward's arithmetic, the routing weights
             # applied first, the rows past offsets[E] 0); fp32 where more is added or summed
@@ -502,6 +505,7 @@ def moe_backward_eager(grad_out, x, top_k_index, top_k_weights, gate_up_values, 
             dpre = glu_backward(dh, preact, scale=dh_scale, offsets=r.offsets, act=_ACT_NAMES[act], alpha=alpha,
                                 limit=limit, dtype="float32" if keep32 else _dtype_name(preact.dtype), hdot=hdot,
                                 out_t=dpre_t)
+            dh = preact = None   # (preact: freed here where the backward made it, not saved)
         if needs & NEED_WEIGHTS:
             dws = hdot
             if down_bias is not None:
