@@ -183,8 +183,9 @@ class PackedWeight:
         format, mask and values, so that an ssmm without activation writes the up half of the
         pre-activation alone (the backward of ``save_preact="gate"``).  Cached and refreshed as
         :meth:`transposed`; it holds a copy of half the values and one int32 per value."""
-        return _relayout(self.values, self.meta, self.idx, self.fmt, self.shape3, self.glu, "up") if self.glu \
-            else _refuse_up_half()
+        if not self.glu:
+            raise ValueError("glu: expected a weight packed with glu=True (gate rows, then up rows) for up_half()")
+        return _relayout(self.values, self.meta, self.idx, self.fmt, self.shape3, self.glu, "up")
 
     @property
     def logical_nbytes(self) -> int:
@@ -288,10 +289,6 @@ def unglued_arrays(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat
     if not glu:
         raise ValueError("glu: expected a weight packed with glu=True (it has no other layout to leave)")
     return _relayout(values, meta, idx, fmt, shape3, glu, "unglued")
-
-
-def _refuse_up_half() -> "PackedWeight":
-    raise ValueError("glu: expected a weight packed with glu=True (gate rows, then up rows) for up_half()")
 
 
 def _relayout(values: Any, meta: Any, idx: Optional[Any], fmt: SparseFormat, shape3: Tuple[int, int, int],

@@ -125,3 +125,20 @@ def run_python(args: list, *, env: dict | None = None, **kw):
     kw.setdefault("text", True)
     with tempfile.TemporaryDirectory(prefix="samoyeds-test-") as cwd:
         return subprocess.run([sys.executable] + list(args), env=full, cwd=kw.pop("cwd", cwd), **kw)
+
+
+def dy_t_of(dy, offsets, scale=None, dtype=None):
+    """``dy`` (``[S, R]``, times ``scale`` rounded to dy's dtype where given) in the transposed
+    layout by expert segment that ssmm_dw's ``dy_t`` and glu_backward's ``out_t`` hold, built in
+    torch from its definition (samoyeds_layout.h, sam_dyt_segment), in ``dtype`` (default
+    dy's): zeros but for each expert's rows at its segment."""
+    from samoyeds.ops import dy_t_shape
+    S, R = dy.shape
+    off = [int(v) for v in offsets.tolist()]
+    d = dy if scale is None else (dy.float() * scale[:, None]).to(dy.dtype)
+    dtype = dtype or dy.dtype
+    t = torch.zeros(dy_t_shape(R, S, len(off) - 1), dtype=dtype)
+    for e in range(len(off) - 1):
+        c0 = (max(off[e], 0) + 64 * e + 63) // 64 * 64
+        t[:R, c0:c0 + off[e + 1] - off[e]] = d[off[e]:off[e + 1]].to(dtype).T
+    return t

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from samoyeds.ops import glu_backward
+from helpers import dy_t_of
 from samoyeds.torch_ops import ACT_IDS, _glu_backward
 
 ALPHA, LIMIT = 1.702, 7.0
@@ -336,20 +337,6 @@ def test_cuda_hdot(act, S, I, dtype, dh32, out32, with_offsets):
 
 # ---- out_t: out again in ssmm_dw's transposed layout by expert segment (samoyeds.ops.dy_t_shape)
 
-def dy_t_of(out, offsets, dtype):
-    """The transposed layout of ``out`` by expert segment, built in torch from its definition
-    (samoyeds_layout.h, sam_dyt_segment): zeros but for each expert's rows at its segment."""
-    from samoyeds.ops import dy_t_shape
-    S, R = out.shape
-    off = [int(v) for v in offsets.tolist()]
-    E = len(off) - 1
-    t = torch.zeros(dy_t_shape(R, S, E), dtype=dtype)
-    for e in range(E):
-        c0 = (max(off[e], 0) + 64 * e + 63) // 64 * 64
-        t[:R, c0:c0 + off[e + 1] - off[e]] = out[off[e]:off[e + 1]].to(dtype).T
-    return t
-
-
 def _routed(S, gen, empty_first=False):
     """Offsets of a few experts over S sorted rows: empty experts, a placeholder tail."""
     E = 5
@@ -375,7 +362,7 @@ def test_ref_out_t(act, S, I, dtype):
     out = glu_backward(dh, pre, scale=sc, offsets=offsets, act=act, hdot=hd, dtype="float32", out_t=out_t)
     assert torch.equal(out, glu_backward(dh, pre, scale=sc, offsets=offsets, act=act, hdot=hd2, dtype="float32"))
     assert torch.equal(hd, hd2)
-    assert torch.equal(out_t, dy_t_of(out, offsets, dtype))
+    assert torch.equal(out_t, dy_t_of(out, offsets, dtype=dtype))
 
 
 def test_out_t_errors_name_the_argument():
@@ -425,7 +412,7 @@ def test_cuda_out_t(act, S, I, dtype, dh32, out32, with_hdot):
                        **kw)
     assert torch.equal(got, want)
     assert torch.equal(got[live:].cpu(), torch.zeros(S - live, 2 * I, dtype=odt))
-    assert torch.equal(out_t.cpu(), dy_t_of(got.cpu(), offsets, dtype))
+    assert torch.equal(out_t.cpu(), dy_t_of(got.cpu(), offsets, dtype=dtype))
     if with_hdot:
         h = h2.cpu()
         assert torch.equal(h[live:], torch.zeros(S - live))
@@ -450,5 +437,5 @@ def test_cuda_out_t_rows_outside_the_offsets():
     outs = [glu_backward(*args, out_t=t, hdot=h, **kw) for t, h in zip(ts, hs)]
     assert torch.equal(outs[0], want) and torch.equal(outs[1], want)
     assert torch.equal(ts[0], ts[1]) and torch.equal(hs[0], hs[1])
-    assert torch.equal(ts[0].cpu(), dy_t_of(want.cpu(), offsets, torch.bfloat16))
+    assert torch.equal(ts[0].cpu(), dy_t_of(want.cpu(), offsets))
     assert torch.isfinite(hs[0][:150]).all() and not hs[0][150:].any()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import samoyeds as sm
-from helpers import random_topk, rel_err, wgmma_runs
+from helpers import dy_t_of, random_topk, rel_err, wgmma_runs
 from samoyeds.ops import ssmm_dw
 
 FORMATS = ["2:4", "samoyeds-1:2:128", "samoyeds-1:2:64", "1:4:64", "samoyeds-1:2:192"]
@@ -326,20 +326,6 @@ def test_cuda_dy_token_ids(case, fmt, glu, impl):
 
 # ---- dy_t: dy * scale already in the copy producer's transposed layout (glu_backward's out_t)
 
-def dy_t_of(dy, offsets, E, scale=None):
-    """dy (times scale, rounded to dy's dtype) in the segmented transposed layout, built in
-    torch from its definition (samoyeds_layout.h: sam_dyt_segment)."""
-    from samoyeds.ops import dy_t_shape
-    S, R = dy.shape
-    off = [int(v) for v in offsets.tolist()]
-    d = dy if scale is None else (dy.float() * scale[:, None]).to(dy.dtype)
-    t = torch.zeros(dy_t_shape(R, S, E), dtype=dy.dtype)
-    for e in range(E):
-        c0 = (max(off[e], 0) + 64 * e + 63) // 64 * 64
-        t[:R, c0:c0 + off[e + 1] - off[e]] = d[off[e]:off[e + 1]].T
-    return t
-
-
 @pytest.mark.parametrize("fmt,glu", [("samoyeds-1:2:64", True), ("2:4", False)])
 def test_dy_t_c_reference(fmt, glu):
     """The C reference reading dy_t: without a scale the bits of the call on dy; with one,
@@ -347,8 +333,7 @@ def test_dy_t_c_reference(fmt, glu):
     refused naming it."""
     for with_scale in (False, True):
         p, r, dy, x, tok, sc = make_inputs(CASES[4], fmt, torch.float32, glu, True, with_scale, 5)
-        E = p.num_experts
-        t = dy_t_of(dy, r.offsets, E, sc)
+        t = dy_t_of(dy, r.offsets, sc)
         got = ssmm_dw(dy, x, p, r.offsets, tok, sc, dy_t=t)
         if not with_scale:
             assert torch.equal(got, ssmm_dw(dy, x, p, r.offsets, tok, sc))
@@ -370,7 +355,7 @@ def test_cuda_dy_t(case, fmt, glu, with_scale):
         pytest.skip("dy_t is read by the sm_90a wgmma kernel only")
     seed = torch.seed() % 2 ** 31
     p, r, dy, x, tok, sc = make_inputs(case, fmt, torch.bfloat16, glu, True, with_scale, seed)
-    t = dy_t_of(dy, r.offsets, p.num_experts, sc).cuda()
+    t = dy_t_of(dy, r.offsets, sc).cuda()
     pd, to = p.to("cuda"), (lambda a: None if a is None else on(a, "cuda"))
     args = (to(dy), to(x), pd, to(r.offsets), to(tok), to(sc))
     want = ssmm_dw(*args, impl="copy")
